@@ -1,0 +1,83 @@
+"""Small helpers for validating YAML documents with errors that name the key path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TYPE_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "a mapping", bool: "a boolean"}
+
+
+class SchemaError(ValueError):
+    """A document key is missing, unknown or has a bad value; str() is `path: reason`."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}" if path else reason)
+        self.path = path
+        self.reason = reason
+
+
+def join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def type_ok(value: Any, expected: type) -> bool:
+    if expected is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, expected)
+
+
+class Fields:
+    """A mapping at `path` whose keys must be among `spec` (key -> expected type)."""
+
+    def __init__(self, data: Any, path: str, spec: dict[str, type]) -> None:
+        if not isinstance(data, dict):
+            raise SchemaError(path or "(top level)", f"must be a mapping, got {_describe(data)}")
+        for key in data:
+            if key not in spec:
+                known = ", ".join(sorted(spec))
+                raise SchemaError(join(path, str(key)), f"unknown key (known keys: {known})")
+        self.data = data
+        self.path = path
+        self.spec = spec
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def get(self, key: str, default: Any = None, *, required: bool = False) -> Any:
+        if key not in self.data:
+            if required:
+                raise SchemaError(join(self.path, key), "is required")
+            return default
+        value = self.data[key]
+        expected = self.spec[key]
+        if not type_ok(value, expected):
+            raise SchemaError(join(self.path, key), f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(value)}")
+        return value
+
+    def check(self, condition: bool, key: str, reason: str) -> None:
+        if not condition:
+            raise SchemaError(join(self.path, key), reason)
+
+
+def list_of(items: list[Any], path: str, expected: type) -> list[Any]:
+    """Check every element of a list has the expected type."""
+    for i, item in enumerate(items):
+        if not type_ok(item, expected):
+            raise SchemaError(f"{path}[{i}]", f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(item)}")
+    return items
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"boolean {value}"
+    if isinstance(value, (int, float)):
+        return f"number {value}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__

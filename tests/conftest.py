@@ -1,0 +1,69 @@
+"""Shared fixtures: a short temp plugin dir, the built-in kubelet, and a plugin started in-process."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from deviceplugin.config import Config, default_config, parse_config
+from deviceplugin.inventory import NodeInfo
+from deviceplugin.kubelet_sim import KubeletSimulator
+from deviceplugin.manager import PluginManager
+from deviceplugin.resources import build_resources
+from deviceplugin.server import Timings
+from deviceplugin.simulated import SimulatedInventory
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+FAST = Timings(register_timeout=5.0, backoff_initial=0.05, backoff_max=0.2, watch_interval=0.05, stop_grace=0.2)
+GPU_CLI = [sys.executable, "-m", "deviceplugin.cli"]
+
+
+@pytest.fixture
+def plugin_dir() -> Iterator[Path]:
+    # Unix socket paths are limited to 107 bytes: keep the directory short.
+    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def kubelet(plugin_dir: Path) -> Iterator[KubeletSimulator]:
+    sim = KubeletSimulator(plugin_dir, seed=7)
+    sim.start()
+    yield sim
+    sim.stop()
+
+
+def node(name: str) -> NodeInfo:
+    return SimulatedInventory.from_file(EXAMPLES / "nodes" / f"{name}.yaml").discover()
+
+
+@pytest.fixture
+def start_plugin(plugin_dir: Path) -> Iterator[Callable[..., PluginManager]]:
+    """start_plugin(config=None|dict|Config, node_name="2xT4") -> a started PluginManager."""
+    managers: list[PluginManager] = []
+
+    def start(config: dict[str, Any] | Config | None = None, node_name: str = "2xT4", timings: Timings = FAST) -> PluginManager:
+        if isinstance(config, dict):
+            config = parse_config(config)
+        resources = build_resources(config or default_config(), node(node_name))
+        manager = PluginManager(resources, plugin_dir, timings)
+        manager.start()
+        managers.append(manager)
+        return manager
+
+    yield start
+    for manager in managers:
+        manager.stop()
+
+
+def registered(*names: str) -> Callable[[dict], bool]:
+    """Predicate for KubeletSimulator.wait_for: these resources registered with healthy devices."""
+    return lambda status: all(n in status and status[n].registered and status[n].allocatable > 0 for n in names)

@@ -1,0 +1,90 @@
+"""Placement (GetPreferredAllocation) and responses (Allocate) as pure functions."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from deviceplugin.allocator import AllocationError, container_response, preferred_allocation
+from deviceplugin.config import parse_config
+from deviceplugin.resources import build_resources
+
+from .conftest import node
+
+H100 = node("8xH100-80GB")
+U = [g.uuid for g in H100.gpus]
+
+
+def shared(policy: str = "binpack", replicas: int = 4):
+    config = parse_config({"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": replicas}]})
+    return build_resources(config, H100)[0]
+
+
+def free(counts: dict[int, int], replicas: int = 4) -> list[str]:
+    """Available IDs with `counts[i]` free shares on GPU i (the highest share numbers)."""
+    return [f"{U[i]}::{k}" for i, n in counts.items() for k in range(replicas - n, replicas)]
+
+
+def gpus_of(ids: list[str]) -> set[int]:
+    return {U.index(i.split("::")[0]) for i in ids}
+
+
+def test_binpack_takes_the_fullest_gpu_that_fits():
+    available = free({0: 4, 1: 1, 2: 2, 3: 3})
+    assert gpus_of(preferred_allocation(shared(), available, [], 2)) == {2}
+    assert gpus_of(preferred_allocation(shared(), available, [], 1)) == {1}
+    assert gpus_of(preferred_allocation(shared(), available, [], 4)) == {0}
+
+
+def test_spread_takes_the_emptiest_gpu():
+    available = free({0: 2, 1: 4, 2: 3})
+    assert gpus_of(preferred_allocation(shared("spread"), available, [], 1)) == {1}
+
+
+def test_ties_go_to_the_lowest_index_and_shares_in_order():
+    ids = preferred_allocation(shared(), free({3: 4, 1: 4}), [], 2)
+    assert ids == [f"{U[1]}::0", f"{U[1]}::1"]
+
+
+def test_must_include_is_kept_and_completed_on_its_gpu():
+    available = free({0: 4, 1: 3})
+    ids = preferred_allocation(shared(), available, [f"{U[0]}::2"], 3)
+    assert ids[0] == f"{U[0]}::2" and len(ids) == 3 and gpus_of(ids) == {0}
+
+
+def test_size_is_honoured_and_unknown_ids_ignored():
+    ids = preferred_allocation(shared(), free({0: 4}) + ["GPU-unknown::0"], [], 3)
+    assert len(ids) == 3 and "GPU-unknown::0" not in ids
+
+
+def test_no_single_gpu_fits_returns_largest_pieces():
+    ids = preferred_allocation(shared(), free({0: 2, 1: 3, 2: 1}), [], 5)
+    assert len(ids) == 5 and gpus_of(ids) == {0, 1}
+
+
+def test_exclusive_prefers_lowest_indexes_after_must_include():
+    config = parse_config({"version": "v1", "pools": [{"name": "e", "mode": "exclusive"}]})
+    resource = build_resources(config, H100)[0]
+    assert preferred_allocation(resource, [U[5], U[2], U[7]], [U[7]], 2) == [U[7], U[2]]
+
+
+def test_shared_response_facts():
+    envs = container_response(shared(replicas=3), [f"{U[4]}::0", f"{U[4]}::2"]).envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == envs["CUDA_VISIBLE_DEVICES"] == U[4]
+    assert (envs["GPU_SHARE_COUNT"], envs["GPU_SHARE_TOTAL"]) == ("2", "3")
+    assert envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(81559 * 2 // 3)
+    assert envs["GPU_SHARE_COMPUTE_PERCENT"] == "66"
+
+
+def test_exclusive_response_lists_every_gpu_in_index_order():
+    config = parse_config({"version": "v1", "pools": [{"name": "e", "mode": "exclusive"}]})
+    resource = build_resources(config, H100)[0]
+    envs = container_response(resource, [U[3], U[1]]).envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == f"{U[1]},{U[3]}"
+
+
+def test_unknown_ids_are_listed_with_a_limit():
+    ids = [f"GPU-x::{k}" for k in range(12)]
+    with pytest.raises(AllocationError) as err:
+        container_response(shared(), ids)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.message.endswith("and 4 more")

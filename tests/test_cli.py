@@ -1,0 +1,87 @@
+"""`gpu-share` as a real subprocess: run against the built-in kubelet, signals, start-up errors, demo."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pytest
+
+from .conftest import EXAMPLES, GPU_CLI, registered
+
+
+def start_run(plugin_dir, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--watch-interval", "0.05", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_run_registers_then_signal_removes_sockets_and_exits_0(kubelet, plugin_dir, sig):
+    proc = start_run(plugin_dir, "--config", str(EXAMPLES / "config" / "exclusive.yaml"))
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu"), timeout=15)
+        assert kubelet.resources()["example.com/gpu"].capacity == 2
+        assert list(plugin_dir.glob("gpu-share-*.sock"))
+    finally:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert not list(plugin_dir.glob("gpu-share-*.sock"))
+    assert "registered example.com/gpu with the kubelet" in err
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=5)
+
+
+def test_run_survives_kubelet_restart_as_a_subprocess(kubelet, plugin_dir):
+    proc = start_run(plugin_dir, "--log-format", "json")
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=15)
+        kubelet.restart()
+        assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=2)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0
+    assert '"msg": "kubelet.sock was recreated: the kubelet restarted"' in err
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("version: v1\npools:\n  - name: a\n    mode: shared\n    replica: 4\n", "pools[0].replica: unknown key"),
+        ("version: v1\npools:\n  - name: a\n    mode: shared\n    resource: Bad/Name\n", "pools[0].resource: 'Bad/Name' is not a valid extended resource name"),
+        ("version: v1\npools:\n  - name: a\n    mode: exclusive\n    gpus: {indexes: [7]}\n", "pools[0].gpus.indexes: no GPU with index 7"),
+    ],
+)
+def test_bad_config_is_a_clear_startup_error(tmp_path, plugin_dir, config, message):
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    proc = start_run(plugin_dir, "--config", str(path))
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 2
+    assert f"gpu-share: error: {path}: {message}" in err
+    assert "Traceback" not in err
+    assert not list(plugin_dir.glob("gpu-share-*.sock"))
+
+
+def test_bad_node_file_and_bad_flag(tmp_path, plugin_dir):
+    node = tmp_path / "node.yaml"
+    node.write_text("gpus:\n  - {index: 0, uuid: nope, model: T4, memoryMiB: 1}\n")
+    proc = subprocess.run([*GPU_CLI, "run", "--node", str(node), "--plugin-dir", str(plugin_dir)], capture_output=True, text=True, timeout=15)
+    assert proc.returncode == 2 and "gpus[0].uuid: must start with 'GPU-', got 'nope'" in proc.stderr
+    proc = subprocess.run([*GPU_CLI, "run", "--watch-interval", "-1"], capture_output=True, text=True, timeout=15)
+    assert proc.returncode == 2 and "argument --watch-interval: must be > 0, got -1" in proc.stderr
+
+
+def test_demo_prints_the_table_and_exits_0():
+    proc = subprocess.run([*GPU_CLI, "demo"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "example.com/gpu        1         1" in out
+    assert "example.com/gpu-share  30        30" in out
+    assert "chat-large  example.com/gpu-share: 3" in out and "shares 3/10, 4608 MiB, 30% compute" in out
+    assert "too-big" in out and "REFUSED" in out and "span 2 GPUs" in out
+    assert "GPU 1: 4/10 shares used" in out

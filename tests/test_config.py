@@ -1,0 +1,158 @@
+"""Config parsing, validation messages and how pools become resources on a node."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from deviceplugin.config import ConfigError, default_config, load_config, parse_config
+from deviceplugin.resources import LIST_BUDGET_BYTES, build_resources
+
+from .conftest import EXAMPLES, node
+
+H100 = node("8xH100-80GB")
+T4 = node("2xT4")
+
+
+def pools(*items, **top):
+    return {"version": "v1", "pools": list(items), **top}
+
+
+def test_default_config_shares_every_gpu_in_ten():
+    resources = build_resources(default_config(), H100)
+    assert [r.name for r in resources] == ["example.com/gpu-share"]
+    assert len(resources[0].devices) == 80
+    assert list(resources[0].devices)[:2] == [f"{H100.gpus[0].uuid}::0", f"{H100.gpus[0].uuid}::1"]
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "config").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_config_builds_on_the_8_gpu_node(path):
+    resources = build_resources(load_config(path), H100)
+    assert sum(len(r.gpus) for r in resources) == 8, f"{path.name} leaves GPUs out"
+
+
+def test_mixed_config_splits_the_node():
+    config = load_config(EXAMPLES / "config" / "mixed.yaml")
+    by_name = {r.name: r for r in build_resources(config, H100)}
+    assert [g.index for g in by_name["example.com/gpu"].gpus] == [0, 1, 2, 3]
+    assert [g.index for g in by_name["example.com/gpu-share"].gpus] == [4, 5, 6, 7]
+    assert len(by_name["example.com/gpu-share"].devices) == 32
+
+
+def test_model_patterns_are_case_insensitive_and_domain_applies():
+    config = load_config(EXAMPLES / "config" / "by-model.yaml")
+    names = {r.name: len(r.gpus) for r in build_resources(config, T4)}
+    assert names == {"gpu.example.org/t4-share": 2}
+    names = {r.name: len(r.gpus) for r in build_resources(config, H100)}
+    assert names == {"gpu.example.org/gpu": 8}
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("not a mapping", "(top level): must be a mapping, got string 'not a mapping'"),
+        ({"pools": []}, "version: is required"),
+        (pools({"name": "a", "mode": "shared"}, version="v2"), "version: unsupported version 'v2' (supported: v1)"),
+        (pools({"name": "a", "mode": "shared"}, colour="red"), "colour: unknown key (known keys: allocationPolicy, domain, pools, version)"),
+        ({"version": "v1"}, "pools: is required"),
+        ({"version": "v1", "pools": []}, "pools: must list at least one pool"),
+        ({"version": "v1", "pools": {"a": 1}}, "pools: must be a list, got a mapping"),
+        (pools({"name": "a", "mode": "shared"}, allocationPolicy="random"), "allocationPolicy: must be one of binpack, spread, got 'random'"),
+        (pools({"mode": "shared"}), "pools[0].name: is required"),
+        (pools({"name": "A_pool", "mode": "shared"}), "pools[0].name: must be 1-40 characters of [a-z0-9-]"),
+        (pools({"name": "a", "mode": "timeslice"}), "pools[0].mode: must be one of exclusive, shared, got 'timeslice'"),
+        (pools({"name": "a", "mode": "shared", "replicas": 0}), "pools[0].replicas: must be >= 1, got 0"),
+        (pools({"name": "a", "mode": "shared", "replicas": "4"}), "pools[0].replicas: must be an integer, got string '4'"),
+        (pools({"name": "a", "mode": "shared", "replicas": True}), "pools[0].replicas: must be an integer, got boolean True"),
+        (pools({"name": "a", "mode": "exclusive", "replicas": 2}), "pools[0].replicas: only applies to mode shared (this pool is exclusive)"),
+        (pools({"name": "a", "mode": "shared", "sharing": 2}), "pools[0].sharing: unknown key"),
+        (
+            pools({"name": "a", "mode": "shared", "resource": "Example.com/gpu"}),
+            "pools[0].resource: 'Example.com/gpu' is not a valid extended resource name: domain must be a lowercase DNS subdomain",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "resource": "gpu-"}),
+            "pools[0].resource: 'example.com/gpu-' is not a valid extended resource name: name part",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "resource": "kubernetes.io/gpu"}),
+            "pools[0].resource: 'kubernetes.io/gpu' is not a valid extended resource name: must not use the kubernetes.io domain",
+        ),
+        (pools({"name": "a", "mode": "shared", "gpus": {}}), "pools[0].gpus: selects no GPU"),
+        (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [0, "1"]}}), "pools[0].gpus.indexes[1]: must be an integer, got string '1'"),
+        (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [-1]}}), "pools[0].gpus.indexes[0]: must be >= 0, got -1"),
+        (pools({"name": "a", "mode": "shared", "gpus": {"names": ["x"]}}), "pools[0].gpus.names: unknown key"),
+        (
+            pools({"name": "a", "mode": "shared"}, {"name": "a", "mode": "exclusive"}),
+            "pools[1].name: 'a' is already used by pools[0]",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "resource": "x"}, {"name": "b", "mode": "exclusive", "resource": "x", "gpus": {"indexes": [0]}}),
+            "pools[1].resource: 'example.com/x' is already used by pools[0]",
+        ),
+        (
+            pools({"name": "a", "mode": "shared"}, {"name": "b", "mode": "exclusive"}),
+            "pools[1].gpus: only one pool may omit gpus (pools[0] already takes the rest)",
+        ),
+    ],
+)
+def test_bad_config_names_key_and_reason(data, message):
+    with pytest.raises(ConfigError) as err:
+        parse_config(data, "cfg.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("cfg.yaml: ")
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as err:
+        parse_config(pools({"name": "a", "mode": "shared", "replicas": 0}, {"name": "b", "mode": "bogus"}, version="v9"))
+    assert len(err.value.problems) == 3
+
+
+@pytest.mark.parametrize(
+    "selection, message",
+    [
+        ({"indexes": [0, 9]}, "pools[0].gpus.indexes: no GPU with index 9 on this node (indexes 0, 1)"),
+        ({"uuids": ["GPU-missing"]}, "pools[0].gpus.uuids: no GPU GPU-missing on this node"),
+    ],
+)
+def test_selection_of_missing_gpu_is_refused(selection, message):
+    config = parse_config(pools({"name": "a", "mode": "exclusive", "gpus": selection}))
+    with pytest.raises(ConfigError) as err:
+        build_resources(config, T4)
+    assert message in str(err.value)
+
+
+def test_overlapping_selections_are_refused():
+    config = parse_config(
+        pools(
+            {"name": "a", "mode": "exclusive", "gpus": {"indexes": [0]}},
+            {"name": "b", "mode": "shared", "gpus": {"models": ["*t4*"]}},
+        )
+    )
+    with pytest.raises(ConfigError, match=r"pools\[1\].gpus: GPU 0 \(GPU-[0-9a-f-]+\) is already selected by pools\[0\] \(a\)"):
+        build_resources(config, T4)
+
+
+def test_device_list_over_budget_is_refused():
+    config = parse_config(pools({"name": "a", "mode": "shared", "replicas": 5000}))
+    with pytest.raises(ConfigError) as err:
+        build_resources(config, H100)
+    assert f"40000 devices make a" in str(err.value) and f"over the {LIST_BUDGET_BYTES} byte budget" in str(err.value)
+    assert build_resources(parse_config(pools({"name": "a", "mode": "shared", "replicas": 2000})), H100)
+
+
+def test_unreadable_or_invalid_yaml_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: [v1\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_yaml_round_trip_of_example_is_what_the_docs_say(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(pools({"name": "x", "mode": "shared", "replicas": 3})))
+    config = load_config(path)
+    assert config.pools[0].replicas == 3 and config.pools[0].resource == "example.com/gpu-share"
