@@ -1,4 +1,4 @@
-"""The `gpu-share` command: run (the daemon), demo."""
+"""The `gpu-share` command: run (the daemon), discover, demo."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import threading
 from pathlib import Path
 
 from .config import Config, ConfigError, default_config, load_config
-from .inventory import Inventory, InventoryError
+from .discovery import open_inventory, render_json, render_table
+from .health import DEFAULT_IGNORED_XIDS, HealthMonitor, HealthSettings
+from .inventory import InventoryError
 from .manager import PluginManager
 from .resources import build_resources
 from .server import Timings
-from .simulated import SimulatedInventory
 
 log = logging.getLogger("gpu-share")
 
@@ -30,6 +31,21 @@ def _positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+
+
+def _xid_list(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated XID numbers, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--watch-interval", type=_positive_float, default=Timings.watch_interval, help="seconds between kubelet-restart checks")
     run.add_argument("--register-timeout", type=_positive_float, default=Timings.register_timeout, help="deadline of one Register call")
     run.add_argument("--backoff-max", type=_positive_float, default=Timings.backoff_max, help="longest wait between registration attempts")
+    run.add_argument("--fail-on-init-error", type=_bool, default=True, metavar="BOOL",
+                     help="exit at once when GPUs cannot be discovered (default true); false keeps running, advertising nothing")
+    run.add_argument("--health-checks", type=_bool, default=True, metavar="BOOL", help="watch XIDs and GPU queries (default true)")
+    run.add_argument("--ignore-xids", type=_xid_list, default=DEFAULT_IGNORED_XIDS, metavar="LIST",
+                     help="XIDs that do not make a GPU unhealthy (default: %s)" % ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))))
+    run.add_argument("--health-recovery", type=_positive_float, default=HealthSettings.recovery_period, metavar="SECONDS",
+                     help="quiet period after which an unhealthy GPU is Healthy again (default 300)")
+    run.add_argument("--health-interval", type=_positive_float, default=HealthSettings.check_interval, metavar="SECONDS",
+                     help="seconds between GPU query checks (default 1)")
     run.set_defaults(func=cmd_run)
+
+    discover = sub.add_parser("discover", help="show the node's GPUs, MIG instances, topology and health")
+    add_logging(discover, level="warning")
+    discover.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
+    discover.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    discover.set_defaults(func=cmd_discover)
 
     demo = sub.add_parser("demo", help="run the plugin against the built-in kubelet on a simulated node")
     add_logging(demo, level="error")
@@ -58,31 +89,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def open_inventory(node_file: str | None) -> Inventory:
-    if node_file:
-        return SimulatedInventory.from_file(node_file)
-    raise InventoryError("no --node given and real NVML discovery is not available in this build")
-
-
 def load(config_file: str | None) -> Config:
     return load_config(config_file) if config_file else default_config()
 
 
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    stop.wait()
+    log.info("signal received, shutting down")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    inventory = open_inventory(args.node)
+    config = load(args.config)  # a bad config fails before NVML is touched
     try:
-        resources = build_resources(load(args.config), inventory.discover())
+        inventory = open_inventory(args.node)
+    except InventoryError as err:
+        if args.fail_on_init_error:
+            raise
+        log.error("%s; running without devices (--fail-on-init-error=false)", err)
+        _wait_for_signal()
+        return 0
+    try:
+        node = inventory.discover()
+        resources = build_resources(config, node)
         timings = Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval)
         manager = PluginManager(resources, Path(args.plugin_dir), timings)
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: stop.set())
+        settings = HealthSettings(
+            enabled=args.health_checks, ignored_xids=args.ignore_xids, recovery_period=args.health_recovery, check_interval=args.health_interval
+        )
+        monitor = HealthMonitor(inventory, node, manager.set_unhealthy, settings)
         manager.start()
+        monitor.start()
         for resource in resources:
             log.info("%s: %d devices on %d GPUs", resource.name, len(resource.devices), len(resource.gpus))
-        stop.wait()
-        log.info("signal received, shutting down")
+        _wait_for_signal()
+        monitor.stop()
         manager.stop()
+    finally:
+        inventory.close()
+    return 0
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    inventory = open_inventory(args.node)
+    try:
+        node = inventory.discover()
+        print(render_json(node, inventory) if args.json else render_table(node, inventory))
     finally:
         inventory.close()
     return 0
@@ -101,9 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         return args.func(args)
-    except (ConfigError, InventoryError) as err:
+    except ConfigError as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 2
+    except InventoryError as err:
+        print(f"gpu-share: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

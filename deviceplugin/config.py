@@ -7,8 +7,8 @@ Schema (v1)::
     allocationPolicy: binpack    # binpack | spread: where GetPreferredAllocation puts shares
     pools:                       # each GPU belongs to at most one pool
       - name: training           # [a-z0-9-], unique; used in socket names and logs
-        mode: exclusive          # exclusive | shared
-        resource: gpu            # <name> (joined to domain) or <domain>/<name>
+        mode: exclusive          # exclusive | shared | mig
+        resource: gpu            # <name> (joined to domain) or <domain>/<name>; not for mig
         gpus:                    # selection; omitted = every GPU no other pool selects
           indexes: [0, 1]
           uuids: [GPU-...]
@@ -35,9 +35,9 @@ from .schema import Fields, SchemaError, join, list_of
 SUPPORTED_VERSIONS = ("v1",)
 DEFAULT_DOMAIN = "example.com"
 DEFAULT_REPLICAS = 10
-MODES = ("exclusive", "shared")
+MODES = ("exclusive", "shared", "mig")
 ALLOCATION_POLICIES = ("binpack", "spread")
-DEFAULT_RESOURCE = {"exclusive": "gpu", "shared": "gpu-share"}
+DEFAULT_RESOURCE = {"exclusive": "gpu", "shared": "gpu-share"}  # mig: <domain>/mig-<profile>
 _POOL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
@@ -73,7 +73,8 @@ class GpuSelector:
 class PoolConfig:
     name: str
     mode: str
-    resource: str  # fully qualified: <domain>/<name>
+    resource: str  # fully qualified <domain>/<name>; "" for mig pools (one resource per MIG profile)
+    domain: str = DEFAULT_DOMAIN
     replicas: int = 1
     gpus: GpuSelector = field(default_factory=GpuSelector)
 
@@ -150,11 +151,15 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     fields.check(bool(_POOL_NAME.match(name)), "name", f"must be 1-40 characters of [a-z0-9-], starting and ending alphanumeric, got {name!r}")
     mode = fields.get("mode", required=True)
     fields.check(mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
-    resource = fields.get("resource", DEFAULT_RESOURCE[mode])
-    if "/" not in resource:
-        resource = f"{domain}/{resource}"
-    problem = resource_name_problem(resource)
-    fields.check(problem is None, "resource", f"{resource!r} is not a valid extended resource name: {problem}")
+    if mode == "mig":
+        fields.check(not fields.has("resource"), "resource", "not used by mode mig: its resources are <domain>/mig-<profile>")
+        resource = ""
+    else:
+        resource = fields.get("resource", DEFAULT_RESOURCE[mode])
+        if "/" not in resource:
+            resource = f"{domain}/{resource}"
+        problem = resource_name_problem(resource)
+        fields.check(problem is None, "resource", f"{resource!r} is not a valid extended resource name: {problem}")
     if mode == "shared":
         replicas = fields.get("replicas", DEFAULT_REPLICAS)
         fields.check(replicas >= 1, "replicas", f"must be >= 1, got {replicas}")
@@ -162,7 +167,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         fields.check(not fields.has("replicas"), "replicas", f"only applies to mode shared (this pool is {mode})")
         replicas = 1
     selector = _parse_selector(fields.get("gpus", None), join(path, "gpus")) if fields.has("gpus") else GpuSelector()
-    return PoolConfig(name=name, mode=mode, resource=resource, replicas=replicas, gpus=selector)
+    return PoolConfig(name=name, mode=mode, resource=resource, domain=domain, replicas=replicas, gpus=selector)
 
 
 def _parse_selector(data: Any, path: str) -> GpuSelector:
@@ -192,7 +197,7 @@ def _cross_pool_problems(pools: list[PoolConfig | None]) -> list[str]:
         if pool.name in seen_names:
             problems.append(f"pools[{i}].name: {pool.name!r} is already used by pools[{seen_names[pool.name]}]")
         seen_names.setdefault(pool.name, i)
-        if pool.resource in seen_resources:
+        if pool.resource and pool.resource in seen_resources:
             problems.append(f"pools[{i}].resource: {pool.resource!r} is already used by pools[{seen_resources[pool.resource]}]")
         seen_resources.setdefault(pool.resource, i)
         if pool.gpus.selects_rest:

@@ -38,7 +38,7 @@ def run_demo(node_file: str, config_file: str, out=print) -> int:
             if not kubelet.wait_for(lambda st: names <= {n for n, s in st.items() if s.allocatable}, timeout=15):
                 out("the plugin did not register with the built-in kubelet within 15 s")
                 return 1
-            out(f"Node {node.extra.get('name', '')}: {len(node.gpus)} GPUs; plugin registered {len(resources)} resources\n")
+            out(f"Node {node.name}: {len(node.gpus)} GPUs; plugin registered {len(resources)} resources\n")
             _capacity_table(kubelet, out)
             out("\nAdmitting sample pods:")
             rows = [("POD", "REQUEST", "GPU", "DEVICES", "ENV / ERROR")]

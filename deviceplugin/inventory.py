@@ -5,9 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+# PCIe common-ancestor levels between two GPUs, closest first (NVML's topology levels).
+PCIE_LEVELS = ("board", "switch", "multi-switch", "host-bridge", "numa-node", "system")
+
 
 class InventoryError(RuntimeError):
     """A backend could not describe the node (bad node file, driver failure)."""
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance (a GPU instance with one compute instance)."""
+
+    uuid: str
+    profile: str  # e.g. "1g.10gb", "3g.40gb"
+    memory_mib: int
+    gi_id: int
+    ci_id: int
+    index: int  # MIG device index on the parent GPU
 
 
 @dataclass(frozen=True)
@@ -21,6 +36,29 @@ class Gpu:
     numa_node: int | None = None  # None: the platform reports no NUMA affinity
     pci_bus_id: str = ""
     compute_capability: str = ""
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class Link:
+    """How two GPUs are connected: NVLink count and PCIe common ancestor."""
+
+    nvlinks: int = 0
+    pcie: str = ""  # one of PCIE_LEVELS, "" when unknown
+
+    def describe(self) -> str:
+        return f"NV{self.nvlinks}" if self.nvlinks else (self.pcie or "?")
+
+
+@dataclass(frozen=True)
+class HealthEvent:
+    """Something that makes a GPU (or one MIG instance on it) unfit for new work."""
+
+    gpu_uuid: str
+    reason: str
+    xid: int | None = None
+    mig_uuid: str | None = None  # None: the whole GPU
 
 
 @dataclass(frozen=True)
@@ -30,13 +68,12 @@ class NodeInfo:
     gpus: tuple[Gpu, ...]
     driver_version: str = ""
     cuda_driver_version: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
+    links: dict[tuple[str, str], Link] = field(default_factory=dict)  # keyed (uuid, uuid), lower index first
+    name: str = ""
 
-    def gpu(self, uuid: str) -> Gpu:
-        for gpu in self.gpus:
-            if gpu.uuid == uuid:
-                return gpu
-        raise KeyError(uuid)
+    def link(self, a: Gpu, b: Gpu) -> Link:
+        first, second = sorted((a, b), key=lambda g: g.index)
+        return self.links.get((first.uuid, second.uuid), Link())
 
 
 class Inventory(Protocol):
@@ -44,6 +81,14 @@ class Inventory(Protocol):
 
     def discover(self) -> NodeInfo:
         """Describe the node's GPUs now."""
+        ...
+
+    def wait_for_event(self, timeout: float) -> HealthEvent | None:
+        """Block up to `timeout` seconds for a health event that is not filtered by the backend."""
+        ...
+
+    def check(self, gpu_uuid: str) -> str | None:
+        """None when a basic query on the GPU succeeds, else why it failed."""
         ...
 
     def close(self) -> None:

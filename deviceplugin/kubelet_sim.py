@@ -177,6 +177,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                     self._cond.notify_all()
         except grpc.RpcError as err:
             log.info("ListAndWatch of %s ended: %s", endpoint.resource, err.code().name)
+        except ValueError:  # the channel was closed before the stream began
+            log.info("ListAndWatch of %s not started: connection closed", endpoint.resource)
         with self._cond:
             # Keyed by resource name, as in the kubelet: the current endpoint is the one disconnected.
             current = self._endpoints.get(endpoint.resource)

@@ -74,6 +74,7 @@ class DevicePluginServer:
         self.registered = threading.Event()
         self._changed = threading.Condition()
         self._unhealthy: frozenset[str] = frozenset()
+        self._health_keys = resource.health_keys()
         self._version = 0
         self._instance: _Instance | None = None
         self._lifecycle = threading.Lock()
@@ -88,12 +89,12 @@ class DevicePluginServer:
         return self._instance.registered_with if self._instance else None
 
     @property
-    def unhealthy_gpus(self) -> frozenset[str]:
+    def unhealthy(self) -> frozenset[str]:
         return self._unhealthy
 
-    def set_unhealthy(self, gpus: frozenset[str]) -> None:
-        """Mark GPUs unhealthy (all their devices); open streams get a new list only on change."""
-        relevant = frozenset(g for g in gpus if any(gpu.uuid == g for gpu in self.resource.gpus))
+    def set_unhealthy(self, uuids: frozenset[str]) -> None:
+        """Mark GPUs or MIG instances unhealthy (with every device on them); streams get a new list only on change."""
+        relevant = uuids & self._health_keys
         with self._changed:
             if relevant == self._unhealthy:
                 return
@@ -122,10 +123,10 @@ class DevicePluginServer:
             self._start_locked()
 
     def _start_locked(self) -> None:
-        name = f"{SOCKET_PREFIX}{self.resource.pool.name}-{os.getpid()}-{next(_instance_counter)}.sock"
+        name = f"{SOCKET_PREFIX}{self.resource.label}-{os.getpid()}-{next(_instance_counter)}.sock"
         instance = _Instance(self.plugin_dir / name)
         instance.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dp-{self.resource.pool.name}"),
+            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dp-{self.resource.label}"),
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
         )
         pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self, instance), instance.server)
@@ -141,7 +142,7 @@ class DevicePluginServer:
             if instance.loop_running:
                 return
             instance.loop_running = True
-        threading.Thread(target=self._register_loop, args=(instance,), name=f"register-{self.resource.pool.name}", daemon=True).start()
+        threading.Thread(target=self._register_loop, args=(instance,), name=f"register-{self.resource.label}", daemon=True).start()
 
     def _stop_locked(self) -> None:
         instance, self._instance = self._instance, None
@@ -262,7 +263,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         if not request.container_requests:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
         try:
-            responses = [container_response(self.resource, req.devices_ids, self.plugin.unhealthy_gpus) for req in request.container_requests]
+            responses = [container_response(self.resource, req.devices_ids, self.plugin.unhealthy) for req in request.container_requests]
         except AllocationError as err:
             log.warning("refused Allocate of %s: %s", self.resource.name, err.message)
             context.abort(err.code, err.message)

@@ -88,3 +88,18 @@ def test_unknown_ids_are_listed_with_a_limit():
     with pytest.raises(AllocationError) as err:
         container_response(shared(), ids)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.message.endswith("and 4 more")
+
+
+def test_shares_of_mig_instances_stay_on_one_instance():
+    a100 = node("8xA100-80GB-mig")
+    config = parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [2]}}]})
+    resource = build_resources(config, a100)[0]
+    first, second = (m.uuid for m in a100.gpus[2].mig_devices)
+    available = [f"{first}::3"] + [f"{second}::{k}" for k in range(4)]
+    ids = preferred_allocation(resource, available, [], 2)
+    assert {i.split("::")[0] for i in ids} == {second}
+    envs = container_response(resource, ids).envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == envs["CUDA_VISIBLE_DEVICES"] == second
+    assert envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(40192 * 2 // 4)
+    with pytest.raises(AllocationError, match="span 2 MIG instances .* must be on one MIG instance"):
+        container_response(resource, [f"{first}::0", f"{second}::0"])

@@ -71,7 +71,7 @@ def test_bad_node_file_and_bad_flag(tmp_path, plugin_dir):
     node = tmp_path / "node.yaml"
     node.write_text("gpus:\n  - {index: 0, uuid: nope, model: T4, memoryMiB: 1}\n")
     proc = subprocess.run([*GPU_CLI, "run", "--node", str(node), "--plugin-dir", str(plugin_dir)], capture_output=True, text=True, timeout=15)
-    assert proc.returncode == 2 and "gpus[0].uuid: must start with 'GPU-', got 'nope'" in proc.stderr
+    assert proc.returncode == 1 and "gpus[0].uuid: must start with 'GPU-', got 'nope'" in proc.stderr
     proc = subprocess.run([*GPU_CLI, "run", "--watch-interval", "-1"], capture_output=True, text=True, timeout=15)
     assert proc.returncode == 2 and "argument --watch-interval: must be > 0, got -1" in proc.stderr
 
@@ -85,3 +85,61 @@ def test_demo_prints_the_table_and_exits_0():
     assert "chat-large  example.com/gpu-share: 3" in out and "shares 3/10, 4608 MiB, 30% compute" in out
     assert "too-big" in out and "REFUSED" in out and "span 2 GPUs" in out
     assert "GPU 1: 4/10 shares used" in out
+
+
+def _nvml_loads() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+needs_no_driver = pytest.mark.skipif(_nvml_loads(), reason="this machine has an NVIDIA driver")
+
+
+@needs_no_driver
+def test_run_without_driver_exits_at_once_with_a_hint(plugin_dir):
+    proc = subprocess.run([*GPU_CLI, "run", "--plugin-dir", str(plugin_dir)], capture_output=True, text=True, timeout=15)
+    assert proc.returncode == 1
+    assert "gpu-share: error: NVML could not be loaded: nvmlInit failed" in proc.stderr
+    assert "gpu-share run --node examples/nodes/2xT4.yaml" in proc.stderr
+
+
+@needs_no_driver
+def test_run_without_driver_can_stay_alive_advertising_nothing(plugin_dir):
+    proc = subprocess.Popen(
+        [*GPU_CLI, "run", "--plugin-dir", str(plugin_dir), "--fail-on-init-error=false"], stderr=subprocess.PIPE, text=True
+    )
+    line = proc.stderr.readline()
+    assert "NVML could not be loaded" in line and "running without devices" in line
+    assert proc.poll() is None and not list(plugin_dir.glob("*.sock"))
+    proc.terminate()
+    proc.communicate(timeout=15)
+    assert proc.returncode == 0
+
+
+def test_bad_boolean_flag():
+    proc = subprocess.run([*GPU_CLI, "run", "--fail-on-init-error=maybe"], capture_output=True, text=True, timeout=15)
+    assert proc.returncode == 2 and "argument --fail-on-init-error: must be true or false, got 'maybe'" in proc.stderr
+    proc = subprocess.run([*GPU_CLI, "run", "--ignore-xids", "13,x"], capture_output=True, text=True, timeout=15)
+    assert proc.returncode == 2 and "must be comma-separated XID numbers, got '13,x'" in proc.stderr
+
+
+def test_discover_table_and_json():
+    import json
+
+    node_file = str(EXAMPLES / "nodes" / "8xA100-80GB-mig.yaml")
+    table = subprocess.run([*GPU_CLI, "discover", "--node", node_file], capture_output=True, text=True, timeout=15)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0] == "Node 8xA100-80GB-mig: 8 GPUs, driver 550.90.07, CUDA 12.4"
+    assert any(line.startswith("2/1  MIG-") and "3g.40gb" in line for line in lines)
+    assert any(line.startswith("GPU5") and "NV12" in line for line in lines)
+    report = json.loads(subprocess.run([*GPU_CLI, "discover", "--node", node_file, "--json"], capture_output=True, text=True, timeout=15).stdout)
+    assert len(report["gpus"]) == 8 and report["gpus"][0]["health"] == "Healthy"
+    assert [m["profile"] for m in report["gpus"][1]["mig_devices"]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert {"gpus": ["GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000005", "GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000006"], "nvlinks": 12, "pcie": "numa-node"} in report["links"]

@@ -26,9 +26,10 @@ def test_default_config_shares_every_gpu_in_ten():
 
 
 @pytest.mark.parametrize("path", sorted((EXAMPLES / "config").glob("*.yaml")), ids=lambda p: p.name)
-def test_every_example_config_builds_on_the_8_gpu_node(path):
-    resources = build_resources(load_config(path), H100)
-    assert sum(len(r.gpus) for r in resources) == 8, f"{path.name} leaves GPUs out"
+def test_every_example_config_uses_every_gpu_of_its_node(path):
+    target = node("8xA100-80GB-mig") if path.name.startswith("mig") else H100
+    resources = build_resources(load_config(path), target)
+    assert len({g.uuid for r in resources for g in r.gpus}) == 8, f"{path.name} leaves GPUs out"
 
 
 def test_mixed_config_splits_the_node():
@@ -60,7 +61,7 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         (pools({"name": "a", "mode": "shared"}, allocationPolicy="random"), "allocationPolicy: must be one of binpack, spread, got 'random'"),
         (pools({"mode": "shared"}), "pools[0].name: is required"),
         (pools({"name": "A_pool", "mode": "shared"}), "pools[0].name: must be 1-40 characters of [a-z0-9-]"),
-        (pools({"name": "a", "mode": "timeslice"}), "pools[0].mode: must be one of exclusive, shared, got 'timeslice'"),
+        (pools({"name": "a", "mode": "timeslice"}), "pools[0].mode: must be one of exclusive, shared, mig, got 'timeslice'"),
         (pools({"name": "a", "mode": "shared", "replicas": 0}), "pools[0].replicas: must be >= 1, got 0"),
         (pools({"name": "a", "mode": "shared", "replicas": "4"}), "pools[0].replicas: must be an integer, got string '4'"),
         (pools({"name": "a", "mode": "shared", "replicas": True}), "pools[0].replicas: must be an integer, got boolean True"),
@@ -156,3 +157,48 @@ def test_yaml_round_trip_of_example_is_what_the_docs_say(tmp_path):
     path.write_text(yaml.safe_dump(pools({"name": "x", "mode": "shared", "replicas": 3})))
     config = load_config(path)
     assert config.pools[0].replicas == 3 and config.pools[0].resource == "example.com/gpu-share"
+
+
+A100_MIG = node("8xA100-80GB-mig")
+
+
+def test_mig_pool_advertises_one_resource_per_profile():
+    config = load_config(EXAMPLES / "config" / "mig-mixed.yaml")
+    by_name = {r.name: r for r in build_resources(config, A100_MIG)}
+    assert sorted(by_name) == [
+        "example.com/gpu-share",
+        "example.com/mig-1g.10gb",
+        "example.com/mig-2g.20gb",
+        "example.com/mig-3g.40gb",
+        "example.com/mig-4g.40gb",
+        "example.com/mig-7g.80gb",
+        "example.com/mig-share",
+    ]
+    assert len(by_name["example.com/mig-1g.10gb"].devices) == 7 + 2 + 1
+    assert all(i.startswith("MIG-") for i in by_name["example.com/mig-1g.10gb"].devices)
+    # GPU 2's two 3g.40gb instances, 4 shares each; the whole GPUs 5-7 in 8 shares each.
+    assert len(by_name["example.com/mig-share"].devices) == 8
+    assert len(by_name["example.com/gpu-share"].devices) == 24
+
+
+def test_mig_profile_plus_becomes_dot_and_exclusive_skips_mig_gpus(caplog):
+    from deviceplugin.resources import mig_resource_name
+
+    assert mig_resource_name("example.com", "1g.10gb+me") == "example.com/mig-1g.10gb.me"
+    config = parse_config(pools({"name": "whole", "mode": "exclusive"}))
+    resources = build_resources(config, A100_MIG)
+    assert [g.index for g in resources[0].gpus] == [5, 6, 7]
+    assert "GPU 0 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000000) has MIG enabled: pool whole (exclusive) does not advertise it whole" in caplog.text
+
+
+def test_mig_pool_rejects_resource_and_replicas():
+    with pytest.raises(ConfigError) as err:
+        parse_config(pools({"name": "m", "mode": "mig", "resource": "x", "gpus": {"indexes": [0]}}, {"name": "n", "mode": "mig", "replicas": 2}))
+    assert "pools[0].resource: not used by mode mig: its resources are <domain>/mig-<profile>" in str(err.value)
+    assert "pools[1].replicas: only applies to mode shared (this pool is mig)" in str(err.value)
+
+
+def test_two_mig_pools_with_the_same_profile_collide():
+    config = parse_config(pools({"name": "a", "mode": "mig", "gpus": {"indexes": [0]}}, {"name": "b", "mode": "mig", "gpus": {"indexes": [1]}}))
+    with pytest.raises(ConfigError, match=r"pools\[1\]: resource example.com/mig-1g.10gb is also advertised by another pool"):
+        build_resources(config, A100_MIG)

@@ -46,5 +46,5 @@ def test_missing_node_file(tmp_path):
 
 
 def test_negative_numa_means_none():
-    info = parse_node({"gpus": [{**GPU, "numaNode": -1}]})
+    info, _ = parse_node({"gpus": [{**GPU, "numaNode": -1}]})
     assert info.gpus[0].numa_node is None

@@ -1,0 +1,271 @@
+"""Real GPUs through NVML (nvidia-ml-py's `pynvml`): the same inventory interface as the simulated node.
+
+See ../shared/nvml-notes.md for the pynvml behaviours handled here (MIG index gaps, NotSupported on
+GPUs without MIG, lost GPUs, PCI bus-id formats, event sets that fail at once after a GPU is lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from .inventory import Gpu, HealthEvent, InventoryError, Link, MigDevice, NodeInfo
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of an event or process on the whole GPU
+_MIG_PROFILE = re.compile(r"MIG (\d+g\.\d+gb(?:\+\w+)*)")
+NO_DRIVER_HINT = (
+    "is the NVIDIA driver installed and the container started with the NVIDIA runtime? "
+    "Without a GPU, run on a simulated node: gpu-share run --node examples/nodes/2xT4.yaml"
+)
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML's `00000000:3B:00.0` -> sysfs' `0000:3b:00.0`."""
+    domain, _, rest = bus_id.strip().rpartition(":")
+    domain, _, bus = domain.rpartition(":") if domain.count(":") else ("", "", domain)
+    if not domain:
+        return bus_id.strip().lower()
+    return f"{int(domain, 16):04x}:{bus}:{rest}".lower()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlInventory:
+    """Inventory over NVML. NVML is initialised here once and shut down by close()."""
+
+    def __init__(self, sysfs_root: str | Path = "/sys") -> None:
+        try:
+            import pynvml
+        except ImportError as err:  # nvidia-ml-py is a dependency; this is a broken install
+            raise InventoryError(f"NVML could not be loaded: cannot import pynvml ({err}); {NO_DRIVER_HINT}") from None
+        self.nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            raise InventoryError(f"NVML could not be loaded: nvmlInit failed: {err}; {NO_DRIVER_HINT}") from None
+        self.sysfs_root = Path(sysfs_root)
+        self._open = True
+        self._event_set: Any = None
+        self._event_failures = 0
+        self._node: NodeInfo | None = None
+
+    # --- calls -----------------------------------------------------------------------------
+    def _call(self, name: str, *args: Any, gpu: str = "") -> Any:
+        """Call pynvml.<name>; an NVML error becomes InventoryError naming the call and the GPU."""
+        try:
+            return getattr(self.nvml, name)(*args)
+        except self.nvml.NVMLError as err:
+            where = f" on GPU {gpu}" if gpu else ""
+            raise InventoryError(f"NVML {name} failed{where}: {err}") from err
+
+    def _optional(self, name: str, *args: Any, gpu: str = "", default: Any = None) -> Any:
+        """Like _call, but NOT_SUPPORTED means `default`."""
+        try:
+            return getattr(self.nvml, name)(*args)
+        except self.nvml.NVMLError_NotSupported:
+            return default
+        except self.nvml.NVMLError as err:
+            raise InventoryError(f"NVML {name} failed on GPU {gpu}: {err}") from err
+
+    # --- discovery -------------------------------------------------------------------------
+    def discover(self) -> NodeInfo:
+        gpus, handles = [], {}
+        for index in range(self._call("nvmlDeviceGetCount")):
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            except self.nvml.NVMLError as err:  # a lost GPU still counts but has no handle
+                log.error("GPU %d is not usable and is not advertised: nvmlDeviceGetHandleByIndex: %s", index, err)
+                continue
+            gpu = self._gpu(index, handle)
+            gpus.append(gpu)
+            handles[gpu.uuid] = handle
+        cuda = self._optional("nvmlSystemGetCudaDriverVersion_v2", default=0) or 0
+        self._node = NodeInfo(
+            gpus=tuple(gpus),
+            driver_version=_text(self._call("nvmlSystemGetDriverVersion")),
+            cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "",
+            links=self._links(gpus, handles),
+            name="nvml",
+        )
+        return self._node
+
+    def _gpu(self, index: int, handle: Any) -> Gpu:
+        label = f"{index}"
+        uuid = _text(self._call("nvmlDeviceGetUUID", handle, gpu=label))
+        label = f"{index} ({uuid})"
+        capability = self._optional("nvmlDeviceGetCudaComputeCapability", handle, gpu=label)
+        bus_id = normalize_bus_id(_text(self._call("nvmlDeviceGetPciInfo", handle, gpu=label).busId))
+        mode = self._optional("nvmlDeviceGetMigMode", handle, gpu=label)
+        mig_enabled = bool(mode) and mode[0] == self.nvml.NVML_DEVICE_MIG_ENABLE
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            model=_text(self._call("nvmlDeviceGetName", handle, gpu=label)),
+            memory_mib=self._call("nvmlDeviceGetMemoryInfo", handle, gpu=label).total // MIB,
+            numa_node=self._numa_node(bus_id),
+            pci_bus_id=bus_id,
+            compute_capability=f"{capability[0]}.{capability[1]}" if capability else "",
+            mig_enabled=mig_enabled,
+            mig_devices=self._mig_devices(handle, label) if mig_enabled else (),
+        )
+
+    def _numa_node(self, bus_id: str) -> int | None:
+        try:
+            node = int((self.sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text())
+        except (OSError, ValueError):
+            return None
+        return node if node >= 0 else None
+
+    def _mig_devices(self, handle: Any, label: str) -> tuple[MigDevice, ...]:
+        devices = []
+        for index in range(self._call("nvmlDeviceGetMaxMigDeviceCount", handle, gpu=label)):
+            try:
+                mig = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except self.nvml.NVMLError_NotFound:
+                continue  # indices can have gaps
+            except self.nvml.NVMLError as err:
+                raise InventoryError(f"NVML nvmlDeviceGetMigDeviceHandleByIndex({index}) failed on GPU {label}: {err}") from err
+            name = _text(self._call("nvmlDeviceGetName", mig, gpu=label))
+            match = _MIG_PROFILE.search(name)
+            if not match:
+                log.warning("MIG device %d on GPU %s has no profile in its name %r; skipped", index, label, name)
+                continue
+            devices.append(
+                MigDevice(
+                    uuid=_text(self._call("nvmlDeviceGetUUID", mig, gpu=label)),
+                    profile=match.group(1),
+                    memory_mib=self._call("nvmlDeviceGetMemoryInfo", mig, gpu=label).total // MIB,
+                    gi_id=self._call("nvmlDeviceGetGpuInstanceId", mig, gpu=label),
+                    ci_id=self._call("nvmlDeviceGetComputeInstanceId", mig, gpu=label),
+                    index=index,
+                )
+            )
+        return tuple(devices)
+
+    def _links(self, gpus: list[Gpu], handles: dict[str, Any]) -> dict[tuple[str, str], Link]:
+        by_bus = {g.pci_bus_id: g.uuid for g in gpus}
+        direct: dict[tuple[str, str], int] = {}  # (from, to) -> active links seen from `from`
+        to_switch: dict[str, int] = {}  # NVLinks that end at an NVSwitch (or anything but a GPU here)
+        for gpu in gpus:
+            for peer in self._nvlink_peers(handles[gpu.uuid], gpu):
+                if peer in by_bus and by_bus[peer] != gpu.uuid:
+                    key = (gpu.uuid, by_bus[peer])
+                    direct[key] = direct.get(key, 0) + 1
+                else:
+                    to_switch[gpu.uuid] = to_switch.get(gpu.uuid, 0) + 1
+        levels = {
+            self.nvml.NVML_TOPOLOGY_INTERNAL: "board",
+            self.nvml.NVML_TOPOLOGY_SINGLE: "switch",
+            self.nvml.NVML_TOPOLOGY_MULTIPLE: "multi-switch",
+            self.nvml.NVML_TOPOLOGY_HOSTBRIDGE: "host-bridge",
+            self.nvml.NVML_TOPOLOGY_NODE: "numa-node",
+            self.nvml.NVML_TOPOLOGY_SYSTEM: "system",
+        }
+        links = {}
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1 :]:
+                level = self._optional("nvmlDeviceGetTopologyCommonAncestor", handles[a.uuid], handles[b.uuid], gpu=f"{a.index}/{b.index}")
+                nvlinks = max(direct.get((a.uuid, b.uuid), 0), direct.get((b.uuid, a.uuid), 0))
+                if not nvlinks and a.uuid in to_switch and b.uuid in to_switch:
+                    nvlinks = min(to_switch[a.uuid], to_switch[b.uuid])
+                links[(a.uuid, b.uuid)] = Link(nvlinks=nvlinks, pcie=levels.get(level, ""))
+        return links
+
+    def _nvlink_peers(self, handle: Any, gpu: Gpu) -> list[str]:
+        """PCI bus ids at the far end of each active NVLink (A100 has 12 links, H100 18: stop at the first unsupported)."""
+        peers = []
+        if gpu.mig_enabled:
+            return peers  # NVLink queries are not supported with MIG enabled
+        for link in range(self.nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = self.nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_InvalidArgument):
+                break
+            except self.nvml.NVMLError as err:
+                log.warning("NVML nvmlDeviceGetNvLinkState(%d) failed on GPU %d: %s", link, gpu.index, err)
+                break
+            if state == self.nvml.NVML_FEATURE_ENABLED:
+                remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, gpu=str(gpu.index))
+                peers.append(normalize_bus_id(_text(remote.busId)))
+        return peers
+
+    # --- health ----------------------------------------------------------------------------
+    def _register_events(self) -> None:
+        wanted = self.nvml.nvmlEventTypeXidCriticalError | self.nvml.nvmlEventTypeDoubleBitEccError
+        self._event_set = self._call("nvmlEventSetCreate")
+        for gpu in (self._node or self.discover()).gpus:
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                supported = self.nvml.nvmlDeviceGetSupportedEventTypes(handle)
+                # One unsupported bit rejects the whole registration: ask only for what the GPU has.
+                self.nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, self._event_set)
+            except self.nvml.NVMLError as err:
+                log.warning("GPU %d (%s): no health events (%s); relying on query checks", gpu.index, gpu.uuid, err)
+
+    def wait_for_event(self, timeout: float) -> HealthEvent | None:
+        if self._event_set is None:
+            self._register_events()
+        try:
+            data = self.nvml.nvmlEventSetWait_v2(self._event_set, int(timeout * 1000))
+        except self.nvml.NVMLError_Timeout:
+            self._event_failures = 0
+            return None
+        except self.nvml.NVMLError as err:
+            # After a GPU is lost the wait fails at once, every time: wait out the interval instead of spinning.
+            self._event_failures += 1
+            if self._event_failures == 1:
+                log.error("NVML nvmlEventSetWait_v2 failed: %s; query checks find the GPU", err)
+            time.sleep(timeout)
+            return None
+        self._event_failures = 0
+        try:
+            uuid = _text(self.nvml.nvmlDeviceGetUUID(data.device))
+        except self.nvml.NVMLError as err:
+            log.error("health event on a GPU whose UUID cannot be read: %s", err)
+            return None
+        if data.eventType == self.nvml.nvmlEventTypeXidCriticalError:
+            xid, reason = int(data.eventData), f"XID {int(data.eventData)}"
+        else:
+            xid, reason = None, "double-bit ECC error"
+        return HealthEvent(gpu_uuid=uuid, reason=reason, xid=xid, mig_uuid=self._mig_of(uuid, data.gpuInstanceId, data.computeInstanceId))
+
+    def _mig_of(self, gpu_uuid: str, gi: int, ci: int) -> str | None:
+        if gi == NO_INSTANCE or self._node is None:
+            return None
+        for gpu in self._node.gpus:
+            if gpu.uuid == gpu_uuid:
+                for mig in gpu.mig_devices:
+                    if mig.gi_id == gi and (ci == NO_INSTANCE or mig.ci_id == ci):
+                        return mig.uuid
+        return None  # cannot be attributed: the whole GPU
+
+    def check(self, gpu_uuid: str) -> str | None:
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            self.nvml.nvmlDeviceGetMemoryInfo(handle)
+        except self.nvml.NVMLError as err:
+            return f"NVML query on GPU {gpu_uuid} failed: {err}"
+        return None
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        if self._event_set is not None:
+            try:
+                self.nvml.nvmlEventSetFree(self._event_set)
+            except self.nvml.NVMLError as err:
+                log.warning("NVML nvmlEventSetFree failed: %s", err)
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as err:
+            log.warning("NVML nvmlShutdown failed: %s", err)
+

@@ -1,0 +1,209 @@
+"""A fake `pynvml` module for testing the NVML backend without a driver.
+
+It keeps the real binding's error classes and constants (so `except pynvml.NVMLError_NotSupported`
+means the same thing) and implements the calls the backend makes over an in-memory GPU model.
+Errors are injected per call and GPU index with `fail(call, index, error_class)`.
+"""
+
+from __future__ import annotations
+
+import queue
+import types
+from dataclasses import dataclass, field
+
+import pynvml as real
+
+MIB = 1024 * 1024
+
+
+@dataclass
+class FakeMig:
+    uuid: str
+    profile: str
+    memory_mib: int
+    gi: int
+    ci: int = 0
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str
+    memory_mib: int
+    bus_id: str  # NVML format, e.g. 00000000:3B:00.0
+    capability: tuple[int, int] = (8, 0)
+    mig: dict[int, FakeMig] | None = None  # MIG index -> instance (gaps allowed); None: MIG not supported
+    nvlinks: list[str] = field(default_factory=list)  # remote NVML bus id per link
+    lost: bool = False
+
+
+@dataclass(frozen=True)
+class Handle:
+    gpu: int
+    mig: int | None = None
+
+
+class EventData:
+    def __init__(self, device: Handle, event_type: int, data: int, gi: int, ci: int) -> None:
+        self.device, self.eventType, self.eventData, self.gpuInstanceId, self.computeInstanceId = device, event_type, data, gi, ci
+
+
+class FakeNvml(types.ModuleType):
+    def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15", cuda: int = 12040, topology: dict | None = None) -> None:
+        super().__init__("pynvml")
+        for name in dir(real):
+            if name.startswith(("NVMLError", "NVML_", "nvmlEventType")):
+                setattr(self, name, getattr(real, name))
+        self.gpus = gpus
+        self.driver = driver
+        self.cuda = cuda
+        self.topology = topology or {}  # (i, j) -> NVML_TOPOLOGY_* level
+        self.calls: list[str] = []
+        self.failures: dict[tuple[str, int | None], type] = {}
+        self.events: queue.Queue = queue.Queue()
+        self.registered: dict[int, int] = {}  # gpu index -> event mask
+        self.supported_events = real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeDoubleBitEccError
+        self.initialised = 0
+        self.wait_error: type | None = None
+
+    # --- test controls ------------------------------------------------------------------------
+    def fail(self, call: str, index: int | None, error: type) -> None:
+        self.failures[(call, index)] = error
+
+    def xid(self, index: int, xid: int, gi: int = 0xFFFFFFFF, ci: int = 0xFFFFFFFF) -> None:
+        self.events.put(EventData(Handle(index), real.nvmlEventTypeXidCriticalError, xid, gi, ci))
+
+    # --- helpers ------------------------------------------------------------------------------
+    def _enter(self, call: str, handle: Handle | None = None) -> FakeGpu | None:
+        self.calls.append(call)
+        if call != "nvmlInit" and not self.initialised:
+            raise real.NVMLError_Uninitialized()
+        index = handle.gpu if handle else None
+        error = self.failures.get((call, index)) or self.failures.get((call, None))
+        if error:
+            raise error()
+        if handle is None:
+            return None
+        gpu = self.gpus[handle.gpu]
+        if gpu.lost:
+            raise real.NVMLError_GpuIsLost()
+        return gpu
+
+    def _mig(self, handle: Handle) -> FakeMig:
+        return self.gpus[handle.gpu].mig[handle.mig]
+
+    # --- the pynvml calls the backend uses ----------------------------------------------------------
+    def nvmlInit(self):
+        self._enter("nvmlInit")
+        self.initialised += 1
+
+    def nvmlShutdown(self):
+        self._enter("nvmlShutdown")
+        self.initialised -= 1
+
+    def nvmlSystemGetDriverVersion(self):
+        self._enter("nvmlSystemGetDriverVersion")
+        return self.driver
+
+    def nvmlSystemGetCudaDriverVersion_v2(self):
+        self._enter("nvmlSystemGetCudaDriverVersion_v2")
+        return self.cuda
+
+    def nvmlDeviceGetCount(self):
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        self._enter("nvmlDeviceGetHandleByIndex", Handle(index))
+        return Handle(index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for i, gpu in enumerate(self.gpus):
+            if gpu.uuid == uuid:
+                self._enter("nvmlDeviceGetHandleByUUID", Handle(i))
+                return Handle(i)
+        raise real.NVMLError_NotFound()
+
+    def nvmlDeviceGetUUID(self, handle):
+        gpu = self._enter("nvmlDeviceGetUUID", handle)
+        return self._mig(handle).uuid if handle.mig is not None else gpu.uuid
+
+    def nvmlDeviceGetName(self, handle):
+        gpu = self._enter("nvmlDeviceGetName", handle)
+        return f"{gpu.name} MIG {self._mig(handle).profile}" if handle.mig is not None else gpu.name
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        gpu = self._enter("nvmlDeviceGetMemoryInfo", handle)
+        total = (self._mig(handle).memory_mib if handle.mig is not None else gpu.memory_mib) * MIB
+        return types.SimpleNamespace(total=total, used=0, free=total)
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle):
+        return self._enter("nvmlDeviceGetCudaComputeCapability", handle).capability
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        return types.SimpleNamespace(busId=self._enter("nvmlDeviceGetPciInfo", handle).bus_id.encode())
+
+    def nvmlDeviceGetMigMode(self, handle):
+        gpu = self._enter("nvmlDeviceGetMigMode", handle)
+        if gpu.mig is None:
+            raise real.NVMLError_NotSupported()
+        mode = real.NVML_DEVICE_MIG_ENABLE if gpu.mig else real.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle):
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle, index):
+        gpu = self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if index not in gpu.mig:
+            raise real.NVMLError_NotFound()
+        return Handle(handle.gpu, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle):
+        self._enter("nvmlDeviceGetGpuInstanceId", handle)
+        return self._mig(handle).gi
+
+    def nvmlDeviceGetComputeInstanceId(self, handle):
+        self._enter("nvmlDeviceGetComputeInstanceId", handle)
+        return self._mig(handle).ci
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
+        self._enter("nvmlDeviceGetTopologyCommonAncestor", a)
+        return self.topology.get((a.gpu, b.gpu), real.NVML_TOPOLOGY_SYSTEM)
+
+    def nvmlDeviceGetNvLinkState(self, handle, link):
+        gpu = self._enter("nvmlDeviceGetNvLinkState", handle)
+        if link >= len(gpu.nvlinks):
+            raise real.NVMLError_NotSupported()
+        return real.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle, link):
+        gpu = self._enter("nvmlDeviceGetNvLinkRemotePciInfo", handle)
+        return types.SimpleNamespace(busId=gpu.nvlinks[link])
+
+    def nvmlEventSetCreate(self):
+        self._enter("nvmlEventSetCreate")
+        return "event-set"
+
+    def nvmlDeviceGetSupportedEventTypes(self, handle):
+        self._enter("nvmlDeviceGetSupportedEventTypes", handle)
+        return self.supported_events
+
+    def nvmlDeviceRegisterEvents(self, handle, mask, event_set):
+        self._enter("nvmlDeviceRegisterEvents", handle)
+        if mask & ~self.supported_events:
+            raise real.NVMLError_NotSupported()
+        self.registered[handle.gpu] = mask
+
+    def nvmlEventSetWait_v2(self, event_set, timeout_ms):
+        self._enter("nvmlEventSetWait_v2")
+        if self.wait_error:
+            raise self.wait_error()
+        try:
+            return self.events.get(timeout=timeout_ms / 1000)
+        except queue.Empty:
+            raise real.NVMLError_Timeout() from None
+
+    def nvmlEventSetFree(self, event_set):
+        self._enter("nvmlEventSetFree")

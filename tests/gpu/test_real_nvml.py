@@ -1,0 +1,71 @@
+"""Checks against the real driver. Marked `gpu`: skipped where NVML cannot be loaded (run them with tests/gpu/run.sh)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from deviceplugin.config import default_config
+from deviceplugin.inventory import InventoryError
+from deviceplugin.kubelet_sim import Container, Pod
+from deviceplugin.manager import PluginManager
+from deviceplugin.resources import build_resources
+
+from ..conftest import FAST, GPU_CLI, registered
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def nvml():
+    from deviceplugin.nvml import NvmlInventory
+
+    try:
+        inventory = NvmlInventory()
+    except InventoryError as err:
+        pytest.skip(f"no NVIDIA driver here: {err}")
+    yield inventory
+    inventory.close()
+
+
+def test_discovers_every_gpu_the_driver_sees(nvml):
+    import pynvml
+
+    node = nvml.discover()
+    assert len(node.gpus) == pynvml.nvmlDeviceGetCount() > 0
+    for gpu in node.gpus:
+        assert gpu.uuid.startswith("GPU-") and gpu.memory_mib > 1024 and gpu.model
+        assert gpu.pci_bus_id.count(":") == 2 and gpu.pci_bus_id == gpu.pci_bus_id.lower()
+        for mig in gpu.mig_devices:
+            assert mig.uuid.startswith("MIG-") and mig.memory_mib < gpu.memory_mib
+    assert node.driver_version and node.cuda_driver_version
+
+
+def test_health_queries_and_events_work(nvml):
+    node = nvml.discover()
+    assert all(nvml.check(g.uuid) is None for g in node.gpus)
+    event = nvml.wait_for_event(0.2)  # registers for events; a healthy idle GPU sends none
+    assert event is None or event.gpu_uuid in {g.uuid for g in node.gpus}
+
+
+def test_plugin_on_real_gpus_allocates_a_share(nvml, kubelet, plugin_dir):
+    node = nvml.discover()
+    manager = PluginManager(build_resources(default_config(), node), plugin_dir, FAST)
+    manager.start()
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=10)
+        expected = 10 * sum(len(g.mig_devices) or 1 for g in node.gpus)
+        assert kubelet.resources()["example.com/gpu-share"].capacity == expected
+        envs = kubelet.admit(Pod("p", [Container("c", {"example.com/gpu-share": 2})]))["c"]["example.com/gpu-share"].envs
+        assert envs["NVIDIA_VISIBLE_DEVICES"].split(",")[0] in {u for g in node.gpus for u in [g.uuid, *(m.uuid for m in g.mig_devices)]}
+    finally:
+        manager.stop()
+
+
+def test_discover_command_on_real_gpus(nvml):
+    proc = subprocess.run([*GPU_CLI, "discover", "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert [g["uuid"] for g in report["gpus"]] == [g.uuid for g in nvml.discover().gpus]

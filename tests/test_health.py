@@ -1,0 +1,115 @@
+"""Health through the whole stack: simulated faults -> HealthMonitor -> ListAndWatch -> the kubelet's counts."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from deviceplugin.config import parse_config
+from deviceplugin.health import HealthMonitor, HealthSettings
+from deviceplugin.manager import PluginManager
+from deviceplugin.resources import build_resources
+from deviceplugin.simulated import SimulatedInventory
+
+from .conftest import EXAMPLES, FAST, registered
+
+SHARES = "example.com/gpu-share"
+MIG = "example.com/mig-3g.40gb"
+FAST_HEALTH = HealthSettings(recovery_period=0.4, check_interval=0.05)
+
+
+@pytest.fixture
+def stack(plugin_dir, kubelet):
+    """GPU 2 of the A100 node (two 3g.40gb MIG instances) shared in 5 -> 10 shares; GPU 3 as MIG devices; GPU 5 whole."""
+    inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "8xA100-80GB-mig.yaml")
+    node = inventory.discover()
+    config = parse_config(
+        {
+            "version": "v1",
+            "pools": [
+                {"name": "shares", "mode": "shared", "replicas": 5, "gpus": {"indexes": [2]}},
+                {"name": "mig", "mode": "mig", "gpus": {"indexes": [3]}},
+                {"name": "whole", "mode": "exclusive", "gpus": {"indexes": [5]}},
+            ],
+        }
+    )
+    manager = PluginManager(build_resources(config, node), plugin_dir, FAST)
+    monitor = HealthMonitor(inventory, node, manager.set_unhealthy, FAST_HEALTH)
+    manager.start()
+    monitor.start()
+    assert kubelet.wait_for(registered(SHARES, "example.com/gpu"), timeout=5)
+    yield inventory, node, monitor
+    monitor.stop()
+    manager.stop()
+
+
+def test_xid_marks_every_share_and_mig_instance_of_the_gpu_within_1s_then_recovers(stack, kubelet):
+    inventory, node, monitor = stack
+    gpu = node.gpus[2]
+    assert kubelet.resources()[SHARES].allocatable == 10
+    started = time.monotonic()
+    inventory.inject_xid(gpu.uuid, 79)
+    assert kubelet.wait_for(lambda st: st[SHARES].allocatable == 0 and st[SHARES].capacity == 10, timeout=1.0)
+    assert time.monotonic() - started < 1.0
+    assert kubelet.resources()["example.com/gpu"].allocatable == 1  # other GPUs untouched
+    assert monitor.xid_counts[gpu.uuid] == 1
+    # Quiet for the (shortened) recovery period: every share comes back.
+    assert kubelet.wait_for(lambda st: st[SHARES].allocatable == 10, timeout=3)
+
+
+def test_attributed_xid_marks_only_that_mig_instance(stack, kubelet):
+    inventory, node, _ = stack
+    gpu = node.gpus[2]
+    inventory.inject_xid(gpu.uuid, 48, mig_uuid=gpu.mig_devices[1].uuid)
+    assert kubelet.wait_for(lambda st: st[SHARES].allocatable == 5, timeout=1.0)
+    unhealthy = kubelet.resources()[SHARES].unhealthy
+    assert sorted(unhealthy) == [f"{gpu.mig_devices[1].uuid}::{k}" for k in range(5)]
+
+
+def test_unattributed_xid_marks_every_mig_device(stack, kubelet):
+    inventory, node, _ = stack
+    gpu3 = node.gpus[3]  # 4g.40gb + 2g.20gb + 1g.10gb in the mig pool
+    assert kubelet.wait_for(registered("example.com/mig-4g.40gb", "example.com/mig-2g.20gb", "example.com/mig-1g.10gb"), timeout=2)
+    inventory.inject_xid(gpu3.uuid, 94)
+    assert kubelet.wait_for(
+        lambda st: all(st[f"example.com/mig-{p}"].allocatable == 0 for p in ("4g.40gb", "2g.20gb", "1g.10gb")), timeout=1.0
+    )
+    assert kubelet.resources()[SHARES].allocatable == 10
+
+
+def test_ignored_xid_changes_nothing(stack, kubelet):
+    inventory, node, monitor = stack
+    messages = kubelet.resources()[SHARES].messages
+    inventory.inject_xid(node.gpus[2].uuid, 13)  # application error
+    inventory.inject_xid(node.gpus[5].uuid, 79)  # a real one elsewhere, to know the first was processed
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
+    assert kubelet.resources()[SHARES].messages == messages and kubelet.resources()[SHARES].allocatable == 10
+    assert monitor.xid_counts[node.gpus[2].uuid] == 0
+
+
+def test_lost_gpu_stays_unhealthy_while_queries_fail_and_never_crashes(stack, kubelet):
+    inventory, node, monitor = stack
+    gpu = node.gpus[5]
+    inventory.lose_gpu(gpu.uuid)
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
+    time.sleep(FAST_HEALTH.recovery_period * 2)  # longer than the quiet period: still failing, still Unhealthy
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0
+    assert "GPU is lost" in monitor.unhealthy[gpu.uuid]
+    inventory.restore(gpu.uuid)
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=3)
+    assert kubelet.resources()[SHARES].allocatable == 10
+
+
+def test_scheduled_failure_from_the_node_file(plugin_dir, kubelet, tmp_path):
+    node_file = tmp_path / "node.yaml"
+    node_file.write_text(
+        "gpus:\n  - {index: 0, uuid: GPU-x, model: T4, memoryMiB: 15360}\nfailures:\n  - {gpu: 0, after: 0, xid: 79}\n"
+    )
+    inventory = SimulatedInventory.from_file(node_file)
+    node = inventory.discover()
+    events = [inventory.wait_for_event(0.5)]
+    assert events[0].gpu_uuid == "GPU-x" and events[0].xid == 79
+    monitor = HealthMonitor(inventory, node, lambda s: None, HealthSettings(enabled=False))
+    monitor.start()  # disabled: returns without a thread
+    assert monitor._thread is None
