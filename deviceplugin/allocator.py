@@ -6,12 +6,18 @@ so repeated calls with the same IDs give the same answer.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import lru_cache
+from itertools import combinations
+from math import comb
+from pathlib import Path
 
 import grpc
 
 from .api import deviceplugin_pb2 as pb
+from .mps_paths import MpsPaths
 from .resources import Device, Resource, Unit
 
 # Environment variables a share-aware application can read.
@@ -36,6 +42,8 @@ def preferred_allocation(resource: Resource, available: Iterable[str], must_incl
     must = _dedupe(i for i in must_include if i in resource.devices)
     if size <= len(must):
         return must
+    if resource.pool.mode == "exclusive" and size - len(must) > 1:
+        return must + _best_connected(resource, [i for i in known if i not in must], must, size - len(must))
     free: dict[str, list[Device]] = defaultdict(list)  # unit uuid -> its free devices
     for device_id in known:
         if device_id not in must:
@@ -69,8 +77,31 @@ def _unit_order(resource: Resource, free: dict[str, list[Device]], must: list[st
     return sorted(in_order, key=lambda u: -len(free[u]))
 
 
+_MAX_COMBINATIONS = 5000
+
+
+def _best_connected(resource: Resource, candidates: list[str], must: list[str], wanted: int) -> list[str]:
+    """Whole GPUs for a multi-GPU request: the most NVLinks among them, then the fewest NUMA nodes, then low indexes."""
+    gpus = {i: resource.devices[i].gpu for i in candidates + must}
+
+    def score(ids: tuple[str, ...]) -> tuple[int, int, int]:
+        chosen = [gpus[i] for i in (*must, *ids)]
+        nvlinks = sum(resource.link(a, b).nvlinks for a, b in combinations(chosen, 2))
+        return (nvlinks, -len({g.numa_node for g in chosen}), -sum(g.index for g in chosen))
+
+    candidates = sorted(candidates, key=lambda i: gpus[i].index)
+    if len(candidates) <= wanted:
+        return candidates
+    if comb(len(candidates), wanted) <= _MAX_COMBINATIONS:
+        return list(max(combinations(candidates, wanted), key=score))
+    chosen: tuple[str, ...] = ()
+    for _ in range(wanted):  # greedy on large nodes
+        chosen += (max((i for i in candidates if i not in chosen), key=lambda i: score(chosen + (i,))),)
+    return list(chosen)
+
+
 def container_response(resource: Resource, device_ids: Iterable[str], unhealthy: frozenset[str] = frozenset()) -> pb.ContainerAllocateResponse:
-    """The envs a container gets for these devices, or AllocationError."""
+    """What a container gets for these devices, or AllocationError."""
     ids = sorted(set(device_ids))
     if not ids:
         raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"no device IDs in the request for {resource.name}")
@@ -81,23 +112,87 @@ def container_response(resource: Resource, device_ids: Iterable[str], unhealthy:
     sick = [d.id for d in devices if d.unit.uuid in unhealthy or d.gpu.uuid in unhealthy]
     if sick:
         raise AllocationError(grpc.StatusCode.FAILED_PRECONDITION, f"devices on an unhealthy GPU for {resource.name}: {_listing(sick)}")
+    pool, config = resource.pool, resource.config
     units = _units_of(resource, devices)
-    if resource.pool.shared and len(units) > 1:
+    if pool.shared and len(units) > 1 and not pool.allow_span:
         kind = "MIG instances" if units[0].mig else "GPUs"
         per_unit = "; ".join(f"{u.uuid} shares {','.join(str(d.share) for d in devices if d.unit is u)}" for u in units)
         raise AllocationError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"shares of {resource.name} span {len(units)} {kind} ({per_unit}); all shares of a container must be on one {kind[:-1]}",
         )
+    if pool.mps and pool.mps_limits == "strict" and len(devices) > 1:
+        raise AllocationError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{resource.name} uses MPS with strict limits: one share per container, got {len(devices)} "
+            "(ask for 1, or use mpsLimits: proportional)",
+        )
+    response = pb.ContainerAllocateResponse()
     visible = ",".join(u.uuid for u in units)
-    envs = {"NVIDIA_VISIBLE_DEVICES": visible, "CUDA_VISIBLE_DEVICES": visible}
-    if resource.pool.shared:
-        unit, count, total = units[0], len(devices), resource.replicas
-        envs[ENV_SHARE_COUNT] = str(count)
-        envs[ENV_SHARE_TOTAL] = str(total)
-        envs[ENV_MEMORY_LIMIT] = str(unit.memory_mib * count // total)
-        envs[ENV_COMPUTE_PERCENT] = str(100 * count // total)
-    return pb.ContainerAllocateResponse(envs=envs)
+    response.envs["CUDA_VISIBLE_DEVICES"] = visible
+    if config.device_list_strategy == "cdi":
+        response.cdi_devices.extend(pb.CDIDevice(name=f"{config.cdi_kind}={u.uuid}") for u in units)
+    else:
+        response.envs["NVIDIA_VISIBLE_DEVICES"] = visible
+    if config.device_specs:
+        response.devices.extend(device_specs(config.device_root, units))
+    if pool.shared:
+        _share_facts(response, resource, units, devices)
+    return response
+
+
+def _share_facts(response: pb.ContainerAllocateResponse, resource: Resource, units: list[Unit], devices: list[Device]) -> None:
+    """GPU_SHARE_* for every shared pool; the MPS pipe, mounts and (proportional) per-client limits."""
+    count = len(devices)
+    per_unit = [(u, sum(1 for d in devices if d.unit is u)) for u in units]
+    memory = sum(u.memory_mib * k // u.replicas for u, k in per_unit)
+    compute = sum(100 * k // u.replicas for u, k in per_unit)  # percent of one GPU; over 100 only when spanning
+    envs = response.envs
+    envs[ENV_SHARE_COUNT] = str(count)
+    envs[ENV_SHARE_TOTAL] = str(units[0].replicas)
+    envs[ENV_MEMORY_LIMIT] = str(memory)
+    envs[ENV_COMPUTE_PERCENT] = str(compute)
+    pool = resource.pool
+    if not pool.mps:
+        return
+    paths = MpsPaths.of(resource.config.mps_root, pool.name)
+    envs["CUDA_MPS_PIPE_DIRECTORY"] = str(paths.pipe)
+    response.mounts.add(container_path=str(paths.pipe), host_path=str(paths.pipe), read_only=False)
+    response.mounts.add(container_path="/dev/shm", host_path=str(paths.shm), read_only=False)
+    if pool.mps_limits == "proportional":
+        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(compute)
+        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
+
+
+def device_specs(device_root: str, units: list[Unit]) -> list[pb.DeviceSpec]:
+    """/dev/nvidiactl, the UVM nodes, each GPU's /dev/nvidiaN and, for MIG, its capability nodes."""
+    paths = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    for unit in units:
+        minor = unit.gpu.minor_number if unit.gpu.minor_number is not None else unit.gpu.index
+        paths.append(f"/dev/nvidia{minor}")
+        if unit.mig:
+            paths += mig_capability_devices(device_root, minor, unit.mig.gi_id, unit.mig.ci_id)
+    specs = []
+    for path in dict.fromkeys(paths):
+        host = str(Path(device_root) / path.lstrip("/"))
+        specs.append(pb.DeviceSpec(container_path=path, host_path=host, permissions="rw"))
+    return specs
+
+
+@lru_cache(maxsize=1024)
+def mig_capability_devices(device_root: str, minor: int, gi: int, ci: int) -> tuple[str, ...]:
+    """The /dev/nvidia-caps nodes that grant access to one MIG instance, from /proc/driver/nvidia/capabilities."""
+    base = Path(device_root) / "proc/driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
+    found = []
+    for access in (base / "access", base / f"ci{ci}" / "access"):
+        try:
+            text = access.read_text()
+        except OSError:
+            continue
+        match = re.search(r"DeviceFileMinor:\s*(\d+)", text)
+        if match:
+            found.append(f"/dev/nvidia-caps/nvidia-cap{match.group(1)}")
+    return tuple(found)
 
 
 def _units_of(resource: Resource, devices: list[Device]) -> list[Unit]:

@@ -1,4 +1,4 @@
-"""The `gpu-share` command: run (the daemon), discover, demo."""
+"""The `gpu-share` command: run (the daemon), mps, discover, config check, demo."""
 
 from __future__ import annotations
 
@@ -9,12 +9,15 @@ import sys
 import threading
 from pathlib import Path
 
-from .config import Config, ConfigError, default_config, load_config
+from .config import ConfigError, default_config, load_config
 from .discovery import open_inventory, render_json, render_table
 from .health import DEFAULT_IGNORED_XIDS, HealthMonitor, HealthSettings
-from .inventory import InventoryError
+from .inventory import InventoryError, NodeInfo
+from .kube import NodeClient
 from .manager import PluginManager
-from .resources import build_resources
+from .mps import DEFAULT_CONTROL_BINARY, MpsDaemon
+from .reload import ConfigReloader, ProfileSource, load_plan
+from .resources import Resource, build_resources
 from .server import Timings
 
 log = logging.getLogger("gpu-share")
@@ -56,10 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--log-level", default=level, choices=["debug", "info", "warning", "error"])
         command.add_argument("--log-format", default="text", choices=["text", "json"])
 
+    def add_plan(command: argparse.ArgumentParser) -> None:
+        command.add_argument("--config", help="config file (default: every GPU shared, 10 shares each)")
+        command.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
+        command.add_argument("--profile", help="config profile to serve (default: the node label <domain>/gpu-share.config, else defaultProfile)")
+        command.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
+
     run = sub.add_parser("run", help="run the device plugin daemon")
     add_logging(run)
-    run.add_argument("--config", help="config file (default: every GPU shared, 10 shares each)")
-    run.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
+    add_plan(run)
+    run.add_argument("--reload-interval", type=_positive_float, default=10.0, metavar="SECONDS",
+                     help="seconds between checks of the config file and the profile label (default 10)")
     run.add_argument("--plugin-dir", default=DEFAULT_PLUGIN_DIR, help=f"kubelet device-plugin directory (default {DEFAULT_PLUGIN_DIR})")
     run.add_argument("--watch-interval", type=_positive_float, default=Timings.watch_interval, help="seconds between kubelet-restart checks")
     run.add_argument("--register-timeout", type=_positive_float, default=Timings.register_timeout, help="deadline of one Register call")
@@ -75,6 +85,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between GPU query checks (default 1)")
     run.set_defaults(func=cmd_run)
 
+    mps = sub.add_parser("mps", help="run and supervise the MPS control daemons of the MPS pools")
+    add_logging(mps)
+    add_plan(mps)
+    mps.add_argument("--mps-control", default=DEFAULT_CONTROL_BINARY, help=f"the control binary (default {DEFAULT_CONTROL_BINARY})")
+    mps.add_argument("--backoff-max", type=_positive_float, default=30.0, help="longest wait before restarting a daemon (default 30)")
+    mps.set_defaults(func=cmd_mps)
+
+    config = sub.add_parser("config", help="config file tools")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser("check", help="validate a config and show what it yields on a node")
+    add_logging(check, level="warning")
+    check.add_argument("file", help="config file")
+    check.add_argument("--node", help="simulated node description file (default: only validate)")
+    check.add_argument("--profile", help="profile to show (default: defaultProfile)")
+    check.set_defaults(func=cmd_config_check)
+
     discover = sub.add_parser("discover", help="show the node's GPUs, MIG instances, topology and health")
     add_logging(discover, level="warning")
     discover.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
@@ -89,10 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load(config_file: str | None) -> Config:
-    return load_config(config_file) if config_file else default_config()
-
-
 def _wait_for_signal() -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -101,8 +123,17 @@ def _wait_for_signal() -> None:
     log.info("signal received, shutting down")
 
 
+def _plan(args: argparse.Namespace, node: NodeInfo) -> tuple[ProfileSource, list[Resource]]:
+    client = NodeClient.connect(kubeconfig=args.kubeconfig) if not args.profile else None
+    profiles = ProfileSource(args.profile, client)
+    _, profile, resources = load_plan(args.config, node, profiles)
+    log.info("serving profile %s", profile or "(default)")
+    return profiles, resources
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    config = load(args.config)  # a bad config fails before NVML is touched
+    if args.config:
+        load_config(args.config)  # a bad config fails before NVML is touched
     try:
         inventory = open_inventory(args.node)
     except InventoryError as err:
@@ -113,22 +144,68 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     try:
         node = inventory.discover()
-        resources = build_resources(config, node)
+        profiles, resources = _plan(args, node)
         timings = Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval)
         manager = PluginManager(resources, Path(args.plugin_dir), timings)
         settings = HealthSettings(
             enabled=args.health_checks, ignored_xids=args.ignore_xids, recovery_period=args.health_recovery, check_interval=args.health_interval
         )
         monitor = HealthMonitor(inventory, node, manager.set_unhealthy, settings)
+        reloader = ConfigReloader(args.config, node, manager, profiles, args.reload_interval)
         manager.start()
         monitor.start()
+        reloader.start(load_config(args.config) if args.config else default_config())
         for resource in resources:
             log.info("%s: %d devices on %d GPUs", resource.name, len(resource.devices), len(resource.gpus))
         _wait_for_signal()
+        reloader.stop()
         monitor.stop()
         manager.stop()
     finally:
         inventory.close()
+    return 0
+
+
+def cmd_mps(args: argparse.Namespace) -> int:
+    inventory = open_inventory(args.node)
+    try:
+        _, resources = _plan(args, inventory.discover())
+    finally:
+        inventory.close()
+    daemons = [
+        MpsDaemon(r, r.config.mps_root, binary=args.mps_control, backoff_max=args.backoff_max) for r in resources if r.pool.mps
+    ]
+    if not daemons:
+        log.warning("the config has no pool with backend mps on this node; nothing to run")
+    for daemon in daemons:
+        daemon.start()
+    _wait_for_signal()
+    for daemon in daemons:
+        daemon.stop()
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    config = load_config(args.file)
+    profiles = [args.profile] if args.profile else sorted(config.profiles)
+    print(f"{args.file}: valid; profiles {', '.join(sorted(config.profiles))} (default {config.default_profile})")
+    if not args.node:
+        for name in profiles:
+            for pool in config.pools(name):
+                print(f"  {name}: {pool.path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}")
+        return 0
+    inventory = open_inventory(args.node)
+    node = inventory.discover()
+    for name in profiles:
+        print(f"\nProfile {name} on {node.name}:")
+        for resource in build_resources(config, node, name):
+            print(f"  {resource.name} ({resource.pool.mode}{', ' + resource.pool.backend if resource.pool.shared else ''}): {len(resource.devices)} devices")
+            for unit in resource.units:
+                what = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} ({unit.uuid})" if unit.mig else f" ({unit.gpu.model})")
+                if resource.pool.shared:
+                    print(f"    {what}: {unit.replicas} shares of {unit.memory_mib // unit.replicas} MiB")
+                else:
+                    print(f"    {what}: 1 device, {unit.memory_mib} MiB")
     return 0
 
 

@@ -1,21 +1,20 @@
 """The gpu-share config file: versioned YAML, validated with errors that name the key path.
 
-Schema (v1)::
+Every key, its default and an example are in docs/configuration.md. In short::
 
-    version: v1                  # required
-    domain: example.com          # resource domain for names without one
-    allocationPolicy: binpack    # binpack | spread: where GetPreferredAllocation puts shares
-    pools:                       # each GPU belongs to at most one pool
-      - name: training           # [a-z0-9-], unique; used in socket names and logs
-        mode: exclusive          # exclusive | shared | mig
-        resource: gpu            # <name> (joined to domain) or <domain>/<name>; not for mig
-        gpus:                    # selection; omitted = every GPU no other pool selects
-          indexes: [0, 1]
-          uuids: [GPU-...]
-          models: ["*H100*"]     # shell-style patterns, case-insensitive
-      - name: inference
-        mode: shared
-        replicas: 10             # shares per GPU (shared mode only)
+    version: v1
+    domain: example.com
+    allocationPolicy: binpack        # binpack | spread
+    deviceListStrategy: envvar       # envvar | cdi
+    cdiKind: nvidia.com/gpu          # CDI names are <cdiKind>=<UUID>
+    deviceSpecs: false               # add /dev/nvidia* device specs to Allocate
+    deviceRoot: /                    # where /dev and /proc/driver/nvidia are found
+    mpsRoot: /run/gpu-share/mps      # MPS pipe, log and shm directories, per pool
+    defaultProfile: default
+    pools: [...]                     # the `default` profile
+    profiles:                        # named profiles; a node picks one by label or --profile
+      inference:
+        pools: [...]
 """
 
 from __future__ import annotations
@@ -34,11 +33,46 @@ from .schema import Fields, SchemaError, join, list_of
 
 SUPPORTED_VERSIONS = ("v1",)
 DEFAULT_DOMAIN = "example.com"
+DEFAULT_PROFILE = "default"
 DEFAULT_REPLICAS = 10
+DEFAULT_MPS_ROOT = "/run/gpu-share/mps"
 MODES = ("exclusive", "shared", "mig")
+BACKENDS = ("timeSlicing", "mps")
+MPS_LIMITS = ("strict", "proportional")
+MIG_STRATEGIES = ("mixed", "single")
 ALLOCATION_POLICIES = ("binpack", "spread")
-DEFAULT_RESOURCE = {"exclusive": "gpu", "shared": "gpu-share"}  # mig: <domain>/mig-<profile>
+DEVICE_LIST_STRATEGIES = ("envvar", "cdi")
+DEFAULT_RESOURCE = {"exclusive": "gpu", "shared": "gpu-share", "mig": "gpu"}  # mig: only with strategy single
 _POOL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_QUANTITY_BYTES = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_CDI_KIND = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
+
+_TOP_KEYS = {
+    "version": str,
+    "domain": str,
+    "allocationPolicy": str,
+    "deviceListStrategy": str,
+    "cdiKind": str,
+    "deviceSpecs": bool,
+    "deviceRoot": str,
+    "mpsRoot": str,
+    "defaultProfile": str,
+    "pools": list,
+    "profiles": dict,
+}
+_POOL_KEYS = {
+    "name": str,
+    "mode": str,
+    "resource": str,
+    "replicas": int,
+    "memoryPerShare": str,
+    "backend": str,
+    "mpsLimits": str,
+    "allowSpanGPUs": bool,
+    "strategy": str,
+    "gpus": dict,
+}
 
 
 class ConfigError(ValueError):
@@ -73,14 +107,24 @@ class GpuSelector:
 class PoolConfig:
     name: str
     mode: str
-    resource: str  # fully qualified <domain>/<name>; "" for mig pools (one resource per MIG profile)
+    resource: str  # fully qualified <domain>/<name>; "" for mig pools with the mixed strategy
     domain: str = DEFAULT_DOMAIN
-    replicas: int = 1
+    replicas: int = 1  # shares per GPU or MIG instance (ignored when memory_per_share_mib is set)
+    memory_per_share_mib: int | None = None
+    backend: str = "timeSlicing"
+    mps_limits: str = "strict"
+    allow_span: bool = False
+    mig_strategy: str = "mixed"
     gpus: GpuSelector = field(default_factory=GpuSelector)
+    path: str = "pools[0]"  # where the pool is in the file, for messages
 
     @property
     def shared(self) -> bool:
         return self.mode == "shared"
+
+    @property
+    def mps(self) -> bool:
+        return self.shared and self.backend == "mps"
 
 
 @dataclass(frozen=True)
@@ -88,15 +132,27 @@ class Config:
     version: str = "v1"
     domain: str = DEFAULT_DOMAIN
     allocation_policy: str = "binpack"
-    pools: tuple[PoolConfig, ...] = ()
+    device_list_strategy: str = "envvar"
+    cdi_kind: str = "nvidia.com/gpu"
+    device_specs: bool = False
+    device_root: str = "/"
+    mps_root: str = DEFAULT_MPS_ROOT
+    default_profile: str = DEFAULT_PROFILE
+    profiles: dict[str, tuple[PoolConfig, ...]] = field(default_factory=dict)
     source: str = "built-in default"
+
+    def pools(self, profile: str | None = None) -> tuple[PoolConfig, ...]:
+        """The pools of `profile` (the default profile when None or empty)."""
+        name = profile or self.default_profile
+        if name not in self.profiles:
+            raise ConfigError([f"profile {name!r} is not in the config (profiles: {', '.join(sorted(self.profiles))})"], self.source)
+        return self.profiles[name]
 
 
 def default_config() -> Config:
     """Every GPU in one shared pool with 10 shares per GPU."""
-    return Config(
-        pools=(PoolConfig(name="default", mode="shared", resource=f"{DEFAULT_DOMAIN}/gpu-share", replicas=DEFAULT_REPLICAS),)
-    )
+    pool = PoolConfig(name="default", mode="shared", resource=f"{DEFAULT_DOMAIN}/gpu-share", replicas=DEFAULT_REPLICAS)
+    return Config(profiles={DEFAULT_PROFILE: (pool,)})
 
 
 def load_config(path: str | Path) -> Config:
@@ -105,6 +161,10 @@ def load_config(path: str | Path) -> Config:
         text = Path(path).read_text()
     except OSError as err:
         raise ConfigError([f"cannot read: {err.strerror}"], source) from None
+    return parse_config_text(text, source)
+
+
+def parse_config_text(text: str, source: str = "config") -> Config:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -112,47 +172,131 @@ def load_config(path: str | Path) -> Config:
     return parse_config(data, source)
 
 
+def parse_quantity_mib(text: str) -> int:
+    """A Kubernetes quantity (`4Gi`, `512Mi`, `8G`) in whole MiB; ValueError when malformed or under 1 MiB."""
+    match = _QUANTITY.match(text.strip())
+    if not match:
+        raise ValueError(f"must be a quantity such as 4Gi or 512Mi, got {text!r}")
+    mib = int(match.group(1)) * _QUANTITY_BYTES[match.group(2)] // 2**20
+    if mib < 1:
+        raise ValueError(f"must be at least 1Mi, got {text!r}")
+    return mib
+
+
+class _Problems:
+    """Collects every problem so a config check reports them all at once."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def attempt(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PoolErrors as err:
+            self.items.extend(err.problems)
+            return None
+        except SchemaError as err:
+            self.items.append(str(err))
+            return None
+
+    def check(self, condition: bool, message: str) -> None:
+        if not condition:
+            self.items.append(message)
+
+
 def parse_config(data: Any, source: str = "config") -> Config:
     """Validate a config document, collecting every problem before raising."""
-    problems: list[str] = []
+    problems = _Problems()
     try:
-        top = Fields(data, "", {"version": str, "domain": str, "allocationPolicy": str, "pools": list})
+        top = Fields(data, "", _TOP_KEYS)
     except SchemaError as err:
         raise ConfigError([str(err)], source) from None
 
-    def attempt(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except SchemaError as err:
-            problems.append(str(err))
-            return None
+    def choice(key: str, default: str, allowed: tuple[str, ...]) -> str:
+        value = problems.attempt(top.get, key, default) or default
+        problems.check(value in allowed, f"{key}: must be one of {', '.join(allowed)}, got {value!r}")
+        return value
 
-    version = attempt(top.get, "version", None, required=True)
-    if version is not None and version not in SUPPORTED_VERSIONS:
-        problems.append(f"version: unsupported version {version!r} (supported: {', '.join(SUPPORTED_VERSIONS)})")
-    domain = attempt(top.get, "domain", DEFAULT_DOMAIN) or DEFAULT_DOMAIN
-    policy = attempt(top.get, "allocationPolicy", "binpack") or "binpack"
-    if policy not in ALLOCATION_POLICIES:
-        problems.append(f"allocationPolicy: must be one of {', '.join(ALLOCATION_POLICIES)}, got {policy!r}")
-    raw_pools = attempt(top.get, "pools", None, required=True) or []
-    if top.has("pools") and not raw_pools and isinstance(top.data.get("pools"), list):
-        problems.append("pools: must list at least one pool")
-    pools = [attempt(_parse_pool, item, f"pools[{i}]", domain) for i, item in enumerate(raw_pools)]
-    parsed = [p for p in pools if p is not None]
-    problems.extend(_cross_pool_problems(pools))
-    if problems:
-        raise ConfigError(problems, source)
-    return Config(version=version, domain=domain, allocation_policy=policy, pools=tuple(parsed), source=source)
+    version = problems.attempt(top.get, "version", None, required=True)
+    problems.check(version is None or version in SUPPORTED_VERSIONS, f"version: unsupported version {version!r} (supported: {', '.join(SUPPORTED_VERSIONS)})")
+    domain = problems.attempt(top.get, "domain", DEFAULT_DOMAIN) or DEFAULT_DOMAIN
+    problems.check(resource_name_problem(f"{domain}/x") is None, f"domain: {domain!r} is not a lowercase DNS subdomain")
+    policy = choice("allocationPolicy", "binpack", ALLOCATION_POLICIES)
+    strategy = choice("deviceListStrategy", "envvar", DEVICE_LIST_STRATEGIES)
+    cdi_kind = problems.attempt(top.get, "cdiKind", "nvidia.com/gpu") or "nvidia.com/gpu"
+    problems.check(bool(_CDI_KIND.match(cdi_kind)), f"cdiKind: must be <vendor>/<class> such as nvidia.com/gpu, got {cdi_kind!r}")
+    device_specs = problems.attempt(top.get, "deviceSpecs", False) or False
+    device_root = problems.attempt(top.get, "deviceRoot", "/") or "/"
+    problems.check(device_root.startswith("/"), f"deviceRoot: must be an absolute path, got {device_root!r}")
+    mps_root = problems.attempt(top.get, "mpsRoot", DEFAULT_MPS_ROOT) or DEFAULT_MPS_ROOT
+    problems.check(mps_root.startswith("/"), f"mpsRoot: must be an absolute path, got {mps_root!r}")
+
+    raw_profiles: dict[str, tuple[str, Any]] = {}
+    if top.has("pools"):
+        raw_profiles[DEFAULT_PROFILE] = ("", problems.attempt(top.get, "pools"))
+    for name, body in (problems.attempt(top.get, "profiles", {}) or {}).items():
+        path = f"profiles.{name}"
+        if name in raw_profiles:
+            problems.items.append(f"{path}: profile {name!r} is already defined by the top-level pools")
+            continue
+        if not isinstance(name, str) or not _POOL_NAME.match(name):
+            problems.items.append(f"{path}: profile names must be 1-40 characters of [a-z0-9-], got {name!r}")
+            continue
+        body_fields = problems.attempt(Fields, body, path, {"pools": list})
+        raw_profiles[name] = (path, body_fields and problems.attempt(body_fields.get, "pools", None, required=True))
+    problems.check(bool(raw_profiles) or not isinstance(data, dict), "pools: is required (or profiles)")
+
+    profiles = {}
+    for name, (path, raw_pools) in raw_profiles.items():
+        pools_path = join(path, "pools")
+        if raw_pools is None:  # already reported
+            continue
+        problems.check(bool(raw_pools), f"{pools_path}: must list at least one pool")
+        pools = [problems.attempt(_parse_pool, item, f"{pools_path}[{i}]", domain) for i, item in enumerate(raw_pools)]
+        problems.items.extend(_cross_pool_problems(pools))
+        profiles[name] = tuple(p for p in pools if p is not None)
+    default = problems.attempt(top.get, "defaultProfile", DEFAULT_PROFILE) or DEFAULT_PROFILE
+    problems.check(not raw_profiles or default in raw_profiles, f"defaultProfile: {default!r} is not a profile (profiles: {', '.join(sorted(raw_profiles))})")
+    if problems.items:
+        raise ConfigError(problems.items, source)
+    return Config(
+        version=version,
+        domain=domain,
+        allocation_policy=policy,
+        device_list_strategy=strategy,
+        cdi_kind=cdi_kind,
+        device_specs=device_specs,
+        device_root=device_root,
+        mps_root=mps_root,
+        default_profile=default,
+        profiles=profiles,
+        source=source,
+    )
 
 
 def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
-    fields = Fields(item, path, {"name": str, "mode": str, "resource": str, "replicas": int, "gpus": dict})
-    name = fields.get("name", required=True)
-    fields.check(bool(_POOL_NAME.match(name)), "name", f"must be 1-40 characters of [a-z0-9-], starting and ending alphanumeric, got {name!r}")
-    mode = fields.get("mode", required=True)
-    fields.check(mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "mig":
-        fields.check(not fields.has("resource"), "resource", "not used by mode mig: its resources are <domain>/mig-<profile>")
+    """One pool; every problem in it is raised together (one SchemaError per line)."""
+    problems: list[str] = []
+    fields = Fields(item, path, _POOL_KEYS, problems)
+    name = fields.get("name", "", required=True)
+    fields.check(not name or bool(_POOL_NAME.match(name)), "name", f"must be 1-40 characters of [a-z0-9-], starting and ending alphanumeric, got {name!r}")
+    mode = fields.get("mode", "", required=True)
+    fields.check(not mode or mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
+    mode = mode if mode in MODES else "shared"
+
+    def only_for(key: str, allowed: bool, what: str) -> None:
+        fields.check(allowed or not fields.has(key), key, f"only applies to {what} (this pool is {mode})")
+
+    only_for("replicas", mode == "shared", "mode shared")
+    only_for("memoryPerShare", mode == "shared", "mode shared")
+    only_for("backend", mode == "shared", "mode shared")
+    only_for("allowSpanGPUs", mode == "shared", "mode shared")
+    only_for("strategy", mode == "mig", "mode mig")
+    strategy = fields.get("strategy", "mixed")
+    fields.check(strategy in MIG_STRATEGIES, "strategy", f"must be one of {', '.join(MIG_STRATEGIES)}, got {strategy!r}")
+
+    if mode == "mig" and strategy == "mixed":
+        fields.check(not fields.has("resource"), "resource", "not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>")
         resource = ""
     else:
         resource = fields.get("resource", DEFAULT_RESOURCE[mode])
@@ -160,14 +304,54 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
             resource = f"{domain}/{resource}"
         problem = resource_name_problem(resource)
         fields.check(problem is None, "resource", f"{resource!r} is not a valid extended resource name: {problem}")
+
+    replicas, memory = 1, None
     if mode == "shared":
+        fields.check(not (fields.has("replicas") and fields.has("memoryPerShare")), "memoryPerShare", "give replicas or memoryPerShare, not both")
         replicas = fields.get("replicas", DEFAULT_REPLICAS)
         fields.check(replicas >= 1, "replicas", f"must be >= 1, got {replicas}")
-    else:
-        fields.check(not fields.has("replicas"), "replicas", f"only applies to mode shared (this pool is {mode})")
-        replicas = 1
-    selector = _parse_selector(fields.get("gpus", None), join(path, "gpus")) if fields.has("gpus") else GpuSelector()
-    return PoolConfig(name=name, mode=mode, resource=resource, domain=domain, replicas=replicas, gpus=selector)
+        if fields.has("memoryPerShare"):
+            try:
+                memory = parse_quantity_mib(fields.get("memoryPerShare", ""))
+            except ValueError as err:
+                problems.append(f"{join(path, 'memoryPerShare')}: {err}")
+    backend = fields.get("backend", "timeSlicing")
+    fields.check(backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    fields.check(backend == "mps" or not fields.has("mpsLimits"), "mpsLimits", "only applies to backend mps")
+    mps_limits = fields.get("mpsLimits", "strict")
+    fields.check(mps_limits in MPS_LIMITS, "mpsLimits", f"must be one of {', '.join(MPS_LIMITS)}, got {mps_limits!r}")
+    allow_span = fields.get("allowSpanGPUs", False)
+    fields.check(not (allow_span and backend == "mps"), "allowSpanGPUs", "cannot be used with backend mps (one MPS server per GPU)")
+    selector = GpuSelector()
+    if fields.has("gpus"):
+        try:
+            selector = _parse_selector(fields.get("gpus", None), join(path, "gpus"))
+        except SchemaError as err:
+            problems.append(str(err))
+    if problems:
+        raise PoolErrors(problems)
+    return PoolConfig(
+        name=name,
+        mode=mode,
+        resource=resource,
+        domain=domain,
+        replicas=replicas,
+        memory_per_share_mib=memory,
+        backend=backend,
+        mps_limits=mps_limits,
+        allow_span=allow_span,
+        mig_strategy=strategy,
+        gpus=selector,
+        path=path,
+    )
+
+
+class PoolErrors(SchemaError):
+    """Every problem of one pool."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("", "\n  ".join(problems))
+        self.problems = problems
 
 
 def _parse_selector(data: Any, path: str) -> GpuSelector:
@@ -188,20 +372,20 @@ def _parse_selector(data: Any, path: str) -> GpuSelector:
 
 def _cross_pool_problems(pools: list[PoolConfig | None]) -> list[str]:
     problems = []
-    seen_names: dict[str, int] = {}
-    seen_resources: dict[str, int] = {}
-    rest_pool: int | None = None
-    for i, pool in enumerate(pools):
+    seen_names: dict[str, str] = {}
+    seen_resources: dict[str, str] = {}
+    rest_pool: str | None = None
+    for pool in pools:
         if pool is None:
             continue
         if pool.name in seen_names:
-            problems.append(f"pools[{i}].name: {pool.name!r} is already used by pools[{seen_names[pool.name]}]")
-        seen_names.setdefault(pool.name, i)
+            problems.append(f"{pool.path}.name: {pool.name!r} is already used by {seen_names[pool.name]}")
+        seen_names.setdefault(pool.name, pool.path)
         if pool.resource and pool.resource in seen_resources:
-            problems.append(f"pools[{i}].resource: {pool.resource!r} is already used by pools[{seen_resources[pool.resource]}]")
-        seen_resources.setdefault(pool.resource, i)
+            problems.append(f"{pool.path}.resource: {pool.resource!r} is already used by {seen_resources[pool.resource]}")
+        seen_resources.setdefault(pool.resource, pool.path)
         if pool.gpus.selects_rest:
             if rest_pool is not None:
-                problems.append(f"pools[{i}].gpus: only one pool may omit gpus (pools[{rest_pool}] already takes the rest)")
-            rest_pool = i if rest_pool is None else rest_pool
+                problems.append(f"{pool.path}.gpus: only one pool may omit gpus ({rest_pool} already takes the rest)")
+            rest_pool = rest_pool or pool.path
     return problems

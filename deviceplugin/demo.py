@@ -16,6 +16,7 @@ from .simulated import SimulatedInventory
 
 SAMPLE_PODS = [
     Pod("trainer", [Container("main", {"example.com/gpu": 1})]),
+    Pod("isolated", [Container("main", {"example.com/mig-3g.40gb": 1})]),
     Pod("chat-small", [Container("server", {"example.com/gpu-share": 1})]),
     Pod("chat-large", [Container("server", {"example.com/gpu-share": 3})]),
     Pod("too-big", [Container("server", {"example.com/gpu-share": 12})]),
@@ -26,7 +27,7 @@ def run_demo(node_file: str, config_file: str, out=print) -> int:
     inventory = SimulatedInventory.from_file(node_file)
     node = inventory.discover()
     resources = build_resources(load_config(config_file), node)
-    index_of = {g.uuid: g.index for g in node.gpus}
+    index_of = {g.uuid: g.index for g in node.gpus} | {m.uuid: g.index for g in node.gpus for m in g.mig_devices}
     with tempfile.TemporaryDirectory(prefix="gpu-share-demo-") as tmp:
         plugin_dir = Path(tmp) / "device-plugins"
         kubelet = KubeletSimulator(plugin_dir, seed=1)
@@ -59,8 +60,8 @@ def run_demo(node_file: str, config_file: str, out=print) -> int:
             used = Counter(i.split(SHARE_SEPARATOR)[0] for pod in SAMPLE_PODS for c in kubelet.allocated(pod).values() for ids in c.values() for i in ids if SHARE_SEPARATOR in i)
             for resource in resources:
                 if resource.pool.shared:
-                    for gpu in resource.gpus:
-                        out(f"  GPU {gpu.index}: {used[gpu.uuid]}/{resource.replicas} shares used")
+                    for unit in resource.units:
+                        out(f"  GPU {unit.gpu.index}: {used[unit.uuid]}/{unit.replicas} shares used")
         finally:
             manager.stop()
             kubelet.stop()
@@ -84,7 +85,9 @@ def _env_summary(envs) -> str:
 
 def _short(ids: list[str]) -> str:
     shares = sorted(i.split(SHARE_SEPARATOR)[1] for i in ids if SHARE_SEPARATOR in i)
-    return "shares " + ",".join(shares) if shares else "whole GPU"
+    if shares:
+        return "shares " + ",".join(shares)
+    return "MIG instance" if ids[0].startswith("MIG-") else "whole GPU"
 
 
 def _table(rows: list[tuple[str, ...]], out) -> None:

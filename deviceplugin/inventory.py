@@ -36,6 +36,7 @@ class Gpu:
     numa_node: int | None = None  # None: the platform reports no NUMA affinity
     pci_bus_id: str = ""
     compute_capability: str = ""
+    minor_number: int | None = None  # N of /dev/nvidiaN
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
 

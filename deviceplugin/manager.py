@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from pathlib import Path
 
+from .mps_paths import MpsPaths
 from .resources import Resource
 from .server import SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity
 
 log = logging.getLogger(__name__)
+
+
+def signature(resource: Resource) -> tuple:
+    """What decides a resource's devices and Allocate answers: equal signatures need no restart on reload."""
+    config = resource.config
+    return (
+        resource.name,
+        dataclasses.replace(resource.pool, path=""),
+        resource.units,
+        tuple(resource.devices),
+        (config.allocation_policy, config.device_list_strategy, config.cdi_kind, config.device_specs, config.device_root, config.mps_root),
+    )
 
 
 class PluginManager:
@@ -18,6 +32,8 @@ class PluginManager:
     Kubelet restart signals (kubelet-contract §2.6): kubelet.sock is recreated, or a
     server's own socket disappears. Both are polled every `watch_interval`: a stat per
     socket, cheaper than a thread per inotify watch and well inside the 2 s target.
+    The same loop follows MPS pools: a pool is served once its daemon's ready marker
+    exists, and its devices are Unhealthy while the marker is gone.
     """
 
     def __init__(self, resources: list[Resource], plugin_dir: Path, timings: Timings = Timings()) -> None:
@@ -25,16 +41,23 @@ class PluginManager:
         self.timings = timings
         self.servers = [DevicePluginServer(r, self.plugin_dir, timings) for r in resources]
         self.kubelet_restarts = 0
+        self._unhealthy: frozenset[str] = frozenset()
+        self._lock = threading.RLock()  # guards self.servers against apply() during the watch loop
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+
+    @property
+    def resources(self) -> list[Resource]:
+        return [s.resource for s in self.servers]
 
     def start(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         for stale in self.plugin_dir.glob(f"{SOCKET_PREFIX}*.sock"):
             log.info("removing stale socket %s", stale)
             stale.unlink(missing_ok=True)
-        for server in self.servers:
-            server.start()
+        with self._lock:
+            for server in self.servers:
+                self._start_server(server)
         self._watcher = threading.Thread(target=self._watch, name="kubelet-watch", daemon=True)
         self._watcher.start()
 
@@ -42,35 +65,87 @@ class PluginManager:
         self._stop.set()
         if self._watcher:
             self._watcher.join()
-        for server in self.servers:
-            server.stop()
+        with self._lock:
+            for server in self.servers:
+                server.stop()
         log.info("stopped; sockets removed")
 
     def wait_registered(self, timeout: float | None = None) -> bool:
-        """True once every server is registered (used by tests, the demo and readiness)."""
-        return all(server.registered.wait(timeout) for server in self.servers)
+        """True once every server is registered (used by the demo and readiness)."""
+        return all(server.registered.wait(timeout) for server in list(self.servers))
 
-    def set_unhealthy(self, gpus: frozenset[str]) -> None:
-        for server in self.servers:
-            server.set_unhealthy(gpus)
+    def set_unhealthy(self, uuids: frozenset[str]) -> None:
+        with self._lock:
+            self._unhealthy = uuids
+            for server in self.servers:
+                server.set_unhealthy(uuids)
+
+    def apply(self, resources: list[Resource]) -> list[str]:
+        """Serve a new set of resources, restarting only those whose signature changed; returns what changed."""
+        changes = []
+        with self._lock:
+            current = {s.resource.name: s for s in self.servers}
+            wanted = {r.name: r for r in resources}
+            kept = []
+            for name, server in current.items():
+                if name not in wanted or signature(wanted[name]) != signature(server.resource):
+                    server.stop()
+                    changes.append(f"{'changed' if name in wanted else 'removed'} {name}")
+                else:
+                    kept.append(server)
+            for name, resource in wanted.items():
+                if name in current and current[name] in kept:
+                    continue
+                server = DevicePluginServer(resource, self.plugin_dir, self.timings)
+                server.set_unhealthy(self._unhealthy)
+                kept.append(server)
+                self._start_server(server)
+                if name not in current:
+                    changes.append(f"added {name}")
+            self.servers = kept
+        return changes
+
+    def _start_server(self, server: DevicePluginServer) -> None:
+        if server.resource.pool.mps and not self._mps_ready(server):
+            log.info("%s waits for its MPS control daemon (%s)", server.resource.name, self._mps_paths(server).ready)
+            return
+        server.start()
+
+    def _mps_paths(self, server: DevicePluginServer) -> MpsPaths:
+        return MpsPaths.of(server.resource.config.mps_root, server.resource.pool.name)
+
+    def _mps_ready(self, server: DevicePluginServer) -> bool:
+        return self._mps_paths(server).ready.exists()
 
     def _watch(self) -> None:
         kubelet_socket = self.plugin_dir / "kubelet.sock"
         last = kubelet_identity(kubelet_socket)
         while not self._stop.wait(self.timings.watch_interval):
-            for server in self.servers:
-                path = server.socket_path
-                if path is not None and not path.exists():
-                    server.restart(f"its socket {path.name} was deleted")
-            current = kubelet_identity(kubelet_socket)
-            if current is None or current == last:
-                continue
-            if last is not None:
-                self.kubelet_restarts += 1
-                log.info("kubelet.sock was recreated: the kubelet restarted")
-            last = current
-            for server in self.servers:
-                if server.registered.is_set() and server.registered_with != current:
-                    server.restart("the kubelet restarted")
-                else:
-                    server.wake()
+            with self._lock:
+                self._watch_once(kubelet_socket, last)
+                last = kubelet_identity(kubelet_socket) or last
+
+    def _watch_once(self, kubelet_socket: Path, last: tuple[int, int] | None) -> None:
+        for server in self.servers:
+            if server.resource.pool.mps:
+                ready = self._mps_ready(server)
+                if server.socket_path is None and ready:
+                    log.info("MPS control daemon of pool %s is ready", server.resource.pool.name)
+                    server.start()
+                elif ready != server.available:
+                    log.warning("MPS control daemon of pool %s is %s", server.resource.pool.name, "back" if ready else "down: devices Unhealthy")
+                server.set_available(ready)
+            path = server.socket_path
+            if path is not None and not path.exists():
+                server.restart(f"its socket {path.name} was deleted")
+        current = kubelet_identity(kubelet_socket)
+        if current is None or current == last:
+            return
+        if last is not None:
+            self.kubelet_restarts += 1
+            log.info("kubelet.sock was recreated: the kubelet restarted")
+        for server in self.servers:
+            if server.registered.is_set() and server.registered_with != current:
+                server.restart("the kubelet restarted")
+            else:
+                server.wake()

@@ -113,6 +113,7 @@ class NvmlInventory:
             numa_node=self._numa_node(bus_id),
             pci_bus_id=bus_id,
             compute_capability=f"{capability[0]}.{capability[1]}" if capability else "",
+            minor_number=self._optional("nvmlDeviceGetMinorNumber", handle, gpu=label),
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(handle, label) if mig_enabled else (),
         )

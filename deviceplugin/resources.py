@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from .api import deviceplugin_pb2 as pb
 from .config import Config, ConfigError, PoolConfig
-from .inventory import Gpu, MigDevice, NodeInfo
+from .inventory import Gpu, Link, MigDevice, NodeInfo
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ class Unit:
     gpu: Gpu
     memory_mib: int
     mig: MigDevice | None = None
+    replicas: int = 1  # shares of this unit (1 for a whole device)
 
 
 @dataclass(frozen=True)
@@ -50,31 +51,36 @@ class Resource:
     label: str  # unique per resource, [a-z0-9.-]: used in socket and thread names
     units: tuple[Unit, ...]
     devices: dict[str, Device]  # in advertising order
-    allocation_policy: str = "binpack"
+    config: Config = field(default_factory=Config)
+    links: dict[tuple[str, str], Link] = field(default_factory=dict)
 
     @property
     def gpus(self) -> tuple[Gpu, ...]:
         return tuple({u.gpu.uuid: u.gpu for u in self.units}.values())
 
     @property
-    def replicas(self) -> int:
-        return self.pool.replicas
+    def allocation_policy(self) -> str:
+        return self.config.allocation_policy
 
     @property
     def with_topology(self) -> bool:
         """Devices carry NUMA topology only when every GPU reports it (the kubelet's hints need all or none)."""
         return bool(self.units) and all(u.gpu.numa_node is not None for u in self.units)
 
+    def link(self, a: Gpu, b: Gpu) -> Link:
+        first, second = sorted((a, b), key=lambda g: g.index)
+        return self.links.get((first.uuid, second.uuid), Link())
+
     def health_keys(self) -> frozenset[str]:
         """The UUIDs whose health concerns this resource: its GPUs and its MIG instances."""
         return frozenset(u.uuid for u in self.units) | frozenset(u.gpu.uuid for u in self.units)
 
-    def list_response(self, unhealthy: frozenset[str] = frozenset()) -> pb.ListAndWatchResponse:
+    def list_response(self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False) -> pb.ListAndWatchResponse:
         """The full device list as ListAndWatch sends it; a device is unhealthy when its unit or GPU is."""
         topology = self.with_topology
         devices = []
         for device in self.devices.values():
-            sick = device.unit.uuid in unhealthy or device.gpu.uuid in unhealthy
+            sick = all_unhealthy or device.unit.uuid in unhealthy or device.gpu.uuid in unhealthy
             item = pb.Device(ID=device.id, health=UNHEALTHY if sick else HEALTHY)
             if topology:
                 item.topology.nodes.add(ID=device.gpu.numa_node)
@@ -82,62 +88,63 @@ class Resource:
         return pb.ListAndWatchResponse(devices=devices)
 
 
-def share_id(gpu_uuid: str, k: int) -> str:
-    return f"{gpu_uuid}{SHARE_SEPARATOR}{k}"
+def share_id(unit_uuid: str, k: int) -> str:
+    return f"{unit_uuid}{SHARE_SEPARATOR}{k}"
 
 
-def build_resources(config: Config, node: NodeInfo) -> list[Resource]:
+def build_resources(config: Config, node: NodeInfo, profile: str | None = None) -> list[Resource]:
     """Assign every GPU to its pool and list each pool's devices; errors name the config key."""
+    pools = config.pools(profile)
     problems: list[str] = []
-    owner: dict[str, int] = {}  # GPU uuid -> index of the pool that selected it
-    selected: list[list[Gpu]] = [[] for _ in config.pools]
-    for i, pool in enumerate(config.pools):
+    owner: dict[str, PoolConfig] = {}  # GPU uuid -> the pool that selected it
+    selected: dict[str, list[Gpu]] = {p.path: [] for p in pools}
+    for pool in pools:
         if pool.gpus.selects_rest:
             continue
         for index in pool.gpus.indexes:
             if not any(g.index == index for g in node.gpus):
-                problems.append(f"pools[{i}].gpus.indexes: no GPU with index {index} on this node ({_indexes(node)})")
+                problems.append(f"{pool.path}.gpus.indexes: no GPU with index {index} on this node ({_indexes(node)})")
         for uuid in pool.gpus.uuids:
             if not any(g.uuid == uuid for g in node.gpus):
-                problems.append(f"pools[{i}].gpus.uuids: no GPU {uuid} on this node")
+                problems.append(f"{pool.path}.gpus.uuids: no GPU {uuid} on this node")
         for gpu in node.gpus:
             if not pool.gpus.matches(gpu):
                 continue
             if gpu.uuid in owner:
                 other = owner[gpu.uuid]
-                problems.append(
-                    f"pools[{i}].gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by pools[{other}] ({config.pools[other].name})"
-                )
+                problems.append(f"{pool.path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.path} ({other.name})")
                 continue
-            owner[gpu.uuid] = i
-            selected[i].append(gpu)
-    for i, pool in enumerate(config.pools):
+            owner[gpu.uuid] = pool
+            selected[pool.path].append(gpu)
+    for pool in pools:
         if pool.gpus.selects_rest:
-            selected[i] = [g for g in node.gpus if g.uuid not in owner]
-            owner.update({g.uuid: i for g in selected[i]})
+            selected[pool.path] = [g for g in node.gpus if g.uuid not in owner]
+            owner.update({g.uuid: pool for g in selected[pool.path]})
     if problems:
         raise ConfigError(problems, config.source)
 
-    resources = []
-    for i, (pool, gpus) in enumerate(zip(config.pools, selected)):
-        for name, label, units in _pool_units(pool, gpus):
+    resources: list[Resource] = []
+    for pool in pools:
+        try:
+            pool_resources = _pool_resources(pool, selected[pool.path])
+        except ValueError as err:
+            raise ConfigError([str(err)], config.source) from None
+        for name, label, units in pool_resources:
             if not units:
                 log.warning("pool %s has no usable GPU on this node; %s is not advertised", pool.name, name)
                 continue
-            resource = Resource(
-                pool=pool, name=name, label=label, units=tuple(units), devices=_devices(pool, units), allocation_policy=config.allocation_policy
-            )
+            resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=_devices(pool, units), config=config, links=node.links)
             size = resource.list_response().ByteSize()
             if size > LIST_BUDGET_BYTES:
                 raise ConfigError(
                     [
-                        f"pools[{i}]: {len(resource.devices)} devices make a {size} byte ListAndWatch message, over the "
+                        f"{pool.path}: {len(resource.devices)} devices make a {size} byte ListAndWatch message, over the "
                         f"{LIST_BUDGET_BYTES} byte budget (the kubelet drops the stream at 4 MiB); lower replicas"
                     ],
                     config.source,
                 )
             if any(r.name == name for r in resources):
-                raise ConfigError([f"pools[{i}]: resource {name} is also advertised by another pool"], config.source)
+                raise ConfigError([f"{pool.path}: resource {name} is also advertised by another pool"], config.source)
             resources.append(resource)
     for gpu in node.gpus:
         if gpu.uuid not in owner:
@@ -153,22 +160,42 @@ def _mig_units(gpu: Gpu) -> list[Unit]:
     return [Unit(uuid=m.uuid, gpu=gpu, memory_mib=m.memory_mib, mig=m) for m in gpu.mig_devices]
 
 
-def _pool_units(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, list[Unit]]]:
-    """(resource name, label, units) for each resource a pool yields."""
+def _with_replicas(pool: PoolConfig, unit: Unit) -> Unit:
+    """A shared unit with its share count: `replicas`, or as many `memoryPerShare` as fit."""
+    if pool.memory_per_share_mib is None:
+        return replace(unit, replicas=pool.replicas)
+    replicas = unit.memory_mib // pool.memory_per_share_mib
+    if replicas < 1:
+        what = f"MIG instance {unit.uuid} ({unit.mig.profile}" if unit.mig else f"GPU {unit.gpu.index} ({unit.gpu.model}"
+        raise ValueError(f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)")
+    return replace(unit, replicas=replicas)
+
+
+def _pool_resources(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, list[Unit]]]:
+    """(resource name, label, units) for each resource a pool yields; ValueError for a node the pool cannot serve."""
     if pool.mode == "exclusive":
         for gpu in gpus:
             if gpu.mig_enabled:
                 log.warning("GPU %d (%s) has MIG enabled: pool %s (exclusive) does not advertise it whole; use mode mig", gpu.index, gpu.uuid, pool.name)
         return [(pool.resource, pool.name, [_whole(g) for g in gpus if not g.mig_enabled])]
     if pool.mode == "shared":
+        if pool.mps and any(g.mig_enabled for g in gpus):
+            mig = ", ".join(str(g.index) for g in gpus if g.mig_enabled)
+            raise ValueError(f"{pool.path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool")
         # A MIG-enabled GPU is shared instance by instance.
-        return [(pool.resource, pool.name, [u for g in gpus for u in (_mig_units(g) if g.mig_enabled else [_whole(g)])])]
+        units = [u for g in gpus for u in (_mig_units(g) if g.mig_enabled else [_whole(g)])]
+        return [(pool.resource, pool.name, [_with_replicas(pool, u) for u in units])]
     by_profile: dict[str, list[Unit]] = {}
     for gpu in gpus:
         if not gpu.mig_enabled:
             log.warning("GPU %d (%s) does not have MIG enabled: pool %s (mig) does not advertise it", gpu.index, gpu.uuid, pool.name)
         for unit in _mig_units(gpu):
             by_profile.setdefault(unit.mig.profile, []).append(unit)
+    if pool.mig_strategy == "single":
+        if len(by_profile) > 1:
+            found = "; ".join(f"{p} on GPU {', '.join(str(i) for i in sorted({u.gpu.index for u in units}))}" for p, units in sorted(by_profile.items()))
+            raise ValueError(f"{pool.path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed")
+        return [(pool.resource, pool.name, [u for units in by_profile.values() for u in units])]
     return [
         (mig_resource_name(pool.domain, profile), f"{pool.name}-{profile.replace('+', '.')}", units)
         for profile, units in sorted(by_profile.items())
@@ -183,7 +210,7 @@ def mig_resource_name(domain: str, profile: str) -> str:
 def _devices(pool: PoolConfig, units: list[Unit]) -> dict[str, Device]:
     if not pool.shared:
         return {u.uuid: Device(id=u.uuid, unit=u) for u in units}
-    return {share_id(u.uuid, k): Device(id=share_id(u.uuid, k), unit=u, share=k) for u in units for k in range(pool.replicas)}
+    return {share_id(u.uuid, k): Device(id=share_id(u.uuid, k), unit=u, share=k) for u in units for k in range(u.replicas)}
 
 
 def _indexes(node: NodeInfo) -> str:

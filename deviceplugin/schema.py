@@ -27,18 +27,27 @@ def type_ok(value: Any, expected: type) -> bool:
 
 
 class Fields:
-    """A mapping at `path` whose keys must be among `spec` (key -> expected type)."""
+    """A mapping at `path` whose keys must be among `spec` (key -> expected type).
 
-    def __init__(self, data: Any, path: str, spec: dict[str, type]) -> None:
+    With a `problems` list, bad keys and values are recorded there (get() then returns the default)
+    instead of raised, so one pass reports every problem.
+    """
+
+    def __init__(self, data: Any, path: str, spec: dict[str, type], problems: list[str] | None = None) -> None:
         if not isinstance(data, dict):
             raise SchemaError(path or "(top level)", f"must be a mapping, got {_describe(data)}")
-        for key in data:
-            if key not in spec:
-                known = ", ".join(sorted(spec))
-                raise SchemaError(join(path, str(key)), f"unknown key (known keys: {known})")
         self.data = data
         self.path = path
         self.spec = spec
+        self.problems = problems
+        for key in data:
+            if key not in spec:
+                self._fail(SchemaError(join(path, str(key)), f"unknown key (known keys: {', '.join(sorted(spec))})"))
+
+    def _fail(self, error: SchemaError) -> None:
+        if self.problems is None:
+            raise error
+        self.problems.append(str(error))
 
     def has(self, key: str) -> bool:
         return key in self.data
@@ -46,17 +55,18 @@ class Fields:
     def get(self, key: str, default: Any = None, *, required: bool = False) -> Any:
         if key not in self.data:
             if required:
-                raise SchemaError(join(self.path, key), "is required")
+                self._fail(SchemaError(join(self.path, key), "is required"))
             return default
         value = self.data[key]
         expected = self.spec[key]
         if not type_ok(value, expected):
-            raise SchemaError(join(self.path, key), f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(value)}")
+            self._fail(SchemaError(join(self.path, key), f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(value)}"))
+            return default
         return value
 
     def check(self, condition: bool, key: str, reason: str) -> None:
         if not condition:
-            raise SchemaError(join(self.path, key), reason)
+            self._fail(SchemaError(join(self.path, key), reason))
 
 
 def list_of(items: list[Any], path: str, expected: type) -> list[Any]:

@@ -74,6 +74,7 @@ class DevicePluginServer:
         self.registered = threading.Event()
         self._changed = threading.Condition()
         self._unhealthy: frozenset[str] = frozenset()
+        self._available = True  # False: every device Unhealthy (an MPS pool whose daemon is down)
         self._health_keys = resource.health_keys()
         self._version = 0
         self._instance: _Instance | None = None
@@ -92,13 +93,25 @@ class DevicePluginServer:
     def unhealthy(self) -> frozenset[str]:
         return self._unhealthy
 
+    @property
+    def available(self) -> bool:
+        return self._available
+
     def set_unhealthy(self, uuids: frozenset[str]) -> None:
         """Mark GPUs or MIG instances unhealthy (with every device on them); streams get a new list only on change."""
-        relevant = uuids & self._health_keys
+        self._update(unhealthy=uuids & self._health_keys)
+
+    def set_available(self, available: bool) -> None:
+        """Mark every device Unhealthy (False) or back to its own health (True)."""
+        self._update(available=available)
+
+    def _update(self, unhealthy: frozenset[str] | None = None, available: bool | None = None) -> None:
         with self._changed:
-            if relevant == self._unhealthy:
+            unhealthy = self._unhealthy if unhealthy is None else unhealthy
+            available = self._available if available is None else available
+            if (unhealthy, available) == (self._unhealthy, self._available):
                 return
-            self._unhealthy = relevant
+            self._unhealthy, self._available = unhealthy, available
             self._version += 1
             self._changed.notify_all()
 
@@ -239,8 +252,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                     plugin._changed.wait()
                 if stopped.is_set() or not context.is_active():
                     return
-                sent, unhealthy = plugin._version, plugin._unhealthy
-            yield self.resource.list_response(unhealthy)
+                sent, unhealthy, available = plugin._version, plugin._unhealthy, plugin._available
+            yield self.resource.list_response(unhealthy, all_unhealthy=not available)
             log.debug("sent %d devices of %s (%d GPUs unhealthy)", len(self.resource.devices), self.resource.name, len(unhealthy))
 
     def _stream_ended(self) -> None:
@@ -262,6 +275,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         if not request.container_requests:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
+        if not self.plugin.available:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
         try:
             responses = [container_response(self.resource, req.devices_ids, self.plugin.unhealthy) for req in request.container_requests]
         except AllocationError as err:

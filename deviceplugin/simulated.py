@@ -13,6 +13,7 @@ File format (every key is documented in docs/configuration.md)::
         numaNode: 0                # optional
         pciBusId: "0000:3b:00.0"   # optional
         computeCapability: "8.0"   # optional
+        minorNumber: 0             # optional, N of /dev/nvidiaN (default: index)
         mig:                       # optional: MIG enabled, with these instances
           - {uuid: MIG-..., profile: 3g.40gb, memoryMiB: 40192, giId: 1, ciId: 0}
     links:                         # optional: GPU pairs by index
@@ -46,6 +47,7 @@ _GPU_KEYS = {
     "numaNode": int,
     "pciBusId": str,
     "computeCapability": str,
+    "minorNumber": int,
     "mig": list,
 }
 _MIG_KEYS = {"uuid": str, "profile": str, "memoryMiB": int, "giId": int, "ciId": int}
@@ -104,6 +106,7 @@ def _parse_gpu(item: Any, path: str) -> Gpu:
         numa_node=numa if numa is not None and numa >= 0 else None,
         pci_bus_id=fields.get("pciBusId", ""),
         compute_capability=fields.get("computeCapability", ""),
+        minor_number=fields.get("minorNumber", index),
         mig_enabled=fields.has("mig"),
         mig_devices=tuple(mig),
     )

@@ -140,6 +140,10 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetCudaComputeCapability(self, handle):
         return self._enter("nvmlDeviceGetCudaComputeCapability", handle).capability
 
+    def nvmlDeviceGetMinorNumber(self, handle):
+        self._enter("nvmlDeviceGetMinorNumber", handle)
+        return handle.gpu
+
     def nvmlDeviceGetPciInfo(self, handle):
         return types.SimpleNamespace(busId=self._enter("nvmlDeviceGetPciInfo", handle).bus_id.encode())
 

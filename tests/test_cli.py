@@ -80,11 +80,13 @@ def test_demo_prints_the_table_and_exits_0():
     proc = subprocess.run([*GPU_CLI, "demo"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "example.com/gpu        1         1" in out
-    assert "example.com/gpu-share  30        30" in out
-    assert "chat-large  example.com/gpu-share: 3" in out and "shares 3/10, 4608 MiB, 30% compute" in out
+    assert "example.com/gpu          1         1" in out
+    assert "example.com/gpu-share    20        20" in out
+    assert "example.com/mig-3g.40gb  2         2" in out
+    assert "isolated    example.com/mig-3g.40gb: 1  1    MIG instance  NVIDIA_VISIBLE_DEVICES=MIG-" in out
+    assert "chat-large  example.com/gpu-share: 3" in out and "shares 3/10, 24576 MiB, 30% compute" in out
     assert "too-big" in out and "REFUSED" in out and "span 2 GPUs" in out
-    assert "GPU 1: 4/10 shares used" in out
+    assert "GPU 2: 4/10 shares used" in out
 
 
 def _nvml_loads() -> bool:

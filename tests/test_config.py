@@ -54,7 +54,7 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ("not a mapping", "(top level): must be a mapping, got string 'not a mapping'"),
         ({"pools": []}, "version: is required"),
         (pools({"name": "a", "mode": "shared"}, version="v2"), "version: unsupported version 'v2' (supported: v1)"),
-        (pools({"name": "a", "mode": "shared"}, colour="red"), "colour: unknown key (known keys: allocationPolicy, domain, pools, version)"),
+        (pools({"name": "a", "mode": "shared"}, colour="red"), "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deviceListStrategy, deviceRoot, deviceSpecs, domain, mpsRoot, pools, profiles, version)"),
         ({"version": "v1"}, "pools: is required"),
         ({"version": "v1", "pools": []}, "pools: must list at least one pool"),
         ({"version": "v1", "pools": {"a": 1}}, "pools: must be a list, got a mapping"),
@@ -156,7 +156,7 @@ def test_yaml_round_trip_of_example_is_what_the_docs_say(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(pools({"name": "x", "mode": "shared", "replicas": 3})))
     config = load_config(path)
-    assert config.pools[0].replicas == 3 and config.pools[0].resource == "example.com/gpu-share"
+    assert config.pools()[0].replicas == 3 and config.pools()[0].resource == "example.com/gpu-share"
 
 
 A100_MIG = node("8xA100-80GB-mig")
@@ -194,7 +194,7 @@ def test_mig_profile_plus_becomes_dot_and_exclusive_skips_mig_gpus(caplog):
 def test_mig_pool_rejects_resource_and_replicas():
     with pytest.raises(ConfigError) as err:
         parse_config(pools({"name": "m", "mode": "mig", "resource": "x", "gpus": {"indexes": [0]}}, {"name": "n", "mode": "mig", "replicas": 2}))
-    assert "pools[0].resource: not used by mode mig: its resources are <domain>/mig-<profile>" in str(err.value)
+    assert "pools[0].resource: not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>" in str(err.value)
     assert "pools[1].replicas: only applies to mode shared (this pool is mig)" in str(err.value)
 
 

@@ -1,0 +1,33 @@
+"""Where an MPS pool's control daemon keeps its pipes, logs and shared memory (shared by the plugin and `gpu-share mps`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class MpsPaths:
+    root: Path  # <mpsRoot>/<pool>
+
+    @classmethod
+    def of(cls, mps_root: str, pool: str) -> "MpsPaths":
+        return cls(Path(mps_root) / pool)
+
+    @property
+    def pipe(self) -> Path:
+        return self.root / "pipe"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def shm(self) -> Path:
+        """Mounted at /dev/shm in the daemon's container and in every client container."""
+        return self.root / "shm"
+
+    @property
+    def ready(self) -> Path:
+        """Exists while the control daemon runs with its limits set."""
+        return self.root / "ready"

@@ -1,0 +1,106 @@
+"""Hot reload: follow the config file (a mounted ConfigMap) and the node's profile label.
+
+A valid change restarts only the resources whose devices or answers changed; an invalid one keeps the
+last good config serving, and is logged and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from .config import Config, ConfigError, default_config, load_config, parse_config_text
+from .inventory import NodeInfo
+from .kube import NodeClient, profile_label
+from .manager import PluginManager
+from .resources import Resource, build_resources
+
+log = logging.getLogger(__name__)
+
+
+class ProfileSource:
+    """Which profile a node serves: --profile, else the node label, else the config's default."""
+
+    def __init__(self, flag: str | None, client: NodeClient | None) -> None:
+        self.flag = flag
+        self.client = client
+
+    def current(self, config: Config) -> str | None:
+        if self.flag or self.client is None:
+            return self.flag
+        try:
+            return self.client.labels().get(profile_label(config.domain))
+        except Exception as err:  # API errors must not stop the plugin: keep the default profile
+            log.warning("cannot read the node's labels for the profile (%s); using the default profile", err)
+            return None
+
+
+def load_plan(path: str | None, node: NodeInfo, profiles: ProfileSource) -> tuple[Config, str | None, list[Resource]]:
+    """Config, chosen profile and resources for this node; ConfigError on any problem."""
+    config = load_config(path) if path else default_config()
+    profile = profiles.current(config)
+    return config, profile, build_resources(config, node, profile)
+
+
+class ConfigReloader:
+    def __init__(self, path: str | None, node: NodeInfo, manager: PluginManager, profiles: ProfileSource, interval: float) -> None:
+        self.path = path
+        self.node = node
+        self.manager = manager
+        self.profiles = profiles
+        self.interval = interval
+        self.reloads = 0
+        self.errors = 0
+        self._last: tuple[str, str | None] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, config: Config) -> None:
+        self._last = (self._read(), self.profiles.current(config))
+        self._thread = threading.Thread(target=self._run, name="config-reload", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+
+    def _read(self) -> str:
+        if not self.path:
+            return ""
+        try:
+            return Path(self.path).read_text()
+        except OSError as err:
+            return f"<unreadable: {err}>"
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.check()
+
+    def check(self) -> bool:
+        """Reload if the file or the profile label changed; True when a new config was applied."""
+        text = self._read()
+        try:
+            config = parse_config_text(text, self.path) if self.path else default_config()
+        except ConfigError as err:
+            return self._failed((text, self._last[1] if self._last else None), err)
+        state = (text, self.profiles.current(config))
+        if state == self._last:
+            return False
+        try:
+            resources = build_resources(config, self.node, state[1])
+        except ConfigError as err:
+            return self._failed(state, err)
+        self._last = state
+        changes = self.manager.apply(resources)
+        self.reloads += 1
+        log.info("config reloaded (profile %s): %s", state[1] or config.default_profile, "; ".join(changes) or "no resource changed")
+        return True
+
+    def _failed(self, state: tuple[str, str | None], err: ConfigError) -> bool:
+        if state != self._last:
+            self.errors += 1
+            log.error("config change rejected, still serving the last good config: %s", err)
+            self._last = state
+        return False
