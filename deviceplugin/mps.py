@@ -125,11 +125,12 @@ class MpsDaemon:
             delay = min(delay * 2, self.backoff_max)
 
     def _run_once(self) -> None:
+        control = self.paths.pipe / "control"
+        control.unlink(missing_ok=True)  # a killed daemon leaves its pipe behind; a client would hang on it
         try:
             self._process = subprocess.Popen([self.binary, "-f"], env=self.env, stdin=subprocess.DEVNULL)
         except OSError as err:
             raise MpsError(f"cannot start {self.binary}: {err}") from None
-        control = self.paths.pipe / "control"
         deadline = time.monotonic() + self.start_timeout
         while not control.exists():
             if self._process.poll() is not None or time.monotonic() > deadline or self._stop.is_set():

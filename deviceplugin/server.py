@@ -283,7 +283,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             log.warning("refused Allocate of %s: %s", self.resource.name, err.message)
             context.abort(err.code, err.message)
         for req, resp in zip(request.container_requests, responses):
-            log.info("allocated %s: %s -> %s", self.resource.name, ",".join(req.devices_ids), resp.envs["NVIDIA_VISIBLE_DEVICES"])
+            log.info("allocated %s: %s -> %s", self.resource.name, ",".join(req.devices_ids), resp.envs.get("CUDA_VISIBLE_DEVICES", ""))
         return pb.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext) -> pb.PreStartContainerResponse:

@@ -67,3 +67,13 @@ def start_plugin(plugin_dir: Path) -> Iterator[Callable[..., PluginManager]]:
 def registered(*names: str) -> Callable[[dict], bool]:
     """Predicate for KubeletSimulator.wait_for: these resources registered with healthy devices."""
     return lambda status: all(n in status and status[n].registered and status[n].allocatable > 0 for n in names)
+
+
+@pytest.fixture
+def fake_kube(tmp_path):
+    """A fake Kubernetes API with one Node; yields (api, kubeconfig path)."""
+    from .fake_kube import FakeKube
+
+    api = FakeKube().start()
+    yield api, api.write_kubeconfig(tmp_path / "kubeconfig")
+    api.stop()

@@ -1,0 +1,111 @@
+"""A tiny Kubernetes API server over real HTTP on loopback: one Node (get, patch) and Events (create).
+
+Enough for the `kubernetes` client to read labels, patch labels/annotations and post Events, so the
+plugin's API paths run for real in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+class FakeKube:
+    def __init__(self, node_name: str = "gpu-node-1", labels: dict[str, str] | None = None) -> None:
+        self.node_name = node_name
+        self.labels: dict[str, str] = dict(labels or {})
+        self.annotations: dict[str, str] = {}
+        self.patches: list[dict] = []
+        self.events: list[dict] = []
+        self.requests = 0
+        self.fail_with: int | None = None  # answer every request with this status
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _body(self) -> dict:
+                return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+
+            def _route(self, method: str) -> None:
+                with fake.lock:
+                    fake.requests += 1
+                    if fake.fail_with:
+                        return self._send(fake.fail_with, {"kind": "Status", "code": fake.fail_with, "message": "forbidden"})
+                    node_path = f"/api/v1/nodes/{fake.node_name}"
+                    if self.path.split("?")[0] == node_path and method == "GET":
+                        return self._send(200, fake.node())
+                    if self.path.split("?")[0] == node_path and method == "PATCH":
+                        patch = self._body()
+                        fake.patches.append(patch)
+                        meta = patch.get("metadata", {})
+                        for store, key in ((fake.labels, "labels"), (fake.annotations, "annotations")):
+                            for k, v in (meta.get(key) or {}).items():
+                                if v is None:
+                                    store.pop(k, None)
+                                else:
+                                    store[k] = v
+                        return self._send(200, fake.node())
+                    if self.path.startswith("/api/v1/namespaces/") and self.path.split("?")[0].endswith("/events") and method == "POST":
+                        event = self._body()
+                        fake.events.append(event)
+                        return self._send(201, event)
+                    return self._send(404, {"kind": "Status", "code": 404, "message": f"{method} {self.path} not found"})
+
+            def do_GET(self) -> None:
+                self._route("GET")
+
+            def do_PATCH(self) -> None:
+                self._route("PATCH")
+
+            def do_POST(self) -> None:
+                self._route("POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def node(self) -> dict:
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.node_name, "labels": dict(self.labels), "annotations": dict(self.annotations), "resourceVersion": "1"},
+        }
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+                    "users": [{"name": "fake", "user": {"token": "test"}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+                    "current-context": "fake",
+                }
+            )
+        )
+        return path
+
+    def start(self) -> "FakeKube":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

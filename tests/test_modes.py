@@ -1,0 +1,425 @@
+"""Every sharing mode and allocation policy through the built-in kubelet; CDI, device specs, MPS, profiles, reload."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from deviceplugin.config import ConfigError, parse_config
+from deviceplugin.kubelet_sim import AdmissionError, Container, Pod
+from deviceplugin.mps import MpsDaemon
+from deviceplugin.mps_paths import MpsPaths
+from deviceplugin.resources import build_resources
+
+from .conftest import EXAMPLES, GPU_CLI, ROOT, node, registered
+
+H100 = node("8xH100-80GB")
+A100 = node("8xA100-80GB-mig")
+T4 = node("2xT4")
+
+
+def config(*pools, **top):
+    return parse_config({"version": "v1", "pools": list(pools), **top})
+
+
+def admit(kubelet, resource: str, count: int, name: str = "p"):
+    results = kubelet.admit(Pod(name, [Container("c", {resource: count})]))
+    return results["c"][resource]
+
+
+# --- one test per mode -----------------------------------------------------------------------------
+
+
+def test_exclusive_mode_multi_gpu_request_prefers_nvlink_then_numa(kubelet, start_plugin, tmp_path):
+    # GPUs 0-3 and 4-7 are NVSwitch-connected; give a node whose only NVLinks join 1-2 and 5-6-7.
+    node_file = tmp_path / "node.yaml"
+    gpus = "\n".join(
+        f"  - {{index: {i}, uuid: GPU-{i:04d}, model: A10, memoryMiB: 24576, numaNode: {i // 4}}}" for i in range(8)
+    )
+    node_file.write_text(
+        f"gpus:\n{gpus}\nlinks:\n  - {{gpus: [1, 2], nvlinks: 4}}\n  - {{gpus: [5, 6], nvlinks: 4}}\n"
+        "  - {gpus: [6, 7], nvlinks: 4}\n  - {gpus: [5, 7], nvlinks: 4}\n"
+    )
+    from deviceplugin.manager import PluginManager
+    from deviceplugin.simulated import SimulatedInventory
+
+    from .conftest import FAST
+
+    resources = build_resources(config({"name": "whole", "mode": "exclusive"}), SimulatedInventory.from_file(node_file).discover())
+    manager = PluginManager(resources, kubelet.plugin_dir, FAST)
+    manager.start()
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu"), timeout=5)
+        three = admit(kubelet, "example.com/gpu", 3, "three").envs["NVIDIA_VISIBLE_DEVICES"]
+        assert three == "GPU-0005,GPU-0006,GPU-0007"  # a fully NVLinked triple
+        two = admit(kubelet, "example.com/gpu", 2, "two").envs["NVIDIA_VISIBLE_DEVICES"]
+        assert two == "GPU-0001,GPU-0002"  # the remaining NVLinked pair
+        pair = admit(kubelet, "example.com/gpu", 2, "numa").envs["NVIDIA_VISIBLE_DEVICES"]
+        assert pair == "GPU-0000,GPU-0003"  # no NVLink left: one NUMA node
+    finally:
+        manager.stop()
+
+
+def test_mig_mode_mixed_strategy_through_the_kubelet(kubelet, start_plugin):
+    start_plugin({"version": "v1", "pools": [{"name": "mig", "mode": "mig", "gpus": {"indexes": [0, 1]}}]}, node_name="8xA100-80GB-mig")
+    assert kubelet.wait_for(registered("example.com/mig-1g.10gb", "example.com/mig-3g.40gb", "example.com/mig-2g.20gb"), timeout=5)
+    assert kubelet.resources()["example.com/mig-1g.10gb"].capacity == 9
+    envs = admit(kubelet, "example.com/mig-3g.40gb", 1).envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == envs["CUDA_VISIBLE_DEVICES"] == A100.gpus[1].mig_devices[0].uuid
+
+
+def test_mig_single_strategy_uniform_node_and_refusal():
+    uniform = config({"name": "mig", "mode": "mig", "strategy": "single", "gpus": {"indexes": [2]}})
+    resources = build_resources(uniform, A100)
+    assert [r.name for r in resources] == ["example.com/gpu"] and len(resources[0].devices) == 2
+    mixed = config({"name": "mig", "mode": "mig", "strategy": "single", "gpus": {"indexes": [1, 2]}})
+    with pytest.raises(ConfigError) as err:
+        build_resources(mixed, A100)
+    assert "pools[0].strategy: single needs one MIG profile on every GPU of the pool, found" in str(err.value)
+    assert "3g.40gb on GPU 1, 2" in str(err.value) and "use strategy mixed" in str(err.value)
+
+
+def test_shared_mode_over_mig_instances_through_the_kubelet(kubelet, start_plugin):
+    start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [2]}}]}, node_name="8xA100-80GB-mig")
+    assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
+    envs = admit(kubelet, "example.com/gpu-share", 3).envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] in {m.uuid for m in A100.gpus[2].mig_devices}
+    assert envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(40192 * 3 // 4)
+
+
+def test_memory_per_share_means_the_same_memory_on_every_model():
+    mixed_node = node("2xT4")
+    resources = build_resources(config({"name": "s", "mode": "shared", "memoryPerShare": "4Gi"}), H100)
+    assert {u.replicas for u in resources[0].units} == {81559 // 4096}
+    resources = build_resources(config({"name": "s", "mode": "shared", "memoryPerShare": "4Gi"}), mixed_node)
+    assert {u.replicas for u in resources[0].units} == {3}
+    with pytest.raises(ConfigError, match=r"pools\[0\].memoryPerShare: 20480 MiB is larger than GPU 0 \(Tesla T4, 15360 MiB\)"):
+        build_resources(config({"name": "s", "mode": "shared", "memoryPerShare": "20Gi"}), mixed_node)
+
+
+@pytest.mark.parametrize("policy, expected_gpu", [("binpack", 0), ("spread", 1)])
+def test_allocation_policy_through_the_kubelet(kubelet, start_plugin, policy, expected_gpu):
+    start_plugin({"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": 4}]})
+    assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
+    first = admit(kubelet, "example.com/gpu-share", 1, "first").envs["NVIDIA_VISIBLE_DEVICES"]
+    assert first == T4.gpus[0].uuid
+    second = admit(kubelet, "example.com/gpu-share", 1, "second").envs["NVIDIA_VISIBLE_DEVICES"]
+    assert second == T4.gpus[expected_gpu].uuid
+
+
+def test_allow_span_gpus(kubelet, start_plugin):
+    start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "allowSpanGPUs": True}]})
+    assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
+    envs = admit(kubelet, "example.com/gpu-share", 6).envs
+    assert envs["NVIDIA_VISIBLE_DEVICES"] == f"{T4.gpus[0].uuid},{T4.gpus[1].uuid}"
+    assert envs["GPU_SHARE_COUNT"] == "6" and envs["GPU_SHARE_COMPUTE_PERCENT"] == "150"
+
+
+# --- device list strategies ------------------------------------------------------------------------
+
+
+def test_cdi_strategy_and_device_specs(kubelet, start_plugin, tmp_path):
+    caps = tmp_path / "proc/driver/nvidia/capabilities/gpu2/mig/gi1"
+    (caps / "ci0").mkdir(parents=True)
+    (caps / "access").write_text("DeviceFileMinor: 21\nDeviceFileMode: 292\n")
+    (caps / "ci0" / "access").write_text("DeviceFileMinor: 22\n")
+    start_plugin(
+        {
+            "version": "v1",
+            "deviceListStrategy": "cdi",
+            "cdiKind": "vendor.example/gpu",
+            "deviceSpecs": True,
+            "deviceRoot": str(tmp_path),
+            "pools": [{"name": "mig", "mode": "mig", "gpus": {"indexes": [2]}}, {"name": "whole", "mode": "exclusive", "gpus": {"indexes": [5]}}],
+        },
+        node_name="8xA100-80GB-mig",
+    )
+    assert kubelet.wait_for(registered("example.com/gpu", "example.com/mig-3g.40gb"), timeout=5)
+    whole = admit(kubelet, "example.com/gpu", 1, "whole")
+    assert [d.name for d in whole.cdi_devices] == [f"vendor.example/gpu={A100.gpus[5].uuid}"]
+    assert "NVIDIA_VISIBLE_DEVICES" not in whole.envs and whole.envs["CUDA_VISIBLE_DEVICES"] == A100.gpus[5].uuid
+    specs = {d.container_path: (d.host_path, d.permissions) for d in whole.devices}
+    assert specs["/dev/nvidia5"] == (f"{tmp_path}/dev/nvidia5", "rw")
+    assert {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} <= specs.keys()
+    mig = admit(kubelet, "example.com/mig-3g.40gb", 1, "mig")
+    paths = [d.container_path for d in mig.devices]
+    assert "/dev/nvidia2" in paths and "/dev/nvidia-caps/nvidia-cap21" in paths and "/dev/nvidia-caps/nvidia-cap22" in paths
+
+
+@pytest.mark.parametrize(
+    "top, message",
+    [
+        ({"deviceListStrategy": "both"}, "deviceListStrategy: must be one of envvar, cdi, got 'both'"),
+        ({"cdiKind": "gpu"}, "cdiKind: must be <vendor>/<class> such as nvidia.com/gpu, got 'gpu'"),
+        ({"deviceSpecs": "yes"}, "deviceSpecs: must be a boolean, got string 'yes'"),
+        ({"deviceRoot": "host"}, "deviceRoot: must be an absolute path, got 'host'"),
+        ({"mpsRoot": "run"}, "mpsRoot: must be an absolute path, got 'run'"),
+        ({"domain": "Bad_Domain"}, "domain: 'Bad_Domain' is not a lowercase DNS subdomain"),
+        ({"defaultProfile": "nope"}, "defaultProfile: 'nope' is not a profile (profiles: default)"),
+    ],
+)
+def test_global_key_validation(top, message):
+    with pytest.raises(ConfigError) as err:
+        config({"name": "s", "mode": "shared"}, **top)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "pool, message",
+    [
+        ({"memoryPerShare": "4GB"}, "memoryPerShare: must be a quantity such as 4Gi or 512Mi, got '4GB'"),
+        ({"memoryPerShare": "100Ki"}, "memoryPerShare: must be at least 1Mi, got '100Ki'"),
+        ({"memoryPerShare": "4Gi", "replicas": 2}, "memoryPerShare: give replicas or memoryPerShare, not both"),
+        ({"backend": "vgpu"}, "backend: must be one of timeSlicing, mps, got 'vgpu'"),
+        ({"mpsLimits": "strict"}, "mpsLimits: only applies to backend mps"),
+        ({"backend": "mps", "mpsLimits": "loose"}, "mpsLimits: must be one of strict, proportional, got 'loose'"),
+        ({"backend": "mps", "allowSpanGPUs": True}, "allowSpanGPUs: cannot be used with backend mps"),
+        ({"allowSpanGPUs": "no"}, "allowSpanGPUs: must be a boolean, got string 'no'"),
+        ({"strategy": "single"}, "strategy: only applies to mode mig (this pool is shared)"),
+    ],
+)
+def test_pool_key_validation(pool, message):
+    with pytest.raises(ConfigError) as err:
+        config({"name": "s", "mode": "shared", **pool})
+    assert f"pools[0].{message}" in str(err.value)
+
+
+def test_mps_pool_over_mig_gpu_is_refused():
+    with pytest.raises(ConfigError, match=r"pools\[0\].backend: mps is not supported on MIG-enabled GPUs \(GPU 0\)"):
+        build_resources(config({"name": "s", "mode": "shared", "backend": "mps", "gpus": {"indexes": [0]}}), A100)
+
+
+# --- profiles ----------------------------------------------------------------------------------
+
+
+PROFILES = {
+    "version": "v1",
+    "defaultProfile": "inference",
+    "profiles": {
+        "inference": {"pools": [{"name": "s", "mode": "shared", "replicas": 4}]},
+        "training": {"pools": [{"name": "w", "mode": "exclusive"}]},
+        "bad": {"pools": [{"name": "s", "mode": "shared", "replicas": 0}]},
+        "worse": {"pools": [{"name": "s", "mode": "shared"}, {"name": "t", "mode": "shared", "replicas": 2}]},
+    },
+}
+
+
+def test_profile_errors_name_the_profile():
+    with pytest.raises(ConfigError) as err:
+        parse_config(PROFILES)
+    assert "profiles.bad.pools[0].replicas: must be >= 1, got 0" in str(err.value)
+    assert "profiles.worse.pools[1].gpus: only one pool may omit gpus (profiles.worse.pools[0] already takes the rest)" in str(err.value)
+    pool = {"name": "s", "mode": "shared"}
+    with pytest.raises(ConfigError, match=r"profiles.default: profile 'default' is already defined by the top-level pools"):
+        parse_config({"version": "v1", "pools": [pool], "profiles": {"default": {"pools": [pool]}}})
+
+
+def test_profile_selection_and_unknown_profile():
+    good = {**PROFILES, "profiles": {k: v for k, v in PROFILES["profiles"].items() if k in ("inference", "training")}}
+    cfg = parse_config(good)
+    assert [r.name for r in build_resources(cfg, T4)] == ["example.com/gpu-share"]
+    assert [r.name for r in build_resources(cfg, T4, "training")] == ["example.com/gpu"]
+    with pytest.raises(ConfigError, match=r"profile 'gaming' is not in the config \(profiles: inference, training\)"):
+        build_resources(cfg, T4, "gaming")
+
+
+def _write(path, data) -> None:
+    import yaml
+
+    path.write_text(yaml.safe_dump(data))
+
+
+def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir, kubelet, tmp_path):
+    api, kubeconfig = fake_kube
+    api.labels["example.com/gpu-share.config"] = "training"
+    good = {**PROFILES, "profiles": {k: v for k, v in PROFILES["profiles"].items() if k in ("inference", "training")}}
+    good["profiles"]["training"] = {"pools": [{"name": "w", "mode": "exclusive", "gpus": {"indexes": [0]}}, {"name": "s2", "mode": "shared", "replicas": 2}]}
+    cfg_file = tmp_path / "config.yaml"
+    _write(cfg_file, good)
+    proc = subprocess.Popen(
+        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--config", str(cfg_file),
+         "--kubeconfig", str(kubeconfig), "--watch-interval", "0.05", "--reload-interval", "0.1"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_NAME": api.node_name},
+    )
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu", "example.com/gpu-share"), timeout=15)
+        assert kubelet.resources()["example.com/gpu-share"].capacity == 2
+        registrations = {r.resource_name: 0 for r in kubelet.register_requests}
+        for r in kubelet.register_requests:
+            registrations[r.resource_name] += 1
+        # A valid change to one pool: only that resource registers again.
+        good["profiles"]["training"]["pools"][1]["replicas"] = 3
+        _write(cfg_file, good)
+        assert kubelet.wait_for(lambda st: st["example.com/gpu-share"].capacity == 3 and st["example.com/gpu-share"].registered, timeout=5)
+        counts = {}
+        for r in kubelet.register_requests:
+            counts[r.resource_name] = counts.get(r.resource_name, 0) + 1
+        assert counts["example.com/gpu"] == registrations["example.com/gpu"]
+        assert counts["example.com/gpu-share"] == registrations["example.com/gpu-share"] + 1
+        # An invalid change: the last good config keeps serving.
+        cfg_file.write_text("version: v1\npools: [{name: x, mode: shared, replicas: -1}]\n")
+        time.sleep(0.5)
+        assert kubelet.resources()["example.com/gpu-share"].capacity == 3 and kubelet.resources()["example.com/gpu"].registered
+        # Switching the node label to another profile reloads.
+        _write(cfg_file, good)
+        api.labels["example.com/gpu-share.config"] = "inference"
+        assert kubelet.wait_for(lambda st: st["example.com/gpu-share"].capacity == 8 and not st["example.com/gpu"].registered, timeout=5)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "serving profile training" in err
+    assert "config change rejected, still serving the last good config" in err and "replicas: must be >= 1, got -1" in err
+    assert "config reloaded (profile inference)" in err
+
+
+def test_without_api_access_the_plugin_says_so_once(plugin_dir, kubelet, tmp_path):
+    proc = subprocess.Popen(
+        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir),
+         "--kubeconfig", str(tmp_path / "missing"), "--watch-interval", "0.05", "--reload-interval", "0.05"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_NAME": "n1"},
+    )
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=15)
+        time.sleep(0.3)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert err.count("no Kubernetes API access") == 1
+
+
+def test_config_check_command(tmp_path):
+    ok = subprocess.run([*GPU_CLI, "config", "check", str(EXAMPLES / "config" / "mixed.yaml"), "--node", str(EXAMPLES / "nodes" / "8xH100-80GB.yaml")],
+                        capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+    assert "example.com/gpu (exclusive): 4 devices" in ok.stdout
+    assert "GPU 4 (NVIDIA H100 80GB HBM3): 8 shares of 10194 MiB" in ok.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: v1\npools:\n  - {name: a, mode: shared, replicas: 0, colour: red}\n  - {name: b, mode: mig, resource: x}\n")
+    out = subprocess.run([*GPU_CLI, "config", "check", str(bad)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    for line in ("pools[0].colour: unknown key", "pools[0].replicas: must be >= 1, got 0", "pools[1].resource: not used by mode mig"):
+        assert line in out.stderr
+
+
+# --- MPS -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_mps(tmp_path):
+    """An executable nvidia-cuda-mps-control stand-in."""
+    binary = tmp_path / "nvidia-cuda-mps-control"
+    binary.write_text(f"#!{sys.executable}\n" + (ROOT / "tests" / "fake_mps_control.py").read_text())
+    binary.chmod(0o755)
+    return binary
+
+
+def mps_config(root, limits: str, replicas: int = 4):
+    return config(
+        {"name": "mps", "mode": "shared", "backend": "mps", "mpsLimits": limits, "replicas": replicas, "gpus": {"indexes": [1]}},
+        {"name": "ts", "mode": "shared", "resource": "ts-share", "gpus": {"indexes": [0]}},
+        mpsRoot=str(root),
+    )
+
+
+def _log(paths: MpsPaths) -> str:
+    path = paths.log / "control.log"
+    return path.read_text() if path.exists() else ""
+
+
+def _wait(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def test_mps_strict_limits_supervision_and_clean_quit(fake_mps, tmp_path, kubelet, plugin_dir):
+    from deviceplugin.manager import PluginManager
+
+    from .conftest import FAST
+
+    root = tmp_path / "mps"
+    resources = build_resources(mps_config(root, "strict"), T4)
+    mps_resource = next(r for r in resources if r.pool.mps)
+    daemon = MpsDaemon(mps_resource, str(root), binary=str(fake_mps), backoff_initial=0.05, backoff_max=0.2)
+    manager = PluginManager(resources, plugin_dir, FAST)
+    manager.start()
+    try:
+        assert kubelet.wait_for(registered("example.com/ts-share"), timeout=5)
+        assert "example.com/gpu-share" not in kubelet.resources()  # not advertised before its daemon is ready
+        daemon.start()
+        assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
+        paths = daemon.paths
+        log = _log(paths)
+        assert f"start CUDA_VISIBLE_DEVICES={T4.gpus[1].uuid}" in log
+        assert "set_default_active_thread_percentage 25" in log
+        assert f"set_default_device_pinned_mem_limit 0 {15360 // 4}M" in log
+        response = admit(kubelet, "example.com/gpu-share", 1, "one")
+        assert response.envs["CUDA_MPS_PIPE_DIRECTORY"] == str(paths.pipe)
+        mounts = {m.container_path: (m.host_path, m.read_only) for m in response.mounts}
+        assert mounts == {str(paths.pipe): (str(paths.pipe), False), "/dev/shm": (str(paths.shm), False)}
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in response.envs
+        with pytest.raises(AdmissionError, match="uses MPS with strict limits: one share per container, got 2"):
+            admit(kubelet, "example.com/gpu-share", 2, "two")
+        # The daemon dies: devices Unhealthy until the supervisor has it back.
+        os.kill(int((paths.log / "daemon.pid").read_text()), signal.SIGKILL)
+        assert kubelet.wait_for(lambda st: st["example.com/gpu-share"].allocatable == 0, timeout=3)
+        assert kubelet.wait_for(lambda st: st["example.com/gpu-share"].allocatable == 4, timeout=5)
+        assert daemon.restarts >= 1 and _log(paths).count("start CUDA_VISIBLE_DEVICES") == 2
+    finally:
+        daemon.stop()
+        manager.stop()
+    assert _log(daemon.paths).rstrip().endswith("quit") and not daemon.paths.ready.exists()
+
+
+def test_mps_proportional_limits_per_container(fake_mps, tmp_path, kubelet, plugin_dir):
+    from deviceplugin.manager import PluginManager
+
+    from .conftest import FAST
+
+    root = tmp_path / "mps"
+    resources = build_resources(mps_config(root, "proportional", replicas=10), T4)
+    daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps))
+    daemon.start()
+    manager = PluginManager(resources, plugin_dir, FAST)
+    manager.start()
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
+        assert "set_default" not in _log(daemon.paths)  # no daemon-wide cap
+        envs = admit(kubelet, "example.com/gpu-share", 3).envs
+        assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+        assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={15360 * 3 // 10}M"
+    finally:
+        manager.stop()
+        daemon.stop()
+
+
+def test_mps_subcommand_runs_daemons_until_sigterm(fake_mps, tmp_path):
+    root = tmp_path / "mps"
+    cfg = tmp_path / "mps.yaml"
+    cfg.write_text(textwrap.dedent(f"""\
+        version: v1
+        mpsRoot: {root}
+        pools:
+          - {{name: mps, mode: shared, backend: mps, replicas: 2}}
+        """))
+    proc = subprocess.Popen([*GPU_CLI, "mps", "--config", str(cfg), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--profile", "default",
+                             "--mps-control", str(fake_mps)], stderr=subprocess.PIPE, text=True)
+    paths = MpsPaths.of(str(root), "mps")
+    try:
+        assert _wait(paths.ready.exists, timeout=10)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "set_default_active_thread_percentage 50" in _log(paths) and _log(paths).rstrip().endswith("quit")
+    assert not paths.ready.exists()
