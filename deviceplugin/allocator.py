@@ -109,7 +109,7 @@ def container_response(resource: Resource, device_ids: Iterable[str], unhealthy:
     if unknown:
         raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device IDs for {resource.name}: {_listing(unknown)}")
     devices = [resource.devices[i] for i in ids]
-    sick = [d.id for d in devices if d.unit.uuid in unhealthy or d.gpu.uuid in unhealthy]
+    sick = [d.id for d in devices if d.unit.uuid in unhealthy or d.gpu.uuid in unhealthy or d.id in unhealthy]
     if sick:
         raise AllocationError(grpc.StatusCode.FAILED_PRECONDITION, f"devices on an unhealthy GPU for {resource.name}: {_listing(sick)}")
     pool, config = resource.pool, resource.config

@@ -9,14 +9,19 @@ import sys
 import threading
 from pathlib import Path
 
-from .config import ConfigError, default_config, load_config
+from prometheus_client import CollectorRegistry
+
+from .agent import AgentSettings
+from .config import ConfigError, load_config
+from .daemon import DaemonOptions, PluginDaemon
 from .discovery import open_inventory, render_json, render_table
-from .health import DEFAULT_IGNORED_XIDS, HealthMonitor, HealthSettings
+from .health import DEFAULT_IGNORED_XIDS, HealthSettings
 from .inventory import InventoryError, NodeInfo
 from .kube import NodeClient
-from .manager import PluginManager
+from .metrics import DEFAULT_PORT, MetricsError, MetricsServer
 from .mps import DEFAULT_CONTROL_BINARY, MpsDaemon
-from .reload import ConfigReloader, ProfileSource, load_plan
+from .podresources import DEFAULT_SOCKET
+from .reload import ProfileSource, load_plan
 from .resources import Resource, build_resources
 from .server import Timings
 
@@ -83,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quiet period after which an unhealthy GPU is Healthy again (default 300)")
     run.add_argument("--health-interval", type=_positive_float, default=HealthSettings.check_interval, metavar="SECONDS",
                      help="seconds between GPU query checks (default 1)")
+    run.add_argument("--metrics-port", type=int, default=DEFAULT_PORT, metavar="PORT", help=f"Prometheus /metrics, /healthz, /readyz (default {DEFAULT_PORT}; 0 disables)")
+    run.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, help=f"the kubelet's pod-resources socket (default {DEFAULT_SOCKET})")
+    run.add_argument("--pod-resources-interval", type=_positive_float, default=AgentSettings.interval, metavar="SECONDS",
+                     help="seconds between pod-resources polls (default 10)")
+    run.add_argument("--proc-root", default="/proc", help="the host's /proc, for mapping GPU processes to containers (default /proc)")
     run.set_defaults(func=cmd_run)
 
     mps = sub.add_parser("mps", help="run and supervise the MPS control daemons of the MPS pools")
@@ -115,23 +125,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
+_stop = threading.Event()
+
+
+def _catch_signals() -> None:
+    """SIGTERM/SIGINT end the daemon cleanly; installed first so an early signal is not fatal."""
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
-    stop.wait()
+        signal.signal(sig, lambda signum, frame: _stop.set())
+
+
+def _wait_for_signal() -> None:
+    _stop.wait()
     log.info("signal received, shutting down")
 
 
-def _plan(args: argparse.Namespace, node: NodeInfo) -> tuple[ProfileSource, list[Resource]]:
+def _plan(args: argparse.Namespace, node: NodeInfo) -> list[Resource]:
     client = NodeClient.connect(kubeconfig=args.kubeconfig) if not args.profile else None
-    profiles = ProfileSource(args.profile, client)
-    _, profile, resources = load_plan(args.config, node, profiles)
+    _, profile, resources = load_plan(args.config, node, ProfileSource(args.profile, client))
     log.info("serving profile %s", profile or "(default)")
-    return profiles, resources
+    return resources
+
+
+def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> MetricsServer | None:
+    if not args.metrics_port:
+        return None
+    server = MetricsServer(CollectorRegistry(), lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port)
+    server.start()
+    return server
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    _catch_signals()
     if args.config:
         load_config(args.config)  # a bad config fails before NVML is touched
     try:
@@ -140,36 +164,41 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.fail_on_init_error:
             raise
         log.error("%s; running without devices (--fail-on-init-error=false)", err)
+        endpoint = _not_ready_endpoint(args, str(err))
         _wait_for_signal()
+        if endpoint:
+            endpoint.stop()
         return 0
-    try:
-        node = inventory.discover()
-        profiles, resources = _plan(args, node)
-        timings = Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval)
-        manager = PluginManager(resources, Path(args.plugin_dir), timings)
-        settings = HealthSettings(
+    options = DaemonOptions(
+        config_file=args.config,
+        profile=args.profile,
+        plugin_dir=Path(args.plugin_dir),
+        pod_resources_socket=Path(args.pod_resources_socket),
+        metrics_port=args.metrics_port,
+        proc_root=args.proc_root,
+        reload_interval=args.reload_interval,
+        timings=Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval),
+        health=HealthSettings(
             enabled=args.health_checks, ignored_xids=args.ignore_xids, recovery_period=args.health_recovery, check_interval=args.health_interval
-        )
-        monitor = HealthMonitor(inventory, node, manager.set_unhealthy, settings)
-        reloader = ConfigReloader(args.config, node, manager, profiles, args.reload_interval)
-        manager.start()
-        monitor.start()
-        reloader.start(load_config(args.config) if args.config else default_config())
-        for resource in resources:
-            log.info("%s: %d devices on %d GPUs", resource.name, len(resource.devices), len(resource.gpus))
-        _wait_for_signal()
-        reloader.stop()
-        monitor.stop()
-        manager.stop()
-    finally:
+        ),
+        agent=AgentSettings(interval=args.pod_resources_interval),
+    )
+    try:
+        daemon = PluginDaemon(inventory, options, NodeClient.connect(kubeconfig=args.kubeconfig))
+    except BaseException:
         inventory.close()
+        raise
+    daemon.start()
+    _wait_for_signal()
+    daemon.stop()
     return 0
 
 
 def cmd_mps(args: argparse.Namespace) -> int:
+    _catch_signals()
     inventory = open_inventory(args.node)
     try:
-        _, resources = _plan(args, inventory.discover())
+        resources = _plan(args, inventory.discover())
     finally:
         inventory.close()
     daemons = [
@@ -235,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 2
-    except InventoryError as err:
+    except (InventoryError, MetricsError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 1
 

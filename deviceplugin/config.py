@@ -10,6 +10,7 @@ Every key, its default and an example are in docs/configuration.md. In short::
     deviceSpecs: false               # add /dev/nvidia* device specs to Allocate
     deviceRoot: /                    # where /dev and /proc/driver/nvidia are found
     mpsRoot: /run/gpu-share/mps      # MPS pipe, log and shm directories, per pool
+    memoryWatchdog: {policy: report, quarantine: false}
     defaultProfile: default
     pools: [...]                     # the `default` profile
     profiles:                        # named profiles; a node picks one by label or --profile
@@ -58,9 +59,11 @@ _TOP_KEYS = {
     "deviceRoot": str,
     "mpsRoot": str,
     "defaultProfile": str,
+    "memoryWatchdog": dict,
     "pools": list,
     "profiles": dict,
 }
+WATCHDOG_POLICIES = ("report", "kill")
 _POOL_KEYS = {
     "name": str,
     "mode": str,
@@ -137,6 +140,8 @@ class Config:
     device_specs: bool = False
     device_root: str = "/"
     mps_root: str = DEFAULT_MPS_ROOT
+    watchdog_policy: str = "report"
+    quarantine: bool = False
     default_profile: str = DEFAULT_PROFILE
     profiles: dict[str, tuple[PoolConfig, ...]] = field(default_factory=dict)
     source: str = "built-in default"
@@ -231,6 +236,11 @@ def parse_config(data: Any, source: str = "config") -> Config:
     mps_root = problems.attempt(top.get, "mpsRoot", DEFAULT_MPS_ROOT) or DEFAULT_MPS_ROOT
     problems.check(mps_root.startswith("/"), f"mpsRoot: must be an absolute path, got {mps_root!r}")
 
+    watchdog = Fields(problems.attempt(top.get, "memoryWatchdog", {}) or {}, "memoryWatchdog", {"policy": str, "quarantine": bool}, problems.items)
+    watchdog_policy = watchdog.get("policy", "report")
+    watchdog.check(watchdog_policy in WATCHDOG_POLICIES, "policy", f"must be one of {', '.join(WATCHDOG_POLICIES)}, got {watchdog_policy!r}")
+    quarantine = watchdog.get("quarantine", False)
+
     raw_profiles: dict[str, tuple[str, Any]] = {}
     if top.has("pools"):
         raw_profiles[DEFAULT_PROFILE] = ("", problems.attempt(top.get, "pools"))
@@ -268,6 +278,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
         device_specs=device_specs,
         device_root=device_root,
         mps_root=mps_root,
+        watchdog_policy=watchdog_policy,
+        quarantine=quarantine,
         default_profile=default,
         profiles=profiles,
         source=source,

@@ -63,6 +63,26 @@ class HealthEvent:
 
 
 @dataclass(frozen=True)
+class GpuStats:
+    """A GPU's live readings; None where the GPU does not report one."""
+
+    memory_used_mib: int | None = None
+    utilization_percent: float | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU (or one MIG instance of it)."""
+
+    pid: int
+    gpu_uuid: str
+    used_mib: int
+    mig_uuid: str | None = None
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """Everything discovery knows about the node."""
 
@@ -90,6 +110,14 @@ class Inventory(Protocol):
 
     def check(self, gpu_uuid: str) -> str | None:
         """None when a basic query on the GPU succeeds, else why it failed."""
+        ...
+
+    def stats(self, gpu_uuid: str) -> GpuStats:
+        """Memory used, utilisation, temperature and power now (fields None when unknown)."""
+        ...
+
+    def processes(self, gpu_uuid: str) -> list[GpuProcess]:
+        """Compute (and MPS client) processes on the GPU with their memory."""
         ...
 
     def close(self) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import datetime, timezone
+
+from .procmap import PodRef, bare_container_id
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +46,39 @@ class NodeClient:
     def labels(self) -> dict[str, str]:
         node = self.api.read_node(self.node_name, _request_timeout=self.timeout)
         return dict(node.metadata.labels or {})
+
+    def patch_metadata(self, labels: dict[str, str | None], annotations: dict[str, str | None]) -> None:
+        """Merge-patch labels and annotations (None removes a key)."""
+        body = {"metadata": {k: v for k, v in (("labels", labels), ("annotations", annotations)) if v}}
+        self.api.patch_node(self.node_name, body, _request_timeout=self.timeout)
+
+    def pods(self) -> list[PodRef]:
+        """Pods on this node with their containers' runtime IDs (the pod directory for process mapping)."""
+        found = self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}", _request_timeout=self.timeout)
+        refs = []
+        for pod in found.items:
+            statuses = (pod.status.container_statuses or []) + (pod.status.init_container_statuses or [])
+            containers = {bare_container_id(s.container_id): s.name for s in statuses if s.container_id}
+            refs.append(PodRef(uid=pod.metadata.uid, namespace=pod.metadata.namespace, name=pod.metadata.name, containers=containers))
+        return refs
+
+    def pod_event(self, namespace: str, pod: str, uid: str | None, reason: str, message: str) -> None:
+        """A Warning Event on a pod, as `kubectl describe pod` shows it."""
+        from kubernetes import client
+
+        now = datetime.now(timezone.utc)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{pod}.", namespace=namespace),
+            involved_object=client.V1ObjectReference(kind="Pod", name=pod, namespace=namespace, uid=uid),
+            reason=reason,
+            message=message,
+            type="Warning",
+            source=client.V1EventSource(component="gpu-share", host=self.node_name),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        self.api.create_namespaced_event(namespace, event, _request_timeout=self.timeout)
 
 
 def profile_label(domain: str) -> str:

@@ -15,6 +15,7 @@ import logging
 import random
 import stat
 import threading
+import time
 import uuid
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -25,7 +26,10 @@ import grpc
 
 from .api import deviceplugin_pb2 as pb
 from .api import deviceplugin_pb2_grpc as pb_grpc
+from .api import podresources_pb2 as pr
+from .api import podresources_pb2_grpc as pr_grpc
 from .names import resource_name_problem
+from .procmap import PodRef, bare_container_id
 from .resources import HEALTHY
 from .server import API_VERSION, KUBELET_SOCKET
 
@@ -50,6 +54,28 @@ class Pod:
     containers: list[Container]
     namespace: str = "default"
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
+    container_ids: dict[str, str] = field(default_factory=dict)  # container name -> runtime ID, set at admission
+    active: bool = True  # False once the pod reached a terminal phase
+
+
+class TokenBucket:
+    """The kubelet's pod-resources rate limit: `rate` per second, bursts of `burst`."""
+
+    def __init__(self, rate: float = 100.0, burst: int = 10) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+        self.lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            if self.tokens < 1:
+                return False
+            self.tokens -= 1
+            return True
 
 
 @dataclass
@@ -80,9 +106,12 @@ class _Endpoint:
 
 
 class KubeletSimulator(pb_grpc.RegistrationServicer):
-    def __init__(self, plugin_dir: Path, seed: int | None = None) -> None:
+    def __init__(self, plugin_dir: Path, seed: int | None = None, pod_resources_socket: Path | None = None, rate_limit: TokenBucket | None = None) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.socket = self.plugin_dir / KUBELET_SOCKET
+        # The real socket is <kubelet root>/pod-resources/kubelet.sock, beside (not in) device-plugins.
+        self.pod_resources_socket = Path(pod_resources_socket or self.plugin_dir / "pod-resources" / KUBELET_SOCKET)
+        self.rate_limit = rate_limit or TokenBucket()
         self.register_requests: list[pb.RegisterRequest] = []
         self._rng = random.Random(seed)
         self._cond = threading.Condition()
@@ -98,9 +127,13 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
     def start(self) -> None:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.socket.unlink(missing_ok=True)
+        self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
+        self.pod_resources_socket.unlink(missing_ok=True)
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet"))
         pb_grpc.add_RegistrationServicer_to_server(self, self._server)
+        pr_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), self._server)
         self._server.add_insecure_port(f"unix:{self.socket}")
+        self._server.add_insecure_port(f"unix:{self.pod_resources_socket}")
         self._running = True
         self._generation += 1
         self._server.start()
@@ -119,6 +152,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             self._server.stop(0).wait()
             self._server = None
         self.socket.unlink(missing_ok=True)
+        self.pod_resources_socket.unlink(missing_ok=True)
 
     def restart(self) -> None:
         """Like a kubelet restart: connections drop, every socket in the directory is deleted, kubelet.sock comes back.
@@ -223,7 +257,9 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
     def admit(self, pod: Pod) -> dict[str, dict[str, pb.ContainerAllocateResponse]]:
         """Allocate devices for every container; on failure roll back and raise AdmissionError."""
         results: dict[str, dict[str, pb.ContainerAllocateResponse]] = {}
-        self._pods[pod.uid] = pod
+        pod.container_ids = {c.name: f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}" for c in pod.containers}
+        with self._cond:
+            self._pods[pod.uid] = pod
         try:
             for container in pod.containers:
                 results[container.name] = {}
@@ -248,6 +284,19 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                 if uid == pod.uid:
                     out.setdefault(container, {})[resource] = ids
             return out
+
+    def pods(self) -> list[Pod]:
+        """Pods the kubelet knows (for the simulated pod directory)."""
+        with self._cond:
+            return list(self._pods.values())
+
+    def pod_directory(self) -> "SimulatedPodDirectory":
+        return SimulatedPodDirectory(self)
+
+    def finish_pod(self, uid: str) -> None:
+        """The pod reached a terminal phase: it is no longer active (pod-resources stops listing it)."""
+        with self._cond:
+            self._pods[uid].active = False
 
     def delete_pod(self, uid: str) -> None:
         with self._cond:
@@ -299,6 +348,70 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         if not response.container_responses:
             raise AdmissionError("Allocate failed due to no containers return in allocation response, which is unexpected")
         return response.container_responses[0]
+
+
+class SimulatedPodDirectory:
+    """The pods the built-in kubelet runs, as the Kubernetes API would list them (UIDs and container IDs)."""
+
+    def __init__(self, kubelet: KubeletSimulator) -> None:
+        self.kubelet = kubelet
+
+    def pods(self) -> list[PodRef]:
+        return [
+            PodRef(uid=p.uid, namespace=p.namespace, name=p.name, containers={bare_container_id(cid): name for name, cid in p.container_ids.items()})
+            for p in self.kubelet.pods()
+        ]
+
+
+class _PodResources(pr_grpc.PodResourcesListerServicer):
+    """The pod-resources API v1 as the kubelet serves it: active pods only, rate-limited."""
+
+    def __init__(self, kubelet: KubeletSimulator) -> None:
+        self.kubelet = kubelet
+
+    def _limit(self, context: grpc.ServicerContext) -> None:
+        if not self.kubelet.rate_limit.take():
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
+
+    def _pod(self, pod: Pod) -> pr.PodResources:
+        kubelet = self.kubelet
+        containers = []
+        for container in pod.containers:
+            devices = []
+            for resource in container.requests:
+                ids = kubelet._allocated.get((pod.uid, container.name, resource))
+                if ids:
+                    devices.append(pr.ContainerDevices(resource_name=resource, device_ids=ids, topology=self._topology(resource, ids)))
+            containers.append(pr.ContainerResources(name=container.name, devices=devices))
+        return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
+
+    def _topology(self, resource: str, ids: list[str]) -> pr.TopologyInfo:
+        endpoint = self.kubelet._endpoints.get(resource)
+        nodes = sorted({n.ID for i in ids if endpoint and i in endpoint.devices for n in endpoint.devices[i].topology.nodes})
+        return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes])
+
+    def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+        self._limit(context)
+        with self.kubelet._cond:
+            return pr.ListPodResourcesResponse(pod_resources=[self._pod(p) for p in self.kubelet._pods.values() if p.active])
+
+    def GetAllocatableResources(self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext) -> pr.AllocatableResourcesResponse:
+        self._limit(context)
+        with self.kubelet._cond:
+            devices = [
+                pr.ContainerDevices(resource_name=name, device_ids=[i], topology=self._topology(name, [i]))
+                for name, endpoint in self.kubelet._endpoints.items()
+                for i in self.kubelet._status(endpoint).healthy
+            ]
+        return pr.AllocatableResourcesResponse(devices=devices)
+
+    def Get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
+        self._limit(context)
+        with self.kubelet._cond:
+            for pod in self.kubelet._pods.values():
+                if pod.active and (pod.name, pod.namespace) == (request.pod_name, request.pod_namespace):
+                    return pr.GetPodResourcesResponse(pod_resources=self._pod(pod))
+        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
 
 
 def _rpc_text(err: grpc.RpcError) -> str:

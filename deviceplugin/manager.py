@@ -6,10 +6,14 @@ import dataclasses
 import logging
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .mps_paths import MpsPaths
 from .resources import Resource
 from .server import SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity
+
+if TYPE_CHECKING:
+    from .metrics import PluginMetrics
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +40,14 @@ class PluginManager:
     exists, and its devices are Unhealthy while the marker is gone.
     """
 
-    def __init__(self, resources: list[Resource], plugin_dir: Path, timings: Timings = Timings()) -> None:
+    def __init__(self, resources: list[Resource], plugin_dir: Path, timings: Timings = Timings(), metrics: "PluginMetrics | None" = None) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.timings = timings
-        self.servers = [DevicePluginServer(r, self.plugin_dir, timings) for r in resources]
+        self.metrics = metrics
+        self.servers = [DevicePluginServer(r, self.plugin_dir, timings, metrics) for r in resources]
         self.kubelet_restarts = 0
         self._unhealthy: frozenset[str] = frozenset()
+        self._quarantined: frozenset[str] = frozenset()
         self._lock = threading.RLock()  # guards self.servers against apply() during the watch loop
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -74,11 +80,27 @@ class PluginManager:
         """True once every server is registered (used by the demo and readiness)."""
         return all(server.registered.wait(timeout) for server in list(self.servers))
 
+    def health(self) -> tuple[bool, str]:
+        """/healthz: every started server is serving on its socket."""
+        broken = [s.resource.name for s in self.servers if s.socket_path is not None and not s.socket_path.exists()]
+        return (not broken, "ok" if not broken else f"not serving: {', '.join(broken)}")
+
+    def readiness(self) -> tuple[bool, str]:
+        """/readyz: every resource is registered with the kubelet."""
+        waiting = [s.resource.name for s in self.servers if not s.registered.is_set()]
+        return (not waiting, "ready" if not waiting else f"not registered: {', '.join(waiting)}")
+
     def set_unhealthy(self, uuids: frozenset[str]) -> None:
         with self._lock:
             self._unhealthy = uuids
             for server in self.servers:
                 server.set_unhealthy(uuids)
+
+    def set_quarantined(self, device_ids: frozenset[str]) -> None:
+        with self._lock:
+            self._quarantined = device_ids
+            for server in self.servers:
+                server.set_quarantined(device_ids)
 
     def apply(self, resources: list[Resource]) -> list[str]:
         """Serve a new set of resources, restarting only those whose signature changed; returns what changed."""
@@ -96,8 +118,9 @@ class PluginManager:
             for name, resource in wanted.items():
                 if name in current and current[name] in kept:
                     continue
-                server = DevicePluginServer(resource, self.plugin_dir, self.timings)
+                server = DevicePluginServer(resource, self.plugin_dir, self.timings, self.metrics)
                 server.set_unhealthy(self._unhealthy)
+                server.set_quarantined(self._quarantined)
                 kept.append(server)
                 self._start_server(server)
                 if name not in current:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .inventory import Gpu, HealthEvent, InventoryError, Link, MigDevice, NodeInfo
+from .inventory import Gpu, GpuProcess, GpuStats, HealthEvent, InventoryError, Link, MigDevice, NodeInfo
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +255,48 @@ class NvmlInventory:
         except self.nvml.NVMLError as err:
             return f"NVML query on GPU {gpu_uuid} failed: {err}"
         return None
+
+    def _reading(self, name: str, *args: Any) -> Any:
+        """A live reading; None when unsupported or failing (a failing GPU is the health monitor's business)."""
+        try:
+            return getattr(self.nvml, name)(*args)
+        except self.nvml.NVMLError:
+            return None
+
+    def stats(self, gpu_uuid: str) -> GpuStats:
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        except self.nvml.NVMLError:
+            return GpuStats()
+        memory = self._reading("nvmlDeviceGetMemoryInfo", handle)
+        rates = self._reading("nvmlDeviceGetUtilizationRates", handle)
+        temperature = self._reading("nvmlDeviceGetTemperature", handle, self.nvml.NVML_TEMPERATURE_GPU)
+        power = self._reading("nvmlDeviceGetPowerUsage", handle)
+        return GpuStats(
+            memory_used_mib=memory.used // MIB if memory else None,
+            utilization_percent=float(rates.gpu) if rates else None,
+            temperature_celsius=float(temperature) if temperature is not None else None,
+            power_watts=power / 1000 if power is not None else None,
+        )
+
+    def processes(self, gpu_uuid: str) -> list[GpuProcess]:
+        """Compute and MPS-client processes. MIG processes are attributed by their GPU/compute instance ids."""
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        except self.nvml.NVMLError:
+            return []
+        found: dict[int, GpuProcess] = {}
+        for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+            try:
+                entries = getattr(self.nvml, call)(handle)
+            except Exception as err:  # NVMLLibraryMismatchError is a plain Exception, not NVMLError
+                log.debug("%s on GPU %s: %s", call, gpu_uuid, err)
+                continue
+            for entry in entries:
+                used = (entry.usedGpuMemory or 0) // MIB  # None when the driver cannot tell
+                mig = self._mig_of(gpu_uuid, getattr(entry, "gpuInstanceId", NO_INSTANCE), getattr(entry, "computeInstanceId", NO_INSTANCE))
+                found[entry.pid] = GpuProcess(pid=entry.pid, gpu_uuid=gpu_uuid, used_mib=used, mig_uuid=mig)
+        return list(found.values())
 
     def close(self) -> None:
         if not self._open:

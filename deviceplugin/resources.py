@@ -75,12 +75,14 @@ class Resource:
         """The UUIDs whose health concerns this resource: its GPUs and its MIG instances."""
         return frozenset(u.uuid for u in self.units) | frozenset(u.gpu.uuid for u in self.units)
 
-    def list_response(self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False) -> pb.ListAndWatchResponse:
-        """The full device list as ListAndWatch sends it; a device is unhealthy when its unit or GPU is."""
+    def list_response(
+        self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False, unhealthy_ids: frozenset[str] = frozenset()
+    ) -> pb.ListAndWatchResponse:
+        """The full device list as ListAndWatch sends it; a device is unhealthy when its unit or GPU is, or its ID is listed."""
         topology = self.with_topology
         devices = []
         for device in self.devices.values():
-            sick = all_unhealthy or device.unit.uuid in unhealthy or device.gpu.uuid in unhealthy
+            sick = all_unhealthy or device.unit.uuid in unhealthy or device.gpu.uuid in unhealthy or device.id in unhealthy_ids
             item = pb.Device(ID=device.id, health=UNHEALTHY if sick else HEALTHY)
             if topology:
                 item.topology.nodes.add(ID=device.gpu.numa_node)

@@ -6,9 +6,11 @@ import itertools
 import logging
 import os
 import threading
+import time
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -16,6 +18,9 @@ from .allocator import AllocationError, container_response, preferred_allocation
 from .api import deviceplugin_pb2 as pb
 from .api import deviceplugin_pb2_grpc as pb_grpc
 from .resources import Resource
+
+if TYPE_CHECKING:
+    from .metrics import PluginMetrics
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +71,9 @@ class _Instance:
 class DevicePluginServer:
     """Serves one resource on its own socket, registers it, and re-serves on kubelet restarts."""
 
-    def __init__(self, resource: Resource, plugin_dir: Path, timings: Timings = Timings()) -> None:
+    def __init__(self, resource: Resource, plugin_dir: Path, timings: Timings = Timings(), metrics: "PluginMetrics | None" = None) -> None:
         self.resource = resource
+        self.metrics = metrics
         self.plugin_dir = Path(plugin_dir)
         self.timings = timings
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
@@ -75,6 +81,7 @@ class DevicePluginServer:
         self._changed = threading.Condition()
         self._unhealthy: frozenset[str] = frozenset()
         self._available = True  # False: every device Unhealthy (an MPS pool whose daemon is down)
+        self._quarantined: frozenset[str] = frozenset()  # device IDs held back by the residue guard
         self._health_keys = resource.health_keys()
         self._version = 0
         self._instance: _Instance | None = None
@@ -105,13 +112,20 @@ class DevicePluginServer:
         """Mark every device Unhealthy (False) or back to its own health (True)."""
         self._update(available=available)
 
-    def _update(self, unhealthy: frozenset[str] | None = None, available: bool | None = None) -> None:
+    def set_quarantined(self, device_ids: frozenset[str]) -> None:
+        """Advertise these devices Unhealthy (free devices on a GPU that holds a finished tenant's memory)."""
+        self._update(quarantined=device_ids & self.resource.devices.keys())
+
+    def _update(self, unhealthy: frozenset[str] | None = None, available: bool | None = None, quarantined: frozenset[str] | None = None) -> None:
         with self._changed:
-            unhealthy = self._unhealthy if unhealthy is None else unhealthy
-            available = self._available if available is None else available
-            if (unhealthy, available) == (self._unhealthy, self._available):
+            new = (
+                self._unhealthy if unhealthy is None else unhealthy,
+                self._available if available is None else available,
+                self._quarantined if quarantined is None else quarantined,
+            )
+            if new == (self._unhealthy, self._available, self._quarantined):
                 return
-            self._unhealthy, self._available = unhealthy, available
+            self._unhealthy, self._available, self._quarantined = new
             self._version += 1
             self._changed.notify_all()
 
@@ -207,6 +221,8 @@ class DevicePluginServer:
                         instance.registered_with = identity
                         if not instance.pending:
                             self.registered.set()
+                    if self.metrics:
+                        self.metrics.registered(self.resource.name)
                     log.info("registered %s with the kubelet (endpoint %s)", self.resource.name, instance.socket_path.name)
                     return
                 except grpc.RpcError as err:
@@ -252,8 +268,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                     plugin._changed.wait()
                 if stopped.is_set() or not context.is_active():
                     return
-                sent, unhealthy, available = plugin._version, plugin._unhealthy, plugin._available
-            yield self.resource.list_response(unhealthy, all_unhealthy=not available)
+                sent, unhealthy, available, held = plugin._version, plugin._unhealthy, plugin._available, plugin._quarantined
+            yield self.resource.list_response(unhealthy, all_unhealthy=not available, unhealthy_ids=held)
             log.debug("sent %d devices of %s (%d GPUs unhealthy)", len(self.resource.devices), self.resource.name, len(unhealthy))
 
     def _stream_ended(self) -> None:
@@ -277,11 +293,17 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
         if not self.plugin.available:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
+        started = time.perf_counter()
+        metrics = self.plugin.metrics
         try:
-            responses = [container_response(self.resource, req.devices_ids, self.plugin.unhealthy) for req in request.container_requests]
+            responses = [container_response(self.resource, req.devices_ids, self.plugin.unhealthy | self.plugin._quarantined) for req in request.container_requests]
         except AllocationError as err:
             log.warning("refused Allocate of %s: %s", self.resource.name, err.message)
+            if metrics:
+                metrics.allocated(self.resource.name, False, time.perf_counter() - started)
             context.abort(err.code, err.message)
+        if metrics:
+            metrics.allocated(self.resource.name, True, time.perf_counter() - started)
         for req, resp in zip(request.container_requests, responses):
             log.info("allocated %s: %s -> %s", self.resource.name, ",".join(req.devices_ids), resp.envs.get("CUDA_VISIBLE_DEVICES", ""))
         return pb.AllocateResponse(container_responses=responses)

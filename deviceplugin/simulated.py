@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 
-from .inventory import PCIE_LEVELS, Gpu, HealthEvent, InventoryError, Link, MigDevice, NodeInfo
+from .inventory import PCIE_LEVELS, Gpu, GpuProcess, GpuStats, HealthEvent, InventoryError, Link, MigDevice, NodeInfo
 from .schema import Fields, SchemaError, join
 
 _GPU_KEYS = {
@@ -163,8 +163,11 @@ def _check_unique(gpus: list[Gpu]) -> None:
 class SimulatedInventory:
     """Inventory backend over a node description, with faults injected by tests or scheduled in the file."""
 
-    def __init__(self, node: NodeInfo, failures: list[ScheduledFailure] | None = None) -> None:
+    def __init__(self, node: NodeInfo, failures: list[ScheduledFailure] | None = None, proc_root: str | Path | None = None) -> None:
         self._node = node
+        self.proc_root = Path(proc_root) if proc_root else None  # where add_process writes /proc/<pid>/cgroup
+        self._processes: dict[int, GpuProcess] = {}
+        self._utilization: dict[str, float] = {}
         self._events: queue.Queue[HealthEvent] = queue.Queue()
         self._failing: dict[str, str] = {}  # GPU uuid -> why queries fail
         self._lock = threading.Lock()
@@ -172,14 +175,14 @@ class SimulatedInventory:
         self._schedule = sorted(((started + f.after, f) for f in failures or []), key=lambda p: p[0])
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "SimulatedInventory":
+    def from_file(cls, path: str | Path, proc_root: str | Path | None = None) -> "SimulatedInventory":
         try:
             data = yaml.safe_load(Path(path).read_text())
         except OSError as err:
             raise InventoryError(f"cannot read node file {path}: {err.strerror}") from None
         except yaml.YAMLError as err:
             raise InventoryError(f"node file {path} is not valid YAML: {err}") from None
-        return cls(*parse_node(data, str(path)))
+        return cls(*parse_node(data, str(path)), proc_root=proc_root)
 
     def discover(self) -> NodeInfo:
         return self._node
@@ -192,6 +195,23 @@ class SimulatedInventory:
         """The GPU falls off the bus: queries fail until restore()."""
         self.fail_queries(gpu_uuid, "GPU is lost")
         self._events.put(HealthEvent(gpu_uuid=gpu_uuid, reason="GPU is lost"))
+
+    def add_process(
+        self, pid: int, gpu_uuid: str, used_mib: int, mig_uuid: str | None = None, cgroup: str | None = None
+    ) -> None:
+        """A process using GPU memory; with proc_root, `cgroup` becomes its /proc/<pid>/cgroup."""
+        with self._lock:
+            self._processes[pid] = GpuProcess(pid=pid, gpu_uuid=gpu_uuid, used_mib=used_mib, mig_uuid=mig_uuid)
+        if self.proc_root is not None and cgroup is not None:
+            (self.proc_root / str(pid)).mkdir(parents=True, exist_ok=True)
+            (self.proc_root / str(pid) / "cgroup").write_text(cgroup)
+
+    def remove_process(self, pid: int) -> None:
+        with self._lock:
+            self._processes.pop(pid, None)
+
+    def set_utilization(self, gpu_uuid: str, percent: float) -> None:
+        self._utilization[gpu_uuid] = percent
 
     def fail_queries(self, gpu_uuid: str, reason: str = "Unknown Error") -> None:
         with self._lock:
@@ -222,6 +242,16 @@ class SimulatedInventory:
         with self._lock:
             reason = self._failing.get(gpu_uuid)
         return f"query on GPU {gpu_uuid} failed: {reason}" if reason else None
+
+    def stats(self, gpu_uuid: str) -> GpuStats:
+        with self._lock:
+            used = sum(p.used_mib for p in self._processes.values() if p.gpu_uuid == gpu_uuid)
+        busy = self._utilization.get(gpu_uuid, 0.0)
+        return GpuStats(memory_used_mib=used, utilization_percent=busy, temperature_celsius=35 + busy * 0.4, power_watts=60 + busy * 2.4)
+
+    def processes(self, gpu_uuid: str) -> list[GpuProcess]:
+        with self._lock:
+            return [p for p in self._processes.values() if p.gpu_uuid == gpu_uuid]
 
     def close(self) -> None:
         pass

@@ -35,6 +35,8 @@ class FakeGpu:
     mig: dict[int, FakeMig] | None = None  # MIG index -> instance (gaps allowed); None: MIG not supported
     nvlinks: list[str] = field(default_factory=list)  # remote NVML bus id per link
     lost: bool = False
+    processes: list = field(default_factory=list)  # (pid, used bytes or None, gi, ci)
+    utilization: int = 0
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,25 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetNvLinkRemotePciInfo(self, handle, link):
         gpu = self._enter("nvmlDeviceGetNvLinkRemotePciInfo", handle)
         return types.SimpleNamespace(busId=gpu.nvlinks[link])
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        return types.SimpleNamespace(gpu=self._enter("nvmlDeviceGetUtilizationRates", handle).utilization, memory=0)
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        self._enter("nvmlDeviceGetTemperature", handle)
+        return 41
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        self._enter("nvmlDeviceGetPowerUsage", handle)
+        return 71500  # milliwatts
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        gpu = self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [types.SimpleNamespace(pid=p, usedGpuMemory=m, gpuInstanceId=gi, computeInstanceId=ci) for p, m, gi, ci in gpu.processes]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle):
+        self._enter("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        raise real.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match the NVML lib version.")
 
     def nvmlEventSetCreate(self):
         self._enter("nvmlEventSetCreate")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -12,7 +13,7 @@ from .conftest import EXAMPLES, GPU_CLI, registered
 
 def start_run(plugin_dir, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--watch-interval", "0.05", *extra],
+        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--watch-interval", "0.05", "--metrics-port", "0", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -87,6 +88,9 @@ def test_demo_prints_the_table_and_exits_0():
     assert "chat-large  example.com/gpu-share: 3" in out and "shares 3/10, 24576 MiB, 30% compute" in out
     assert "too-big" in out and "REFUSED" in out and "span 2 GPUs" in out
     assert "GPU 2: 4/10 shares used" in out
+    usage = out.split("Per-pod GPU use, read from the metrics endpoint")[1]
+    assert "chat-large  server     example.com/gpu-share    3       24576      26000     OVER LIMIT" in usage
+    assert "chat-small  server     example.com/gpu-share    1       8192       6000" in usage
 
 
 def _nvml_loads() -> bool:
@@ -112,13 +116,32 @@ def test_run_without_driver_exits_at_once_with_a_hint(plugin_dir):
 
 
 @needs_no_driver
-def test_run_without_driver_can_stay_alive_advertising_nothing(plugin_dir):
+def test_run_without_driver_can_stay_alive_advertising_nothing_and_not_ready(plugin_dir):
+    import socket
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [*GPU_CLI, "run", "--plugin-dir", str(plugin_dir), "--fail-on-init-error=false"], stderr=subprocess.PIPE, text=True
+        [*GPU_CLI, "run", "--plugin-dir", str(plugin_dir), "--fail-on-init-error=false", "--metrics-port", str(port)],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     line = proc.stderr.readline()
     assert "NVML could not be loaded" in line and "running without devices" in line
     assert proc.poll() is None and not list(plugin_dir.glob("*.sock"))
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2)
+        except urllib.error.HTTPError as err:
+            assert err.code == 503 and "not ready: NVML could not be loaded" in err.read().decode()
+            break
+        except urllib.error.URLError:
+            time.sleep(0.05)  # the endpoint is starting
+    else:
+        pytest.fail("/readyz never answered")
     proc.terminate()
     proc.communicate(timeout=15)
     assert proc.returncode == 0

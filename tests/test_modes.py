@@ -244,7 +244,7 @@ def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir,
     _write(cfg_file, good)
     proc = subprocess.Popen(
         [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--config", str(cfg_file),
-         "--kubeconfig", str(kubeconfig), "--watch-interval", "0.05", "--reload-interval", "0.1"],
+         "--kubeconfig", str(kubeconfig), "--watch-interval", "0.05", "--metrics-port", "0", "--reload-interval", "0.1"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_NAME": api.node_name},
     )
     try:
@@ -282,7 +282,7 @@ def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir,
 def test_without_api_access_the_plugin_says_so_once(plugin_dir, kubelet, tmp_path):
     proc = subprocess.Popen(
         [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir),
-         "--kubeconfig", str(tmp_path / "missing"), "--watch-interval", "0.05", "--reload-interval", "0.05"],
+         "--kubeconfig", str(tmp_path / "missing"), "--watch-interval", "0.05", "--metrics-port", "0", "--reload-interval", "0.05"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_NAME": "n1"},
     )
     try:

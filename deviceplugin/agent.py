@@ -1,0 +1,149 @@
+"""The node agent: every interval, who holds which share (pod-resources), what each container really uses
+(NVML processes mapped through cgroups), the memory watchdog, the residue guard, and node labels."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from .inventory import GpuStats, Inventory, NodeInfo
+from .manager import PluginManager
+from .nodelabels import NodePublisher, inventory as inventory_annotation, node_labels
+from .podresources import PodResourcesClient, Usage, build_usage
+from .procmap import ProcessMapper
+from .watchdog import ContainerMemory, MemoryWatchdog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    interval: float = 10.0  # seconds between pod-resources polls
+    backoff_max: float = 80.0  # longest poll interval after RESOURCE_EXHAUSTED
+    quarantine: bool = False
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the agent saw in its last round; the metrics endpoint reads it."""
+
+    usage: Usage = field(default_factory=Usage)
+    stats: dict[str, GpuStats] = field(default_factory=dict)
+    containers: tuple[ContainerMemory, ...] = ()
+    residue_mib: dict[str, int] = field(default_factory=dict)  # GPU uuid -> MiB held by no active container
+    quarantined: frozenset[str] = frozenset()  # GPU uuids
+    last_sync: float | None = None  # unix time of the last successful pod-resources List
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        inventory: Inventory,
+        node: NodeInfo,
+        manager: PluginManager,
+        client: PodResourcesClient,
+        settings: AgentSettings = AgentSettings(),
+        mapper: ProcessMapper | None = None,
+        watchdog: MemoryWatchdog | None = None,
+        publisher: NodePublisher | None = None,
+        unhealthy: "callable | None" = None,
+    ) -> None:
+        self.inventory = inventory
+        self.node = node
+        self.manager = manager
+        self.client = client
+        self.settings = settings
+        self.mapper = mapper
+        self.watchdog = watchdog or MemoryWatchdog()
+        self.publisher = publisher
+        self.unhealthy = unhealthy or (lambda: frozenset())
+        self.snapshot = Snapshot()
+        self.syncs = 0
+        self.rate_limited = 0
+        self._delay = settings.interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if mapper is None:
+            log.warning("no pod directory (Kubernetes API): per-container memory, the watchdog and the residue guard are off")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="node-agent", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        self.client.close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception:  # the agent observes; it must never take the plugin down
+                log.exception("node agent round failed")
+            self._stop.wait(self._delay)
+
+    def sync(self) -> Snapshot:
+        """One round; returns (and keeps) the new snapshot."""
+        previous = self.snapshot
+        usage, last_sync = previous.usage, previous.last_sync
+        try:
+            usage = build_usage(self.client.list(), self.manager.resources)
+            last_sync = time.time()
+            self.syncs += 1
+            self._delay = self.settings.interval
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                self.rate_limited += 1
+                self._delay = min(self._delay * 2, self.settings.backoff_max)
+                log.warning("pod-resources rate limit hit (%s); next poll in %.1fs", err.details(), self._delay)
+            else:
+                log.warning("pod-resources List failed: %s: %s", err.code().name, err.details())
+        stats = {g.uuid: self.inventory.stats(g.uuid) for g in self.node.gpus}
+        processes = [p for g in self.node.gpus for p in self.inventory.processes(g.uuid)]
+        containers: tuple[ContainerMemory, ...] = ()
+        residue: dict[str, int] = {}
+        if self.mapper is not None:
+            try:
+                self.mapper.refresh()
+            except Exception as err:
+                log.warning("cannot list the node's pods: %s", err)
+            owners = {p.pid: self.mapper.owner(p.pid) for p in processes}
+            containers = tuple(
+                ContainerMemory(
+                    share=share,
+                    used_mib=sum(p.used_mib for p in mine),
+                    pids=tuple(p.pid for p in mine),
+                )
+                for share in usage.shares
+                for mine in [[p for p in processes if owners[p.pid] == share.key and (p.mig_uuid or p.gpu_uuid) == share.unit_uuid]]
+            )
+            for process in processes:
+                if owners[process.pid] not in usage.active_containers and process.used_mib > 0:
+                    residue[process.gpu_uuid] = residue.get(process.gpu_uuid, 0) + process.used_mib
+            self.watchdog.review(list(containers))
+        quarantined = frozenset(residue) if self.settings.quarantine else frozenset()
+        if quarantined != previous.quarantined:
+            for uuid in quarantined - previous.quarantined:
+                log.warning("GPU %s holds %d MiB of a finished tenant: its free devices are Unhealthy until released", uuid, residue[uuid])
+            for uuid in previous.quarantined - quarantined:
+                log.info("GPU %s: leftover memory released, quarantine lifted", uuid)
+        allocated = usage.allocated()
+        self.manager.set_quarantined(
+            frozenset(d.id for r in self.manager.resources for d in r.devices.values() if d.gpu.uuid in quarantined and d.id not in allocated)
+        )
+        if self.publisher is not None:
+            resources = self.manager.resources
+            self.publisher.publish(
+                node_labels(self.publisher.domain, self.node, resources),
+                inventory_annotation(self.node, resources, usage, self.unhealthy()),
+            )
+        self.snapshot = Snapshot(
+            usage=usage, stats=stats, containers=containers, residue_mib=residue, quarantined=quarantined, last_sync=last_sync
+        )
+        return self.snapshot

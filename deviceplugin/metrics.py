@@ -1,0 +1,218 @@
+"""The Prometheus endpoint (prometheus-client): GPUs, pools, containers and the plugin's own health,
+plus /healthz and /readyz. Every metric is prefixed `gpushare_` and documented in docs/metrics.md."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9410
+MIB = 1024 * 1024
+
+
+class MetricsError(RuntimeError):
+    """The endpoint cannot listen (port taken, no permission)."""
+
+
+class PluginMetrics:
+    """Counters the gRPC layer feeds as things happen."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.allocations = Counter(
+            "gpushare_allocate_requests", "Allocate calls by resource and result (ok, refused).", ["resource", "result"], registry=registry
+        )
+        self.allocate_seconds = Histogram(
+            "gpushare_allocate_duration_seconds",
+            "Time to answer Allocate.",
+            ["resource"],
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0),
+            registry=registry,
+        )
+        self.registrations = Counter("gpushare_registrations", "Successful registrations with the kubelet.", ["resource"], registry=registry)
+
+    def allocated(self, resource: str, ok: bool, seconds: float) -> None:
+        self.allocations.labels(resource, "ok" if ok else "refused").inc()
+        self.allocate_seconds.labels(resource).observe(seconds)
+
+    def registered(self, resource: str) -> None:
+        self.registrations.labels(resource).inc()
+
+
+class StateCollector(Collector):
+    """Reads the current state on every scrape: nothing to keep in step, nothing stale."""
+
+    def __init__(self, sources: "MetricSources") -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.sources
+        node = s.node
+        snapshot = s.agent.snapshot if s.agent else None
+        unhealthy = s.unhealthy()
+        gpu_labels = ["gpu", "uuid", "model"]
+        families = {
+            "memory_used": GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=gpu_labels),
+            "memory_total": GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory in all.", labels=gpu_labels),
+            "utilization": GaugeMetricFamily("gpushare_gpu_utilization_ratio", "GPU busy time over the last sample period (0-1).", labels=gpu_labels),
+            "temperature": GaugeMetricFamily("gpushare_gpu_temperature_celsius", "GPU temperature.", labels=gpu_labels),
+            "power": GaugeMetricFamily("gpushare_gpu_power_watts", "GPU power draw.", labels=gpu_labels),
+            "healthy": GaugeMetricFamily("gpushare_gpu_healthy", "1 when the GPU is Healthy, 0 when its devices are advertised Unhealthy.", labels=gpu_labels),
+            "xid": CounterMetricFamily("gpushare_gpu_xid_errors", "Critical XID errors seen (ignored XIDs excluded).", labels=gpu_labels),
+            "residue": GaugeMetricFamily("gpushare_gpu_residue_memory_bytes", "GPU memory held by processes of no active container.", labels=gpu_labels),
+            "quarantined": GaugeMetricFamily("gpushare_gpu_quarantined", "1 while the residue guard holds the GPU's free devices back.", labels=gpu_labels),
+        }
+        for gpu in node.gpus:
+            labels = [str(gpu.index), gpu.uuid, gpu.model]
+            stats = snapshot.stats.get(gpu.uuid) if snapshot else None
+            families["memory_total"].add_metric(labels, gpu.memory_mib * MIB)
+            if stats and stats.memory_used_mib is not None:
+                families["memory_used"].add_metric(labels, stats.memory_used_mib * MIB)
+            if stats and stats.utilization_percent is not None:
+                families["utilization"].add_metric(labels, stats.utilization_percent / 100)
+            if stats and stats.temperature_celsius is not None:
+                families["temperature"].add_metric(labels, stats.temperature_celsius)
+            if stats and stats.power_watts is not None:
+                families["power"].add_metric(labels, stats.power_watts)
+            families["healthy"].add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
+            families["xid"].add_metric(labels, s.xid_counts().get(gpu.uuid, 0))
+            if snapshot:
+                families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB)
+                families["quarantined"].add_metric(labels, 1 if gpu.uuid in snapshot.quarantined else 0)
+        yield from families.values()
+
+        total = GaugeMetricFamily("gpushare_shares", "Devices (shares, whole GPUs or MIG instances) advertised, per resource and GPU.", labels=["resource", "pool", "gpu", "uuid"])
+        allocated = GaugeMetricFamily("gpushare_shares_allocated", "Devices held by active containers (from pod-resources).", labels=["resource", "pool", "gpu", "uuid"])
+        held: dict[tuple[str, str], int] = {}
+        for share in snapshot.usage.shares if snapshot else ():
+            held[(share.resource, share.gpu_uuid)] = held.get((share.resource, share.gpu_uuid), 0) + share.shares
+        for resource in s.resources():
+            per_gpu: dict[str, int] = {}
+            for device in resource.devices.values():
+                per_gpu[device.gpu.uuid] = per_gpu.get(device.gpu.uuid, 0) + 1
+            for gpu in resource.gpus:
+                labels = [resource.name, resource.pool.name, str(gpu.index), gpu.uuid]
+                total.add_metric(labels, per_gpu.get(gpu.uuid, 0))
+                allocated.add_metric(labels, held.get((resource.name, gpu.uuid), 0))
+        yield total
+        yield allocated
+
+        container_labels = ["namespace", "pod", "container", "resource", "uuid"]
+        shares = GaugeMetricFamily("gpushare_container_shares", "Devices a container holds on one GPU or MIG instance.", labels=container_labels)
+        limit = GaugeMetricFamily("gpushare_container_memory_limit_bytes", "GPU memory a container's shares allow.", labels=container_labels)
+        used = GaugeMetricFamily("gpushare_container_memory_used_bytes", "GPU memory a container's processes really use (NVML).", labels=container_labels)
+        over = GaugeMetricFamily("gpushare_container_over_limit", "1 when a time-sliced container uses more GPU memory than its shares allow.", labels=container_labels)
+        measured = {(c.share.key, c.share.unit_uuid): c for c in snapshot.containers} if snapshot else {}
+        for share in snapshot.usage.shares if snapshot else ():
+            labels = [share.namespace, share.pod, share.container, share.resource, share.unit_uuid]
+            shares.add_metric(labels, share.shares)
+            limit.add_metric(labels, share.memory_limit_mib * MIB)
+            item = measured.get((share.key, share.unit_uuid))
+            if item is not None:
+                used.add_metric(labels, item.used_mib * MIB)
+                over.add_metric(labels, 1 if item.over_limit else 0)
+        yield from (shares, limit, used, over)
+
+        yield CounterMetricFamily("gpushare_kubelet_restarts", "Kubelet restarts seen (kubelet.sock recreated).", value=s.kubelet_restarts())
+        reloads = CounterMetricFamily("gpushare_config_reloads", "Config reloads by result.", labels=["result"])
+        ok, failed = s.reloads()
+        reloads.add_metric(["success"], ok)
+        reloads.add_metric(["error"], failed)
+        yield reloads
+        if s.agent:
+            yield CounterMetricFamily("gpushare_pod_resources_rate_limited", "pod-resources calls refused by the kubelet's rate limit.", value=s.agent.rate_limited)
+            yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=s.agent.watchdog.violations)
+            yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=s.agent.watchdog.kills)
+            if snapshot and snapshot.last_sync is not None:
+                yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List.", value=snapshot.last_sync)
+        registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
+        for name, is_registered in s.registration():
+            registered.add_metric([name], 1 if is_registered else 0)
+        yield registered
+
+
+class MetricSources:
+    """Where the collector reads from; each part is optional so the endpoint also serves a partial plugin."""
+
+    def __init__(self, node, manager=None, agent=None, monitor=None, reloader=None) -> None:
+        self.node = node
+        self.manager = manager
+        self.agent = agent
+        self.monitor = monitor
+        self.reloader = reloader
+
+    def resources(self) -> list:
+        return self.manager.resources if self.manager else []
+
+    def unhealthy(self) -> frozenset[str]:
+        return frozenset(self.monitor.unhealthy) if self.monitor else frozenset()
+
+    def xid_counts(self) -> dict[str, int]:
+        return dict(self.monitor.xid_counts) if self.monitor else {}
+
+    def kubelet_restarts(self) -> int:
+        return self.manager.kubelet_restarts if self.manager else 0
+
+    def reloads(self) -> tuple[int, int]:
+        return (self.reloader.reloads, self.reloader.errors) if self.reloader else (0, 0)
+
+    def registration(self) -> list[tuple[str, bool]]:
+        return [(srv.resource.name, srv.registered.is_set()) for srv in self.manager.servers] if self.manager else []
+
+
+class MetricsServer:
+    """HTTP: /metrics, /healthz (every server serving), /readyz (every resource registered)."""
+
+    def __init__(self, registry: CollectorRegistry, healthz: Callable[[], tuple[bool, str]], readyz: Callable[[], tuple[bool, str]], port: int = DEFAULT_PORT, host: str = "0.0.0.0") -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    started = time.perf_counter()
+                    body, status, kind = generate_latest(registry), 200, CONTENT_TYPE_LATEST
+                    outer.last_scrape_seconds = time.perf_counter() - started
+                elif path in ("/healthz", "/readyz"):
+                    ok, text = (healthz if path == "/healthz" else readyz)()
+                    body, status, kind = (text + "\n").encode(), 200 if ok else 503, "text/plain; charset=utf-8"
+                else:
+                    body, status, kind = b"not found: try /metrics, /healthz or /readyz\n", 404, "text/plain; charset=utf-8"
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.last_scrape_seconds = 0.0
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), Handler)
+        except OSError as err:
+            raise MetricsError(f"cannot serve metrics on {host}:{port}: {err.strerror} (choose another --metrics-port)") from None
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("metrics on :%d (/metrics, /healthz, /readyz)", self.port)
+
+    def stop(self) -> None:
+        if self._thread.is_alive():  # shutdown() would wait forever for a loop that never started
+            self.httpd.shutdown()
+        self.httpd.server_close()

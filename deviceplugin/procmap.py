@@ -1,0 +1,71 @@
+"""Which container a GPU process belongs to: /proc/<pid>/cgroup gives the pod UID and container ID,
+the pod directory (the Kubernetes API) turns them into namespace, pod and container names."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+# kubepods[-burstable|-besteffort]/pod<uid>/<id> (cgroupfs) or kubepods-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope (systemd)
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_CONTAINER_ID = re.compile(r"(?:^|[-/])([0-9a-f]{64})(?:\.scope)?$")
+
+
+@dataclass(frozen=True)
+class PodRef:
+    uid: str
+    namespace: str
+    name: str
+    containers: dict[str, str] = field(default_factory=dict)  # bare container ID -> container name
+
+
+class PodDirectory(Protocol):
+    def pods(self) -> list[PodRef]:
+        """Pods on this node with their containers' runtime IDs."""
+        ...
+
+
+def bare_container_id(container_id: str) -> str:
+    """`containerd://abc…` -> `abc…`."""
+    return container_id.split("://", 1)[-1]
+
+
+def cgroup_owner(pid: int, proc_root: str | Path = "/proc") -> tuple[str, str] | None:
+    """(pod UID, container ID) of a process, or None for a process outside any pod."""
+    try:
+        text = (Path(proc_root) / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        uid = _POD_UID.search(path)
+        container = _CONTAINER_ID.search(path.rstrip("/"))
+        if uid and container:
+            return uid.group(1).replace("_", "-"), container.group(1)
+    return None
+
+
+class ProcessMapper:
+    """Maps PIDs to (namespace, pod, container) through cgroups and the pod directory."""
+
+    def __init__(self, directory: PodDirectory, proc_root: str | Path = "/proc") -> None:
+        self.directory = directory
+        self.proc_root = proc_root
+        self._by_uid: dict[str, PodRef] = {}
+
+    def refresh(self) -> None:
+        self._by_uid = {p.uid: p for p in self.directory.pods()}
+
+    def owner(self, pid: int) -> tuple[str, str, str] | None:
+        found = cgroup_owner(pid, self.proc_root)
+        if found is None:
+            return None
+        pod = self._by_uid.get(found[0])
+        if pod is None or found[1] not in pod.containers:
+            return None
+        return (pod.namespace, pod.name, pod.containers[found[1]])

@@ -1,0 +1,367 @@
+"""Who uses which share: pod-resources, the usage map, metrics, the memory watchdog, the residue guard, node labels."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deviceplugin.agent import AgentSettings, NodeAgent
+from deviceplugin.api import podresources_pb2 as pr
+from deviceplugin.api import podresources_pb2_grpc as pr_grpc
+from deviceplugin.config import parse_config
+from deviceplugin.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.health import HealthSettings
+from deviceplugin.inventory import HealthEvent
+from deviceplugin.kube import NodeClient
+from deviceplugin.kubelet_sim import Container, KubeletSimulator, Pod, TokenBucket
+from deviceplugin.manager import PluginManager
+from deviceplugin.nodelabels import NodePublisher, label_value, node_labels
+from deviceplugin.podresources import PodResourcesClient
+from deviceplugin.procmap import cgroup_owner
+from deviceplugin.resources import build_resources
+from deviceplugin.simulated import SimulatedInventory
+
+from .conftest import EXAMPLES, FAST, node, registered
+
+SHARE = "example.com/gpu-share"
+GPU = "example.com/gpu"
+T4 = node("2xT4")
+U0, U1 = T4.gpus[0].uuid, T4.gpus[1].uuid
+MIB = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cgroup(pod: Pod, container: str) -> str:
+    cid = pod.container_ids[container].split("://")[1]
+    uid = pod.uid.replace("-", "_")
+    return f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope\n"
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def samples(text: str) -> dict[tuple, float]:
+    """{(sample name, sorted label items): value} from a scrape, parsed by prometheus_client."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(scrape: dict, name: str, **labels) -> float:
+    wanted = set(labels.items())
+    found = [v for (n, items), v in scrape.items() if n == name and wanted <= set(items)]
+    assert len(found) == 1, f"{name} {labels}: {len(found)} samples"
+    return found[0]
+
+
+# --- the pod-resources server of the built-in kubelet ---------------------------------------------------
+
+
+def test_pod_resources_serves_active_pods_only_and_rate_limits(plugin_dir, start_plugin):
+    kubelet = KubeletSimulator(plugin_dir, rate_limit=TokenBucket(rate=1000, burst=10))
+    kubelet.start()
+    try:
+        start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]})
+        assert kubelet.wait_for(registered(SHARE), timeout=5)
+        a = Pod("a", [Container("main", {SHARE: 2}), Container("sidecar", {})], namespace="team")
+        b = Pod("b", [Container("main", {SHARE: 1})])
+        kubelet.admit(a)
+        kubelet.admit(b)
+        client = PodResourcesClient(kubelet.pod_resources_socket)
+        listed = {(p.namespace, p.name): p for p in client.list().pod_resources}
+        assert set(listed) == {("team", "a"), ("default", "b")}
+        devices = listed[("team", "a")].containers[0].devices[0]
+        assert devices.resource_name == SHARE and list(devices.device_ids) == kubelet.allocated(a)["main"][SHARE]
+        assert [n.ID for n in devices.topology.nodes] == [0]
+        assert [c.name for c in listed[("team", "a")].containers] == ["main", "sidecar"]
+        kubelet.finish_pod(b.uid)
+        assert [p.name for p in client.list().pod_resources] == ["a"]
+        assert len(client.allocatable().devices) == 8
+        stub = pr_grpc.PodResourcesListerStub(grpc.insecure_channel(f"unix:{kubelet.pod_resources_socket}"))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Get(pr.GetPodResourcesRequest(pod_name="b", pod_namespace="default"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        kubelet.rate_limit = TokenBucket(rate=0.001, burst=2)
+        client.list()
+        client.list()
+        with pytest.raises(grpc.RpcError) as err:
+            client.list()
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.details() == "rejected by rate limit"
+        client.close()
+    finally:
+        kubelet.stop()
+
+
+# --- the usage map --------------------------------------------------------------------------------
+
+
+def _agent(kubelet, manager, inventory, **kw) -> NodeAgent:
+    return NodeAgent(inventory, inventory.discover(), manager, PodResourcesClient(kubelet.pod_resources_socket), AgentSettings(interval=0.05, backoff_max=0.4), **kw)
+
+
+def test_usage_follows_pods_and_survives_a_plugin_restart(kubelet, plugin_dir):
+    inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml")
+    resources = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}), T4)
+    manager = PluginManager(resources, plugin_dir, FAST)
+    manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    agent = _agent(kubelet, manager, inventory)
+    a = Pod("a", [Container("c", {SHARE: 3})])
+    b = Pod("b", [Container("c", {SHARE: 1})])
+    kubelet.admit(a)
+    kubelet.admit(b)
+    usage = agent.sync().usage
+    assert sorted((s.pod, s.gpu_uuid, s.shares) for s in usage.shares) == [("a", U0, 3), ("b", U0, 1)]
+    assert {s.memory_limit_mib for s in usage.shares} == {15360 * 3 // 4, 15360 // 4}
+    kubelet.delete_pod(a.uid)
+    assert [(s.pod, s.shares) for s in agent.sync().usage.shares] == [("b", 1)]
+    # The plugin restarts: a new manager and agent rebuild the same map from pod-resources, nothing doubled.
+    manager.stop()
+    agent.client.close()
+    manager = PluginManager(resources, plugin_dir, FAST)
+    manager.start()
+    try:
+        assert kubelet.wait_for(registered(SHARE), timeout=5)
+        kubelet.admit(Pod("c", [Container("c", {SHARE: 2})]))
+        again = _agent(kubelet, manager, inventory).sync().usage
+        assert sorted((s.pod, s.shares) for s in again.shares) == [("b", 1), ("c", 2)]
+        assert len(again.allocated()) == 3
+    finally:
+        manager.stop()
+
+
+def test_agent_backs_off_on_rate_limit(plugin_dir, start_plugin):
+    kubelet = KubeletSimulator(plugin_dir, rate_limit=TokenBucket(rate=0.001, burst=1))
+    kubelet.start()
+    try:
+        manager = start_plugin()
+        assert kubelet.wait_for(registered(SHARE), timeout=5)
+        agent = _agent(kubelet, manager, SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"))
+        first = agent.sync()
+        assert first.last_sync is not None and agent._delay == 0.05
+        second = agent.sync()
+        assert agent.rate_limited == 1 and agent._delay == 0.1 and second.last_sync == first.last_sync
+        agent.sync()
+        agent.sync()
+        agent.sync()
+        assert agent._delay == 0.4  # capped at backoff_max
+    finally:
+        kubelet.stop()
+
+
+def test_cgroup_parsing(tmp_path):
+    uid, cid = "0f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70", "a" * 64
+    forms = {
+        1: f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n",
+        2: f"12:memory:/kubepods/burstable/pod{uid}/{cid}\n11:cpu:/kubepods/burstable/pod{uid}/{cid}\n",
+        3: "0::/system.slice/nvidia-persistenced.service\n",
+    }
+    for pid, text in forms.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(text)
+    assert cgroup_owner(1, tmp_path) == (uid, cid) and cgroup_owner(2, tmp_path) == (uid, cid)
+    assert cgroup_owner(3, tmp_path) is None and cgroup_owner(99, tmp_path) is None
+
+
+# --- the whole node agent: metrics, watchdog, residue guard, labels ------------------------------------------
+
+
+@pytest.fixture
+def daemon(kubelet, plugin_dir, tmp_path, fake_kube):
+    """A PluginDaemon on the 2xT4 node: GPU 0 time-sliced in 4, GPU 1 whole; fake API; real metrics port."""
+    api, kubeconfig = fake_kube
+    config_file = tmp_path / "config.yaml"
+
+    def make(policy: str = "report", quarantine: bool = False) -> PluginDaemon:
+        config_file.write_text(
+            json.dumps(
+                {
+                    "version": "v1",
+                    "memoryWatchdog": {"policy": policy, "quarantine": quarantine},
+                    "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}],
+                }
+            )
+        )
+        inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
+        options = DaemonOptions(
+            config_file=str(config_file),
+            plugin_dir=plugin_dir,
+            pod_resources_socket=kubelet.pod_resources_socket,
+            metrics_port=free_port(),
+            metrics_host="127.0.0.1",
+            proc_root=str(tmp_path / "proc"),
+            reload_interval=60,
+            label_interval=0.0,
+            timings=FAST,
+            health=HealthSettings(check_interval=0.05),
+            agent=AgentSettings(interval=3600),  # the test drives agent.sync()
+        )
+        made = PluginDaemon(inventory, options, NodeClient.connect(api.node_name, str(kubeconfig)), pod_directory=kubelet.pod_directory())
+        made.api = api
+        return made
+
+    made: list[PluginDaemon] = []
+    yield lambda **kw: made.append(make(**kw)) or made[-1]
+    for d in made:
+        d.stop()
+
+
+def test_metrics_healthz_readyz_and_per_container_use(daemon, kubelet):
+    d = daemon()
+    base = f"http://127.0.0.1:{d.options.metrics_port}"
+    d.metrics_server.start()
+    assert get(base + "/readyz") == (503, f"not registered: {SHARE}, {GPU}\n")
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE, GPU), timeout=5)
+    assert get(base + "/healthz") == (200, "ok\n") and get(base + "/readyz") == (200, "ready\n")
+    small = Pod("small", [Container("app", {SHARE: 1})], namespace="ml")
+    big = Pod("big", [Container("app", {SHARE: 2})], namespace="ml")
+    whole = Pod("whole", [Container("train", {GPU: 1})])
+    for pod in (small, big, whole):
+        kubelet.admit(pod)
+    inv = d.inventory
+    inv.add_process(101, U0, 3000, cgroup=cgroup(small, "app"))  # limit 3840: within
+    inv.add_process(102, U0, 6000, cgroup=cgroup(big, "app"))  # limit 7680: within
+    inv.add_process(103, U0, 2500, cgroup=cgroup(big, "app"))  # together 8500: over
+    inv.add_process(104, U1, 12000, cgroup=cgroup(whole, "train"))
+    inv.set_utilization(U0, 55)
+    d.agent.sync()
+    status, text = get(base + "/metrics")
+    assert status == 200
+    m = samples(text)
+    assert value(m, "gpushare_container_shares", pod="small", namespace="ml", container="app") == 1
+    assert value(m, "gpushare_container_memory_limit_bytes", pod="big") == 7680 * MIB
+    assert value(m, "gpushare_container_memory_used_bytes", pod="big") == 8500 * MIB
+    assert value(m, "gpushare_container_over_limit", pod="big") == 1
+    assert value(m, "gpushare_container_over_limit", pod="small") == 0
+    assert value(m, "gpushare_container_memory_used_bytes", pod="whole", resource=GPU) == 12000 * MIB
+    assert value(m, "gpushare_container_over_limit", pod="whole") == 0  # exclusive: not time-sliced
+    assert value(m, "gpushare_shares", resource=SHARE, gpu="0") == 4
+    assert value(m, "gpushare_shares_allocated", resource=SHARE, gpu="0") == 3
+    assert value(m, "gpushare_gpu_memory_used_bytes", gpu="0") == 11500 * MIB
+    assert value(m, "gpushare_gpu_memory_total_bytes", gpu="1") == 15360 * MIB
+    assert value(m, "gpushare_gpu_utilization_ratio", gpu="0") == 0.55
+    assert value(m, "gpushare_gpu_healthy", gpu="1") == 1
+    assert value(m, "gpushare_allocate_requests_total", resource=SHARE, result="ok") == 2
+    assert value(m, "gpushare_allocate_duration_seconds_count", resource=GPU) == 1
+    assert value(m, "gpushare_registrations_total", resource=SHARE) >= 1
+    assert value(m, "gpushare_resource_registered", resource=GPU) == 1
+    assert value(m, "gpushare_memory_violations_total") == 1
+    assert abs(value(m, "gpushare_pod_resources_last_sync_timestamp_seconds") - time.time()) < 60
+    assert value(m, "gpushare_kubelet_restarts_total") == 0
+    # The over-limit container got a Warning Event; reporting does not repeat it.
+    d.agent.sync()
+    events = [e for e in d.api.events if e["reason"] == "GPUMemoryOverLimit"]
+    assert len(events) == 1 and events[0]["involvedObject"]["name"] == "big"
+    assert "uses 8500 MiB of GPU memory" in events[0]["message"] and "over the 7680 MiB of its 2 share(s)" in events[0]["message"]
+    # After a kubelet restart the count shows it.
+    kubelet.restart()
+    assert kubelet.wait_for(registered(SHARE, GPU), timeout=2)
+    assert value(samples(get(base + "/metrics")[1]), "gpushare_kubelet_restarts_total") == 1
+    assert get(base + "/nope")[0] == 404
+
+
+def test_watchdog_kill_policy_kills_a_real_process(daemon, kubelet):
+    d = daemon(policy="kill")
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    pod = Pod("greedy", [Container("app", {SHARE: 1})])
+    kubelet.admit(pod)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        d.inventory.add_process(child.pid, U0, 5000, cgroup=cgroup(pod, "app"))
+        d.agent.sync()
+        assert child.wait(timeout=10) == -9
+    finally:
+        child.kill()
+    events = [e for e in d.api.events if e["reason"] == "GPUMemoryOverLimitKilled"]
+    assert len(events) == 1 and f"killed process(es) {child.pid}" in events[0]["message"]
+    assert d.agent.watchdog.kills == 1
+
+
+def test_residue_guard_quarantines_free_devices_until_released(daemon, kubelet):
+    d = daemon(quarantine=True)
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    holder = Pod("holder", [Container("app", {SHARE: 1})])
+    gone = Pod("gone", [Container("app", {SHARE: 1})])
+    kubelet.admit(holder)
+    kubelet.admit(gone)
+    d.inventory.add_process(201, U0, 1000, cgroup=cgroup(holder, "app"))
+    d.inventory.add_process(202, U0, 2000, cgroup=cgroup(gone, "app"))
+    assert d.agent.sync().residue_mib == {}
+    kubelet.delete_pod(gone.uid)  # the pod is gone, its process's memory is not
+    snapshot = d.agent.sync()
+    assert snapshot.residue_mib == {U0: 2000} and snapshot.quarantined == {U0}
+    # The three free shares of GPU 0 are Unhealthy; the one held by `holder` stays Healthy.
+    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 1, timeout=2)
+    assert kubelet.allocated(holder)["app"][SHARE] == kubelet.resources()[SHARE].healthy
+    d.inventory.remove_process(202)
+    assert d.agent.sync().quarantined == frozenset()
+    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 4, timeout=2)
+
+
+def test_node_labels_and_inventory_annotation(daemon, kubelet):
+    d = daemon()
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE, GPU), timeout=5)
+    kubelet.admit(Pod("p", [Container("c", {SHARE: 3})]))
+    d.monitor.handle(HealthEvent(gpu_uuid=U1, reason="XID 79", xid=79))
+    d.agent.sync()
+    labels = d.api.labels
+    assert labels["example.com/gpu.product"] == "Tesla-T4" and labels["example.com/gpu.count"] == "2"
+    assert labels["example.com/gpu.memory"] == "15360" and labels["example.com/gpu.driver-version"] == "550.54.15"
+    assert labels["example.com/s.sharing-strategy"] == "time-slicing" and labels["example.com/s.replicas"] == "4"
+    assert labels["example.com/w.sharing-strategy"] == "none"
+    assert labels["example.com/mig.capable"] == "false" and labels["example.com/mig.strategy"] == "none"
+    gpus = {g["uuid"]: g for g in json.loads(d.api.annotations["example.com/gpu-share.inventory"])}
+    assert gpus[U0] == {"uuid": U0, "index": 0, "model": "Tesla T4", "memoryMiB": 15360, "pool": "s", "sharesTotal": 4, "sharesUsed": 3, "health": "Healthy"}
+    assert gpus[U1]["health"] == "Unhealthy" and gpus[U1]["pool"] == "w"
+    patches = len(d.api.patches)
+    d.agent.sync()
+    assert len(d.api.patches) == patches  # nothing changed: no patch
+    kubelet.admit(Pod("q", [Container("c", {SHARE: 1})]))
+    d.agent.sync()
+    assert len(d.api.patches) == patches + 1
+    assert "labels" not in d.api.patches[-1]["metadata"]  # only the annotation changed
+
+
+def test_publisher_debounces_and_removes_stale_labels(fake_kube):
+    api, kubeconfig = fake_kube
+    api.labels = {"example.com/old-pool.replicas": "8", "team": "ml"}
+    publisher = NodePublisher(NodeClient.connect(api.node_name, str(kubeconfig)), "example.com", min_interval=60)
+    assert publisher.publish({"example.com/gpu.count": "2"}, [])
+    assert api.labels == {"example.com/gpu.count": "2", "team": "ml"}  # ours replaced, others untouched
+    assert not publisher.publish({"example.com/gpu.count": "3"}, [])  # within the debounce interval
+    assert label_value("NVIDIA A100-SXM4-80GB") == "NVIDIA-A100-SXM4-80GB"
+    labels = node_labels("example.com", node("8xA100-80GB-mig"), [])
+    assert labels["example.com/mig.capable"] == "true"
+
+
+def test_api_errors_do_not_stop_the_agent(daemon, kubelet):
+    d = daemon()
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d.api.fail_with = 403
+    assert d.agent.sync().last_sync is not None  # labels fail, the round goes on
