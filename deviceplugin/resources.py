@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from .api import deviceplugin_pb2 as pb
 from .config import Config, ConfigError, PoolConfig
@@ -78,16 +79,39 @@ class Resource:
     def list_response(
         self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False, unhealthy_ids: frozenset[str] = frozenset()
     ) -> pb.ListAndWatchResponse:
-        """The full device list as ListAndWatch sends it; a device is unhealthy when its unit or GPU is, or its ID is listed."""
+        """The full device list as ListAndWatch sends it; a device is unhealthy when its unit or GPU is, or its ID is listed.
+
+        Built from each device's encoded entry (a repeated field encodes as the concatenation of its
+        elements), cached per health: a 10k-device list takes milliseconds instead of building 10k messages.
+        """
+        healthy = self._encoded_healthy
+        if not (unhealthy or all_unhealthy or unhealthy_ids):
+            return pb.ListAndWatchResponse.FromString(b"".join(healthy))
+        sick = self._encoded_unhealthy
+        parts = [
+            sick[i] if all_unhealthy or d.unit.uuid in unhealthy or d.gpu.uuid in unhealthy or d.id in unhealthy_ids else healthy[i]
+            for i, d in enumerate(self.devices.values())
+        ]
+        return pb.ListAndWatchResponse.FromString(b"".join(parts))
+
+    @cached_property
+    def _encoded_healthy(self) -> list[bytes]:
+        return self._encode(HEALTHY)
+
+    @cached_property
+    def _encoded_unhealthy(self) -> list[bytes]:  # built on the first health problem only
+        return self._encode(UNHEALTHY)
+
+    def _encode(self, health: str) -> list[bytes]:
+        """Per device, its encoded ListAndWatchResponse entry with this health."""
         topology = self.with_topology
-        devices = []
+        encoded = []
         for device in self.devices.values():
-            sick = all_unhealthy or device.unit.uuid in unhealthy or device.gpu.uuid in unhealthy or device.id in unhealthy_ids
-            item = pb.Device(ID=device.id, health=UNHEALTHY if sick else HEALTHY)
+            item = pb.Device(ID=device.id, health=health)
             if topology:
                 item.topology.nodes.add(ID=device.gpu.numa_node)
-            devices.append(item)
-        return pb.ListAndWatchResponse(devices=devices)
+            encoded.append(pb.ListAndWatchResponse(devices=[item]).SerializeToString())
+        return encoded
 
 
 def share_id(unit_uuid: str, k: int) -> str:
