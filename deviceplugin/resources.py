@@ -118,7 +118,7 @@ def share_id(unit_uuid: str, k: int) -> str:
     return f"{unit_uuid}{SHARE_SEPARATOR}{k}"
 
 
-def build_resources(config: Config, node: NodeInfo, profile: str | None = None) -> list[Resource]:
+def build_resources(config: Config, node: NodeInfo, profile: str | None = None, budget_bytes: int = LIST_BUDGET_BYTES) -> list[Resource]:
     """Assign every GPU to its pool and list each pool's devices; errors name the config key."""
     pools = config.pools(profile)
     problems: list[str] = []
@@ -161,11 +161,11 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None) 
                 continue
             resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=_devices(pool, units), config=config, links=node.links)
             size = resource.list_response().ByteSize()
-            if size > LIST_BUDGET_BYTES:
+            if size > budget_bytes:
                 raise ConfigError(
                     [
                         f"{pool.path}: {len(resource.devices)} devices make a {size} byte ListAndWatch message, over the "
-                        f"{LIST_BUDGET_BYTES} byte budget (the kubelet drops the stream at 4 MiB); lower replicas"
+                        f"{budget_bytes} byte budget (the kubelet drops the stream at 4 MiB); lower replicas"
                     ],
                     config.source,
                 )
