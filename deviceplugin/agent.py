@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 
 from .inventory import GpuStats, Inventory, NodeInfo
+from .loop import BackgroundLoop
 from .manager import PluginManager
 from .nodelabels import NodePublisher, inventory as inventory_annotation, node_labels
 from .podresources import PodResourcesClient, Usage, build_usage
@@ -39,7 +40,7 @@ class Snapshot:
     last_sync: float | None = None  # unix time of the last successful pod-resources List
 
 
-class NodeAgent:
+class NodeAgent(BackgroundLoop):
     def __init__(
         self,
         inventory: Inventory,
@@ -50,8 +51,9 @@ class NodeAgent:
         mapper: ProcessMapper | None = None,
         watchdog: MemoryWatchdog | None = None,
         publisher: NodePublisher | None = None,
-        unhealthy: "callable | None" = None,
+        unhealthy: Callable[[], frozenset[str]] | None = None,
     ) -> None:
+        super().__init__("node-agent")
         self.inventory = inventory
         self.node = node
         self.manager = manager
@@ -65,19 +67,14 @@ class NodeAgent:
         self.syncs = 0
         self.rate_limited = 0
         self._delay = settings.interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         if mapper is None:
             log.warning("no pod directory (Kubernetes API): per-container memory, the watchdog and the residue guard are off")
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="node-agent", daemon=True)
-        self._thread.start()
+        self._start_thread()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
+        self._stop_thread()
         self.client.close()
 
     def _run(self) -> None:

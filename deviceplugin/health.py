@@ -8,12 +8,12 @@ queries and no new critical event, its devices are Healthy again.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .inventory import HealthEvent, Inventory, NodeInfo
+from .loop import BackgroundLoop
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class HealthSettings:
     check_interval: float = 1.0  # seconds between query checks; also the longest event wait
 
 
-class HealthMonitor:
+class HealthMonitor(BackgroundLoop):
     """Follows the backend's health events and checks; publishes the set of unhealthy GPU/MIG UUIDs."""
 
     def __init__(
@@ -40,6 +40,7 @@ class HealthMonitor:
         settings: HealthSettings = HealthSettings(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__("health")
         self.inventory = inventory
         self.node = node
         self.publish = publish
@@ -48,8 +49,6 @@ class HealthMonitor:
         self.xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def unhealthy(self) -> dict[str, str]:
@@ -60,13 +59,10 @@ class HealthMonitor:
         if not self.settings.enabled:
             log.warning("health checks are disabled: failed GPUs stay advertised as Healthy")
             return
-        self._thread = threading.Thread(target=self._run, name="health", daemon=True)
-        self._thread.start()
+        self._start_thread()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
+        self._stop_thread()
 
     def _run(self) -> None:
         next_check = 0.0

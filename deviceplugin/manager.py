@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .loop import BackgroundLoop
 from .mps_paths import MpsPaths
 from .resources import Resource
 from .server import SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity
@@ -30,7 +31,7 @@ def signature(resource: Resource) -> tuple:
     )
 
 
-class PluginManager:
+class PluginManager(BackgroundLoop):
     """Owns the per-resource servers and re-registers them when the kubelet restarts.
 
     Kubelet restart signals (kubelet-contract §2.6): kubelet.sock is recreated, or a
@@ -41,6 +42,7 @@ class PluginManager:
     """
 
     def __init__(self, resources: list[Resource], plugin_dir: Path, timings: Timings = Timings(), metrics: "PluginMetrics | None" = None) -> None:
+        super().__init__("kubelet-watch")
         self.plugin_dir = Path(plugin_dir)
         self.timings = timings
         self.metrics = metrics
@@ -49,8 +51,6 @@ class PluginManager:
         self._unhealthy: frozenset[str] = frozenset()
         self._quarantined: frozenset[str] = frozenset()
         self._lock = threading.RLock()  # guards self.servers against apply() during the watch loop
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
 
     @property
     def resources(self) -> list[Resource]:
@@ -64,13 +64,10 @@ class PluginManager:
         with self._lock:
             for server in self.servers:
                 self._start_server(server)
-        self._watcher = threading.Thread(target=self._watch, name="kubelet-watch", daemon=True)
-        self._watcher.start()
+        self._start_thread()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._watcher:
-            self._watcher.join()
+        self._stop_thread()
         with self._lock:
             for server in self.servers:
                 server.stop()
@@ -140,7 +137,7 @@ class PluginManager:
     def _mps_ready(self, server: DevicePluginServer) -> bool:
         return self._mps_paths(server).ready.exists()
 
-    def _watch(self) -> None:
+    def _run(self) -> None:
         kubelet_socket = self.plugin_dir / "kubelet.sock"
         last = kubelet_identity(kubelet_socket)
         while not self._stop.wait(self.timings.watch_interval):

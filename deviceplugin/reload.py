@@ -7,12 +7,12 @@ last good config serving, and is logged and counted.
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 from .config import Config, ConfigError, default_config, load_config, parse_config_text
 from .inventory import NodeInfo
 from .kube import NodeClient, profile_label
+from .loop import BackgroundLoop
 from .manager import PluginManager
 from .resources import Resource, build_resources
 
@@ -43,8 +43,9 @@ def load_plan(path: str | None, node: NodeInfo, profiles: ProfileSource) -> tupl
     return config, profile, build_resources(config, node, profile)
 
 
-class ConfigReloader:
+class ConfigReloader(BackgroundLoop):
     def __init__(self, path: str | None, node: NodeInfo, manager: PluginManager, profiles: ProfileSource, interval: float) -> None:
+        super().__init__("config-reload")
         self.path = path
         self.node = node
         self.manager = manager
@@ -53,18 +54,13 @@ class ConfigReloader:
         self.reloads = 0
         self.errors = 0
         self._last: tuple[str, str | None] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def start(self, config: Config) -> None:
         self._last = (self._read(), self.profiles.current(config))
-        self._thread = threading.Thread(target=self._run, name="config-reload", daemon=True)
-        self._thread.start()
+        self._start_thread()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join()
+        self._stop_thread()
 
     def _read(self) -> str:
         if not self.path:
