@@ -139,7 +139,7 @@ def test_device_list_over_budget_is_refused():
     config = parse_config(pools({"name": "a", "mode": "shared", "replicas": 5000}))
     with pytest.raises(ConfigError) as err:
         build_resources(config, H100)
-    assert f"40000 devices make a" in str(err.value) and f"over the {LIST_BUDGET_BYTES} byte budget" in str(err.value)
+    assert "40000 devices make a" in str(err.value) and f"over the {LIST_BUDGET_BYTES} byte budget" in str(err.value)
     assert build_resources(parse_config(pools({"name": "a", "mode": "shared", "replicas": 2000})), H100)
 
 
