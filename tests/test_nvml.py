@@ -156,3 +156,21 @@ def test_check_reports_lost_gpu_and_close_shuts_down_once(install):
     inventory.close()
     inventory.close()
     assert fake.calls.count("nvmlShutdown") == 1 and fake.initialised == 0
+
+
+def test_stats_and_processes(install):
+    mig = {0: FakeMig("MIG-a", "3g.40gb", 40192, gi=1), 1: FakeMig("MIG-b", "3g.40gb", 40192, gi=2)}
+    fake = FakeNvml([a100(0, mig=mig), t4(1)])
+    fake.gpus[1].utilization = 37
+    fake.gpus[1].processes = [(11, 512 * 1024 * 1024, 0xFFFFFFFF, 0xFFFFFFFF), (12, None, 0xFFFFFFFF, 0xFFFFFFFF)]
+    fake.gpus[0].processes = [(21, 1024 * 1024 * 1024, 2, 0)]
+    inventory = install(fake)
+    inventory.discover()
+    stats = inventory.stats("GPU-t4-1")
+    assert (stats.utilization_percent, stats.temperature_celsius, stats.power_watts, stats.memory_used_mib) == (37.0, 41.0, 71.5, 0)
+    # usedGpuMemory None counts as 0; the MPS call's NVMLLibraryMismatchError (a plain Exception) is tolerated.
+    assert sorted((p.pid, p.used_mib) for p in inventory.processes("GPU-t4-1")) == [(11, 512), (12, 0)]
+    (process,) = inventory.processes("GPU-a100-0")
+    assert (process.pid, process.used_mib, process.mig_uuid) == (21, 1024, "MIG-b")
+    fake.gpus[1].lost = True
+    assert inventory.stats("GPU-t4-1") == type(stats)() and inventory.processes("GPU-t4-1") == []
