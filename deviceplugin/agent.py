@@ -63,6 +63,7 @@ class NodeAgent(BackgroundLoop):
         self.watchdog = watchdog or MemoryWatchdog()
         self.publisher = publisher
         self.unhealthy = unhealthy or (lambda: frozenset())
+        self.quarantine = settings.quarantine  # follows config reloads
         self.snapshot = Snapshot()
         self.syncs = 0
         self.rate_limited = 0
@@ -124,7 +125,7 @@ class NodeAgent(BackgroundLoop):
                 if owners[process.pid] not in usage.active_containers and process.used_mib > 0:
                     residue[process.gpu_uuid] = residue.get(process.gpu_uuid, 0) + process.used_mib
             self.watchdog.review(list(containers))
-        quarantined = frozenset(residue) if self.settings.quarantine else frozenset()
+        quarantined = frozenset(residue) if self.quarantine else frozenset()
         if quarantined != previous.quarantined:
             for uuid in quarantined - previous.quarantined:
                 log.warning("GPU %s holds %d MiB of a finished tenant: its free devices are Unhealthy until released", uuid, residue[uuid])

@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="quiet period after which an unhealthy GPU is Healthy again (default 300)")
     run.add_argument("--health-interval", type=_positive_float, default=HealthSettings.check_interval, metavar="SECONDS",
                      help="seconds between GPU query checks (default 1)")
+    run.add_argument("--profile-label-interval", type=_positive_float, default=60.0, metavar="SECONDS",
+                     help="seconds between reads of the node's profile label (default 60)")
     run.add_argument("--metrics-port", type=int, default=DEFAULT_PORT, metavar="PORT", help=f"Prometheus /metrics, /healthz, /readyz (default {DEFAULT_PORT}; 0 disables)")
     run.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, help=f"the kubelet's pod-resources socket (default {DEFAULT_SOCKET})")
     run.add_argument("--pod-resources-interval", type=_positive_float, default=AgentSettings.interval, metavar="SECONDS",
@@ -177,6 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         proc_root=args.proc_root,
         reload_interval=args.reload_interval,
+        profile_label_interval=args.profile_label_interval,
         timings=Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval),
         health=HealthSettings(
             enabled=args.health_checks, ignored_xids=args.ignore_xids, recovery_period=args.health_recovery, check_interval=args.health_interval

@@ -35,6 +35,7 @@ class DaemonOptions:
     metrics_host: str = "0.0.0.0"
     proc_root: str = "/proc"
     reload_interval: float = 10.0
+    profile_label_interval: float = 60.0
     label_interval: float = 5.0
     timings: Timings = Timings()
     health: HealthSettings = HealthSettings()
@@ -48,14 +49,14 @@ class PluginDaemon:
         self.inventory = inventory
         self.options = options
         self.node: NodeInfo = inventory.discover()
-        profiles = ProfileSource(options.profile, client)
+        profiles = ProfileSource(options.profile, client, options.profile_label_interval)
         config, profile, resources = load_plan(options.config_file, self.node, profiles)
         log.info("serving profile %s", profile or config.default_profile)
         self.config: Config = config
         self.registry = CollectorRegistry()
         self.manager = PluginManager(resources, options.plugin_dir, options.timings, PluginMetrics(self.registry))
         self.monitor = HealthMonitor(inventory, self.node, self.manager.set_unhealthy, options.health)
-        self.reloader = ConfigReloader(options.config_file, self.node, self.manager, profiles, options.reload_interval)
+        self.reloader = ConfigReloader(options.config_file, self.node, self.manager, profiles, options.reload_interval, self._reloaded)
         directory = pod_directory or client
         self.agent = NodeAgent(
             inventory,
@@ -74,6 +75,12 @@ class PluginDaemon:
             if options.metrics_port
             else None
         )
+
+    def _reloaded(self, config: Config) -> None:
+        """Settings outside the resources follow the new config too."""
+        self.config = config
+        self.agent.watchdog.policy = config.watchdog_policy
+        self.agent.quarantine = config.quarantine
 
     @staticmethod
     def _event_sink(client: NodeClient | None):

@@ -7,6 +7,8 @@ last good config serving, and is logged and counted.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .config import Config, ConfigError, default_config, load_config, parse_config_text
@@ -20,20 +22,29 @@ log = logging.getLogger(__name__)
 
 
 class ProfileSource:
-    """Which profile a node serves: --profile, else the node label, else the config's default."""
+    """Which profile a node serves: --profile, else the node label, else the config's default.
 
-    def __init__(self, flag: str | None, client: NodeClient | None) -> None:
+    The label is read at most every `interval` seconds (one GET per node: cheap for the API server even on large
+    fleets), and an API error keeps the last value read, so a blip never moves a node to another profile.
+    """
+
+    def __init__(self, flag: str | None, client: NodeClient | None, interval: float = 60.0) -> None:
         self.flag = flag
         self.client = client
+        self.interval = interval
+        self._label: str | None = None
+        self._read_at = float("-inf")
 
     def current(self, config: Config) -> str | None:
         if self.flag or self.client is None:
             return self.flag
-        try:
-            return self.client.labels().get(profile_label(config.domain))
-        except Exception as err:  # API errors must not stop the plugin: keep the default profile
-            log.warning("cannot read the node's labels for the profile (%s); using the default profile", err)
-            return None
+        if time.monotonic() - self._read_at >= self.interval:
+            try:
+                self._label = self.client.labels().get(profile_label(config.domain))
+                self._read_at = time.monotonic()
+            except Exception as err:  # API errors must not stop the plugin or flip its profile
+                log.warning("cannot read the node's labels (%s); keeping profile %s", err, self._label or "(default)")
+        return self._label
 
 
 def load_plan(path: str | None, node: NodeInfo, profiles: ProfileSource) -> tuple[Config, str | None, list[Resource]]:
@@ -44,9 +55,18 @@ def load_plan(path: str | None, node: NodeInfo, profiles: ProfileSource) -> tupl
 
 
 class ConfigReloader(BackgroundLoop):
-    def __init__(self, path: str | None, node: NodeInfo, manager: PluginManager, profiles: ProfileSource, interval: float) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        node: NodeInfo,
+        manager: PluginManager,
+        profiles: ProfileSource,
+        interval: float,
+        on_reload: Callable[[Config], None] | None = None,
+    ) -> None:
         super().__init__("config-reload")
         self.path = path
+        self.on_reload = on_reload
         self.node = node
         self.manager = manager
         self.profiles = profiles
@@ -90,6 +110,8 @@ class ConfigReloader(BackgroundLoop):
             return self._failed(state, err)
         self._last = state
         changes = self.manager.apply(resources)
+        if self.on_reload:
+            self.on_reload(config)
         self.reloads += 1
         log.info("config reloaded (profile %s): %s", state[1] or config.default_profile, "; ".join(changes) or "no resource changed")
         return True

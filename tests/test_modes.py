@@ -244,7 +244,8 @@ def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir,
     _write(cfg_file, good)
     proc = subprocess.Popen(
         [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--config", str(cfg_file),
-         "--kubeconfig", str(kubeconfig), "--watch-interval", "0.05", "--metrics-port", "0", "--reload-interval", "0.1"],
+         "--kubeconfig", str(kubeconfig), "--watch-interval", "0.05", "--metrics-port", "0", "--reload-interval", "0.1",
+         "--profile-label-interval", "0.1"],
         stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_NAME": api.node_name},
     )
     try:
@@ -423,3 +424,23 @@ def test_mps_subcommand_runs_daemons_until_sigterm(fake_mps, tmp_path):
     assert proc.returncode == 0, err
     assert "set_default_active_thread_percentage 50" in _log(paths) and _log(paths).rstrip().endswith("quit")
     assert not paths.ready.exists()
+
+
+def test_profile_label_survives_api_errors_and_is_read_at_most_every_interval(fake_kube):
+    from deviceplugin.config import default_config
+    from deviceplugin.kube import NodeClient
+    from deviceplugin.reload import ProfileSource
+
+    api, kubeconfig = fake_kube
+    api.labels["example.com/gpu-share.config"] = "training"
+    client = NodeClient.connect(api.node_name, str(kubeconfig))
+    source = ProfileSource(None, client, interval=0)
+    assert source.current(default_config()) == "training"
+    api.fail_with = 500
+    assert source.current(default_config()) == "training"  # a blip keeps the profile
+    api.fail_with = None
+    slow = ProfileSource(None, client, interval=3600)
+    slow.current(default_config())
+    requests = api.requests
+    api.labels["example.com/gpu-share.config"] = "inference"
+    assert slow.current(default_config()) == "training" and api.requests == requests  # not read again yet
