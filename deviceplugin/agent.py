@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from .inventory import GpuStats, Inventory, NodeInfo
+from .inventory import GpuProcess, GpuStats, Inventory, NodeInfo
 from .loop import BackgroundLoop
 from .manager import PluginManager
 from .nodelabels import NodePublisher, inventory as inventory_annotation, node_labels
@@ -104,28 +104,14 @@ class NodeAgent(BackgroundLoop):
                 log.warning("pod-resources List failed: %s: %s", err.code().name, err.details())
         stats = {g.uuid: self.inventory.stats(g.uuid) for g in self.node.gpus}
         processes = [p for g in self.node.gpus for p in self.inventory.processes(g.uuid)]
-        containers: tuple[ContainerMemory, ...] = ()
-        residue: dict[str, int] = {}
-        if self.mapper is not None:
-            try:
-                self.mapper.refresh()
-            except Exception as err:
-                log.warning("cannot list the node's pods: %s", err)
-            owners = {p.pid: self.mapper.owner(p.pid) for p in processes}
-            containers = tuple(
-                ContainerMemory(
-                    share=share,
-                    used_mib=sum(p.used_mib for p in mine),
-                    pids=tuple(p.pid for p in mine),
-                )
-                for share in usage.shares
-                for mine in [[p for p in processes if owners[p.pid] == share.key and (p.mig_uuid or p.gpu_uuid) == share.unit_uuid]]
-            )
-            for process in processes:
-                if owners[process.pid] not in usage.active_containers and process.used_mib > 0:
-                    residue[process.gpu_uuid] = residue.get(process.gpu_uuid, 0) + process.used_mib
+        containers, residue = self._attribute(usage, processes)
+        if containers is None:  # the pod directory could not be read: judge nothing on stale owners
+            containers, residue = previous.containers, previous.residue_mib
+        else:
             self.watchdog.review(list(containers))
-        quarantined = frozenset(residue) if self.quarantine else frozenset()
+        # Residue seen in two rounds in a row: a process that started between the pod list and NVML's is not a leftover.
+        confirmed = frozenset(u for u in residue if u in previous.residue_mib)
+        quarantined = confirmed if self.quarantine else frozenset()
         if quarantined != previous.quarantined:
             for uuid in quarantined - previous.quarantined:
                 log.warning("GPU %s holds %d MiB of a finished tenant: its free devices are Unhealthy until released", uuid, residue[uuid])
@@ -145,3 +131,26 @@ class NodeAgent(BackgroundLoop):
             usage=usage, stats=stats, containers=containers, residue_mib=residue, quarantined=quarantined, last_sync=last_sync
         )
         return self.snapshot
+
+    def _attribute(self, usage: Usage, processes: list[GpuProcess]) -> tuple[tuple[ContainerMemory, ...] | None, dict[str, int]]:
+        """Each share's processes and memory, and per GPU the memory of processes in no active container.
+
+        (None, {}) when there is no pod directory, or it could not be read this round.
+        """
+        if self.mapper is None:
+            return (), {}
+        try:
+            self.mapper.refresh()
+        except Exception as err:
+            log.warning("cannot list the node's pods: %s", err)
+            return None, {}
+        owners = {p.pid: self.mapper.owner(p.pid) for p in processes}
+        containers = []
+        for share in usage.shares:
+            mine = [p for p in processes if owners[p.pid] == share.key and (p.mig_uuid or p.gpu_uuid) == share.unit_uuid]
+            containers.append(ContainerMemory(share=share, used_mib=sum(p.used_mib for p in mine), pids=tuple(p.pid for p in mine)))
+        residue: dict[str, int] = {}
+        for process in processes:
+            if owners[process.pid] not in usage.active_containers and process.used_mib > 0:
+                residue[process.gpu_uuid] = residue.get(process.gpu_uuid, 0) + process.used_mib
+        return tuple(containers), residue

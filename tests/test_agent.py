@@ -312,6 +312,8 @@ def test_residue_guard_quarantines_free_devices_until_released(daemon, kubelet):
     d.inventory.add_process(202, U0, 2000, cgroup=cgroup(gone, "app"))
     assert d.agent.sync().residue_mib == {}
     kubelet.delete_pod(gone.uid)  # the pod is gone, its process's memory is not
+    first = d.agent.sync()
+    assert first.residue_mib == {U0: 2000} and first.quarantined == frozenset()  # reported, not yet confirmed
     snapshot = d.agent.sync()
     assert snapshot.residue_mib == {U0: 2000} and snapshot.quarantined == {U0}
     # The three free shares of GPU 0 are Unhealthy; the one held by `holder` stays Healthy.
@@ -365,3 +367,20 @@ def test_api_errors_do_not_stop_the_agent(daemon, kubelet):
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     d.api.fail_with = 403
     assert d.agent.sync().last_sync is not None  # labels fail, the round goes on
+
+
+def test_unreadable_pod_directory_never_quarantines(daemon, kubelet):
+    d = daemon(quarantine=True)
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    pod = Pod("busy", [Container("app", {SHARE: 1})])
+    kubelet.admit(pod)
+    d.inventory.add_process(301, U0, 1000, cgroup=cgroup(pod, "app"))
+
+    def broken():
+        raise RuntimeError("API unreachable")
+
+    d.agent.mapper.directory.pods = broken
+    for _ in range(3):
+        snapshot = d.agent.sync()
+    assert snapshot.quarantined == frozenset() and snapshot.residue_mib == {}
