@@ -65,7 +65,6 @@ class NodeAgent(BackgroundLoop):
         self.unhealthy = unhealthy or (lambda: frozenset())
         self.quarantine = settings.quarantine  # follows config reloads
         self.snapshot = Snapshot()
-        self.syncs = 0
         self.rate_limited = 0
         self._delay = settings.interval
         if mapper is None:
@@ -93,7 +92,6 @@ class NodeAgent(BackgroundLoop):
         try:
             usage = build_usage(self.client.list(), self.manager.resources)
             last_sync = time.time()
-            self.syncs += 1
             self._delay = self.settings.interval
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:

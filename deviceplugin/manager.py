@@ -73,10 +73,6 @@ class PluginManager(BackgroundLoop):
                 server.stop()
         log.info("stopped; sockets removed")
 
-    def wait_registered(self, timeout: float | None = None) -> bool:
-        """True once every server is registered (used by the demo and readiness)."""
-        return all(server.registered.wait(timeout) for server in list(self.servers))
-
     def health(self) -> tuple[bool, str]:
         """/healthz: every started server is serving on its socket."""
         broken = [s.resource.name for s in self.servers if s.socket_path is not None and not s.socket_path.exists()]

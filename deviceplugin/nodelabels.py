@@ -81,7 +81,6 @@ class NodePublisher:
         self.client = client
         self.domain = domain
         self.min_interval = min_interval
-        self.patches = 0
         self._labels: dict[str, str] | None = None  # what we last published
         self._annotation: str | None = None
         self._last_patch = float("-inf")
@@ -106,7 +105,6 @@ class NodePublisher:
         self._last_patch = time.monotonic()
         self._labels = dict(labels)
         self._annotation = text
-        self.patches += 1
         return True
 
     def _own_labels(self) -> dict[str, str]:

@@ -30,7 +30,6 @@ class ContainerShare:
     pool: str
     unit_uuid: str  # GPU or MIG UUID
     gpu_uuid: str
-    gpu_index: int
     devices: tuple[str, ...]
     shares: int  # devices held (1 per whole GPU or MIG instance)
     memory_limit_mib: int
@@ -80,7 +79,6 @@ def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]
                             pool=resource.pool.name,
                             unit_uuid=unit.uuid,
                             gpu_uuid=unit.gpu.uuid,
-                            gpu_index=unit.gpu.index,
                             devices=tuple(sorted(ids)),
                             shares=len(ids),
                             memory_limit_mib=unit.memory_mib * len(ids) // unit.replicas if shared else unit.memory_mib * len(ids),

@@ -19,7 +19,6 @@ from .podresources import ContainerShare
 
 log = logging.getLogger(__name__)
 
-POLICIES = ("report", "kill")
 EventSink = Callable[[str, str, str, str], None]  # (namespace, pod, reason, message)
 
 
