@@ -49,6 +49,12 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0-65535 (0 disables), got {text!r}")
+    return int(text)
+
+
 def _xid_list(text: str) -> frozenset[int]:
     try:
         return frozenset(int(x) for x in text.split(",") if x.strip())
@@ -90,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between GPU query checks (default 1)")
     run.add_argument("--profile-label-interval", type=_positive_float, default=60.0, metavar="SECONDS",
                      help="seconds between reads of the node's profile label (default 60)")
-    run.add_argument("--metrics-port", type=int, default=DEFAULT_PORT, metavar="PORT", help=f"Prometheus /metrics, /healthz, /readyz (default {DEFAULT_PORT}; 0 disables)")
+    run.add_argument("--metrics-port", type=_port, default=DEFAULT_PORT, metavar="PORT", help=f"Prometheus /metrics, /healthz, /readyz (default {DEFAULT_PORT}; 0 disables)")
     run.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, help=f"the kubelet's pod-resources socket (default {DEFAULT_SOCKET})")
     run.add_argument("--pod-resources-interval", type=_positive_float, default=AgentSettings.interval, metavar="SECONDS",
                      help="seconds between pod-resources polls (default 10)")

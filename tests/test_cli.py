@@ -152,6 +152,23 @@ def test_bad_boolean_flag():
     assert proc.returncode == 2 and "argument --fail-on-init-error: must be true or false, got 'maybe'" in proc.stderr
     proc = subprocess.run([*GPU_CLI, "run", "--ignore-xids", "13,x"], capture_output=True, text=True, timeout=15)
     assert proc.returncode == 2 and "must be comma-separated XID numbers, got '13,x'" in proc.stderr
+    proc = subprocess.run([*GPU_CLI, "run", "--metrics-port", "99999"], capture_output=True, text=True, timeout=15)
+    assert proc.returncode == 2 and "argument --metrics-port: must be a port number 0-65535 (0 disables), got '99999'" in proc.stderr
+
+
+def test_metrics_port_in_use_is_a_clear_error(plugin_dir):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--metrics-port", str(port)],
+            capture_output=True, text=True, timeout=30,
+        )
+    assert proc.returncode == 1
+    assert f"gpu-share: error: cannot serve metrics on 0.0.0.0:{port}: Address already in use (choose another --metrics-port)" in proc.stderr
 
 
 def test_discover_table_and_json():
