@@ -162,6 +162,12 @@ def test_cdi_strategy_and_device_specs(kubelet, start_plugin, tmp_path):
         ({"mpsRoot": "run"}, "mpsRoot: must be an absolute path, got 'run'"),
         ({"domain": "Bad_Domain"}, "domain: 'Bad_Domain' is not a lowercase DNS subdomain"),
         ({"defaultProfile": "nope"}, "defaultProfile: 'nope' is not a profile (profiles: default)"),
+        ({"memoryWatchdog": {"policy": "shoot"}}, "memoryWatchdog.policy: must be one of report, kill, got 'shoot'"),
+        ({"memoryWatchdog": {"quarantine": "yes"}}, "memoryWatchdog.quarantine: must be a boolean, got string 'yes'"),
+        ({"memoryWatchdog": {"mode": 1}}, "memoryWatchdog.mode: unknown key (known keys: policy, quarantine)"),
+        ({"memoryWatchdog": []}, "memoryWatchdog: must be a mapping, got a list"),
+        ({"profiles": {"Bad_Name": {"pools": []}}}, "profiles.Bad_Name: profile names must be 1-40 characters of [a-z0-9-]"),
+        ({"profiles": {"x": {"pool": []}}}, "profiles.x.pool: unknown key (known keys: pools)"),
     ],
 )
 def test_global_key_validation(top, message):

@@ -261,3 +261,18 @@ def test_kubelet_simulator_validates_register_like_the_kubelet(kubelet, request_
             pb_grpc.RegistrationStub(channel).Register(pb.RegisterRequest(**fields), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNKNOWN
     assert message in err.value.details()
+
+
+def test_preferred_allocation_with_odd_requests_never_fails(kubelet, start_plugin):
+    start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    stub = kubelet.stub(SHARE)
+    odd = [
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=["GPU-x::1", "junk"], allocation_size=2),  # unknown IDs
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=[f"{UUID0}::1"], allocation_size=0),  # size 0
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=[f"{UUID0}::1"], allocation_size=-3),  # negative
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=[f"{UUID0}::1"], allocation_size=5),  # more than available
+    ]
+    response = stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=odd), timeout=5)
+    assert [list(r.deviceIDs) for r in response.container_responses] == [[], [], [], [f"{UUID0}::1"]]
+    assert stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["anything"]), timeout=5) == pb.PreStartContainerResponse()
