@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from .agent import AgentSettings, NodeAgent
-from .config import Config, default_config, load_config
+from .config import Config
 from .health import HealthMonitor, HealthSettings
 from .inventory import Inventory, NodeInfo
 from .kube import NodeClient
@@ -93,7 +93,7 @@ class PluginDaemon:
             self.metrics_server.start()
         self.manager.start()
         self.monitor.start()
-        self.reloader.start(load_config(self.options.config_file) if self.options.config_file else default_config())
+        self.reloader.start(self.config)  # the config load_plan already parsed
         self.agent.start()
         for resource in self.manager.resources:
             log.info("%s: %d devices on %d GPUs", resource.name, len(resource.devices), len(resource.gpus))
