@@ -1,0 +1,216 @@
+"""Placement policies: each scores one node for one pod and names the GPUs the pod would take there.
+
+`policy.score(pod, node)` returns `Choice(score, gpus)` with an integer score 0-100 (higher is better),
+or None when the pod does not fit the node. A scheduler takes the node with the highest score; ties go to
+the first node in its node order. Multi-GPU and whole-GPU requests take the first fully free GPUs by index;
+a fractional request takes the lowest-index GPU among those with the best score.
+
+The baselines follow the FGD paper's simulator (Weng et al., "Beware of Fragmentation: Scheduling
+GPU-Sharing Workloads with Fragmentation Gradient Descent", USENIX ATC 2023).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import NamedTuple, Protocol
+
+from .model import MILLI, Node, Pod, first_gpus, fits, fitting_gpus
+from .shapes import TaskShapes
+
+MAX_SPEC_CPU = 128_000  # the largest node of the paper's cluster: BestFit and DotProduct normalise by it
+MAX_SPEC_GPU = 8 * MILLI
+MAX_SCORE = 100
+
+
+class Choice(NamedTuple):
+    score: int  # 0-100, higher is better
+    gpus: tuple[int, ...]  # GPU indices on the node, one per requested GPU
+
+
+class Policy(Protocol):
+    name: str
+    deterministic: bool  # False: the same state may score differently (random)
+
+    def score(self, pod: Pod, node: Node) -> Choice | None: ...
+
+
+def _clamp(value: float) -> int:
+    return max(0, min(MAX_SCORE, int(value)))
+
+
+def best_fit_gpus(pod: Pod, node: Node) -> tuple[int, ...]:
+    """Fractional: the fitting GPU with the least free milli (lowest index on ties); else the first free GPUs."""
+    if not pod.fractional:
+        return first_gpus(pod, node)
+    free = node.gpu_free
+    return (min(fitting_gpus(pod, node), key=lambda i: (free[i], i)),)
+
+
+def worst_fit_gpus(pod: Pod, node: Node) -> tuple[int, ...]:
+    """Fractional: the fitting GPU with the most free milli (lowest index on ties); else the first free GPUs."""
+    if not pod.fractional:
+        return first_gpus(pod, node)
+    free = node.gpu_free
+    return (min(fitting_gpus(pod, node), key=lambda i: (-free[i], i)),)
+
+
+class RandomPolicy:
+    """A random score for every node that fits, a random fitting GPU for a fractional request."""
+
+    name = "random"
+    deterministic = False
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random()
+
+    def score(self, pod: Pod, node: Node) -> Choice | None:
+        if not fits(pod, node):
+            return None
+        gpus = (self.rng.choice(fitting_gpus(pod, node)),) if pod.fractional else first_gpus(pod, node)
+        return Choice(self.rng.randint(0, MAX_SCORE), gpus)
+
+
+class BestFitPolicy:
+    """100 x (1 - [0.5 (cpu_free - cpu_req)/128000 + 0.5 (gpu_free - gpu_req)/8000]): the least left over wins."""
+
+    name = "bestfit"
+    deterministic = True
+
+    def score(self, pod: Pod, node: Node) -> Choice | None:
+        if not fits(pod, node):
+            return None
+        left = 0.5 * (node.cpu_free - pod.cpu_milli) / MAX_SPEC_CPU + 0.5 * (node.gpu_free_total - pod.gpu_request) / MAX_SPEC_GPU
+        return Choice(_clamp((1 - left) * MAX_SCORE), best_fit_gpus(pod, node))
+
+
+class DotProductPolicy:
+    """Tetris: the smallest dot product of the node's free (CPU, GPU) and the pod's request, both over the max spec."""
+
+    name = "dotproduct"
+    deterministic = True
+
+    def score(self, pod: Pod, node: Node) -> Choice | None:
+        if not fits(pod, node):
+            return None
+        dot = (node.cpu_free / MAX_SPEC_CPU) * (pod.cpu_milli / MAX_SPEC_CPU) + (node.gpu_free_total / MAX_SPEC_GPU) * (pod.gpu_request / MAX_SPEC_GPU)
+        return Choice(_clamp((1 - dot / 2) * MAX_SCORE), best_fit_gpus(pod, node))
+
+
+class GpuPackingPolicy:
+    """Partly used GPUs first (the fuller the better), then free GPUs of a used node, then a free node (the smaller the better)."""
+
+    name = "gpupacking"
+    deterministic = True
+
+    def score(self, pod: Pod, node: Node) -> Choice | None:
+        if not fits(pod, node):
+            return None
+        gpus = best_fit_gpus(pod, node)
+        if pod.num_gpu == 0:
+            return Choice(0, gpus)
+        free = node.gpu_free
+        fully_free = sum(1 for f in free if f == MILLI)
+        if fully_free == len(free):
+            return Choice(max(MAX_SCORE // 3 - fully_free, fully_free), gpus)
+        # Which GPUs packing would use: the least free first.
+        using = sorted((i for i in range(len(free)) if free[i] >= pod.gpu_milli), key=lambda i: free[i])[: pod.num_gpu]
+        whole = sum(1 for i in using if free[i] == MILLI)
+        if whole:
+            return Choice(max(MAX_SCORE // 2 - whole, MAX_SCORE // 3), gpus)
+        left_percent = sum(free[i] * 100 // MILLI for i in using)
+        return Choice(max(MAX_SCORE - left_percent // 10, MAX_SCORE // 2), gpus)
+
+
+def fgd_score(frag_before: float, frag_after: float) -> int:
+    """The paper's score: int(100 x sigmoid(decrease of fragmentation / 1000))."""
+    return int(MAX_SCORE / (1 + math.exp((frag_after - frag_before) / MILLI)))
+
+
+class FgdPolicy:
+    """Fragmentation Gradient Descent: the placement that least increases the node's expected fragmentation."""
+
+    name = "fgd"
+    deterministic = True
+
+    def __init__(self, shapes: TaskShapes) -> None:
+        self.shapes = shapes
+
+    def score(self, pod: Pod, node: Node) -> Choice | None:
+        if not fits(pod, node):
+            return None
+        shapes = self.shapes
+        before = shapes.fragmentation(node)
+        cpu_after = node.cpu_free - pod.cpu_milli
+        if not pod.fractional:
+            gpus = first_gpus(pod, node)
+            after_free = list(node.gpu_free)
+            for i in gpus:
+                after_free[i] -= pod.gpu_milli
+            return Choice(fgd_score(before, shapes.fragmentation_of(node.model, after_free, cpu_after)), gpus)
+        best: Choice | None = None
+        tried: set[int] = set()
+        for i in fitting_gpus(pod, node):
+            free = node.gpu_free[i]
+            if free in tried:  # same free milli: the same outcome as a lower-index GPU
+                continue
+            tried.add(free)
+            after_free = list(node.gpu_free)
+            after_free[i] = free - pod.gpu_milli
+            score = fgd_score(before, shapes.fragmentation_of(node.model, after_free, cpu_after))
+            if best is None or score > best.score:
+                best = Choice(score, (i,))
+        return best
+
+
+class BinpackPolicy:
+    """The node plugin's binpack across nodes: the node left fullest (GPU, or CPU for CPU-only pods), the fullest GPU that fits."""
+
+    name = "binpack"
+    deterministic = True
+
+    def score(self, pod: Pod, node: Node) -> Choice | None:
+        if not fits(pod, node):
+            return None
+        return Choice(_used_after_percent(pod, node), best_fit_gpus(pod, node))
+
+
+class SpreadPolicy:
+    """The node plugin's spread across nodes: the node left emptiest, the emptiest GPU that fits."""
+
+    name = "spread"
+    deterministic = True
+
+    def score(self, pod: Pod, node: Node) -> Choice | None:
+        if not fits(pod, node):
+            return None
+        return Choice(MAX_SCORE - _used_after_percent(pod, node), worst_fit_gpus(pod, node))
+
+
+def _used_after_percent(pod: Pod, node: Node) -> int:
+    if pod.num_gpu:
+        capacity = MILLI * len(node.gpu_free)
+        return _clamp(MAX_SCORE * (capacity - node.gpu_free_total + pod.gpu_request) / capacity)
+    if node.cpu_milli == 0:
+        return MAX_SCORE
+    return _clamp(MAX_SCORE * (node.cpu_milli - node.cpu_free + pod.cpu_milli) / node.cpu_milli)
+
+
+POLICIES = ("random", "bestfit", "dotproduct", "gpupacking", "fgd", "binpack", "spread")
+NEEDS_SHAPES = frozenset({"fgd"})
+
+
+def make_policy(name: str, shapes: TaskShapes | None = None, rng: random.Random | None = None) -> Policy:
+    """The policy called `name` (one of POLICIES). `shapes` is required by those in NEEDS_SHAPES; `rng` seeds random."""
+    if name in NEEDS_SHAPES and shapes is None:
+        raise ValueError(f"policy {name} needs the task-shape distribution (TaskShapes)")
+    if name == "random":
+        return RandomPolicy(rng)
+    if name == "fgd":
+        assert shapes is not None
+        return FgdPolicy(shapes)
+    simple: dict[str, type] = {"bestfit": BestFitPolicy, "dotproduct": DotProductPolicy, "gpupacking": GpuPackingPolicy,
+                               "binpack": BinpackPolicy, "spread": SpreadPolicy}
+    if name not in simple:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    return simple[name]()
