@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from .api import deviceplugin_pb2 as pb
+from .logs import brief
 from .mps_paths import MpsPaths
 from .resources import Device, Resource, Unit
 
@@ -107,11 +108,11 @@ def container_response(resource: Resource, device_ids: Iterable[str], unhealthy:
         raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"no device IDs in the request for {resource.name}")
     unknown = [i for i in ids if i not in resource.devices]
     if unknown:
-        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device IDs for {resource.name}: {_listing(unknown)}")
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device IDs for {resource.name}: {brief(unknown, 8)}")
     devices = [resource.devices[i] for i in ids]
     sick = [d.id for d in devices if d.unit.uuid in unhealthy or d.gpu.uuid in unhealthy or d.id in unhealthy]
     if sick:
-        raise AllocationError(grpc.StatusCode.FAILED_PRECONDITION, f"devices on an unhealthy GPU for {resource.name}: {_listing(sick)}")
+        raise AllocationError(grpc.StatusCode.FAILED_PRECONDITION, f"devices on an unhealthy GPU for {resource.name}: {brief(sick, 8)}")
     pool, config = resource.pool, resource.config
     units = _units_of(resource, devices)
     if pool.shared and len(units) > 1 and not pool.allow_span:
@@ -204,6 +205,3 @@ def _dedupe(ids: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def _listing(ids: list[str], limit: int = 8) -> str:
-    shown = ", ".join(ids[:limit])
-    return shown if len(ids) <= limit else f"{shown} and {len(ids) - limit} more"

@@ -1,22 +1,30 @@
-"""One gRPC DevicePlugin server per resource, and its registration with the kubelet."""
+"""One gRPC DevicePlugin server per resource, and its registration with the kubelet.
+
+Everything here runs on the plugin's one asyncio loop (`aioloop.shared_loop()`) with `grpc.aio`: a
+ListAndWatch stream is a coroutine, so any number of open streams costs Allocate nothing. The manager
+drives the lifecycle (`serve`, `shutdown`, `request_registration`); health changes arrive from other
+threads through the thread-safe `set_*` methods.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
 import threading
 import time
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import grpc
+import grpc.aio
 
 from .allocator import AllocationError, container_response, preferred_allocation
 from .api import deviceplugin_pb2 as pb
 from .api import deviceplugin_pb2_grpc as pb_grpc
+from .logs import brief, safe_text
 from .resources import Resource
 
 if TYPE_CHECKING:
@@ -27,6 +35,8 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 SOCKET_PREFIX = "gpu-share-"
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+MAX_DEVICE_ID_BYTES = 256  # share IDs are ~45 bytes; anything far longer is not ours
 # GetPreferredAllocation carries every available ID: allow far more than grpc's 4 MiB default.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
@@ -40,8 +50,12 @@ class Timings:
     register_timeout: float = 30.0  # above the kubelet's own 10 s dial timeout
     backoff_initial: float = 0.1
     backoff_max: float = 5.0
-    watch_interval: float = 0.2
+    watch_interval: float = 0.2  # the polling safety net beside inotify (MPS markers, sockets)
     stop_grace: float = 1.0
+
+
+class SocketPathError(ValueError):
+    """A socket path the kernel cannot bind."""
 
 
 def kubelet_identity(path: Path) -> tuple[int, int] | None:
@@ -53,48 +67,72 @@ def kubelet_identity(path: Path) -> tuple[int, int] | None:
     return (st.st_ino, st.st_ctime_ns)
 
 
+def socket_path_for(plugin_dir: Path, resource: Resource) -> Path:
+    """A unique socket path per serving instance (kubelet-contract §2.5); SocketPathError when too long."""
+    path = plugin_dir / f"{SOCKET_PREFIX}{resource.label}-{os.getpid()}-{next(_instance_counter)}.sock"
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise SocketPathError(
+            f"pool {resource.pool.name}: socket path {path} is {len(os.fsencode(path))} bytes, over the kernel's "
+            f"limit of {MAX_SOCKET_PATH}; use a shorter --plugin-dir or pool name"
+        )
+    return path
+
+
 class _Instance:
-    """One serving instance: its own socket, gRPC server and stop signal. A restart makes a new one."""
+    """One serving instance: its own socket, gRPC server and registration. A restart makes a new one."""
 
     def __init__(self, socket_path: Path) -> None:
         self.socket_path = socket_path
-        self.stopped = threading.Event()
-        self.wake = threading.Event()
-        self.server: grpc.Server | None = None
+        self.stopped = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.server: grpc.aio.Server | None = None
         self.registered_with: tuple[int, int] | None = None
-        # Registration requests: at most one loop runs; a request while it runs makes it go round again.
-        self.state = threading.Lock()
-        self.pending = False
-        self.loop_running = False
+        self.register_task: asyncio.Task[None] | None = None
+        self.pending = False  # asked to register again while a registration runs
+        self.expect_kubelet_stream = False  # the next ListAndWatch is the one the kubelet opens for our Register
 
 
 class DevicePluginServer:
-    """Serves one resource on its own socket, registers it, and re-serves on kubelet restarts."""
+    """Serves one resource on its own socket and registers it with the kubelet."""
 
-    def __init__(self, resource: Resource, plugin_dir: Path, timings: Timings = Timings(), metrics: "PluginMetrics | None" = None) -> None:
+    def __init__(
+        self,
+        resource: Resource,
+        plugin_dir: Path,
+        timings: Timings = Timings(),
+        metrics: Callable[[], "PluginMetrics | None"] = lambda: None,
+    ) -> None:
         self.resource = resource
         self.metrics = metrics
         self.plugin_dir = Path(plugin_dir)
         self.timings = timings
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
-        self.registered = threading.Event()
-        self._changed = threading.Condition()
+        self.registered = threading.Event()  # set only by the current instance's successful Register
+        self.register_calls = 0
+        self._state = threading.Lock()
         self._unhealthy: frozenset[str] = frozenset()
         self._available = True  # False: every device Unhealthy (an MPS pool whose daemon is down)
         self._quarantined: frozenset[str] = frozenset()  # device IDs held back by the residue guard
         self._health_keys = resource.health_keys()
         self._version = 0
+        self._changed: asyncio.Event | None = None  # replaced on every change; streams wait on it
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._instance: _Instance | None = None
-        self._lifecycle = threading.Lock()
 
-    # --- state -----------------------------------------------------------------------------
+    # --- state (any thread) ------------------------------------------------------------------
     @property
     def socket_path(self) -> Path | None:
-        return self._instance.socket_path if self._instance else None
+        instance = self._instance
+        return instance.socket_path if instance else None
 
     @property
     def registered_with(self) -> tuple[int, int] | None:
-        return self._instance.registered_with if self._instance else None
+        instance = self._instance
+        return instance.registered_with if instance else None
+
+    @property
+    def serving(self) -> bool:
+        return self._instance is not None
 
     @property
     def unhealthy(self) -> frozenset[str]:
@@ -103,6 +141,10 @@ class DevicePluginServer:
     @property
     def available(self) -> bool:
         return self._available
+
+    def held_back(self) -> frozenset[str]:
+        """Devices Allocate refuses: those on unhealthy GPUs are checked by unit; these are quarantined IDs."""
+        return self._quarantined
 
     def set_unhealthy(self, uuids: frozenset[str]) -> None:
         """Mark GPUs or MIG instances unhealthy (with every device on them); streams get a new list only on change."""
@@ -117,7 +159,7 @@ class DevicePluginServer:
         self._update(quarantined=device_ids & self.resource.devices.keys())
 
     def _update(self, unhealthy: frozenset[str] | None = None, available: bool | None = None, quarantined: frozenset[str] | None = None) -> None:
-        with self._changed:
+        with self._state:
             new = (
                 self._unhealthy if unhealthy is None else unhealthy,
                 self._available if available is None else available,
@@ -127,123 +169,158 @@ class DevicePluginServer:
                 return
             self._unhealthy, self._available, self._quarantined = new
             self._version += 1
-            self._changed.notify_all()
+            loop = self._loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._wake_streams)
 
-    # --- lifecycle -------------------------------------------------------------------------
-    def start(self) -> None:
+    def _snapshot(self) -> tuple[int, frozenset[str], bool, frozenset[str]]:
+        with self._state:
+            return self._version, self._unhealthy, self._available, self._quarantined
+
+    def _wake_streams(self) -> None:
+        """On the loop: every waiting ListAndWatch looks at the state again."""
+        if self._changed is not None:
+            self._changed.set()
+        self._changed = asyncio.Event()
+
+    # --- lifecycle (on the loop, driven by the manager) ---------------------------------------
+    async def serve(self) -> None:
         """Serve on a fresh socket, then register in the background (retrying with backoff)."""
-        with self._lifecycle:
-            self._start_locked()
-
-    def stop(self) -> None:
-        """End the streams, stop serving and remove the socket."""
-        with self._lifecycle:
-            self._stop_locked()
-
-    def restart(self, reason: str, only: _Instance | None = None) -> None:
-        """Stop, then serve and register anew; with `only`, skip unless that instance is still current."""
-        with self._lifecycle:
-            if only is not None and self._instance is not only:
-                return
-            log.info("restarting %s: %s", self.resource.name, reason)
-            self._stop_locked()
-            self._start_locked()
-
-    def _start_locked(self) -> None:
-        name = f"{SOCKET_PREFIX}{self.resource.label}-{os.getpid()}-{next(_instance_counter)}.sock"
-        instance = _Instance(self.plugin_dir / name)
-        instance.server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dp-{self.resource.label}"),
+        self._loop = asyncio.get_running_loop()
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        instance = _Instance(socket_path_for(self.plugin_dir, self.resource))
+        instance.server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
         )
         pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self, instance), instance.server)
         instance.server.add_insecure_port(f"unix:{instance.socket_path}")
-        instance.server.start()
+        await instance.server.start()
         self._instance = instance
         log.info("serving %s on %s", self.resource.name, instance.socket_path)
-        self._start_registering(instance)
+        self.request_registration()
 
-    def _start_registering(self, instance: _Instance) -> None:
-        with instance.state:
-            instance.pending = True
-            if instance.loop_running:
-                return
-            instance.loop_running = True
-        threading.Thread(target=self._register_loop, args=(instance,), name=f"register-{self.resource.label}", daemon=True).start()
-
-    def _stop_locked(self) -> None:
+    async def shutdown(self) -> None:
+        """End the streams, cancel any Register in flight, stop serving and remove the socket."""
         instance, self._instance = self._instance, None
         if instance is None:
             return
         self.registered.clear()
         instance.stopped.set()
-        instance.wake.set()
-        with self._changed:
-            self._changed.notify_all()
+        self._wake_streams()
+        if instance.register_task is not None:
+            instance.register_task.cancel()
         if instance.server is not None:
-            instance.server.stop(self.timings.stop_grace).wait()
+            await instance.server.stop(self.timings.stop_grace)
         instance.socket_path.unlink(missing_ok=True)
 
-    def stream_lost(self, instance: _Instance) -> None:
-        """The kubelet ended a ListAndWatch stream we did not end: it never redials, so register again."""
-        if instance is not self._instance or instance.stopped.is_set():
+    async def restart(self, reason: str) -> None:
+        log.info("restarting %s: %s", self.resource.name, reason)
+        await self.shutdown()
+        await self.serve()
+
+    def request_registration(self) -> None:
+        """Register the current instance (again); a request while one runs makes it go round once more."""
+        instance = self._instance
+        if instance is None:
             return
-        log.warning("the kubelet ended the ListAndWatch stream of %s; registering again", self.resource.name)
-        with instance.state:
-            self.registered.clear()
-            instance.registered_with = None
-        self._start_registering(instance)
+        self.registered.clear()
+        instance.registered_with = None
+        if instance.register_task is not None and not instance.register_task.done():
+            instance.pending = True
+            instance.wake.set()
+            return
+        instance.register_task = asyncio.get_running_loop().create_task(self._register_loop(instance), name=f"register-{self.resource.label}")
 
     def wake(self) -> None:
         """Cut a registration backoff short (kubelet.sock just appeared)."""
         if self._instance:
             self._instance.wake.set()
 
-    def _register_loop(self, instance: _Instance) -> None:
-        while True:
-            with instance.state:
-                if not instance.pending or instance.stopped.is_set():
-                    instance.loop_running = False
-                    return
-                instance.pending = False
-            self._register_until_done(instance)
+    def kubelet_stream_ended(self, instance: _Instance) -> None:
+        """The stream the kubelet opened for our registration ended: the kubelet never redials, so register again."""
+        if instance is not self._instance or instance.stopped.is_set():
+            return
+        log.warning("the kubelet ended the ListAndWatch stream of %s; registering again", self.resource.name)
+        self.request_registration()
 
-    def _register_until_done(self, instance: _Instance) -> None:
+    async def _register_loop(self, instance: _Instance) -> None:
+        try:
+            while True:
+                instance.pending = False
+                await self._register_until_done(instance)
+                if not instance.pending or instance.stopped.is_set():
+                    return
+        except asyncio.CancelledError:
+            log.debug("registration of %s cancelled (instance stopped)", self.resource.name)
+            raise
+
+    async def _register_until_done(self, instance: _Instance) -> None:
         delay = self.timings.backoff_initial
+        failures = 0
         while not instance.stopped.is_set():
             identity = kubelet_identity(self.kubelet_socket)
             if identity is None:
                 reason = f"{self.kubelet_socket} does not exist yet"
             else:
                 try:
-                    self._register_once(instance)
-                    with instance.state:
-                        instance.registered_with = identity
-                        if not instance.pending:
-                            self.registered.set()
-                    if self.metrics:
-                        self.metrics.registered(self.resource.name)
+                    instance.expect_kubelet_stream = True
+                    self.register_calls += 1
+                    await self._register_once(instance)
+                except grpc.aio.AioRpcError as err:
+                    instance.expect_kubelet_stream = False
+                    reason = f"Register failed: {err.code().name}: {safe_text(err.details() or '', 300)}"
+                else:
+                    instance.registered_with = identity
+                    if not instance.pending and instance is self._instance:
+                        self.registered.set()
+                    metrics = self.metrics()
+                    if metrics:
+                        metrics.registered(self.resource.name)
                     log.info("registered %s with the kubelet (endpoint %s)", self.resource.name, instance.socket_path.name)
                     return
-                except grpc.RpcError as err:
-                    reason = f"Register failed: {err.code().name}: {err.details()}"
-            log.warning("cannot register %s (%s); retrying in %.1fs", self.resource.name, reason, delay)
-            instance.wake.wait(delay)
-            if instance.wake.is_set():
-                instance.wake.clear()
+            failures += 1
+            # The first failure and then every tenth: a kubelet that stays away does not flood the log.
+            if failures == 1 or failures % 10 == 0:
+                log.warning("cannot register %s (%s); retrying in %.1fs (attempt %d)", self.resource.name, reason, delay, failures)
+            try:
+                await asyncio.wait_for(instance.wake.wait(), delay)
                 delay = self.timings.backoff_initial
-            else:
+            except TimeoutError:
                 delay = min(delay * 2, self.timings.backoff_max)
+            instance.wake.clear()
 
-    def _register_once(self, instance: _Instance) -> None:
+    async def _register_once(self, instance: _Instance) -> None:
         request = pb.RegisterRequest(
             version=API_VERSION,
             endpoint=instance.socket_path.name,
             resource_name=self.resource.name,
             options=OPTIONS,
         )
-        with grpc.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
-            pb_grpc.RegistrationStub(channel).Register(request, timeout=self.timings.register_timeout)
+        async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
+            await pb_grpc.RegistrationStub(channel).Register(request, timeout=self.timings.register_timeout)
+
+
+def _check_ids(ids: list[str], what: str) -> None:
+    """INVALID_ARGUMENT for an ID no device of ours could have: error messages stay small and printable."""
+    for device_id in ids:
+        if len(device_id) > MAX_DEVICE_ID_BYTES:
+            raise AllocationError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}"
+            )
+
+
+def _check_preferred(req: pb.ContainerPreferredAllocationRequest) -> None:
+    available, must = list(req.available_deviceIDs), list(req.must_include_deviceIDs)
+    _check_ids(available, "available_deviceIDs")
+    _check_ids(must, "must_include_deviceIDs")
+    if req.allocation_size < 1:
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"allocation_size must be at least 1, got {req.allocation_size}")
+    if len(set(must)) > req.allocation_size:
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"must_include_deviceIDs has {len(set(must))} IDs, more than allocation_size {req.allocation_size}")
+    missing = set(must) - set(available)
+    if missing:
+        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"must_include_deviceIDs not in available_deviceIDs: {brief(sorted(missing))}")
 
 
 class _Servicer(pb_grpc.DevicePluginServicer):
@@ -254,59 +331,63 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self.instance = instance
         self.resource = plugin.resource
 
-    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
         return OPTIONS
 
-    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext):
-        plugin, stopped = self.plugin, self.instance.stopped
-        if not context.add_callback(self._stream_ended):
-            return
+    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
+        plugin, instance = self.plugin, self.instance
+        from_kubelet, instance.expect_kubelet_stream = instance.expect_kubelet_stream, False
         sent = None
-        while True:
-            with plugin._changed:
-                while sent == plugin._version and not stopped.is_set() and context.is_active():
-                    plugin._changed.wait()
-                if stopped.is_set() or not context.is_active():
-                    return
-                sent, unhealthy, available, held = plugin._version, plugin._unhealthy, plugin._available, plugin._quarantined
-            yield self.resource.list_response(unhealthy, all_unhealthy=not available, unhealthy_ids=held)
-            log.debug("sent %d devices of %s (%d GPUs unhealthy)", len(self.resource.devices), self.resource.name, len(unhealthy))
+        try:
+            while not instance.stopped.is_set():
+                changed = plugin._changed
+                version, unhealthy, available, held = plugin._snapshot()
+                if version != sent:
+                    sent = version
+                    yield self.resource.list_response(unhealthy, all_unhealthy=not available, unhealthy_ids=held)
+                    log.debug("sent %d devices of %s (%d GPUs unhealthy)", len(self.resource.devices), self.resource.name, len(unhealthy))
+                elif changed is not None:
+                    await changed.wait()
+        finally:
+            if from_kubelet:
+                plugin.kubelet_stream_ended(instance)
 
-    def _stream_ended(self) -> None:
-        """Runs when the stream terminates for any reason (gRPC may never resume the generator)."""
-        with self.plugin._changed:
-            self.plugin._changed.notify_all()
-        if not self.instance.stopped.is_set():
-            self.plugin.stream_lost(self.instance)
-
-    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
-        responses = [
-            pb.ContainerPreferredAllocationResponse(
-                deviceIDs=preferred_allocation(self.resource, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
-            )
-            for req in request.container_requests
-        ]
+    async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
+        responses = []
+        for req in request.container_requests:
+            try:
+                _check_preferred(req)
+            except AllocationError as err:
+                await context.abort(err.code, err.message)
+            ids = preferred_allocation(self.resource, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
-    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
+        plugin = self.plugin
         if not request.container_requests:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
-        if not self.plugin.available:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
+        if not plugin.available:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
         started = time.perf_counter()
-        metrics = self.plugin.metrics
+        metrics = plugin.metrics()
+        _, unhealthy, _, held = plugin._snapshot()
         try:
-            responses = [container_response(self.resource, req.devices_ids, self.plugin.unhealthy | self.plugin._quarantined) for req in request.container_requests]
+            responses = []
+            for req in request.container_requests:
+                _check_ids(list(req.devices_ids), "devices_ids")
+                responses.append(container_response(self.resource, req.devices_ids, unhealthy | held))
         except AllocationError as err:
             log.warning("refused Allocate of %s: %s", self.resource.name, err.message)
             if metrics:
                 metrics.allocated(self.resource.name, False, time.perf_counter() - started)
-            context.abort(err.code, err.message)
+            await context.abort(err.code, err.message)
         if metrics:
             metrics.allocated(self.resource.name, True, time.perf_counter() - started)
-        for req, resp in zip(request.container_requests, responses):
-            log.info("allocated %s: %s -> %s", self.resource.name, ",".join(req.devices_ids), resp.envs.get("CUDA_VISIBLE_DEVICES", ""))
+        if log.isEnabledFor(logging.INFO):
+            for req, resp in zip(request.container_requests, responses):
+                log.info("allocated %s: %s -> %s", self.resource.name, brief(req.devices_ids), brief(resp.envs.get("CUDA_VISIBLE_DEVICES", "").split(","), 3))
         return pb.AllocateResponse(container_responses=responses)
 
-    def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
+    async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()

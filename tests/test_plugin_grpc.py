@@ -263,16 +263,53 @@ def test_kubelet_simulator_validates_register_like_the_kubelet(kubelet, request_
     assert message in err.value.details()
 
 
-def test_preferred_allocation_with_odd_requests_never_fails(kubelet, start_plugin):
+def test_preferred_allocation_tolerates_unknown_ids_and_short_supply(kubelet, start_plugin):
     start_plugin()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     stub = kubelet.stub(SHARE)
     odd = [
         pb.ContainerPreferredAllocationRequest(available_deviceIDs=["GPU-x::1", "junk"], allocation_size=2),  # unknown IDs
-        pb.ContainerPreferredAllocationRequest(available_deviceIDs=[f"{UUID0}::1"], allocation_size=0),  # size 0
-        pb.ContainerPreferredAllocationRequest(available_deviceIDs=[f"{UUID0}::1"], allocation_size=-3),  # negative
         pb.ContainerPreferredAllocationRequest(available_deviceIDs=[f"{UUID0}::1"], allocation_size=5),  # more than available
     ]
     response = stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=odd), timeout=5)
-    assert [list(r.deviceIDs) for r in response.container_responses] == [[], [], [], [f"{UUID0}::1"]]
+    assert [list(r.deviceIDs) for r in response.container_responses] == [[], [f"{UUID0}::1"]]
     assert stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["anything"]), timeout=5) == pb.PreStartContainerResponse()
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"available_deviceIDs": [f"{UUID0}::1"], "allocation_size": 0}, "allocation_size must be at least 1, got 0"),
+        ({"available_deviceIDs": [f"{UUID0}::1"], "allocation_size": -3}, "allocation_size must be at least 1, got -3"),
+        (
+            {"available_deviceIDs": [f"{UUID0}::1", f"{UUID0}::2"], "must_include_deviceIDs": [f"{UUID0}::1", f"{UUID0}::2"], "allocation_size": 1},
+            "must_include_deviceIDs has 2 IDs, more than allocation_size 1",
+        ),
+        ({"available_deviceIDs": [f"{UUID0}::1"], "must_include_deviceIDs": [f"{UUID0}::3"], "allocation_size": 1}, "not in available_deviceIDs: GPU-"),
+        ({"available_deviceIDs": ["x" * 10240], "allocation_size": 1}, "a device ID of 10240 characters (at most 256)"),
+    ],
+)
+def test_preferred_allocation_rejects_invalid_requests(kubelet, start_plugin, fields, message):
+    start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(**fields)])
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.stub(SHARE).GetPreferredAllocation(request, timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+    assert len(err.value.details()) < 400
+
+
+def test_huge_or_crafted_allocate_ids_get_short_escaped_errors(kubelet, start_plugin, caplog):
+    start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    stub = kubelet.stub(SHARE)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["y" * 10240])]), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(err.value.details()) < 400
+    forged = "GPU-x\n2026-01-01 INFO forged line"
+    with caplog.at_level("WARNING"), pytest.raises(grpc.RpcError) as err:
+        stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[forged] * 50)]), timeout=5)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    refused = [r.getMessage() for r in caplog.records if "refused Allocate" in r.getMessage()]
+    assert refused and all("\n" not in line and len(line) < 1000 for line in refused)
