@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from . import defaults
 from .inventory import GpuProcess, GpuStats, Inventory, NodeInfo
 from .loop import BackgroundLoop
 from .manager import PluginManager
@@ -23,7 +24,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class AgentSettings:
-    interval: float = 10.0  # seconds between pod-resources polls
+    interval: float = defaults.POD_RESOURCES_INTERVAL
     backoff_max: float = 80.0  # longest poll interval after RESOURCE_EXHAUSTED
     quarantine: bool = False
 

@@ -4,31 +4,32 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry
-
-from .agent import AgentSettings
-from .config import ConfigError, load_config
-from .daemon import DaemonOptions, PluginDaemon
-from .discovery import open_inventory, render_json, render_table
+# Only light imports here: each command imports what it needs, so `config check` and `discover` never load
+# grpc, prometheus or kubernetes, and `run` registers with the kubelet before the heavy parts load.
+from . import defaults
+from .config import ConfigError
+from .errors import StartupError
 from .health import DEFAULT_IGNORED_XIDS, HealthSettings
-from .inventory import InventoryError, NodeInfo
-from .kube import NodeClient
-from .metrics import DEFAULT_PORT, MetricsError, MetricsServer
-from .mps import DEFAULT_CONTROL_BINARY, MpsDaemon
-from .podresources import DEFAULT_SOCKET
-from .reload import ProfileSource, load_plan
-from .resources import Resource, build_resources
-from .server import Timings
+from .inventory import InventoryError
 
 log = logging.getLogger("gpu-share")
 
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 BUILTIN = Path(__file__).parent / "builtin"
+SIGNALS = {signal.SIGTERM, signal.SIGINT}
+SHUTDOWN_GRACE = 20.0  # seconds from the signal to a forced exit, inside the pod's default 30 s
+
+if TYPE_CHECKING:
+    from .inventory import NodeInfo
+    from .metrics import MetricsServer
+    from .options import DaemonOptions
+    from .resources import Resource
 
 
 def _positive_float(text: str) -> float:
@@ -81,10 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_plan(run)
     run.add_argument("--reload-interval", type=_positive_float, default=10.0, metavar="SECONDS",
                      help="seconds between checks of the config file and the profile label (default 10)")
-    run.add_argument("--plugin-dir", default=DEFAULT_PLUGIN_DIR, help=f"kubelet device-plugin directory (default {DEFAULT_PLUGIN_DIR})")
-    run.add_argument("--watch-interval", type=_positive_float, default=Timings.watch_interval, help="seconds between kubelet-restart checks")
-    run.add_argument("--register-timeout", type=_positive_float, default=Timings.register_timeout, help="deadline of one Register call")
-    run.add_argument("--backoff-max", type=_positive_float, default=Timings.backoff_max, help="longest wait between registration attempts")
+    run.add_argument("--plugin-dir", default=defaults.PLUGIN_DIR, help=f"kubelet device-plugin directory (default {defaults.PLUGIN_DIR})")
+    run.add_argument("--watch-interval", type=_positive_float, default=defaults.WATCH_INTERVAL, help="seconds between kubelet-restart checks")
+    run.add_argument("--register-timeout", type=_positive_float, default=defaults.REGISTER_TIMEOUT, help="deadline of one Register call")
+    run.add_argument("--backoff-max", type=_positive_float, default=defaults.BACKOFF_MAX, help="longest wait between registration attempts")
     run.add_argument("--fail-on-init-error", type=_bool, default=True, metavar="BOOL",
                      help="exit at once when GPUs cannot be discovered (default true); false keeps running, advertising nothing")
     run.add_argument("--health-checks", type=_bool, default=True, metavar="BOOL", help="watch XIDs and GPU queries (default true)")
@@ -96,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between GPU query checks (default 1)")
     run.add_argument("--profile-label-interval", type=_positive_float, default=60.0, metavar="SECONDS",
                      help="seconds between reads of the node's profile label (default 60)")
-    run.add_argument("--metrics-port", type=_port, default=DEFAULT_PORT, metavar="PORT", help=f"Prometheus /metrics, /healthz, /readyz (default {DEFAULT_PORT}; 0 disables)")
-    run.add_argument("--pod-resources-socket", default=DEFAULT_SOCKET, help=f"the kubelet's pod-resources socket (default {DEFAULT_SOCKET})")
-    run.add_argument("--pod-resources-interval", type=_positive_float, default=AgentSettings.interval, metavar="SECONDS",
+    run.add_argument("--metrics-port", type=_port, default=defaults.METRICS_PORT, metavar="PORT", help=f"Prometheus /metrics, /healthz, /readyz (default {defaults.METRICS_PORT}; 0 disables)")
+    run.add_argument("--pod-resources-socket", default=defaults.POD_RESOURCES_SOCKET, help=f"the kubelet's pod-resources socket (default {defaults.POD_RESOURCES_SOCKET})")
+    run.add_argument("--pod-resources-interval", type=_positive_float, default=defaults.POD_RESOURCES_INTERVAL, metavar="SECONDS",
                      help="seconds between pod-resources polls (default 10)")
     run.add_argument("--proc-root", default="/proc", help="the host's /proc, for mapping GPU processes to containers (default /proc)")
     run.set_defaults(func=cmd_run)
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     mps = sub.add_parser("mps", help="run and supervise the MPS control daemons of the MPS pools")
     add_logging(mps)
     add_plan(mps)
-    mps.add_argument("--mps-control", default=DEFAULT_CONTROL_BINARY, help=f"the control binary (default {DEFAULT_CONTROL_BINARY})")
+    mps.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY, help=f"the control binary (default {defaults.MPS_CONTROL_BINARY})")
     mps.add_argument("--backoff-max", type=_positive_float, default=30.0, help="longest wait before restarting a daemon (default 30)")
     mps.set_defaults(func=cmd_mps)
 
@@ -133,51 +134,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_stop = threading.Event()
-
-
 def _catch_signals() -> None:
-    """SIGTERM/SIGINT end the daemon cleanly; installed first so an early signal is not fatal."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: _stop.set())
+    """Block SIGTERM/SIGINT before any thread starts: every later thread inherits the mask, so the signal
+    always waits for the main thread's `sigwait` instead of landing on a gRPC thread and being lost."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 
 def _wait_for_signal() -> None:
-    _stop.wait()
-    log.info("signal received, shutting down")
+    """Block until SIGTERM or SIGINT; from then on, a shutdown that hangs is cut short after SHUTDOWN_GRACE."""
+    received = signal.sigwait(SIGNALS)
+    log.info("%s received, shutting down", signal.Signals(received).name)
+    deadline = threading.Timer(SHUTDOWN_GRACE, _force_exit)
+    deadline.daemon = True
+    deadline.start()
 
 
-def _plan(args: argparse.Namespace, node: NodeInfo) -> list[Resource]:
+def _force_exit() -> None:
+    log.error("shutdown took longer than %.0fs; exiting now", SHUTDOWN_GRACE)
+    logging.shutdown()
+    os._exit(1)
+
+
+def _plan(args: argparse.Namespace, node: "NodeInfo") -> list["Resource"]:
+    from .kube import NodeClient
+    from .reload import ProfileSource, load_plan
+
     client = NodeClient.connect(kubeconfig=args.kubeconfig) if not args.profile else None
     _, profile, resources = load_plan(args.config, node, ProfileSource(args.profile, client))
     log.info("serving profile %s", profile or "(default)")
     return resources
 
 
-def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> MetricsServer | None:
+def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer | None":
     if not args.metrics_port:
         return None
+    from prometheus_client import CollectorRegistry
+
+    from .metrics import MetricsServer
+
     server = MetricsServer(CollectorRegistry(), lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port)
     server.start()
     return server
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    _catch_signals()
-    if args.config:
-        load_config(args.config)  # a bad config fails before NVML is touched
-    try:
-        inventory = open_inventory(args.node)
-    except InventoryError as err:
-        if args.fail_on_init_error:
-            raise
-        log.error("%s; running without devices (--fail-on-init-error=false)", err)
-        endpoint = _not_ready_endpoint(args, str(err))
-        _wait_for_signal()
-        if endpoint:
-            endpoint.stop()
-        return 0
-    options = DaemonOptions(
+def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
+    from .agent import AgentSettings
+    from .options import DaemonOptions
+    from .server import Timings
+
+    return DaemonOptions(
         config_file=args.config,
         profile=args.profile,
         plugin_dir=Path(args.plugin_dir),
@@ -192,12 +197,45 @@ def cmd_run(args: argparse.Namespace) -> int:
         ),
         agent=AgentSettings(interval=args.pod_resources_interval),
     )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    _catch_signals()
+    from .config import load_config
+    from .discovery import open_inventory
+
+    if args.config:
+        load_config(args.config)  # a bad config fails before NVML is touched
     try:
-        daemon = PluginDaemon(inventory, options, NodeClient.connect(kubeconfig=args.kubeconfig))
+        inventory = open_inventory(args.node)
+    except InventoryError as err:
+        if args.fail_on_init_error:
+            raise
+        log.error("%s; running without devices (--fail-on-init-error=false)", err)
+        endpoint = _not_ready_endpoint(args, str(err))
+        _wait_for_signal()
+        if endpoint:
+            endpoint.stop()
+        return 0
+    from .kube import NodeClient
+    from .serving import plan_serving
+
+    options = _daemon_options(args)
+    try:
+        serving = plan_serving(inventory, options, lambda: NodeClient.connect(kubeconfig=args.kubeconfig))
     except BaseException:
         inventory.close()
         raise
-    daemon.start()
+    try:
+        serving.manager.start()  # serve and register first: the API client, exporter and agent load afterwards
+        from .daemon import PluginDaemon
+
+        daemon = PluginDaemon(inventory, options, serving.client or NodeClient.connect(kubeconfig=args.kubeconfig), serving=serving)
+        daemon.start()
+    except BaseException:
+        serving.manager.stop()
+        inventory.close()
+        raise
     _wait_for_signal()
     daemon.stop()
     return 0
@@ -205,6 +243,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_mps(args: argparse.Namespace) -> int:
     _catch_signals()
+    from .discovery import open_inventory
+    from .mps import MpsDaemon
+
     inventory = open_inventory(args.node)
     try:
         resources = _plan(args, inventory.discover())
@@ -224,6 +265,10 @@ def cmd_mps(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .discovery import open_inventory
+    from .resources import build_resources
+
     config = load_config(args.file)
     profiles = [args.profile] if args.profile else sorted(config.profiles)
     print(f"{args.file}: valid; profiles {', '.join(sorted(config.profiles))} (default {config.default_profile})")
@@ -248,6 +293,8 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_discover(args: argparse.Namespace) -> int:
+    from .discovery import open_inventory, render_json, render_table
+
     inventory = open_inventory(args.node)
     try:
         node = inventory.discover()
@@ -273,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 2
-    except (InventoryError, MetricsError) as err:
+    except (InventoryError, StartupError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 1
 

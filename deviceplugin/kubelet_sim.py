@@ -122,6 +122,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self._server: grpc.Server | None = None
         self._running = False
         self._generation = 0  # one per start: a Register that outlives its kubelet is refused
+        self._accepted: dict[tuple[int, str], int] = {}  # (generation, resource) -> accepted Register calls
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -195,6 +196,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                 context.abort(grpc.StatusCode.UNAVAILABLE, "kubelet is shutting down")
             old = self._endpoints.get(request.resource_name)
             self._endpoints[request.resource_name] = endpoint  # newest registration wins
+            key = (generation, request.resource_name)
+            self._accepted[key] = self._accepted.get(key, 0) + 1
             self._cond.notify_all()
         if old is not None:
             old.stopped = True  # replaced; its connection is left open, as the kubelet does
@@ -222,6 +225,11 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             self._cond.notify_all()
 
     # --- the kubelet's view -----------------------------------------------------------------
+    def accepted_registrations(self) -> dict[tuple[int, str], int]:
+        """Accepted Register calls per (kubelet generation, resource): more than 1 is a needless re-registration."""
+        with self._cond:
+            return dict(self._accepted)
+
     def resources(self) -> dict[str, ResourceStatus]:
         with self._cond:
             return {name: self._status(e) for name, e in self._endpoints.items()}

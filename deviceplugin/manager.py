@@ -111,6 +111,17 @@ class PluginManager:
         """Register calls made by every server so far (benchmarks and tests count them)."""
         return sum(s.register_calls for s in self.servers)
 
+    @property
+    def started(self) -> bool:
+        return self._poller is not None and not self._stopping
+
+    def attach_metrics(self, metrics: "PluginMetrics") -> None:
+        """Count from now on, with the registrations that happened before the exporter loaded."""
+        for server in self.servers:
+            for _ in range(server.registrations):
+                metrics.registered(server.resource.name)
+        self.metrics = metrics
+
     def _new_server(self, resource: Resource) -> DevicePluginServer:
         return DevicePluginServer(resource, self.plugin_dir, self.timings, lambda: self.metrics)
 

@@ -14,13 +14,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from . import defaults
+from .errors import StartupError
+
 log = logging.getLogger(__name__)
 
-DEFAULT_PORT = 9410
+DEFAULT_PORT = defaults.METRICS_PORT
 MIB = 1024 * 1024
 
 
-class MetricsError(RuntimeError):
+class MetricsError(StartupError):
     """The endpoint cannot listen (port taken, no permission)."""
 
 

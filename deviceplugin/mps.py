@@ -15,12 +15,13 @@ import subprocess
 import threading
 import time
 
+from . import defaults
 from .mps_paths import MpsPaths
 from .resources import Resource
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CONTROL_BINARY = "nvidia-cuda-mps-control"
+DEFAULT_CONTROL_BINARY = defaults.MPS_CONTROL_BINARY
 
 
 class MpsError(RuntimeError):

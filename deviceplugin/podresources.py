@@ -11,11 +11,12 @@ from pathlib import Path
 
 import grpc
 
+from . import defaults
 from .api import podresources_pb2 as pr
 from .api import podresources_pb2_grpc as pr_grpc
 from .resources import Resource
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_SOCKET = defaults.POD_RESOURCES_SOCKET
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the kubelet's server has no send cap; its own clients use 16 MiB
 
 

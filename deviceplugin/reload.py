@@ -75,8 +75,9 @@ class ConfigReloader(BackgroundLoop):
         self.errors = 0
         self._last: tuple[str, str | None] | None = None
 
-    def start(self, config: Config) -> None:
-        self._last = (self._read(), self.profiles.current(config))
+    def start(self, config: Config, text: str | None = None) -> None:
+        """Watch from `config`, parsed from `text` (read now when not given); a later difference is applied."""
+        self._last = (self._read() if text is None else text, self.profiles.current(config))
         self._start_thread()
 
     def stop(self) -> None:

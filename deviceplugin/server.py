@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 import grpc
 import grpc.aio
 
+from . import defaults
 from .allocator import AllocationError, container_response, preferred_allocation
 from .api import deviceplugin_pb2 as pb
 from .api import deviceplugin_pb2_grpc as pb_grpc
+from .errors import StartupError
 from .logs import brief, safe_text
 from .resources import Resource
 
@@ -47,14 +49,14 @@ _instance_counter = itertools.count()
 class Timings:
     """Intervals and deadlines; tests shorten them."""
 
-    register_timeout: float = 30.0  # above the kubelet's own 10 s dial timeout
+    register_timeout: float = defaults.REGISTER_TIMEOUT
     backoff_initial: float = 0.1
-    backoff_max: float = 5.0
-    watch_interval: float = 0.2  # the polling safety net beside inotify (MPS markers, sockets)
+    backoff_max: float = defaults.BACKOFF_MAX
+    watch_interval: float = defaults.WATCH_INTERVAL  # MPS markers and sockets are polled; kubelet.sock by inotify too
     stop_grace: float = 1.0
 
 
-class SocketPathError(ValueError):
+class SocketPathError(StartupError):
     """A socket path the kernel cannot bind."""
 
 
@@ -109,6 +111,7 @@ class DevicePluginServer:
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
         self.registered = threading.Event()  # set only by the current instance's successful Register
         self.register_calls = 0
+        self.registrations = 0  # accepted by the kubelet
         self._state = threading.Lock()
         self._unhealthy: frozenset[str] = frozenset()
         self._available = True  # False: every device Unhealthy (an MPS pool whose daemon is down)
@@ -272,6 +275,7 @@ class DevicePluginServer:
                     reason = f"Register failed: {err.code().name}: {safe_text(err.details() or '', 300)}"
                 else:
                     instance.registered_with = identity
+                    self.registrations += 1
                     if not instance.pending and instance is self._instance:
                         self.registered.set()
                     metrics = self.metrics()

@@ -1,0 +1,28 @@
+"""The settings of `gpu-share run`, apart from the config file: paths, ports and intervals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import defaults
+from .agent import AgentSettings
+from .health import HealthSettings
+from .server import Timings
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    config_file: str | None = None
+    profile: str | None = None
+    plugin_dir: Path = Path(defaults.PLUGIN_DIR)
+    pod_resources_socket: Path = Path(defaults.POD_RESOURCES_SOCKET)
+    metrics_port: int = defaults.METRICS_PORT  # 0: no endpoint
+    metrics_host: str = "0.0.0.0"
+    proc_root: str = defaults.PROC_ROOT
+    reload_interval: float = 10.0
+    profile_label_interval: float = 60.0
+    label_interval: float = 5.0
+    timings: Timings = Timings()
+    health: HealthSettings = HealthSettings()
+    agent: AgentSettings = AgentSettings()

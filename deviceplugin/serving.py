@@ -1,0 +1,53 @@
+"""Phase one of `gpu-share run`: discover, plan and serve, so the kubelet sees devices before anything else loads.
+
+The Kubernetes client (about a second and 20 MiB to import), the metrics exporter and the node agent come
+after registration (`daemon.PluginDaemon`). The API is needed first only when a node label picks the profile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Config, default_config, load_config
+from .inventory import Inventory, NodeInfo
+from .kube import NodeClient
+from .manager import PluginManager
+from .options import DaemonOptions
+from .reload import ProfileSource
+from .resources import build_resources
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Serving:
+    node: NodeInfo
+    config: Config
+    profiles: ProfileSource
+    manager: PluginManager
+    client: NodeClient | None
+    config_text: str | None  # the file as read before parsing: a change after it is reloaded, never missed
+
+
+def plan_serving(inventory: Inventory, options: DaemonOptions, connect: Callable[[], NodeClient | None]) -> Serving:
+    """The node, its config and profile, and a manager for its resources (not started); ConfigError on a bad config."""
+    node = inventory.discover()
+    text = _read(options.config_file) if options.config_file else None
+    config = load_config(options.config_file) if options.config_file else default_config()
+    label_decides = options.profile is None and len(config.profiles) > 1
+    client = connect() if label_decides else None
+    profiles = ProfileSource(options.profile, client, options.profile_label_interval)
+    profile = profiles.current(config)
+    resources = build_resources(config, node, profile)
+    log.info("serving profile %s", profile or config.default_profile)
+    return Serving(node, config, profiles, PluginManager(resources, options.plugin_dir, options.timings), client, text)
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None  # load_config reports it

@@ -1,0 +1,138 @@
+"""The kubelet link when leaned on: dropped and held streams, restart storms, live sockets, long paths, signals."""
+
+from __future__ import annotations
+
+import random
+import signal
+import socket
+import threading
+import time
+
+import grpc
+import pytest
+
+from deviceplugin.api import deviceplugin_pb2 as pb
+from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+from deviceplugin.kubelet_sim import Container, Pod
+from deviceplugin.manager import PluginManager, remove_stale_sockets
+from deviceplugin.resources import build_resources
+from deviceplugin.config import default_config
+from deviceplugin.server import SocketPathError
+
+from .conftest import FAST, node, registered
+from .test_cli import start_run
+
+SHARE = "example.com/gpu-share"
+
+
+def plugin_channel(manager: PluginManager) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix:{manager.servers[0].socket_path}")
+
+
+def allocate_one(stub: pb_grpc.DevicePluginStub, device_id: str) -> pb.AllocateResponse:
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[device_id])])
+    return stub.Allocate(request, timeout=2)
+
+
+@pytest.mark.parametrize("drops", [8, 100])
+def test_dropped_streams_cost_nothing_and_never_re_register(kubelet, start_plugin, drops):
+    manager = start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    registers = len(kubelet.register_requests)
+    with plugin_channel(manager) as channel:
+        stub = pb_grpc.DevicePluginStub(channel)
+        for _ in range(drops):
+            stream = stub.ListAndWatch(pb.Empty())
+            assert len(next(stream).devices) == 20
+            stream.cancel()
+        device = next(iter(manager.resources[0].devices))
+        assert allocate_one(stub, device).container_responses[0].envs["GPU_SHARE_COUNT"] == "1"
+        assert stub.GetPreferredAllocation(
+            pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=[device], allocation_size=1)]),
+            timeout=2,
+        ).container_responses[0].deviceIDs == [device]
+    time.sleep(0.2)  # several watch rounds: a wrongly triggered Register would have happened by now
+    assert len(kubelet.register_requests) == registers == 1
+    assert kubelet.admit(Pod("after", [Container("c", {SHARE: 2})]))["c"][SHARE].envs["GPU_SHARE_COUNT"] == "2"
+
+
+def test_many_held_open_streams_all_get_lists_and_updates(kubelet, start_plugin):
+    manager = start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    with plugin_channel(manager) as channel:
+        stub = pb_grpc.DevicePluginStub(channel)
+        streams = [stub.ListAndWatch(pb.Empty()) for _ in range(200)]
+        assert all(len(next(s).devices) == 20 for s in streams)
+        device = next(iter(manager.resources[0].devices))
+        for _ in range(20):
+            assert allocate_one(stub, device).container_responses
+        manager.set_unhealthy(frozenset({manager.resources[0].units[0].uuid}))
+        updates = [next(s) for s in streams]
+        assert all(sum(d.health == "Unhealthy" for d in u.devices) == 10 for u in updates)
+        for s in streams:
+            s.cancel()
+    assert len(kubelet.register_requests) == 1
+
+
+def test_restart_storm_settles_with_one_register_per_generation_and_no_leaks(kubelet, start_plugin):
+    manager = start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    threads = threading.active_count()
+    rng = random.Random(3)
+    restarts = 50
+    for _ in range(restarts):
+        kubelet.restart()
+        time.sleep(rng.uniform(0, 0.06))
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    time.sleep(0.3)  # let any late attempt land
+    # At most one accepted Register per kubelet generation; every other call was refused by a dying kubelet.
+    accepted = kubelet.accepted_registrations()
+    assert accepted and max(accepted.values()) == 1
+    assert len(kubelet.register_requests) <= manager.servers[0].register_calls
+    assert registered(SHARE)(kubelet.resources())
+    assert threading.active_count() <= threads + 2
+    assert kubelet.admit(Pod("after", [Container("c", {SHARE: 1})]))["c"][SHARE].envs["GPU_SHARE_COUNT"] == "1"
+
+
+def test_a_socket_another_live_process_serves_is_left_alone(kubelet, start_plugin, plugin_dir):
+    first = start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    live = first.servers[0].socket_path
+    stale = plugin_dir / "gpu-share-old-1-1.sock"
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(stale))  # bound, never listening: nobody answers, as after a crash
+    dead.close()
+    remove_stale_sockets(plugin_dir)
+    assert live.exists() and not stale.exists()
+    with grpc.insecure_channel(f"unix:{live}") as channel:
+        assert pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=2).get_preferred_allocation_available
+
+
+def test_a_socket_path_over_the_kernel_limit_is_a_clear_error(tmp_path):
+    long_dir = tmp_path / ("d" * 90)
+    long_dir.mkdir()
+    manager = PluginManager(build_resources(default_config(), node("2xT4")), long_dir, FAST)
+    with pytest.raises(SocketPathError, match=r"pool default: socket path .* over the kernel's limit of 107"):
+        manager.start()
+    manager.stop()
+
+
+def test_sigterm_with_many_streams_open_exits_within_the_grace_period(kubelet, plugin_dir):
+    proc = start_run(plugin_dir)
+    try:
+        assert kubelet.wait_for(registered(SHARE), timeout=15)
+        sock = next(plugin_dir.glob("gpu-share-*.sock"))
+        with grpc.insecure_channel(f"unix:{sock}") as channel:
+            stub = pb_grpc.DevicePluginStub(channel)
+            streams = [stub.ListAndWatch(pb.Empty()) for _ in range(100)]
+            assert all(next(s).devices for s in streams)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+            assert time.monotonic() - started < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=5)
+    assert proc.returncode == 0
+    assert not list(plugin_dir.glob("gpu-share-*.sock"))
