@@ -24,12 +24,11 @@ class NodeClient:
     @classmethod
     def connect(cls, node_name: str | None = None, kubeconfig: str | None = None) -> "NodeClient | None":
         """In-cluster config, else the kubeconfig file; None (said once, clearly) when neither works."""
-        from kubernetes import client, config
-
         node_name = node_name or os.environ.get("NODE_NAME")
         if not node_name:
             log.warning("NODE_NAME is not set: node labels, the profile label and node annotations are off")
             return None
+        from kubernetes import client, config  # ~20 MiB and most of a second: only when it will be used
         try:
             if kubeconfig:
                 config.load_kube_config(config_file=kubeconfig)

@@ -113,6 +113,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self.pod_resources_socket = Path(pod_resources_socket or self.plugin_dir / "pod-resources" / KUBELET_SOCKET)
         self.rate_limit = rate_limit or TokenBucket()
         self.register_requests: list[pb.RegisterRequest] = []
+        self.register_times: list[float] = []  # time.time() at which each Register arrived
         self._rng = random.Random(seed)
         self._cond = threading.Condition()
         self._endpoints: dict[str, _Endpoint] = {}
@@ -171,6 +172,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
 
     # --- Registration service -------------------------------------------------------------
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        self.register_times.append(time.time())
         self.register_requests.append(request)
         generation = self._generation
         if request.version != API_VERSION:

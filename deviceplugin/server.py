@@ -301,7 +301,9 @@ class DevicePluginServer:
             resource_name=self.resource.name,
             options=OPTIONS,
         )
-        async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}") as channel:
+        # A channel of its own subchannel pool: gRPC would otherwise reuse the process-wide subchannel of
+        # kubelet.sock, still in its reconnect backoff from the dead kubelet, and fail fast for up to seconds.
+        async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
             await pb_grpc.RegistrationStub(channel).Register(request, timeout=self.timings.register_timeout)
 
 
