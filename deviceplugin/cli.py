@@ -312,6 +312,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # gRPC's C core logs every GOAWAY of a restarting kubelet at INFO on stderr, outside our log format and
+    # levels; keep it to errors unless the operator asks for more.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     from .logs import setup_logging
 
     setup_logging(args.log_level, args.log_format)
