@@ -136,3 +136,38 @@ def test_sigterm_with_many_streams_open_exits_within_the_grace_period(kubelet, p
         proc.communicate(timeout=5)
     assert proc.returncode == 0
     assert not list(plugin_dir.glob("gpu-share-*.sock"))
+
+
+class _HangingKubelet(pb_grpc.RegistrationServicer):
+    """A kubelet whose Register never answers: the plugin's call stays in flight until cancelled."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.cancelled = threading.Event()
+
+    def Register(self, request, context):
+        context.add_callback(self.cancelled.set)
+        self.entered.set()
+        self.cancelled.wait(10)
+        return pb.Empty()
+
+
+def test_stopping_cancels_a_register_in_flight(plugin_dir):
+    from concurrent import futures
+
+    hanging = _HangingKubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_RegistrationServicer_to_server(hanging, server)
+    server.add_insecure_port(f"unix:{plugin_dir / 'kubelet.sock'}")
+    server.start()
+    try:
+        manager = PluginManager(build_resources(default_config(), node("2xT4")), plugin_dir, FAST)
+        manager.start()
+        assert hanging.entered.wait(5)
+        started = time.monotonic()
+        manager.stop()
+        assert time.monotonic() - started < 2
+        assert hanging.cancelled.wait(2)  # the kubelet saw the call cancelled, not left hanging for 30 s
+        assert manager.readiness() == (False, "not registered: example.com/gpu-share")
+    finally:
+        server.stop(0)
