@@ -135,6 +135,7 @@ class StateCollector(Collector):
             yield CounterMetricFamily("gpushare_pod_resources_rate_limited", "pod-resources calls refused by the kubelet's rate limit.", value=s.agent.rate_limited)
             yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=s.agent.watchdog.violations)
             yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=s.agent.watchdog.kills)
+            yield CounterMetricFamily("gpushare_memory_kill_failures", "Processes the memory watchdog failed to kill (once per PID).", value=s.agent.watchdog.kill_failures)
             if snapshot and snapshot.last_sync is not None:
                 yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List.", value=snapshot.last_sync)
         registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])

@@ -2,7 +2,7 @@
 
 Time-slicing does not bound memory, so the watchdog compares each container's real GPU memory (its processes,
 from NVML) with what its shares allow. `report` logs it, exports it and posts a Warning Event on the pod;
-`kill` also SIGKILLs the offending processes. The residue guard finds GPU memory held by processes that belong
+`kill` also SIGKILLs the offending processes, each PID once. The residue guard finds GPU memory held by processes that belong
 to no active container (a finished tenant's leftovers); with `quarantine`, the GPU's free devices are
 advertised Unhealthy until the memory is released, so no new tenant lands on it.
 """
@@ -34,16 +34,20 @@ class ContainerMemory:
 
 
 class MemoryWatchdog:
+    """Acts once per offending process: a PID it handled is remembered until NVML stops listing it."""
+
     def __init__(self, policy: str = "report", events: EventSink | None = None, kill: Callable[[int], None] | None = None) -> None:
         self.policy = policy
         self.events = events
         self.kill = kill or (lambda pid: os.kill(pid, signal.SIGKILL))
         self.violations = 0  # over-limit containers seen (each once per episode)
-        self.kills = 0
+        self.kills = 0  # processes killed
+        self.kill_failures = 0  # processes the watchdog tried and failed to kill
         self._over: set[tuple] = set()
+        self._handled: set[int] = set()  # PIDs already killed (or tried): never acted on twice
 
     def review(self, containers: list[ContainerMemory]) -> None:
-        """Act on every container over its limit; report each episode once, kill every time under `kill`."""
+        """Act on every container over its limit: report each episode once; under `kill`, each new PID once."""
         now_over = set()
         for item in containers:
             if not item.over_limit:
@@ -56,16 +60,7 @@ class MemoryWatchdog:
                 f"{share.unit_uuid}, over the {share.memory_limit_mib} MiB of its {share.shares} share(s) of {share.resource}"
             )
             if self.policy == "kill":
-                for pid in item.pids:
-                    try:
-                        self.kill(pid)
-                        self.kills += 1
-                    except ProcessLookupError:
-                        pass
-                    except PermissionError as err:
-                        log.error("cannot kill process %d of %s/%s: %s (does the plugin run with hostPID?)", pid, share.namespace, share.pod, err)
-                self._event(share, "GPUMemoryOverLimitKilled", f"{what}; killed process(es) {', '.join(map(str, item.pids))}")
-                log.warning("%s: killed process(es) %s", what, ", ".join(map(str, item.pids)))
+                self._kill_new(share, what, [pid for pid in item.pids if pid not in self._handled])
             elif key not in self._over:
                 self._event(share, "GPUMemoryOverLimit", what)
                 log.warning("%s", what)
@@ -74,6 +69,31 @@ class MemoryWatchdog:
         for key in self._over - now_over:
             log.info("container %s is back within its GPU memory on %s", "/".join(key[0]), key[1])
         self._over = now_over
+        self._handled &= {pid for item in containers for pid in item.pids}  # forget PIDs NVML no longer lists
+
+    def _kill_new(self, share: ContainerShare, what: str, pids: list[int]) -> None:
+        """SIGKILL these PIDs once each; one Event says exactly which died and which could not be killed, and why."""
+        if not pids:
+            return
+        killed, failed = [], []
+        for pid in pids:
+            self._handled.add(pid)
+            try:
+                self.kill(pid)
+            except ProcessLookupError:
+                failed.append(f"{pid} (no such process: it already exited, or the plugin runs without hostPID)")
+            except PermissionError as err:
+                failed.append(f"{pid} ({err.strerror or err}: the plugin needs hostPID and root to kill tenants)")
+            except OSError as err:
+                failed.append(f"{pid} ({err.strerror or err})")
+            else:
+                killed.append(str(pid))
+        self.kills += len(killed)
+        self.kill_failures += len(failed)
+        parts = ([f"killed process(es) {', '.join(killed)}"] if killed else []) + ([f"could not kill {'; '.join(failed)}"] if failed else [])
+        message = f"{what}; {'; '.join(parts)}"
+        self._event(share, "GPUMemoryOverLimitKilled" if not failed else "GPUMemoryOverLimitKillFailed", message)
+        (log.warning if not failed else log.error)("%s", message)
 
     def _event(self, share: ContainerShare, reason: str, message: str) -> None:
         if self.events is None:

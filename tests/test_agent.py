@@ -384,3 +384,48 @@ def test_unreadable_pod_directory_never_quarantines(daemon, kubelet):
     for _ in range(3):
         snapshot = d.agent.sync()
     assert snapshot.quarantined == frozenset() and snapshot.residue_mib == {}
+
+
+def test_watchdog_acts_once_per_process_while_nvml_still_lists_it(daemon, kubelet):
+    d = daemon(policy="kill")
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    pod = Pod("greedy", [Container("app", {SHARE: 1})])
+    kubelet.admit(pod)
+    killed = []
+    d.agent.watchdog.kill = killed.append  # the process "dies" but NVML keeps listing it for a while
+    d.inventory.add_process(401, U0, 5000, cgroup=cgroup(pod, "app"))
+    for _ in range(3):
+        d.agent.sync()
+    assert killed == [401] and d.agent.watchdog.kills == 1
+    assert [e["reason"] for e in d.api.events] == ["GPUMemoryOverLimitKilled"]
+    # A second process of the same container over the limit: acted on once too.
+    d.inventory.add_process(402, U0, 100, cgroup=cgroup(pod, "app"))
+    d.agent.sync()
+    d.agent.sync()
+    assert killed == [401, 402] and len(d.api.events) == 2 and "killed process(es) 402" in d.api.events[-1]["message"]
+
+
+def test_watchdog_reports_a_failed_kill_with_the_reason(daemon, kubelet):
+    d = daemon(policy="kill")
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    pod = Pod("greedy", [Container("app", {SHARE: 1})])
+    kubelet.admit(pod)
+
+    def refuse(pid: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    d.agent.watchdog.kill = refuse
+    d.inventory.add_process(501, U0, 5000, cgroup=cgroup(pod, "app"))
+    d.agent.sync()
+    d.agent.sync()
+    (event,) = d.api.events
+    assert event["reason"] == "GPUMemoryOverLimitKillFailed" and "killed" not in event["message"].replace("could not kill", "")
+    assert "could not kill 501 (Operation not permitted: the plugin needs hostPID and root to kill tenants)" in event["message"]
+    assert d.agent.watchdog.kills == 0 and d.agent.watchdog.kill_failures == 1
+    d.inventory.remove_process(501)
+    d.agent.sync()  # the PID is gone from NVML: forgotten
+    d.inventory.add_process(501, U0, 5000, cgroup=cgroup(pod, "app"))  # reused PID, a new offender
+    d.agent.sync()
+    assert len(d.api.events) == 2
