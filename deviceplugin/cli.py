@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--pod-resources-interval", type=_positive_float, default=defaults.POD_RESOURCES_INTERVAL, metavar="SECONDS",
                      help="seconds between pod-resources polls (default 10)")
     run.add_argument("--proc-root", default="/proc", help="the host's /proc, for mapping GPU processes to containers (default /proc)")
+    run.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY,
+                     help=f"control client asked whether each MPS pool's daemon answers (default {defaults.MPS_CONTROL_BINARY})")
     run.set_defaults(func=cmd_run)
 
     mps = sub.add_parser("mps", help="run and supervise the MPS control daemons of the MPS pools")
@@ -196,6 +198,7 @@ def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
             enabled=args.health_checks, ignored_xids=args.ignore_xids, recovery_period=args.health_recovery, check_interval=args.health_interval
         ),
         agent=AgentSettings(interval=args.pod_resources_interval),
+        mps_control=args.mps_control,
     )
 
 

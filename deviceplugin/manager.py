@@ -3,8 +3,9 @@
 Kubelet restart signals (kubelet-contract §2.6): kubelet.sock is recreated, or a server's own socket
 disappears. The device-plugin directory is watched with inotify, so a new kubelet.sock is answered with
 a Register within milliseconds; a poll every `watch_interval` is the safety net (and the only signal
-where inotify is unavailable). The same poll follows MPS pools: a pool is served once its daemon is
-ready, and its devices are Unhealthy while it is not. Everything runs on the one gRPC event loop.
+where inotify is unavailable). The same poll follows MPS pools: a pool is served once its control daemon
+is alive (MpsLiveness: the ready marker and an answer on the control pipe, asked off the loop), and its
+devices are Unhealthy while it is not. Everything runs on the one gRPC event loop.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from .aioloop import EventLoopThread, shared_loop
 from .inotify import DirectoryWatch
+from .mps import MpsLiveness
 from .mps_paths import MpsPaths
 from .resources import Resource
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity
@@ -85,8 +87,10 @@ class PluginManager:
         timings: Timings = Timings(),
         metrics: "PluginMetrics | None" = None,
         loop: EventLoopThread | None = None,
+        mps: MpsLiveness | None = None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
+        self.mps = mps or MpsLiveness()
         self.timings = timings
         self.metrics = metrics  # may be attached after start: registration comes first
         self.kubelet_restarts = 0
@@ -215,7 +219,7 @@ class PluginManager:
 
     async def _start_server(self, server: DevicePluginServer) -> None:
         if server.resource.pool.mps and not self._mps_ready(server):
-            log.info("%s waits for its MPS control daemon (%s)", server.resource.name, self._mps_paths(server).ready)
+            log.info("%s: waiting for the control daemon of MPS pool %s (%s)", server.resource.name, server.resource.pool.name, self._mps_paths(server).root)
             return
         await server.serve()
 
@@ -223,7 +227,7 @@ class PluginManager:
         return MpsPaths.of(server.resource.config.mps_root, server.resource.pool.name)
 
     def _mps_ready(self, server: DevicePluginServer) -> bool:
-        return self._mps_paths(server).ready.exists()
+        return self.mps.ready(self._mps_paths(server))
 
     def _on_directory_event(self) -> None:
         """inotify says entries of the plugin directory changed: check at once (not at the next poll)."""
@@ -262,7 +266,7 @@ class PluginManager:
                     if not server.serving and ready:
                         log.info("MPS control daemon of pool %s is ready", server.resource.pool.name)
                         await server.serve()
-                    elif ready != server.available:
+                    elif server.serving and ready != server.available:
                         log.warning("MPS control daemon of pool %s is %s", server.resource.pool.name, "back" if ready else "down: devices Unhealthy")
                     server.set_available(ready)
             current = kubelet_identity(self.plugin_dir / KUBELET_SOCKET)

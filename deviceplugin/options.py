@@ -26,3 +26,4 @@ class DaemonOptions:
     timings: Timings = Timings()
     health: HealthSettings = HealthSettings()
     agent: AgentSettings = AgentSettings()
+    mps_control: str = defaults.MPS_CONTROL_BINARY  # asked whether each MPS pool's control daemon answers

@@ -15,6 +15,7 @@ from .config import Config, default_config, load_config
 from .inventory import Inventory, NodeInfo
 from .kube import NodeClient
 from .manager import PluginManager
+from .mps import MpsLiveness
 from .options import DaemonOptions
 from .reload import ProfileSource
 from .resources import build_resources
@@ -43,7 +44,8 @@ def plan_serving(inventory: Inventory, options: DaemonOptions, connect: Callable
     profile = profiles.current(config)
     resources = build_resources(config, node, profile)
     log.info("serving profile %s", profile or config.default_profile)
-    return Serving(node, config, profiles, PluginManager(resources, options.plugin_dir, options.timings), client, text)
+    manager = PluginManager(resources, options.plugin_dir, options.timings, mps=MpsLiveness(options.mps_control))
+    return Serving(node, config, profiles, manager, client, text)
 
 
 def _read(path: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -10,10 +11,11 @@ import textwrap
 import time
 
 import pytest
+import yaml
 
 from deviceplugin.config import ConfigError, parse_config
 from deviceplugin.kubelet_sim import AdmissionError, Container, Pod
-from deviceplugin.mps import MpsDaemon
+from deviceplugin.mps import MpsDaemon, MpsLiveness, control
 from deviceplugin.mps_paths import MpsPaths
 from deviceplugin.resources import build_resources
 
@@ -358,7 +360,7 @@ def test_mps_strict_limits_supervision_and_clean_quit(fake_mps, tmp_path, kubele
     resources = build_resources(mps_config(root, "strict"), T4)
     mps_resource = next(r for r in resources if r.pool.mps)
     daemon = MpsDaemon(mps_resource, str(root), binary=str(fake_mps), backoff_initial=0.05, backoff_max=0.2)
-    manager = PluginManager(resources, plugin_dir, FAST)
+    manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.1, timeout=1.0))
     manager.start()
     try:
         assert kubelet.wait_for(registered("example.com/ts-share"), timeout=5)
@@ -397,7 +399,7 @@ def test_mps_proportional_limits_per_container(fake_mps, tmp_path, kubelet, plug
     resources = build_resources(mps_config(root, "proportional", replicas=10), T4)
     daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps))
     daemon.start()
-    manager = PluginManager(resources, plugin_dir, FAST)
+    manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.1, timeout=1.0))
     manager.start()
     try:
         assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
@@ -450,3 +452,94 @@ def test_profile_label_survives_api_errors_and_is_read_at_most_every_interval(fa
     requests = api.requests
     api.labels["example.com/gpu-share.config"] = "inference"
     assert slow.current(default_config()) == "training" and api.requests == requests  # not read again yet
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _daemons(paths: MpsPaths) -> list[int]:
+    """Every control daemon the fake ever started for this pool."""
+    path = paths.log / "daemons.log"
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def test_mps_stale_marker_of_a_killed_pod_is_unhealthy_within_one_poll(fake_mps, tmp_path, kubelet, plugin_dir, caplog):
+    """SIGKILL the whole `gpu-share mps` process group (an OOM-killed pod): marker and pipe stay behind."""
+    from deviceplugin.manager import PluginManager
+
+    from .conftest import FAST
+
+    caplog.set_level(logging.INFO, logger="deviceplugin.manager")
+    root = tmp_path / "mps"
+    cfg = tmp_path / "mps.yaml"
+    cfg.write_text(f"version: v1\nmpsRoot: {root}\npools:\n  - {{name: mps, mode: shared, backend: mps, replicas: 2, gpus: {{indexes: [1]}}}}\n")
+    resources = build_resources(parse_config(yaml.safe_load(cfg.read_text())), T4)
+    manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.2, timeout=0.5))
+    manager.start()
+    proc = subprocess.Popen([*GPU_CLI, "mps", "--config", str(cfg), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--profile", "default",
+                             "--mps-control", str(fake_mps)], stderr=subprocess.DEVNULL, start_new_session=True)
+    paths = MpsPaths.of(str(root), "mps")
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=10)
+        assert any("waiting for the control daemon of MPS pool mps" in r.message for r in caplog.records)
+        assert not any("down" in r.message for r in caplog.records)  # never ran: not "down"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert paths.ready.exists() and (paths.pipe / "control").exists()  # the stale marker and pipe
+        killed = time.monotonic()
+        assert kubelet.wait_for(lambda st: st["example.com/gpu-share"].allocatable == 0, timeout=3)
+        assert time.monotonic() - killed < 0.2 + 0.5 + 0.5  # one poll, one probe timeout, the kubelet's update
+        assert any("does not answer" in r.message for r in caplog.records)
+        with pytest.raises(AdmissionError):
+            admit(kubelet, "example.com/gpu-share", 1, "late")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        manager.stop()
+
+
+def test_mps_daemon_that_stops_answering_is_unhealthy(fake_mps, tmp_path, kubelet, plugin_dir):
+    from deviceplugin.manager import PluginManager
+
+    from .conftest import FAST
+
+    root = tmp_path / "mps"
+    resources = build_resources(mps_config(root, "proportional"), T4)
+    daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps))
+    daemon.start()
+    manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.1, timeout=0.3))
+    manager.start()
+    try:
+        assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
+        with pytest.raises(Exception, match="no answer"):
+            control(str(fake_mps), daemon.paths, ["hang"], timeout=0.3)  # PID alive, pipe unanswered
+        assert kubelet.wait_for(lambda st: st["example.com/gpu-share"].allocatable == 0, timeout=3)
+    finally:
+        manager.stop()
+        daemon.stop(timeout=0.5)
+
+
+@pytest.mark.parametrize("hook", ["FAKE_MPS_FAIL", "FAKE_MPS_SLOW"])
+def test_mps_failed_setup_kills_its_daemon_and_backs_off(fake_mps, tmp_path, monkeypatch, hook):
+    """Setting the limits fails (or times out): the daemon started for it is killed, never two run."""
+    monkeypatch.setenv(hook, "set_default_active_thread_percentage")
+    root = tmp_path / "mps"
+    resources = build_resources(mps_config(root, "strict"), T4)
+    daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps), start_timeout=0.3,
+                       backoff_initial=0.05, backoff_max=0.2)
+    daemon.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            assert sum(map(_alive, _daemons(daemon.paths))) <= 1
+            time.sleep(0.01)
+        assert daemon.restarts >= 2 and not daemon.paths.ready.exists()
+        assert len(_daemons(daemon.paths)) <= daemon.restarts + 1  # one daemon per attempt, attempts backed off
+    finally:
+        daemon.stop(timeout=0.5)
+    assert not any(map(_alive, _daemons(daemon.paths)))
