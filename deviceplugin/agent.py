@@ -36,7 +36,8 @@ class Snapshot:
     usage: Usage = field(default_factory=Usage)
     stats: dict[str, GpuStats] = field(default_factory=dict)
     containers: tuple[ContainerMemory, ...] = ()
-    residue_mib: dict[str, int] = field(default_factory=dict)  # GPU uuid -> MiB held by no active container
+    residue_mib: dict[str, int] = field(default_factory=dict)  # GPU uuid -> MiB held by processes of ended containers
+    unattributed_mib: dict[str, int] = field(default_factory=dict)  # GPU uuid -> MiB of processes no evidence attributes
     quarantined: frozenset[str] = frozenset()  # GPU uuids
     last_sync: float | None = None  # unix time of the last successful pod-resources List
 
@@ -89,10 +90,10 @@ class NodeAgent(BackgroundLoop):
     def sync(self) -> Snapshot:
         """One round; returns (and keeps) the new snapshot."""
         previous = self.snapshot
-        usage, last_sync = previous.usage, previous.last_sync
+        usage, last_sync, fresh = previous.usage, previous.last_sync, False
         try:
             usage = build_usage(self.client.list(), self.manager.resources)
-            last_sync = time.time()
+            last_sync, fresh = time.time(), True
             self._delay = self.settings.interval
         except grpc.RpcError as err:
             if err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -103,11 +104,14 @@ class NodeAgent(BackgroundLoop):
                 log.warning("pod-resources List failed: %s: %s", err.code().name, err.details())
         stats = {g.uuid: self.inventory.stats(g.uuid) for g in self.node.gpus}
         processes = [p for g in self.node.gpus for p in self.inventory.processes(g.uuid)]
-        containers, residue = self._attribute(usage, processes)
-        if containers is None:  # the pod directory could not be read: judge nothing on stale owners
-            containers, residue = previous.containers, previous.residue_mib
+        found = self._attribute(usage, processes)
+        if found is None:  # the pod directory could not be read: judge nothing on stale owners
+            containers, residue, unattributed = previous.containers, previous.residue_mib, previous.unattributed_mib
         else:
+            containers, residue, unattributed = found
             self.watchdog.review(list(containers))
+        if not fresh:  # usage is stale: no new residue is judged on it
+            residue = {u: mib for u, mib in residue.items() if u in previous.residue_mib}
         # Residue seen in two rounds in a row: a process that started between the pod list and NVML's is not a leftover.
         confirmed = frozenset(u for u in residue if u in previous.residue_mib)
         quarantined = confirmed if self.quarantine else frozenset()
@@ -127,29 +131,50 @@ class NodeAgent(BackgroundLoop):
                 inventory_annotation(self.node, resources, usage, self.unhealthy()),
             )
         self.snapshot = Snapshot(
-            usage=usage, stats=stats, containers=containers, residue_mib=residue, quarantined=quarantined, last_sync=last_sync
+            usage=usage,
+            stats=stats,
+            containers=containers,
+            residue_mib=residue,
+            unattributed_mib=unattributed,
+            quarantined=quarantined,
+            last_sync=last_sync,
         )
         return self.snapshot
 
-    def _attribute(self, usage: Usage, processes: list[GpuProcess]) -> tuple[tuple[ContainerMemory, ...] | None, dict[str, int]]:
-        """Each share's processes and memory, and per GPU the memory of processes in no active container.
+    def _attribute(
+        self, usage: Usage, processes: list[GpuProcess]
+    ) -> tuple[tuple[ContainerMemory, ...], dict[str, int], dict[str, int]] | None:
+        """Each share's processes and memory; per GPU the memory of processes of ended containers (residue) and of
+        processes no evidence attributes to an active container (unattributed: reported, never quarantined).
 
-        (None, {}) when there is no pod directory, or it could not be read this round.
+        Without a pod directory nothing is attributed; None when it could not be read this round.
         """
         if self.mapper is None:
-            return (), {}
+            return (), {}, {}
         try:
             self.mapper.refresh()
         except Exception as err:
             log.warning("cannot list the node's pods: %s", err)
-            return None, {}
+            return None
         owners = {p.pid: self.mapper.owner(p.pid) for p in processes}
         containers = []
         for share in usage.shares:
-            mine = [p for p in processes if owners[p.pid] == share.key and (p.mig_uuid or p.gpu_uuid) == share.unit_uuid]
+            mine = [p for p in processes if owners[p.pid].key == share.key and (p.mig_uuid or p.gpu_uuid) == share.unit_uuid]
             containers.append(ContainerMemory(share=share, used_mib=sum(p.used_mib for p in mine), pids=tuple(p.pid for p in mine)))
         residue: dict[str, int] = {}
+        unattributed: dict[str, int] = {}
+        why: dict[str, set[str]] = {}  # GPU uuid -> why its unattributed processes are
         for process in processes:
-            if owners[process.pid] not in usage.active_containers and process.used_mib > 0:
-                residue[process.gpu_uuid] = residue.get(process.gpu_uuid, 0) + process.used_mib
-        return tuple(containers), residue
+            owner = owners[process.pid]
+            if process.used_mib <= 0 or owner.key in usage.active_containers:
+                continue
+            into = residue if owner.ended else unattributed
+            into[process.gpu_uuid] = into.get(process.gpu_uuid, 0) + process.used_mib
+            if not owner.ended:
+                why.setdefault(process.gpu_uuid, set()).add(owner.unknown or f"container {'/'.join(owner.key or ())} is not in pod-resources")
+        for uuid in unattributed.keys() - self.snapshot.unattributed_mib.keys():  # said once per GPU while it lasts
+            log.warning(
+                "GPU %s: %d MiB held by processes not attributed to an active container (%s); reported, not quarantined",
+                uuid, unattributed[uuid], "; ".join(sorted(why[uuid]))[:300],
+            )
+        return tuple(containers), residue, unattributed

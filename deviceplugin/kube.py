@@ -52,14 +52,15 @@ class NodeClient:
         self.api.patch_node(self.node_name, body, _request_timeout=self.timeout)
 
     def pods(self) -> list[PodRef]:
-        """Pods on this node with their containers' runtime IDs (the pod directory for process mapping)."""
-        found = self.api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}", _request_timeout=self.timeout)
-        refs = []
-        for pod in found.items:
-            statuses = (pod.status.container_statuses or []) + (pod.status.init_container_statuses or [])
-            containers = {bare_container_id(s.container_id): s.name for s in statuses if s.container_id}
-            refs.append(PodRef(uid=pod.metadata.uid, namespace=pod.metadata.namespace, name=pod.metadata.name, containers=containers))
-        return refs
+        """Pods on this node with their containers' runtime IDs (the pod directory for process mapping).
+
+        One LIST filtered to the node and served from the API server's watch cache (`resourceVersion=0`), never a
+        quorum read from etcd: at 1,000 nodes polling every 10 s that is 100 cheap reads/s instead of 100 etcd reads/s.
+        """
+        found = self.api.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={self.node_name}", resource_version="0", _request_timeout=self.timeout
+        )
+        return [pod_ref(pod) for pod in found.items]
 
     def pod_event(self, namespace: str, pod: str, uid: str | None, reason: str, message: str) -> None:
         """A Warning Event on a pod, as `kubectl describe pod` shows it."""
@@ -78,6 +79,31 @@ class NodeClient:
             count=1,
         )
         self.api.create_namespaced_event(namespace, event, _request_timeout=self.timeout)
+
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+def pod_ref(pod) -> PodRef:
+    """A V1Pod as the pod directory needs it: current and ended container IDs, finished or not."""
+    statuses = (pod.status.container_statuses or []) + (pod.status.init_container_statuses or [])
+    current, ended = {}, set()
+    for status in statuses:
+        if status.container_id:
+            current[bare_container_id(status.container_id)] = status.name
+            if status.state and status.state.terminated:
+                ended.add(bare_container_id(status.container_id))
+        previous = status.last_state.terminated if status.last_state else None
+        if previous and previous.container_id:
+            ended.add(bare_container_id(previous.container_id))
+    return PodRef(
+        uid=pod.metadata.uid,
+        namespace=pod.metadata.namespace,
+        name=pod.metadata.name,
+        containers=current,
+        ended=frozenset(ended),
+        finished=pod.status.phase in FINISHED_PHASES,
+    )
 
 
 def profile_label(domain: str) -> str:

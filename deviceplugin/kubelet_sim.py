@@ -368,7 +368,13 @@ class SimulatedPodDirectory:
 
     def pods(self) -> list[PodRef]:
         return [
-            PodRef(uid=p.uid, namespace=p.namespace, name=p.name, containers={bare_container_id(cid): name for name, cid in p.container_ids.items()})
+            PodRef(
+                uid=p.uid,
+                namespace=p.namespace,
+                name=p.name,
+                containers={bare_container_id(cid): name for name, cid in p.container_ids.items()},
+                finished=not p.active,
+            )
             for p in self.kubelet.pods()
         ]
 

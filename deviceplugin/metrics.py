@@ -71,7 +71,10 @@ class StateCollector(Collector):
             "power": GaugeMetricFamily("gpushare_gpu_power_watts", "GPU power draw.", labels=gpu_labels),
             "healthy": GaugeMetricFamily("gpushare_gpu_healthy", "1 when the GPU is Healthy, 0 when its devices are advertised Unhealthy.", labels=gpu_labels),
             "xid": CounterMetricFamily("gpushare_gpu_xid_errors", "Critical XID errors seen (ignored XIDs excluded).", labels=gpu_labels),
-            "residue": GaugeMetricFamily("gpushare_gpu_residue_memory_bytes", "GPU memory held by processes of no active container.", labels=gpu_labels),
+            "residue": GaugeMetricFamily("gpushare_gpu_residue_memory_bytes", "GPU memory held by processes of containers known to have ended.", labels=gpu_labels),
+            "unattributed": GaugeMetricFamily(
+                "gpushare_gpu_unattributed_memory_bytes", "GPU memory of processes not attributed to an active container (reported, never quarantined).", labels=gpu_labels
+            ),
             "quarantined": GaugeMetricFamily("gpushare_gpu_quarantined", "1 while the residue guard holds the GPU's free devices back.", labels=gpu_labels),
         }
         for gpu in node.gpus:
@@ -90,6 +93,7 @@ class StateCollector(Collector):
             families["xid"].add_metric(labels, s.xid_counts().get(gpu.uuid, 0))
             if snapshot:
                 families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB)
+                families["unattributed"].add_metric(labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB)
                 families["quarantined"].add_metric(labels, 1 if gpu.uuid in snapshot.quarantined else 0)
         yield from families.values()
 

@@ -22,6 +22,17 @@ class PodRef:
     namespace: str
     name: str
     containers: dict[str, str] = field(default_factory=dict)  # bare container ID -> container name
+    ended: frozenset[str] = frozenset()  # bare IDs of containers known to have ended (terminated, earlier restarts)
+    finished: bool = False  # phase Succeeded or Failed: every container of the pod has ended
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a GPU process belongs to, as far as the evidence goes."""
+
+    key: tuple[str, str, str] | None = None  # (namespace, pod, container) of a container the API knows
+    ended: str = ""  # non-empty: why the process is known to belong to an ended pod or container
+    unknown: str = ""  # non-empty: why it cannot be attributed (host process, no hostPID, unknown container)
 
 
 class PodDirectory(Protocol):
@@ -61,11 +72,17 @@ class ProcessMapper:
     def refresh(self) -> None:
         self._by_uid = {p.uid: p for p in self.directory.pods()}
 
-    def owner(self, pid: int) -> tuple[str, str, str] | None:
+    def owner(self, pid: int) -> Owner:
+        """The evidence for one PID: a known container, an ended one, or why it is unknown."""
         found = cgroup_owner(pid, self.proc_root)
         if found is None:
-            return None
-        pod = self._by_uid.get(found[0])
-        if pod is None or found[1] not in pod.containers:
-            return None
-        return (pod.namespace, pod.name, pod.containers[found[1]])
+            return Owner(unknown="no pod cgroup: a host process, or the plugin cannot see the host's /proc (no hostPID)")
+        uid, container = found
+        pod = self._by_uid.get(uid)
+        if pod is None:
+            return Owner(ended=f"pod {uid} no longer exists")
+        if pod.finished or container in pod.ended:
+            return Owner(ended=f"container {container[:12]} of pod {pod.namespace}/{pod.name} has ended")
+        if container not in pod.containers:
+            return Owner(unknown=f"container {container[:12]} is not (yet) in the status of pod {pod.namespace}/{pod.name}")
+        return Owner(key=(pod.namespace, pod.name, pod.containers[container]))

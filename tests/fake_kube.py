@@ -1,13 +1,14 @@
-"""A tiny Kubernetes API server over real HTTP on loopback: one Node (get, patch) and Events (create).
+"""A tiny Kubernetes API server over real HTTP on loopback: one Node (get, patch), Events (create) and a pod LIST.
 
-Enough for the `kubernetes` client to read labels, patch labels/annotations and post Events, so the
-plugin's API paths run for real in tests.
+Enough for the `kubernetes` client to read labels, patch labels/annotations, post Events and list the node's
+pods, so the plugin's API paths run for real in tests. `pod_queries` keeps the query parameters of every pod LIST.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -19,6 +20,8 @@ class FakeKube:
         self.annotations: dict[str, str] = {}
         self.patches: list[dict] = []
         self.events: list[dict] = []
+        self.pods: list[dict] = []  # V1Pod JSON bodies, each with spec.nodeName
+        self.pod_queries: list[dict[str, list[str]]] = []
         self.requests = 0
         self.fail_with: int | None = None  # answer every request with this status
         self.lock = threading.Lock()
@@ -58,6 +61,11 @@ class FakeKube:
                                 else:
                                     store[k] = v
                         return self._send(200, fake.node())
+                    path, _, query = self.path.partition("?")
+                    if path == "/api/v1/pods" and method == "GET":
+                        params = urllib.parse.parse_qs(query)
+                        fake.pod_queries.append(params)
+                        return self._send(200, fake.pod_list(params.get("fieldSelector", [""])[0]))
                     if self.path.startswith("/api/v1/namespaces/") and self.path.split("?")[0].endswith("/events") and method == "POST":
                         event = self._body()
                         fake.events.append(event)
@@ -86,6 +94,12 @@ class FakeKube:
             "kind": "Node",
             "metadata": {"name": self.node_name, "labels": dict(self.labels), "annotations": dict(self.annotations), "resourceVersion": "1"},
         }
+
+    def pod_list(self, field_selector: str) -> dict:
+        """Pods matching a `spec.nodeName=<node>` selector (the only selector the plugin sends)."""
+        wanted = dict(part.split("=", 1) for part in field_selector.split(",") if "=" in part)
+        items = [p for p in self.pods if "spec.nodeName" not in wanted or p["spec"]["nodeName"] == wanted["spec.nodeName"]]
+        return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": items}
 
     def write_kubeconfig(self, path: Path) -> Path:
         path.write_text(

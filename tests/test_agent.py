@@ -429,3 +429,121 @@ def test_watchdog_reports_a_failed_kill_with_the_reason(daemon, kubelet):
     d.inventory.add_process(501, U0, 5000, cgroup=cgroup(pod, "app"))  # reused PID, a new offender
     d.agent.sync()
     assert len(d.api.events) == 2
+
+
+# --- the residue guard judges on evidence only -----------------------------------------------------
+
+
+def _quarantine_rounds(d, rounds: int = 3):
+    for _ in range(rounds):
+        snapshot = d.agent.sync()
+    return snapshot
+
+
+def test_processes_without_a_readable_cgroup_never_quarantine(daemon, kubelet):
+    """Without hostPID the plugin cannot read a tenant's /proc/<pid>/cgroup: unknown, reported, not residue."""
+    d = daemon(quarantine=True)
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    pod = Pod("tenant", [Container("app", {SHARE: 3})])
+    kubelet.admit(pod)
+    d.inventory.add_process(601, U0, 1024)  # no /proc/601/cgroup visible
+    snapshot = _quarantine_rounds(d)
+    assert snapshot.quarantined == frozenset() and snapshot.residue_mib == {}
+    assert snapshot.unattributed_mib == {U0: 1024}
+    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 4, timeout=2)
+    base = f"http://127.0.0.1:{d.options.metrics_port}"
+    d.metrics_server.start()
+    assert value(samples(get(base + "/metrics")[1]), "gpushare_gpu_unattributed_memory_bytes", gpu="0") == 1024 * MIB
+
+
+def test_a_host_process_never_quarantines(daemon, kubelet):
+    d = daemon(quarantine=True)
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d.inventory.add_process(602, U0, 512, cgroup="0::/system.slice/dcgm-exporter.service\n")
+    snapshot = _quarantine_rounds(d)
+    assert snapshot.quarantined == frozenset() and snapshot.unattributed_mib == {U0: 512}
+
+
+def test_a_failed_pod_resources_list_never_quarantines_pods_started_since(daemon, kubelet):
+    d = daemon(quarantine=True)
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d.agent.sync()
+    kubelet.rate_limit = TokenBucket(rate=0.0001, burst=0)  # every List refused from now on
+    late = Pod("late", [Container("app", {SHARE: 1})])
+    kubelet.admit(late)
+    d.inventory.add_process(603, U0, 2048, cgroup=cgroup(late, "app"))
+    snapshot = _quarantine_rounds(d)
+    assert snapshot.quarantined == frozenset() and snapshot.residue_mib == {}
+
+
+def test_a_finished_pod_still_in_the_api_is_residue(daemon, kubelet):
+    """Evidence: the cgroup names a pod the API reports finished and pod-resources no longer lists."""
+    d = daemon(quarantine=True)
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    done = Pod("done", [Container("app", {SHARE: 1})])
+    kubelet.admit(done)
+    d.inventory.add_process(604, U0, 700, cgroup=cgroup(done, "app"))
+    assert d.agent.sync().residue_mib == {}
+    kubelet.finish_pod(done.uid)
+    snapshot = _quarantine_rounds(d, 2)
+    assert snapshot.residue_mib == {U0: 700} and snapshot.quarantined == {U0} and snapshot.unattributed_mib == {}
+
+
+def _api_pod(name: str, uid: str, node_name: str, phase: str = "Running", statuses: list | None = None) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ml", "uid": uid},
+        "spec": {"nodeName": node_name, "containers": [{"name": "app", "image": "x"}]},
+        "status": {"phase": phase, "containerStatuses": statuses or []},
+    }
+
+
+def _status(cid: str, *, terminated: bool = False, previous: str | None = None) -> dict:
+    state = {"terminated": {"exitCode": 0, "containerID": f"containerd://{cid}"}} if terminated else {"running": {}}
+    last = {"terminated": {"exitCode": 1, "containerID": f"containerd://{previous}"}} if previous else {}
+    return {"name": "app", "containerID": f"containerd://{cid}", "ready": True, "restartCount": 0, "image": "x", "imageID": "x",
+            "state": state, "lastState": last}
+
+
+def test_pod_listing_reads_the_api_cache_for_this_node_only(fake_kube):
+    """One LIST per poll, `spec.nodeName` selected and `resourceVersion=0` (the watch cache, not a quorum read)."""
+    api, kubeconfig = fake_kube
+    a, b, old = "a" * 64, "b" * 64, "c" * 64
+    api.pods = [
+        _api_pod("runs", "11111111-1111-1111-1111-111111111111", api.node_name, statuses=[_status(a, previous=old)]),
+        _api_pod("done", "22222222-2222-2222-2222-222222222222", api.node_name, phase="Succeeded", statuses=[_status(b, terminated=True)]),
+        _api_pod("elsewhere", "33333333-3333-3333-3333-333333333333", "other-node"),
+    ]
+    client = NodeClient.connect(api.node_name, str(kubeconfig))
+    pods = {p.name: p for p in client.pods()}
+    assert api.pod_queries == [{"fieldSelector": [f"spec.nodeName={api.node_name}"], "resourceVersion": ["0"]}]
+    assert set(pods) == {"runs", "done"}
+    assert pods["runs"].containers == {a: "app"} and pods["runs"].ended == {old} and not pods["runs"].finished
+    assert pods["done"].finished and pods["done"].ended == {b}
+
+
+def test_process_owner_evidence(tmp_path):
+    from deviceplugin.procmap import PodRef, ProcessMapper
+
+    uid, running, restarted = "0f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70", "a" * 64, "b" * 64
+    gone_uid = "1f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70"
+    for pid, (pod_uid, cid) in {1: (uid, running), 2: (uid, restarted), 3: (uid, "c" * 64), 4: (gone_uid, "d" * 64)}.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(f"0::/kubepods/pod{pod_uid}/{cid}\n")
+
+    class Directory:
+        def pods(self):
+            return [PodRef(uid=uid, namespace="ml", name="p", containers={running: "app"}, ended=frozenset({restarted}))]
+
+    mapper = ProcessMapper(Directory(), tmp_path)
+    mapper.refresh()
+    assert mapper.owner(1).key == ("ml", "p", "app")
+    assert "has ended" in mapper.owner(2).ended  # an earlier instance of a restarted container
+    assert "not (yet) in the status" in mapper.owner(3).unknown and not mapper.owner(3).ended
+    assert "no longer exists" in mapper.owner(4).ended
+    assert "no hostPID" in mapper.owner(99).unknown
