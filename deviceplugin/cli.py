@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from . import defaults
 from .config import ConfigError
 from .errors import StartupError
-from .health import DEFAULT_IGNORED_XIDS, HealthSettings
+from .health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
 from .inventory import InventoryError
 
 log = logging.getLogger("gpu-share")
@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--health-checks", type=_bool, default=True, metavar="BOOL", help="watch XIDs and GPU queries (default true)")
     run.add_argument("--ignore-xids", type=_xid_list, default=DEFAULT_IGNORED_XIDS, metavar="LIST",
                      help="XIDs that do not make a GPU unhealthy (default: %s)" % ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))))
+    run.add_argument("--reset-xids", type=_xid_list, default=DEFAULT_RESET_XIDS, metavar="LIST",
+                     help="XIDs that keep a GPU unhealthy until it is reset (default: %s)" % ",".join(map(str, sorted(DEFAULT_RESET_XIDS))))
     run.add_argument("--health-recovery", type=_positive_float, default=HealthSettings.recovery_period, metavar="SECONDS",
                      help="quiet period after which an unhealthy GPU is Healthy again (default 300)")
     run.add_argument("--health-interval", type=_positive_float, default=HealthSettings.check_interval, metavar="SECONDS",
@@ -195,7 +197,11 @@ def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
         profile_label_interval=args.profile_label_interval,
         timings=Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval),
         health=HealthSettings(
-            enabled=args.health_checks, ignored_xids=args.ignore_xids, recovery_period=args.health_recovery, check_interval=args.health_interval
+            enabled=args.health_checks,
+            ignored_xids=args.ignore_xids,
+            reset_xids=args.reset_xids,
+            recovery_period=args.health_recovery,
+            check_interval=args.health_interval,
         ),
         agent=AgentSettings(interval=args.pod_resources_interval),
         mps_control=args.mps_control,

@@ -1,8 +1,12 @@
-"""GPU health: critical XIDs, lost GPUs and failing queries make devices Unhealthy; a quiet period heals them.
+"""GPU health: critical XIDs, lost GPUs and failing queries make devices Unhealthy, by XID class.
 
 Unlike a plugin that marks one replica per XID and never recovers, an event marks the GPU (or the one MIG
-instance it names) and so every share and MIG instance on it; after `recovery_period` seconds with passing
-queries and no new critical event, its devices are Healthy again.
+instance it names) and so every share and MIG instance on it. What happens next depends on the class:
+
+- application XIDs (`ignored_xids`): the process is at fault, not the GPU; nothing is marked;
+- reset-class XIDs (`reset_xids`), double-bit ECC events and lost GPUs: only a GPU reset clears them, so the devices
+  stay Unhealthy until the driver shows the GPU was reset (or the plugin restarts), never after a quiet period;
+- every other critical XID and failing query: Healthy again after `recovery_period` seconds without a new one.
 """
 
 from __future__ import annotations
@@ -20,13 +24,28 @@ log = logging.getLogger(__name__)
 # Application errors (illegal address, page fault, graphics exception, ...): the process is at fault, not the GPU.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
+# XIDs whose resolution in NVIDIA's XID catalogue is a GPU reset (or more): documented one by one in
+# docs/operations.md ("Health policy by XID"). 48 double-bit ECC, 63/64 row remapping pending/failed,
+# 74 NVLink, 79 fallen off the bus, 94/95 contained/uncontained ECC, 119/120 GSP, 136 link training,
+# 140 unrecovered ECC, 154 recovery action changed.
+DEFAULT_RESET_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120, 136, 140, 154})
+
 
 @dataclass(frozen=True)
 class HealthSettings:
     enabled: bool = True
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
-    recovery_period: float = 300.0  # seconds of quiet before devices are Healthy again
+    reset_xids: frozenset[int] = DEFAULT_RESET_XIDS
+    recovery_period: float = 300.0  # seconds of quiet before devices are Healthy again (not for reset-class faults)
     check_interval: float = 1.0  # seconds between query checks; also the longest event wait
+
+
+@dataclass
+class _ResetWait:
+    """A reset-class fault on a GPU or MIG instance: cleared once the driver has required a reset and no longer does."""
+
+    gpu_uuid: str
+    required_seen: bool = False  # the driver said "reset", or the GPU stopped answering queries
 
 
 class HealthMonitor(BackgroundLoop):
@@ -49,11 +68,17 @@ class HealthMonitor(BackgroundLoop):
         self.xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
+        self._reset_waits: dict[str, _ResetWait] = {}  # uuid -> waiting for a GPU reset
 
     @property
     def unhealthy(self) -> dict[str, str]:
         """Unhealthy GPU or MIG UUID -> the reason."""
         return dict(self._reasons)
+
+    @property
+    def awaiting_reset(self) -> frozenset[str]:
+        """GPU or MIG UUIDs that stay Unhealthy until their GPU is reset."""
+        return frozenset(self._reset_waits)
 
     def start(self) -> None:
         if not self.settings.enabled:
@@ -89,21 +114,49 @@ class HealthMonitor(BackgroundLoop):
                 return False
             self.xid_counts[event.gpu_uuid] = self.xid_counts.get(event.gpu_uuid, 0) + 1
         target = event.mig_uuid or event.gpu_uuid
+        if (event.reset_required or event.xid in self.settings.reset_xids) and target not in self._reset_waits:
+            self._reset_waits[target] = _ResetWait(event.gpu_uuid)
+            log.warning("%s needs a GPU reset (%s): its devices stay Unhealthy until the driver shows it was reset", target, event.reason)
         return self._mark(target, event.reason, self.clock())
 
     def _check_all(self, now: float) -> bool:
         changed = False
+        failing = set()
         for gpu in self.node.gpus:
             try:
                 problem = self.inventory.check(gpu.uuid)
             except Exception as err:  # a check that raises counts as a failing query
                 problem = f"health check raised {err}"
             if problem:
+                failing.add(gpu.uuid)
                 changed |= self._mark(gpu.uuid, problem, now)
+        changed |= self._check_resets(failing)
         for uuid, last in list(self._last_bad.items()):
-            if now - last >= self.settings.recovery_period:
+            if uuid not in self._reset_waits and now - last >= self.settings.recovery_period:
                 del self._last_bad[uuid]
                 log.info("%s is healthy again after %.0fs without errors (was: %s)", uuid, now - last, self._reasons.pop(uuid))
+                changed = True
+        return changed
+
+    def _check_resets(self, failing: set[str]) -> bool:
+        """Clear a reset-class fault once the driver shows the reset: it required one (or the GPU was lost) and now
+        answers queries without requiring one. A driver that cannot tell keeps the devices Unhealthy until restart."""
+        changed = False
+        for uuid, wait in list(self._reset_waits.items()):
+            if wait.gpu_uuid in failing:
+                wait.required_seen = True
+                continue
+            try:
+                required = self.inventory.reset_required(wait.gpu_uuid)
+            except Exception as err:
+                log.debug("reset state of GPU %s unknown: %s", wait.gpu_uuid, err)
+                required = None
+            if required:
+                wait.required_seen = True
+            elif wait.required_seen:
+                del self._reset_waits[uuid]
+                self._last_bad.pop(uuid, None)
+                log.info("%s was reset: its devices are Healthy again (was: %s)", uuid, self._reasons.pop(uuid, "?"))
                 changed = True
         return changed
 

@@ -60,6 +60,7 @@ class HealthEvent:
     reason: str
     xid: int | None = None
     mig_uuid: str | None = None  # None: the whole GPU
+    reset_required: bool = False  # the backend knows only a GPU reset clears it (double-bit ECC, a lost GPU)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,10 @@ class Inventory(Protocol):
 
     def check(self, gpu_uuid: str) -> str | None:
         """None when a basic query on the GPU succeeds, else why it failed."""
+        ...
+
+    def reset_required(self, gpu_uuid: str) -> bool | None:
+        """The driver's word on whether the GPU needs a reset now (NVML's GPU recovery action); None: cannot tell."""
         ...
 
     def stats(self, gpu_uuid: str) -> GpuStats:

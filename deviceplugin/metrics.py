@@ -62,6 +62,7 @@ class StateCollector(Collector):
         node = s.node
         snapshot = s.agent.snapshot if s.agent else None
         unhealthy = s.unhealthy()
+        awaiting_reset = s.awaiting_reset()
         gpu_labels = ["gpu", "uuid", "model"]
         families = {
             "memory_used": GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=gpu_labels),
@@ -70,6 +71,9 @@ class StateCollector(Collector):
             "temperature": GaugeMetricFamily("gpushare_gpu_temperature_celsius", "GPU temperature.", labels=gpu_labels),
             "power": GaugeMetricFamily("gpushare_gpu_power_watts", "GPU power draw.", labels=gpu_labels),
             "healthy": GaugeMetricFamily("gpushare_gpu_healthy", "1 when the GPU is Healthy, 0 when its devices are advertised Unhealthy.", labels=gpu_labels),
+            "reset": GaugeMetricFamily(
+                "gpushare_gpu_reset_required", "1 while a reset-class fault keeps the GPU (or a MIG instance on it) Unhealthy until a GPU reset.", labels=gpu_labels
+            ),
             "xid": CounterMetricFamily("gpushare_gpu_xid_errors", "Critical XID errors seen (ignored XIDs excluded).", labels=gpu_labels),
             "residue": GaugeMetricFamily("gpushare_gpu_residue_memory_bytes", "GPU memory held by processes of containers known to have ended.", labels=gpu_labels),
             "unattributed": GaugeMetricFamily(
@@ -90,6 +94,7 @@ class StateCollector(Collector):
             if stats and stats.power_watts is not None:
                 families["power"].add_metric(labels, stats.power_watts)
             families["healthy"].add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
+            families["reset"].add_metric(labels, 1 if {gpu.uuid, *(m.uuid for m in gpu.mig_devices)} & awaiting_reset else 0)
             families["xid"].add_metric(labels, s.xid_counts().get(gpu.uuid, 0))
             if snapshot:
                 families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB)
@@ -163,6 +168,9 @@ class MetricSources:
 
     def unhealthy(self) -> frozenset[str]:
         return frozenset(self.monitor.unhealthy) if self.monitor else frozenset()
+
+    def awaiting_reset(self) -> frozenset[str]:
+        return self.monitor.awaiting_reset if self.monitor else frozenset()
 
     def xid_counts(self) -> dict[str, int]:
         return dict(self.monitor.xid_counts) if self.monitor else {}

@@ -54,6 +54,7 @@ class NvmlInventory:
         self.sysfs_root = Path(sysfs_root)
         self._open = True
         self._event_set: Any = None
+        self._unwatched: frozenset[str] = frozenset()  # lost GPUs left out of the event set
         self._event_failures = 0
         self._node: NodeInfo | None = None
 
@@ -199,10 +200,16 @@ class NvmlInventory:
         return peers
 
     # --- health ----------------------------------------------------------------------------
-    def _register_events(self) -> None:
+    def _register_events(self, skip: frozenset[str] = frozenset()) -> None:
+        """A new event set on every GPU but `skip` (lost ones: with one in the set, every wait fails at once)."""
         wanted = self.nvml.nvmlEventTypeXidCriticalError | self.nvml.nvmlEventTypeDoubleBitEccError
+        if self._event_set is not None:
+            self._free_events()
         self._event_set = self._call("nvmlEventSetCreate")
+        self._unwatched = skip
         for gpu in (self._node or self.discover()).gpus:
+            if gpu.uuid in skip:
+                continue
             try:
                 handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
                 supported = self.nvml.nvmlDeviceGetSupportedEventTypes(handle)
@@ -214,18 +221,27 @@ class NvmlInventory:
     def wait_for_event(self, timeout: float) -> HealthEvent | None:
         if self._event_set is None:
             self._register_events()
-        try:
-            data = self.nvml.nvmlEventSetWait_v2(self._event_set, int(timeout * 1000))
-        except self.nvml.NVMLError_Timeout:
-            self._event_failures = 0
-            return None
-        except self.nvml.NVMLError as err:
-            # After a GPU is lost the wait fails at once, every time: wait out the interval instead of spinning.
-            self._event_failures += 1
-            if self._event_failures == 1:
-                log.error("NVML nvmlEventSetWait_v2 failed: %s; query checks find the GPU", err)
-            time.sleep(timeout)
-            return None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                data = self.nvml.nvmlEventSetWait_v2(self._event_set, int(max(0.0, deadline - time.monotonic()) * 1000))
+                break
+            except self.nvml.NVMLError_Timeout:
+                self._event_failures = 0
+                return None
+            except self.nvml.NVMLError as err:
+                # After a GPU is lost every wait on a set holding it fails at once: watch the other GPUs without it,
+                # so their events are not delayed; with nothing to leave out, wait out the interval, never spin.
+                lost = frozenset(g.uuid for g in (self._node.gpus if self._node else ()) if self.check(g.uuid))
+                if lost - self._unwatched:
+                    log.error("NVML nvmlEventSetWait_v2 failed (%s): watching events without lost GPU(s) %s", err, ", ".join(sorted(lost)))
+                    self._register_events(skip=lost)
+                    continue
+                self._event_failures += 1
+                if self._event_failures == 1:
+                    log.error("NVML nvmlEventSetWait_v2 failed: %s; query checks find the GPU", err)
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return None
         self._event_failures = 0
         try:
             uuid = _text(self.nvml.nvmlDeviceGetUUID(data.device))
@@ -236,7 +252,8 @@ class NvmlInventory:
             xid, reason = int(data.eventData), f"XID {int(data.eventData)}"
         else:
             xid, reason = None, "double-bit ECC error"
-        return HealthEvent(gpu_uuid=uuid, reason=reason, xid=xid, mig_uuid=self._mig_of(uuid, data.gpuInstanceId, data.computeInstanceId))
+        mig = self._mig_of(uuid, data.gpuInstanceId, data.computeInstanceId)
+        return HealthEvent(gpu_uuid=uuid, reason=reason, xid=xid, mig_uuid=mig, reset_required=xid is None)  # DBE: reset-class
 
     def _mig_of(self, gpu_uuid: str, gi: int, ci: int) -> str | None:
         if gi == NO_INSTANCE or self._node is None:
@@ -255,6 +272,20 @@ class NvmlInventory:
         except self.nvml.NVMLError as err:
             return f"NVML query on GPU {gpu_uuid} failed: {err}"
         return None
+
+    def reset_required(self, gpu_uuid: str) -> bool | None:
+        """NVML's GPU recovery action (drivers R550+): anything but NONE means the GPU needs a reset or more."""
+        field = getattr(self.nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:
+            return None
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            (value,) = self.nvml.nvmlDeviceGetFieldValues(handle, [field])
+        except self.nvml.NVMLError:
+            return None
+        if value.nvmlReturn != self.nvml.NVML_SUCCESS:
+            return None
+        return value.value.uiVal != self.nvml.NVML_GPU_RECOVERY_ACTION_NONE
 
     def _reading(self, name: str, *args: Any) -> Any:
         """A live reading; None when unsupported or failing (a failing GPU is the health monitor's business)."""
@@ -298,15 +329,19 @@ class NvmlInventory:
                 found[entry.pid] = GpuProcess(pid=entry.pid, gpu_uuid=gpu_uuid, used_mib=used, mig_uuid=mig)
         return list(found.values())
 
+    def _free_events(self) -> None:
+        try:
+            self.nvml.nvmlEventSetFree(self._event_set)
+        except self.nvml.NVMLError as err:
+            log.warning("NVML nvmlEventSetFree failed: %s", err)
+        self._event_set = None
+
     def close(self) -> None:
         if not self._open:
             return
         self._open = False
         if self._event_set is not None:
-            try:
-                self.nvml.nvmlEventSetFree(self._event_set)
-            except self.nvml.NVMLError as err:
-                log.warning("NVML nvmlEventSetFree failed: %s", err)
+            self._free_events()
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError as err:

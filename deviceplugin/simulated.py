@@ -170,6 +170,7 @@ class SimulatedInventory:
         self._utilization: dict[str, float] = {}
         self._events: queue.Queue[HealthEvent] = queue.Queue()
         self._failing: dict[str, str] = {}  # GPU uuid -> why queries fail
+        self._reset_required: dict[str, bool | None] = {}  # GPU uuid -> the driver's recovery action says reset
         self._lock = threading.Lock()
         started = time.monotonic()
         self._schedule = sorted(((started + f.after, f) for f in failures or []), key=lambda p: p[0])
@@ -194,7 +195,7 @@ class SimulatedInventory:
     def lose_gpu(self, gpu_uuid: str) -> None:
         """The GPU falls off the bus: queries fail until restore()."""
         self.fail_queries(gpu_uuid, "GPU is lost")
-        self._events.put(HealthEvent(gpu_uuid=gpu_uuid, reason="GPU is lost"))
+        self._events.put(HealthEvent(gpu_uuid=gpu_uuid, reason="GPU is lost", reset_required=True))
 
     def add_process(
         self, pid: int, gpu_uuid: str, used_mib: int, mig_uuid: str | None = None, cgroup: str | None = None
@@ -229,7 +230,7 @@ class SimulatedInventory:
                 _, failure = self._schedule.pop(0)
                 if failure.lost:
                     self._failing[failure.gpu_uuid] = "GPU is lost"
-                    return HealthEvent(gpu_uuid=failure.gpu_uuid, reason="GPU is lost")
+                    return HealthEvent(gpu_uuid=failure.gpu_uuid, reason="GPU is lost", reset_required=True)
                 return HealthEvent(gpu_uuid=failure.gpu_uuid, reason=f"XID {failure.xid}", xid=failure.xid)
             if self._schedule:
                 deadline = min(deadline, self._schedule[0][0])
@@ -242,6 +243,15 @@ class SimulatedInventory:
         with self._lock:
             reason = self._failing.get(gpu_uuid)
         return f"query on GPU {gpu_uuid} failed: {reason}" if reason else None
+
+    def set_reset_required(self, gpu_uuid: str, required: bool | None) -> None:
+        """What the simulated driver says about a reset (None: it cannot tell, like a driver without the field)."""
+        with self._lock:
+            self._reset_required[gpu_uuid] = required
+
+    def reset_required(self, gpu_uuid: str) -> bool | None:
+        with self._lock:
+            return self._reset_required.get(gpu_uuid)
 
     def stats(self, gpu_uuid: str) -> GpuStats:
         with self._lock:

@@ -37,6 +37,9 @@ class FakeGpu:
     lost: bool = False
     processes: list = field(default_factory=list)  # (pid, used bytes or None, gi, ci)
     utilization: int = 0
+    recovery_action: int | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; None: the field is not supported
+    memory_affinity: list[int] | None = None  # NUMA nodes of nvmlDeviceGetMemoryAffinity; None: NotSupported
+    cpu_affinity: list[int] | None = None  # CPUs of nvmlDeviceGetCpuAffinityWithinScope(NODE); None: NotSupported
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,8 @@ class FakeNvml(types.ModuleType):
         self.calls: list[str] = []
         self.failures: dict[tuple[str, int | None], type] = {}
         self.events: queue.Queue = queue.Queue()
-        self.registered: dict[int, int] = {}  # gpu index -> event mask
+        self.registered: dict[int, int] = {}  # gpu index -> event mask, in the newest event set
+        self.event_sets: dict[int, dict[int, int]] = {}  # live event set -> its registrations
         self.supported_events = real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeDoubleBitEccError
         self.initialised = 0
         self.wait_error: type | None = None
@@ -209,7 +213,9 @@ class FakeNvml(types.ModuleType):
 
     def nvmlEventSetCreate(self):
         self._enter("nvmlEventSetCreate")
-        return "event-set"
+        handle = self._next_set = getattr(self, "_next_set", 0) + 1
+        self.event_sets[handle] = self.registered = {}
+        return handle
 
     def nvmlDeviceGetSupportedEventTypes(self, handle):
         self._enter("nvmlDeviceGetSupportedEventTypes", handle)
@@ -219,12 +225,14 @@ class FakeNvml(types.ModuleType):
         self._enter("nvmlDeviceRegisterEvents", handle)
         if mask & ~self.supported_events:
             raise real.NVMLError_NotSupported()
-        self.registered[handle.gpu] = mask
+        self.event_sets[event_set][handle.gpu] = mask
 
     def nvmlEventSetWait_v2(self, event_set, timeout_ms):
         self._enter("nvmlEventSetWait_v2")
         if self.wait_error:
             raise self.wait_error()
+        if any(self.gpus[i].lost for i in self.event_sets[event_set]):
+            raise real.NVMLError_GpuIsLost()  # like the driver: every wait fails at once while a lost GPU is in the set
         try:
             return self.events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
@@ -232,3 +240,34 @@ class FakeNvml(types.ModuleType):
 
     def nvmlEventSetFree(self, event_set):
         self._enter("nvmlEventSetFree")
+        del self.event_sets[event_set]
+
+    def nvmlDeviceGetFieldValues(self, handle, field_ids):
+        gpu = self._enter("nvmlDeviceGetFieldValues", handle)
+        values = []
+        for field_id in field_ids:
+            known = field_id == real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None
+            values.append(types.SimpleNamespace(
+                fieldId=field_id,
+                nvmlReturn=real.NVML_SUCCESS if known else real.NVML_ERROR_NOT_SUPPORTED,
+                value=types.SimpleNamespace(uiVal=gpu.recovery_action or 0),
+            ))
+        return values
+
+    def nvmlDeviceGetMemoryAffinity(self, handle, node_set_size, scope):
+        gpu = self._enter("nvmlDeviceGetMemoryAffinity", handle)
+        return self._bitmask(gpu.memory_affinity, node_set_size)
+
+    def nvmlDeviceGetCpuAffinityWithinScope(self, handle, cpu_set_size, scope):
+        gpu = self._enter("nvmlDeviceGetCpuAffinityWithinScope", handle)
+        return self._bitmask(gpu.cpu_affinity, cpu_set_size)
+
+    @staticmethod
+    def _bitmask(bits: list[int] | None, words: int) -> list[int]:
+        """NVML's affinity masks: `words` 64-bit words, bit i set for node/CPU i."""
+        if bits is None:
+            raise real.NVMLError_NotSupported()
+        mask = [0] * words
+        for bit in bits:
+            mask[bit // 64] |= 1 << (bit % 64)
+        return mask

@@ -340,6 +340,9 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     gpus = {g["uuid"]: g for g in json.loads(d.api.annotations["example.com/gpu-share.inventory"])}
     assert gpus[U0] == {"uuid": U0, "index": 0, "model": "Tesla T4", "memoryMiB": 15360, "pool": "s", "sharesTotal": 4, "sharesUsed": 3, "health": "Healthy"}
     assert gpus[U1]["health"] == "Unhealthy" and gpus[U1]["pool"] == "w"
+    d.metrics_server.start()
+    scrape = samples(get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1])
+    assert value(scrape, "gpushare_gpu_reset_required", gpu="1") == 1 and value(scrape, "gpushare_gpu_reset_required", gpu="0") == 0
     patches = len(d.api.patches)
     d.agent.sync()
     assert len(d.api.patches) == patches  # nothing changed: no patch

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from deviceplugin.config import parse_config
-from deviceplugin.health import HealthMonitor, HealthSettings
+from deviceplugin.health import DEFAULT_RESET_XIDS, HealthMonitor, HealthSettings
 from deviceplugin.manager import PluginManager
 from deviceplugin.resources import build_resources
 from deviceplugin.simulated import SimulatedInventory
@@ -49,7 +49,7 @@ def test_xid_marks_every_share_and_mig_instance_of_the_gpu_within_1s_then_recove
     gpu = node.gpus[2]
     assert kubelet.resources()[SHARES].allocatable == 10
     started = time.monotonic()
-    inventory.inject_xid(gpu.uuid, 79)
+    inventory.inject_xid(gpu.uuid, 8)  # GPU stopped processing: not reset-class
     assert kubelet.wait_for(lambda st: st[SHARES].allocatable == 0 and st[SHARES].capacity == 10, timeout=1.0)
     assert time.monotonic() - started < 1.0
     assert kubelet.resources()["example.com/gpu"].allocatable == 1  # other GPUs untouched
@@ -113,3 +113,40 @@ def test_scheduled_failure_from_the_node_file(plugin_dir, kubelet, tmp_path):
     monitor = HealthMonitor(inventory, node, lambda s: None, HealthSettings(enabled=False))
     monitor.start()  # disabled: returns without a thread
     assert monitor._thread is None
+
+
+@pytest.mark.parametrize("xid", [48, 79, 95])
+def test_reset_class_xid_stays_unhealthy_until_the_driver_shows_a_reset(stack, kubelet, xid):
+    inventory, node, monitor = stack
+    gpu = node.gpus[5]
+    inventory.inject_xid(gpu.uuid, xid)
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
+    time.sleep(FAST_HEALTH.recovery_period * 2)  # the quiet period passes: no recovery
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.awaiting_reset == {gpu.uuid}
+    inventory.set_reset_required(gpu.uuid, False)  # the driver says "no reset needed", but it never asked for one
+    time.sleep(FAST_HEALTH.check_interval * 4)
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0
+    inventory.set_reset_required(gpu.uuid, True)  # recovery action: GPU reset
+    time.sleep(FAST_HEALTH.check_interval * 4)
+    inventory.set_reset_required(gpu.uuid, False)  # ... and after `nvidia-smi -r` it is clear
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=2)
+    assert monitor.awaiting_reset == frozenset() and gpu.uuid not in monitor.unhealthy
+
+
+def test_reset_class_xid_on_a_driver_that_cannot_tell_waits_for_a_plugin_restart(stack, kubelet):
+    inventory, node, monitor = stack
+    gpu = node.gpus[5]
+    inventory.inject_xid(gpu.uuid, 95)  # reset_required() is None: no recovery-action field
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
+    time.sleep(FAST_HEALTH.recovery_period * 3)
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and "XID 95" in monitor.unhealthy[gpu.uuid]
+
+
+def test_every_reset_xid_is_documented():
+    from .conftest import ROOT
+
+    text = (ROOT / "docs" / "operations.md").read_text()
+    table = text[text.index("| XID | meaning | why a reset |") :].split("\n\n")[0]
+    documented = {int(x) for row in table.splitlines()[2:] for x in row.split("|")[1].split(",")}
+    assert documented == DEFAULT_RESET_XIDS
+    assert ",".join(map(str, sorted(DEFAULT_RESET_XIDS))) in (ROOT / "docs" / "configuration.md").read_text()

@@ -174,3 +174,32 @@ def test_stats_and_processes(install):
     assert (process.pid, process.used_mib, process.mig_uuid) == (21, 1024, "MIG-b")
     fake.gpus[1].lost = True
     assert inventory.stats("GPU-t4-1") == type(stats)() and inventory.processes("GPU-t4-1") == []
+
+
+def test_a_lost_gpu_never_delays_the_events_of_the_others(install):
+    fake = FakeNvml([t4(0), t4(1)])
+    inventory = install(fake)
+    inventory.discover()
+    assert inventory.wait_for_event(0.01) is None
+    fake.gpus[0].lost = True
+    fake.xid(1, 48)
+    started = time.monotonic()
+    event = inventory.wait_for_event(1.0)
+    assert event is not None and (event.gpu_uuid, event.xid) == ("GPU-t4-1", 48)
+    assert time.monotonic() - started < 0.2  # not the ~1 s of a wait that sleeps after GPU_IS_LOST
+    assert fake.registered == {1: real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeDoubleBitEccError}
+    fake.xid(1, 79)
+    assert inventory.wait_for_event(1.0).xid == 79  # no rebuild per wait: the set without GPU 0 is kept
+    assert len(fake.event_sets) == 1
+
+
+def test_reset_required_reads_the_gpu_recovery_action(install):
+    fake = FakeNvml([t4(0)])
+    inventory = install(fake)
+    assert inventory.reset_required("GPU-t4-0") is None  # field not supported: cannot tell
+    fake.gpus[0].recovery_action = real.NVML_GPU_RECOVERY_ACTION_GPU_RESET
+    assert inventory.reset_required("GPU-t4-0") is True
+    fake.gpus[0].recovery_action = real.NVML_GPU_RECOVERY_ACTION_NONE
+    assert inventory.reset_required("GPU-t4-0") is False
+    fake.gpus[0].lost = True
+    assert inventory.reset_required("GPU-t4-0") is None
