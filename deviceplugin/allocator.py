@@ -6,10 +6,10 @@ so repeated calls with the same IDs give the same answer.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable
-from functools import lru_cache
 from itertools import combinations
 from math import comb
 from pathlib import Path
@@ -19,7 +19,10 @@ import grpc
 from .api import deviceplugin_pb2 as pb
 from .logs import brief
 from .mps_paths import MpsPaths
+from .inventory import Gpu
 from .resources import Device, Resource, Unit
+
+log = logging.getLogger(__name__)
 
 # Environment variables a share-aware application can read.
 ENV_SHARE_COUNT = "GPU_SHARE_COUNT"
@@ -43,7 +46,7 @@ def preferred_allocation(resource: Resource, available: Iterable[str], must_incl
     must = _dedupe(i for i in must_include if i in resource.devices)
     if size <= len(must):
         return must
-    if resource.pool.mode == "exclusive" and size - len(must) > 1:
+    if resource.pool.mode == "exclusive":  # whenever there is a choice (size > len(must)), topology decides
         return must + _best_connected(resource, [i for i in known if i not in must], must, size - len(must))
     free: dict[str, list[Device]] = defaultdict(list)  # unit uuid -> its free devices
     for device_id in known:
@@ -165,34 +168,57 @@ def _share_facts(response: pb.ContainerAllocateResponse, resource: Resource, uni
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
 
 
+CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+def _minor(gpu: Gpu) -> int:
+    return gpu.minor_number if gpu.minor_number is not None else gpu.index
+
+
+def _host_path(device_root: str, path: str) -> str:
+    return str(Path(device_root) / path.lstrip("/"))
+
+
 def device_specs(device_root: str, units: list[Unit]) -> list[pb.DeviceSpec]:
     """/dev/nvidiactl, the UVM nodes, each GPU's /dev/nvidiaN and, for MIG, its capability nodes."""
-    paths = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    paths = list(CONTROL_NODES)
     for unit in units:
-        minor = unit.gpu.minor_number if unit.gpu.minor_number is not None else unit.gpu.index
-        paths.append(f"/dev/nvidia{minor}")
+        paths.append(f"/dev/nvidia{_minor(unit.gpu)}")
         if unit.mig:
-            paths += mig_capability_devices(device_root, minor, unit.mig.gi_id, unit.mig.ci_id)
-    specs = []
-    for path in dict.fromkeys(paths):
-        host = str(Path(device_root) / path.lstrip("/"))
-        specs.append(pb.DeviceSpec(container_path=path, host_path=host, permissions="rw"))
-    return specs
+            paths += mig_capability_devices(device_root, _minor(unit.gpu), unit.mig.gi_id, unit.mig.ci_id)
+    return [pb.DeviceSpec(container_path=p, host_path=_host_path(device_root, p), permissions="rw") for p in dict.fromkeys(paths)]
 
 
-@lru_cache(maxsize=1024)
+def missing_device_nodes(device_root: str, gpu: Gpu) -> list[str]:
+    """Host paths `deviceSpecs` hands a container of this GPU that do not exist (MIG capability nodes aside)."""
+    paths = [_host_path(device_root, p) for p in (*CONTROL_NODES, f"/dev/nvidia{_minor(gpu)}")]
+    return [p for p in paths if not Path(p).exists()]
+
+
+_MIG_CAPABILITIES: dict[tuple[str, int, int, int], tuple[str, ...]] = {}  # complete reads only (bounded by MIG instances)
+
+
 def mig_capability_devices(device_root: str, minor: int, gi: int, ci: int) -> tuple[str, ...]:
-    """The /dev/nvidia-caps nodes that grant access to one MIG instance, from /proc/driver/nvidia/capabilities."""
+    """The /dev/nvidia-caps nodes that grant access to one MIG instance, from /proc/driver/nvidia/capabilities.
+
+    Only a read that found both nodes is remembered; a failed or partial one is retried on the next Allocate.
+    """
+    key = (device_root, minor, gi, ci)
+    if key in _MIG_CAPABILITIES:
+        return _MIG_CAPABILITIES[key]
     base = Path(device_root) / "proc/driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
     found = []
     for access in (base / "access", base / f"ci{ci}" / "access"):
         try:
             text = access.read_text()
-        except OSError:
+        except OSError as err:
+            log.warning("cannot read MIG capability %s (%s): retried on the next allocation", access, err.strerror or err)
             continue
         match = re.search(r"DeviceFileMinor:\s*(\d+)", text)
         if match:
             found.append(f"/dev/nvidia-caps/nvidia-cap{match.group(1)}")
+    if len(found) == 2 and len(_MIG_CAPABILITIES) < 4096:
+        _MIG_CAPABILITIES[key] = tuple(found)
     return tuple(found)
 
 

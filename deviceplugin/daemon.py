@@ -7,9 +7,10 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from .agent import AgentSettings, NodeAgent
+from .allocator import missing_device_nodes
 from .config import Config
 from .health import HealthMonitor
-from .inventory import Inventory, NodeInfo
+from .inventory import Gpu, Inventory, NodeInfo
 from .kube import NodeClient
 from .metrics import MetricSources, MetricsServer, PluginMetrics, StateCollector
 from .nodelabels import NodePublisher
@@ -47,7 +48,7 @@ class PluginDaemon:
         self.manager = serving.manager
         self.manager.attach_metrics(PluginMetrics(self.registry))
         profiles = serving.profiles
-        self.monitor = HealthMonitor(inventory, self.node, self.manager.set_unhealthy, options.health)
+        self.monitor = HealthMonitor(inventory, self.node, self.manager.set_unhealthy, options.health, node_check=self._device_nodes)
         self.reloader = ConfigReloader(options.config_file, self.node, self.manager, profiles, options.reload_interval, self._reloaded)
         directory = pod_directory or client
         self.agent = NodeAgent(
@@ -68,6 +69,13 @@ class PluginDaemon:
             else None
         )
 
+    def _device_nodes(self, gpu: Gpu) -> str | None:
+        """With deviceSpecs, a GPU whose device nodes are missing on the host cannot be handed out: Unhealthy."""
+        if not self.config.device_specs:
+            return None
+        missing = missing_device_nodes(self.config.device_root, gpu)
+        return f"deviceSpecs: device node(s) missing under deviceRoot {self.config.device_root}: {', '.join(missing)}" if missing else None
+
     def _reloaded(self, config: Config) -> None:
         """Settings outside the resources follow the new config too."""
         self.config = config
@@ -81,6 +89,10 @@ class PluginDaemon:
         return lambda namespace, pod, reason, message: client.pod_event(namespace, pod, None, reason, message)
 
     def start(self) -> None:
+        if self.config.device_specs:
+            missing = sorted({p for gpu in self.node.gpus for p in missing_device_nodes(self.config.device_root, gpu)})
+            if missing:
+                log.warning("deviceSpecs: device nodes not found: %s; the GPUs that need them are Unhealthy until they exist", ", ".join(missing))
         if self.metrics_server:
             self.metrics_server.start()
         if not self.manager.started:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .inventory import HealthEvent, Inventory, NodeInfo
+from .inventory import Gpu, HealthEvent, Inventory, NodeInfo
 from .loop import BackgroundLoop
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ class HealthMonitor(BackgroundLoop):
         publish: Callable[[frozenset[str]], None],
         settings: HealthSettings = HealthSettings(),
         clock: Callable[[], float] = time.monotonic,
+        node_check: Callable[[Gpu], str | None] | None = None,
     ) -> None:
         super().__init__("health")
         self.inventory = inventory
@@ -65,6 +66,7 @@ class HealthMonitor(BackgroundLoop):
         self.publish = publish
         self.settings = settings
         self.clock = clock
+        self.node_check = node_check  # beyond NVML: e.g. the device nodes deviceSpecs hands out exist
         self.xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
@@ -124,7 +126,7 @@ class HealthMonitor(BackgroundLoop):
         failing = set()
         for gpu in self.node.gpus:
             try:
-                problem = self.inventory.check(gpu.uuid)
+                problem = self.inventory.check(gpu.uuid) or (self.node_check(gpu) if self.node_check else None)
             except Exception as err:  # a check that raises counts as a failing query
                 problem = f"health check raised {err}"
             if problem:

@@ -7,6 +7,7 @@ GPUs without MIG, lost GPUs, PCI bus-id formats, event sets that fail at once af
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from pathlib import Path
@@ -32,6 +33,29 @@ def normalize_bus_id(bus_id: str) -> str:
     if not domain:
         return bus_id.strip().lower()
     return f"{int(domain, 16):04x}:{bus}:{rest}".lower()
+
+
+_NODE_WORDS = 4  # 64-bit words of NUMA node mask: 256 nodes
+_MAX_CPU_WORDS = 64  # 4096 CPUs
+
+
+def _cpu_words() -> int:
+    return min(_MAX_CPU_WORDS, max(1, -(-(os.cpu_count() or 64) // 64)))
+
+
+def _bits(words: Any) -> list[int]:
+    """Set bit positions of NVML's affinity mask (a ctypes array of 64-bit words)."""
+    return [i * 64 + b for i, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
+
+
+def _cpu_list(text: str) -> list[int]:
+    """`0-3,8-11` -> [0, 1, 2, 3, 8, 9, 10, 11]."""
+    cpus = []
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def _text(value: Any) -> str:
@@ -111,7 +135,7 @@ class NvmlInventory:
             uuid=uuid,
             model=_text(self._call("nvmlDeviceGetName", handle, gpu=label)),
             memory_mib=self._call("nvmlDeviceGetMemoryInfo", handle, gpu=label).total // MIB,
-            numa_node=self._numa_node(bus_id),
+            numa_node=self._numa_node(bus_id, handle, label),
             pci_bus_id=bus_id,
             compute_capability=f"{capability[0]}.{capability[1]}" if capability else "",
             minor_number=self._optional("nvmlDeviceGetMinorNumber", handle, gpu=label),
@@ -119,12 +143,44 @@ class NvmlInventory:
             mig_devices=self._mig_devices(handle, label) if mig_enabled else (),
         )
 
-    def _numa_node(self, bus_id: str) -> int | None:
+    def _numa_node(self, bus_id: str, handle: Any, label: str) -> int | None:
+        """sysfs' numa_node (-1: the platform says none); without that entry, NVML's memory, then CPU, affinity."""
         try:
             node = int((self.sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text())
         except (OSError, ValueError):
-            return None
+            return self._nvml_numa_node(handle, label)
         return node if node >= 0 else None
+
+    def _nvml_numa_node(self, handle: Any, label: str) -> int | None:
+        scope = self.nvml.NVML_AFFINITY_SCOPE_NODE
+        try:
+            nodes = _bits(self.nvml.nvmlDeviceGetMemoryAffinity(handle, _NODE_WORDS, scope))
+        except self.nvml.NVMLError as err:
+            log.debug("GPU %s: nvmlDeviceGetMemoryAffinity: %s", label, err)
+            nodes = []
+        if nodes:
+            return nodes[0]
+        try:
+            cpus = _bits(self.nvml.nvmlDeviceGetCpuAffinityWithinScope(handle, _cpu_words(), scope))
+        except self.nvml.NVMLError as err:
+            log.debug("GPU %s: nvmlDeviceGetCpuAffinityWithinScope: %s", label, err)
+            return None
+        cpu_nodes = self._cpu_nodes()
+        found = sorted({cpu_nodes[c] for c in cpus if c in cpu_nodes})
+        if not found:
+            log.info("GPU %s: no NUMA node in sysfs or NVML: no topology hint for the kubelet", label)
+        return found[0] if found else None
+
+    def _cpu_nodes(self) -> dict[int, int]:
+        """CPU -> NUMA node from /sys/devices/system/node/node*/cpulist."""
+        mapping = {}
+        for path in (self.sysfs_root / "devices" / "system" / "node").glob("node[0-9]*"):
+            try:
+                cpus = _cpu_list(path.joinpath("cpulist").read_text())
+            except (OSError, ValueError):
+                continue
+            mapping.update((cpu, int(path.name[4:])) for cpu in cpus)
+        return mapping
 
     def _mig_devices(self, handle: Any, label: str) -> tuple[MigDevice, ...]:
         devices = []

@@ -193,13 +193,14 @@ def daemon(kubelet, plugin_dir, tmp_path, fake_kube):
     api, kubeconfig = fake_kube
     config_file = tmp_path / "config.yaml"
 
-    def make(policy: str = "report", quarantine: bool = False) -> PluginDaemon:
+    def make(policy: str = "report", quarantine: bool = False, **extra) -> PluginDaemon:
         config_file.write_text(
             json.dumps(
                 {
                     "version": "v1",
                     "memoryWatchdog": {"policy": policy, "quarantine": quarantine},
                     "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}],
+                    **extra,
                 }
             )
         )
@@ -550,3 +551,16 @@ def test_process_owner_evidence(tmp_path):
     assert "not (yet) in the status" in mapper.owner(3).unknown and not mapper.owner(3).ended
     assert "no longer exists" in mapper.owner(4).ended
     assert "no hostPID" in mapper.owner(99).unknown
+
+
+def test_missing_device_spec_nodes_warn_at_start_and_make_the_gpu_unhealthy(daemon, kubelet, tmp_path, caplog):
+    root = tmp_path / "host"
+    (root / "dev").mkdir(parents=True)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0"):  # no /dev/nvidia1
+        (root / "dev" / name).touch()
+    d = daemon(deviceSpecs=True, deviceRoot=str(root))
+    d.start()
+    assert any("device nodes not found" in r.message and f"{root}/dev/nvidia1" in r.message for r in caplog.records)
+    assert kubelet.wait_for(lambda st: GPU in st and st[GPU].registered and list(st[GPU].unhealthy) == [U1], timeout=5)
+    assert kubelet.wait_for(registered(SHARE), timeout=2)  # GPU 0 has its nodes
+    assert "device node(s) missing" in d.monitor.unhealthy[U1]

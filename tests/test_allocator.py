@@ -62,10 +62,23 @@ def test_no_single_gpu_fits_returns_largest_pieces():
     assert len(ids) == 5 and gpus_of(ids) == {0, 1}
 
 
-def test_exclusive_prefers_lowest_indexes_after_must_include():
+def test_exclusive_completes_must_include_on_its_numa_node():
     config = parse_config({"version": "v1", "pools": [{"name": "e", "mode": "exclusive"}]})
     resource = build_resources(config, H100)[0]
-    assert preferred_allocation(resource, [U[5], U[2], U[7]], [U[7]], 2) == [U[7], U[2]]
+    # Equal NVLinks everywhere (NVSwitch): GPU 5 shares GPU 7's NUMA node, GPU 2 does not.
+    assert preferred_allocation(resource, [U[5], U[2], U[7]], [U[7]], 2) == [U[7], U[5]]
+
+
+def test_nvlink_decides_even_when_one_gpu_is_left_to_choose():
+    from deviceplugin.inventory import Gpu, Link, NodeInfo
+
+    gpus = tuple(Gpu(index=i, uuid=f"GPU-{i}", model="A100", memory_mib=40960, numa_node=0) for i in range(4))
+    links = {(a.uuid, b.uuid): Link(nvlinks=4 if (a.index, b.index) == (1, 3) else 0, pcie="system") for a in gpus for b in gpus if a.index < b.index}
+    config = parse_config({"version": "v1", "pools": [{"name": "e", "mode": "exclusive"}]})
+    resource = build_resources(config, NodeInfo(gpus=gpus, links=links))[0]
+    ids = ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]
+    assert preferred_allocation(resource, ids, ["GPU-1"], 2) == ["GPU-1", "GPU-3"]  # GPU 1's NV4 peer
+    assert preferred_allocation(resource, ids, [], 2) == ["GPU-1", "GPU-3"]
 
 
 def test_shared_response_facts():
@@ -103,3 +116,18 @@ def test_shares_of_mig_instances_stay_on_one_instance():
     assert envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(40192 * 2 // 4)
     with pytest.raises(AllocationError, match="span 2 MIG instances .* must be on one MIG instance"):
         container_response(resource, [f"{first}::0", f"{second}::0"])
+
+
+def test_mig_capability_read_failures_are_retried(tmp_path):
+    from deviceplugin.allocator import mig_capability_devices
+
+    root = str(tmp_path)
+    assert mig_capability_devices(root, 3, 1, 0) == ()  # not readable (yet): nothing cached
+    caps = tmp_path / "proc/driver/nvidia/capabilities/gpu3/mig/gi1"
+    (caps / "ci0").mkdir(parents=True)
+    (caps / "access").write_text("DeviceFileMinor: 31\n")
+    (caps / "ci0" / "access").write_text("DeviceFileMinor: 32\n")
+    expected = ("/dev/nvidia-caps/nvidia-cap31", "/dev/nvidia-caps/nvidia-cap32")
+    assert mig_capability_devices(root, 3, 1, 0) == expected
+    (caps / "access").unlink()
+    assert mig_capability_devices(root, 3, 1, 0) == expected  # a complete read is kept

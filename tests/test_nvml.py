@@ -203,3 +203,13 @@ def test_reset_required_reads_the_gpu_recovery_action(install):
     assert inventory.reset_required("GPU-t4-0") is False
     fake.gpus[0].lost = True
     assert inventory.reset_required("GPU-t4-0") is None
+
+
+def test_numa_from_nvml_affinity_where_sysfs_has_no_entry(install, tmp_path):
+    fake = FakeNvml([t4(0, memory_affinity=[1]), t4(1, cpu_affinity=list(range(16, 32))), t4(2), t4(3, memory_affinity=[0])])
+    for node_id, cpus in ((0, "0-15"), (1, "16-31")):
+        path = tmp_path / "devices" / "system" / "node" / f"node{node_id}"
+        path.mkdir(parents=True)
+        (path / "cpulist").write_text(f"{cpus}\n")
+    node = install(fake, numa={"0000:3e:00.0": -1}).discover()  # GPU 3: sysfs says "none", and that stands
+    assert [g.numa_node for g in node.gpus] == [1, 1, None, None]
