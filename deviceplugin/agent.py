@@ -1,5 +1,5 @@
 """The node agent: every interval, who holds which share (pod-resources), what each container really uses
-(NVML processes mapped through cgroups), the memory watchdog, the residue guard, and node labels."""
+(NVML processes mapped through cgroups), the memory watchdog, the residue guard, metering, and node labels."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from . import defaults
 from .inventory import GpuProcess, GpuStats, Inventory, NodeInfo
 from .loop import BackgroundLoop
 from .manager import PluginManager
+from .metering import Holding, Meter, MeterKey
 from .nodelabels import NodePublisher, inventory as inventory_annotation, node_labels
 from .podresources import PodResourcesClient, Usage, build_usage
 from .procmap import ProcessMapper
@@ -54,6 +55,7 @@ class NodeAgent(BackgroundLoop):
         watchdog: MemoryWatchdog | None = None,
         publisher: NodePublisher | None = None,
         unhealthy: Callable[[], frozenset[str]] | None = None,
+        meter: Meter | None = None,
     ) -> None:
         super().__init__("node-agent")
         self.inventory = inventory
@@ -65,6 +67,8 @@ class NodeAgent(BackgroundLoop):
         self.watchdog = watchdog or MemoryWatchdog()
         self.publisher = publisher
         self.unhealthy = unhealthy or (lambda: frozenset())
+        # Rounds further apart than a few intervals (or one rate-limit backoff) are not metered: a gap, not a guess.
+        self.meter = meter or Meter(max_gap=max(3 * settings.interval, settings.interval + settings.backoff_max))
         self.quarantine = settings.quarantine  # follows config reloads
         self.snapshot = Snapshot()
         self.rate_limited = 0
@@ -110,7 +114,9 @@ class NodeAgent(BackgroundLoop):
         else:
             containers, residue, unattributed = found
             self.watchdog.review(list(containers))
-        if not fresh:  # usage is stale: no new residue is judged on it
+        if fresh:
+            self.meter.observe(self._holdings(usage, containers))
+        else:  # usage is stale: no new residue is judged on it, nothing is metered on it
             residue = {u: mib for u, mib in residue.items() if u in previous.residue_mib}
         # Residue seen in two rounds in a row: a process that started between the pod list and NVML's is not a leftover.
         confirmed = frozenset(u for u in residue if u in previous.residue_mib)
@@ -140,6 +146,23 @@ class NodeAgent(BackgroundLoop):
             last_sync=last_sync,
         )
         return self.snapshot
+
+    def _holdings(self, usage: Usage, containers: tuple[ContainerMemory, ...]) -> dict[MeterKey, Holding]:
+        """Per (namespace, pod, resource): devices held, the GPU fraction they are, and the memory really used."""
+        by_name = {r.name: r for r in self.manager.resources}
+        used = {(c.share.key, c.share.unit_uuid): c.used_mib for c in containers}
+        holdings: dict[MeterKey, Holding] = {}
+        for share in usage.shares:
+            unit = by_name[share.resource].devices[share.devices[0]].unit
+            of_gpu = unit.memory_mib / unit.gpu.memory_mib if unit.mig else 1.0  # a MIG instance: its part of the GPU
+            key = (share.namespace, share.pod, share.resource)
+            held = holdings.get(key, Holding())
+            holdings[key] = Holding(
+                shares=held.shares + share.shares,
+                gpus=held.gpus + share.shares / unit.replicas * of_gpu,
+                memory_bytes=held.memory_bytes + used.get((share.key, share.unit_uuid), 0) * 1024 * 1024,
+            )
+        return holdings
 
     def _attribute(
         self, usage: Usage, processes: list[GpuProcess]

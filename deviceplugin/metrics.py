@@ -141,6 +141,7 @@ class StateCollector(Collector):
         reloads.add_metric(["error"], failed)
         yield reloads
         if s.agent:
+            yield from _metering(s.agent.meter)
             yield CounterMetricFamily("gpushare_pod_resources_rate_limited", "pod-resources calls refused by the kubelet's rate limit.", value=s.agent.rate_limited)
             yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=s.agent.watchdog.violations)
             yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=s.agent.watchdog.kills)
@@ -151,6 +152,24 @@ class StateCollector(Collector):
         for name, is_registered in s.registration():
             registered.add_metric([name], 1 if is_registered else 0)
         yield registered
+
+
+def _metering(meter) -> Iterator[Metric]:
+    """The meter's totals as counters; `created` is when they started from 0 (this plugin process)."""
+    labels = ["namespace", "pod", "resource"]
+    families = [
+        (CounterMetricFamily("gpushare_share_seconds", "Devices (shares, whole GPUs, MIG instances) held x seconds, per pod.", labels=labels), "share_seconds"),
+        (CounterMetricFamily("gpushare_gpu_seconds", "GPU-equivalents held x seconds (a share of a 4-way GPU is 0.25), per pod.", labels=labels), "gpu_seconds"),
+        (
+            CounterMetricFamily("gpushare_memory_used_byte_seconds", "GPU memory really used (NVML) x seconds, per pod.", labels=labels),
+            "memory_byte_seconds",
+        ),
+    ]
+    totals = meter.totals()
+    for family, field in families:
+        for key, total in totals.items():
+            family.add_metric(list(key), getattr(total, field), created=meter.created)
+        yield family
 
 
 class MetricSources:

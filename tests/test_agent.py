@@ -564,3 +564,103 @@ def test_missing_device_spec_nodes_warn_at_start_and_make_the_gpu_unhealthy(daem
     assert kubelet.wait_for(lambda st: GPU in st and st[GPU].registered and list(st[GPU].unhealthy) == [U1], timeout=5)
     assert kubelet.wait_for(registered(SHARE), timeout=2)  # GPU 0 has its nodes
     assert "device node(s) missing" in d.monitor.unhealthy[U1]
+
+
+# --- metering ---------------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def increase(series: list[float]) -> float:
+    """Prometheus' increase() over raw samples, without extrapolation: a drop is a counter reset."""
+    return sum(b - a if b >= a else b for a, b in zip(series, series[1:]))
+
+
+def test_metering_counts_share_and_memory_seconds_and_survives_a_restart(kubelet, plugin_dir, tmp_path):
+    from deviceplugin.metering import Meter
+    from deviceplugin.procmap import ProcessMapper
+
+    inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
+    config = {"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]}
+    resources = build_resources(parse_config(config), T4)
+    clock = Clock()
+
+    def start_agent(manager):
+        mapper = ProcessMapper(kubelet.pod_directory(), tmp_path / "proc")
+        return _agent(kubelet, manager, inventory, mapper=mapper, meter=Meter(clock=clock, max_gap=60))
+
+    manager = PluginManager(resources, plugin_dir, FAST)
+    manager.start()
+    assert kubelet.wait_for(registered(SHARE, GPU), timeout=5)
+    team = Pod("train", [Container("a", {SHARE: 2}), Container("b", {SHARE: 1})], namespace="team-a")
+    whole = Pod("big", [Container("main", {GPU: 1})], namespace="team-b")
+    kubelet.admit(team)
+    kubelet.admit(whole)
+    inventory.add_process(701, U0, 1000, cgroup=cgroup(team, "a"))
+    agent = start_agent(manager)
+    samples_before = []
+    for _ in range(3):  # t = 0, 10, 20
+        agent.sync()
+        samples_before.append(agent.meter.totals()[("team-a", "train", SHARE)].share_seconds)
+        clock.now += 10
+    totals = agent.meter.totals()
+    assert samples_before == [0, 30, 60]  # 3 shares x 10 s per round, nothing before the first round
+    assert totals[("team-a", "train", SHARE)].gpu_seconds == pytest.approx(0.75 * 20)
+    assert totals[("team-a", "train", SHARE)].memory_byte_seconds == 1000 * MIB * 20
+    assert totals[("team-b", "big", GPU)].share_seconds == 20 and totals[("team-b", "big", GPU)].gpu_seconds == 20
+    # A failed List is not metered on stale usage; the next fresh round covers the gap (within max_gap).
+    limit, kubelet.rate_limit = kubelet.rate_limit, TokenBucket(rate=0.0001, burst=0)
+    agent.sync()
+    kubelet.rate_limit = limit
+    clock.now += 10
+    agent.sync()  # t = 40
+    assert agent.meter.totals()[("team-a", "train", SHARE)].share_seconds == 3 * 40
+    samples_before.append(120)
+    # The plugin restarts at t = 40 and is back at t = 50: the counters start again from 0, rebuilt from pod-resources.
+    manager.stop()
+    agent.client.close()
+    clock.now += 10
+    manager = PluginManager(resources, plugin_dir, FAST)
+    manager.start()
+    try:
+        assert kubelet.wait_for(registered(SHARE, GPU), timeout=5)
+        agent = start_agent(manager)
+        samples_after = []
+        for _ in range(3):  # t = 50, 60, 70
+            agent.sync()
+            samples_after.append(agent.meter.totals()[("team-a", "train", SHARE)].share_seconds)
+            clock.now += 10
+        assert samples_after == [0, 30, 60]  # no jump: nothing from before the restart is counted again
+        # increase() over the whole series: 40 s before + 20 s after; the 10 s the plugin was down are not counted.
+        assert increase(samples_before + samples_after) == 3 * 60
+    finally:
+        manager.stop()
+
+
+def test_metering_drops_long_gaps_and_forgets_ended_pods():
+    from deviceplugin.metering import Holding, Meter
+
+    clock = Clock()
+    meter = Meter(clock=clock, max_gap=30, retention=100, max_series=2)
+    a, b, c = ("ns", "a", SHARE), ("ns", "b", SHARE), ("ns", "c", SHARE)
+    meter.observe({a: Holding(shares=1, gpus=0.25)})
+    clock.now += 60  # longer than max_gap: not counted
+    meter.observe({a: Holding(shares=1, gpus=0.25)})
+    assert meter.totals()[a].share_seconds == 0 and meter.skipped_seconds == 60
+    clock.now += 10
+    meter.observe({b: Holding(shares=2)})  # a ended: its last 10 s counted, its series kept a while
+    assert meter.totals()[a].share_seconds == 10
+    clock.now += 10
+    meter.observe({b: Holding(shares=2), c: Holding(shares=1)})  # 3 series > max_series: the ended one goes
+    assert set(meter.totals()) == {b, c}
+    clock.now += 10
+    meter.observe({})
+    clock.now += 101
+    meter.observe({})
+    assert meter.totals() == {}  # ended longer ago than retention
