@@ -48,13 +48,11 @@ class Meter:
         max_gap: float = 60.0,
         retention: float = 900.0,
         max_series: int = 20_000,
-        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.clock = clock
         self.max_gap = max_gap  # longer gaps between rounds are not counted
         self.retention = retention  # seconds a pod's totals stay exported after it last held anything
         self.max_series = max_series  # hard cap on exported series; the longest-ended pods go first
-        self.created = wall_clock()  # unix time the counters started from 0 (exported as `_created`)
         self.skipped_seconds = 0.0  # gaps not counted
         self._totals: dict[MeterKey, Totals] = {}
         self._held: dict[MeterKey, Holding] = {}

@@ -155,7 +155,7 @@ class StateCollector(Collector):
 
 
 def _metering(meter) -> Iterator[Metric]:
-    """The meter's totals as counters; `created` is when they started from 0 (this plugin process)."""
+    """The meter's totals as counters (no `_created` series: they would double the per-pod series)."""
     labels = ["namespace", "pod", "resource"]
     families = [
         (CounterMetricFamily("gpushare_share_seconds", "Devices (shares, whole GPUs, MIG instances) held x seconds, per pod.", labels=labels), "share_seconds"),
@@ -168,7 +168,7 @@ def _metering(meter) -> Iterator[Metric]:
     totals = meter.totals()
     for family, field in families:
         for key, total in totals.items():
-            family.add_metric(list(key), getattr(total, field), created=meter.created)
+            family.add_metric(list(key), getattr(total, field))
         yield family
 
 
