@@ -40,6 +40,7 @@ class Snapshot:
     residue_mib: dict[str, int] = field(default_factory=dict)  # GPU uuid -> MiB held by processes of ended containers
     unattributed_mib: dict[str, int] = field(default_factory=dict)  # GPU uuid -> MiB of processes no evidence attributes
     quarantined: frozenset[str] = frozenset()  # GPU uuids
+    quarantined_devices: frozenset[str] = frozenset()  # device IDs advertised Unhealthy by the residue guard (the free ones)
     last_sync: float | None = None  # unix time of the last successful pod-resources List
 
 
@@ -127,9 +128,8 @@ class NodeAgent(BackgroundLoop):
             for uuid in previous.quarantined - quarantined:
                 log.info("GPU %s: leftover memory released, quarantine lifted", uuid)
         allocated = usage.allocated()
-        self.manager.set_quarantined(
-            frozenset(d.id for r in self.manager.resources for d in r.devices.values() if d.gpu.uuid in quarantined and d.id not in allocated)
-        )
+        held_back = frozenset(d.id for r in self.manager.resources for d in r.devices.values() if d.gpu.uuid in quarantined and d.id not in allocated)
+        self.manager.set_quarantined(held_back)
         if self.publisher is not None:
             resources = self.manager.resources
             self.publisher.publish(
@@ -143,6 +143,7 @@ class NodeAgent(BackgroundLoop):
             residue_mib=residue,
             unattributed_mib=unattributed,
             quarantined=quarantined,
+            quarantined_devices=held_back,
             last_sync=last_sync,
         )
         return self.snapshot

@@ -317,6 +317,7 @@ def test_residue_guard_quarantines_free_devices_until_released(daemon, kubelet):
     assert first.residue_mib == {U0: 2000} and first.quarantined == frozenset()  # reported, not yet confirmed
     snapshot = d.agent.sync()
     assert snapshot.residue_mib == {U0: 2000} and snapshot.quarantined == {U0}
+    assert snapshot.quarantined_devices == {f"{U0}::{k}" for k in range(4)} - set(kubelet.allocated(holder)["app"][SHARE])
     # The three free shares of GPU 0 are Unhealthy; the one held by `holder` stays Healthy.
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 1, timeout=2)
     assert kubelet.allocated(holder)["app"][SHARE] == kubelet.resources()[SHARE].healthy
