@@ -102,6 +102,7 @@ class MpsDaemon:
         start_timeout: float = 10.0,
         backoff_initial: float = 1.0,
         backoff_max: float = 30.0,
+        probe_interval: float = 5.0,
     ) -> None:
         self.resource = resource
         self.paths = MpsPaths.of(mps_root, resource.pool.name)
@@ -109,6 +110,7 @@ class MpsDaemon:
         self.start_timeout = start_timeout
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
+        self.probe_interval = probe_interval  # seconds between get_server_list asks while the daemon runs
         self.restarts = 0
         self._stop = threading.Event()
         self._process: subprocess.Popen | None = None
@@ -197,7 +199,29 @@ class MpsDaemon:
             raise
         self.paths.ready.write_text(f"{self._process.pid}\n")
         log.info("MPS daemon of pool %s ready (pid %d, GPUs %s)", self.resource.pool.name, self._process.pid, self.env["CUDA_VISIBLE_DEVICES"])
-        self._process.wait()
+        self._watch()
+
+    def _watch(self) -> None:
+        """Until the daemon exits (seen at once), ask it every probe_interval: the marker exists only while it answers."""
+        assert self._process is not None
+        while True:
+            try:
+                self._process.wait(self.probe_interval)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+            if self._stop.is_set():
+                return
+            try:
+                self.send(["get_server_list"], timeout=self.probe_interval)
+            except MpsError as err:
+                if self.paths.ready.exists():
+                    log.error("MPS daemon of pool %s (pid %d) does not answer (%s): not ready", self.resource.pool.name, self._process.pid, err)
+                    self.paths.ready.unlink(missing_ok=True)
+                continue
+            if not self.paths.ready.exists() and not self._stop.is_set():
+                log.info("MPS daemon of pool %s answers again: ready", self.resource.pool.name)
+                self.paths.ready.write_text(f"{self._process.pid}\n")
 
     def _set_up(self, control_pipe: Path) -> None:
         assert self._process is not None

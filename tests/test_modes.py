@@ -543,3 +543,18 @@ def test_mps_failed_setup_kills_its_daemon_and_backs_off(fake_mps, tmp_path, mon
     finally:
         daemon.stop(timeout=0.5)
     assert not any(map(_alive, _daemons(daemon.paths)))
+
+
+def test_mps_supervisor_removes_the_marker_while_its_daemon_does_not_answer(fake_mps, tmp_path):
+    root = tmp_path / "mps"
+    resources = build_resources(mps_config(root, "proportional"), T4)
+    daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps), probe_interval=0.1)
+    daemon.start()
+    try:
+        assert _wait(daemon.paths.ready.exists)
+        with pytest.raises(Exception, match="no answer"):
+            control(str(fake_mps), daemon.paths, ["hang"], timeout=0.2)  # PID alive, pipe unanswered
+        assert _wait(lambda: not daemon.paths.ready.exists(), timeout=3)
+        assert daemon.restarts == 0  # alive: not restarted behind its clients' backs
+    finally:
+        daemon.stop(timeout=0.5)
