@@ -154,7 +154,11 @@ class NodeAgent(BackgroundLoop):
         used = {(c.share.key, c.share.unit_uuid): c.used_mib for c in containers}
         holdings: dict[MeterKey, Holding] = {}
         for share in usage.shares:
-            unit = by_name[share.resource].devices[share.devices[0]].unit
+            resource = by_name.get(share.resource)
+            device = resource.devices.get(share.devices[0]) if resource else None
+            if device is None:  # changed by a config reload since this round's List
+                continue
+            unit = device.unit
             of_gpu = unit.memory_mib / unit.gpu.memory_mib if unit.mig else 1.0  # a MIG instance: its part of the GPU
             key = (share.namespace, share.pod, share.resource)
             held = holdings.get(key, Holding())
