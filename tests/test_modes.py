@@ -534,7 +534,7 @@ def test_mps_failed_setup_kills_its_daemon_and_backs_off(fake_mps, tmp_path, mon
                        backoff_initial=0.05, backoff_max=0.2)
     daemon.start()
     try:
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
             assert sum(map(_alive, _daemons(daemon.paths))) <= 1
             time.sleep(0.01)
