@@ -112,6 +112,7 @@ class MpsDaemon:
         self.backoff_max = backoff_max
         self.probe_interval = probe_interval  # seconds between get_server_list asks while the daemon runs
         self.restarts = 0
+        self._marked = False  # this supervisor wrote the ready marker (never remove another's)
         self._stop = threading.Event()
         self._process: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
@@ -140,14 +141,13 @@ class MpsDaemon:
     def start(self) -> None:
         for path in (self.paths.pipe, self.paths.log, self.paths.shm):
             path.mkdir(parents=True, exist_ok=True)
-        self.paths.ready.unlink(missing_ok=True)
         self._thread = threading.Thread(target=self._supervise, name=f"mps-{self.resource.pool.name}", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the daemon to quit (clients finish), kill it if it will not, and remove the ready marker."""
         self._stop.set()
-        self.paths.ready.unlink(missing_ok=True)
+        self._unmark()
         process = self._process
         if process is not None and process.poll() is None:
             try:
@@ -174,7 +174,7 @@ class MpsDaemon:
                 log.error("MPS daemon of pool %s: %s", self.resource.pool.name, err)
             except Exception:  # the supervisor must outlive any single failure
                 log.exception("MPS daemon of pool %s: supervision round failed", self.resource.pool.name)
-            self.paths.ready.unlink(missing_ok=True)
+            self._unmark()
             if self._stop.is_set():
                 return
             if time.monotonic() - started > self.backoff_max:
@@ -187,6 +187,8 @@ class MpsDaemon:
     def _run_once(self) -> None:
         """Start the daemon, set its limits, mark it ready and wait for it to exit; a failed setup kills it."""
         control_pipe = self.paths.pipe / "control"
+        if control_pipe.exists() and self._answers():
+            raise MpsError(f"another control daemon already answers on {control_pipe} (a second gpu-share mps?): not starting one more")
         control_pipe.unlink(missing_ok=True)  # a killed daemon leaves its pipe behind; a client would hang on it
         try:
             self._process = subprocess.Popen([self.binary, "-f"], env=self.env, stdin=subprocess.DEVNULL)
@@ -197,7 +199,7 @@ class MpsDaemon:
         except BaseException:
             self._kill()  # never leave a daemon behind: the next attempt starts a new one
             raise
-        self.paths.ready.write_text(f"{self._process.pid}\n")
+        self._mark()
         log.info("MPS daemon of pool %s ready (pid %d, GPUs %s)", self.resource.pool.name, self._process.pid, self.env["CUDA_VISIBLE_DEVICES"])
         self._watch()
 
@@ -215,13 +217,30 @@ class MpsDaemon:
             try:
                 self.send(["get_server_list"], timeout=self.probe_interval)
             except MpsError as err:
-                if self.paths.ready.exists():
+                if self._marked:
                     log.error("MPS daemon of pool %s (pid %d) does not answer (%s): not ready", self.resource.pool.name, self._process.pid, err)
-                    self.paths.ready.unlink(missing_ok=True)
+                    self._unmark()
                 continue
-            if not self.paths.ready.exists() and not self._stop.is_set():
+            if not self._marked and not self._stop.is_set():
                 log.info("MPS daemon of pool %s answers again: ready", self.resource.pool.name)
-                self.paths.ready.write_text(f"{self._process.pid}\n")
+                self._mark()
+
+    def _answers(self) -> bool:
+        try:
+            self.send(["get_server_list"], timeout=min(2.0, self.start_timeout))
+        except MpsError:
+            return False
+        return True
+
+    def _mark(self) -> None:
+        assert self._process is not None
+        self.paths.ready.write_text(f"{self._process.pid}\n")
+        self._marked = True
+
+    def _unmark(self) -> None:
+        if self._marked:
+            self.paths.ready.unlink(missing_ok=True)
+            self._marked = False
 
     def _set_up(self, control_pipe: Path) -> None:
         assert self._process is not None

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -455,11 +456,13 @@ def test_profile_label_survives_api_errors_and_is_read_at_most_every_interval(fa
 
 
 def _alive(pid: int) -> bool:
+    """A live fake control daemon (not merely a process that reused the PID; zombies count as gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        status = Path(f"/proc/{pid}/status").read_text()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
         return False
-    return True
+    return "State:\tZ" not in status and b"-f" in command and any(c.endswith(b"nvidia-cuda-mps-control") for c in command)
 
 
 def _daemons(paths: MpsPaths) -> list[int]:
@@ -558,3 +561,24 @@ def test_mps_supervisor_removes_the_marker_while_its_daemon_does_not_answer(fake
         assert daemon.restarts == 0  # alive: not restarted behind its clients' backs
     finally:
         daemon.stop(timeout=0.5)
+
+
+def test_a_second_supervisor_of_the_same_pool_starts_no_second_daemon(fake_mps, tmp_path):
+    root = tmp_path / "mps"
+    resources = build_resources(mps_config(root, "proportional"), T4)
+    pool = next(r for r in resources if r.pool.mps)
+    first = MpsDaemon(pool, str(root), binary=str(fake_mps), start_timeout=0.5, backoff_initial=0.05, backoff_max=0.2)
+    second = MpsDaemon(pool, str(root), binary=str(fake_mps), start_timeout=0.5, backoff_initial=0.05, backoff_max=0.2)
+    first.start()
+    try:
+        assert _wait(first.paths.ready.exists)
+        second.start()
+        time.sleep(1.0)
+        assert second.restarts >= 1  # it tried, found a daemon answering, and backs off
+        assert len(_daemons(first.paths)) == 1 and first.paths.ready.exists()  # the first one's marker untouched
+        assert _alive(_daemons(first.paths)[0])
+    finally:
+        second.stop(timeout=0.5)
+        assert first.paths.ready.exists()
+        first.stop(timeout=0.5)
+    assert not first.paths.ready.exists() and not any(map(_alive, _daemons(first.paths)))
