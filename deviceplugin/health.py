@@ -4,8 +4,9 @@ Unlike a plugin that marks one replica per XID and never recovers, an event mark
 instance it names) and so every share and MIG instance on it. What happens next depends on the class:
 
 - application XIDs (`ignored_xids`): the process is at fault, not the GPU; nothing is marked;
-- reset-class XIDs (`reset_xids`), double-bit ECC events and lost GPUs: only a GPU reset clears them, so the devices
-  stay Unhealthy until the driver shows the GPU was reset (or the plugin restarts), never after a quiet period;
+- reset-class XIDs (`reset_xids`), double-bit ECC events, lost GPUs, and any GPU whose driver reports a recovery
+  action (NVML's GPU recovery action is not NONE): only a GPU reset clears them, so the devices stay Unhealthy until
+  the driver shows the GPU was reset (or the plugin restarts), never after a quiet period;
 - every other critical XID and failing query: Healthy again after `recovery_period` seconds without a new one.
 """
 
@@ -24,11 +25,12 @@ log = logging.getLogger(__name__)
 # Application errors (illegal address, page fault, graphics exception, ...): the process is at fault, not the GPU.
 DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
-# XIDs whose resolution in NVIDIA's XID catalogue is a GPU reset (or more): documented one by one in
-# docs/operations.md ("Health policy by XID"). 48 double-bit ECC, 63/64 row remapping pending/failed,
-# 74 NVLink, 79 fallen off the bus, 94/95 contained/uncontained ECC, 119/120 GSP, 136 link training,
-# 140 unrecovered ECC, 154 recovery action changed.
-DEFAULT_RESET_XIDS = frozenset({48, 63, 64, 74, 79, 94, 95, 119, 120, 136, 140, 154})
+# XIDs that need a GPU reset before the GPU takes new work, documented one by one in docs/operations.md
+# (GPU health): 48 double-bit ECC, 64 row remapping failed, 74 NVLink, 79 fallen off the bus, 95 uncontained
+# ECC, 154 recovery action changed. Not here, following NVIDIA's memory-error guide: 63 (row remap pending) and
+# 94 (contained ECC), after which new work may start without a reset; those, GSP errors (119/120) and the rest
+# recover after the quiet period unless the driver's recovery action asks for a reset.
+DEFAULT_RESET_XIDS = frozenset({48, 64, 74, 79, 95, 154})
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class HealthMonitor(BackgroundLoop):
     def _check_all(self, now: float) -> bool:
         changed = False
         failing = set()
+        required: dict[str, bool | None] = {}  # GPU uuid -> the driver says it needs a reset (None: cannot tell)
         for gpu in self.node.gpus:
             try:
                 problem = self.inventory.check(gpu.uuid) or (self.node_check(gpu) if self.node_check else None)
@@ -132,7 +135,16 @@ class HealthMonitor(BackgroundLoop):
             if problem:
                 failing.add(gpu.uuid)
                 changed |= self._mark(gpu.uuid, problem, now)
-        changed |= self._check_resets(failing)
+            try:
+                required[gpu.uuid] = self.inventory.reset_required(gpu.uuid)
+            except Exception as err:
+                log.debug("reset state of GPU %s unknown: %s", gpu.uuid, err)
+                required[gpu.uuid] = None
+            if required[gpu.uuid] and gpu.uuid not in self._reset_waits:
+                self._reset_waits[gpu.uuid] = _ResetWait(gpu.uuid, required_seen=True)
+                log.warning("GPU %s: the driver requires a GPU reset (NVML GPU recovery action)", gpu.uuid)
+                changed |= self._mark(gpu.uuid, "the driver requires a GPU reset", now)
+        changed |= self._check_resets(failing, required)
         for uuid, last in list(self._last_bad.items()):
             if uuid not in self._reset_waits and now - last >= self.settings.recovery_period:
                 del self._last_bad[uuid]
@@ -140,20 +152,12 @@ class HealthMonitor(BackgroundLoop):
                 changed = True
         return changed
 
-    def _check_resets(self, failing: set[str]) -> bool:
+    def _check_resets(self, failing: set[str], required: dict[str, bool | None]) -> bool:
         """Clear a reset-class fault once the driver shows the reset: it required one (or the GPU was lost) and now
         answers queries without requiring one. A driver that cannot tell keeps the devices Unhealthy until restart."""
         changed = False
         for uuid, wait in list(self._reset_waits.items()):
-            if wait.gpu_uuid in failing:
-                wait.required_seen = True
-                continue
-            try:
-                required = self.inventory.reset_required(wait.gpu_uuid)
-            except Exception as err:
-                log.debug("reset state of GPU %s unknown: %s", wait.gpu_uuid, err)
-                required = None
-            if required:
+            if wait.gpu_uuid in failing or required.get(wait.gpu_uuid):
                 wait.required_seen = True
             elif wait.required_seen:
                 del self._reset_waits[uuid]

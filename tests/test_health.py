@@ -150,3 +150,24 @@ def test_every_reset_xid_is_documented():
     documented = {int(x) for row in table.splitlines()[2:] for x in row.split("|")[1].split(",")}
     assert documented == DEFAULT_RESET_XIDS
     assert ",".join(map(str, sorted(DEFAULT_RESET_XIDS))) in (ROOT / "docs" / "configuration.md").read_text()
+
+
+def test_the_drivers_recovery_action_holds_any_gpu_until_reset(stack, kubelet):
+    inventory, node, monitor = stack
+    gpu = node.gpus[5]
+    inventory.inject_xid(gpu.uuid, 119)  # GSP timeout: not reset-class by itself ...
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
+    inventory.set_reset_required(gpu.uuid, True)  # ... but this time the driver says "GPU Reset Required"
+    time.sleep(FAST_HEALTH.recovery_period * 2)
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.awaiting_reset == {gpu.uuid}
+    inventory.set_reset_required(gpu.uuid, False)
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=2)
+
+
+def test_contained_ecc_error_recovers_after_the_quiet_period(stack, kubelet):
+    inventory, node, monitor = stack
+    gpu = node.gpus[5]
+    inventory.inject_xid(gpu.uuid, 94)  # NVIDIA: new work may start without a reset
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
+    assert monitor.awaiting_reset == frozenset()
+    assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=3)
