@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Coroutine
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class EventLoopThread:
@@ -24,6 +26,7 @@ class EventLoopThread:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
+        self.loop.set_exception_handler(_log_exception)
         self.loop.run_forever()
 
     def in_loop(self) -> bool:
@@ -45,6 +48,11 @@ class EventLoopThread:
             fn(*args)
         else:
             self.loop.call_soon_threadsafe(fn, *args)
+
+
+def _log_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """An exception nobody awaited (a task that died): logged at ERROR, never silent."""
+    log.error("gRPC event loop: %s", context.get("message", "unhandled exception"), exc_info=context.get("exception"))
 
 
 _shared: EventLoopThread | None = None

@@ -138,19 +138,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_stop = threading.Event()
+
+
 def _catch_signals() -> None:
-    """Block SIGTERM/SIGINT before any thread starts: every later thread inherits the mask, so the signal
-    always waits for the main thread's `sigwait` instead of landing on a gRPC thread and being lost."""
+    """Block SIGTERM/SIGINT before any other thread starts (every later thread, gRPC's included, inherits the mask)
+    and take them in one watcher thread with `sigwait`: a signal can never be lost on a gRPC thread, and one that
+    arrives while start-up hangs (a wedged driver) still ends the process within SHUTDOWN_GRACE."""
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    threading.Thread(target=_watch_signals, name="signals", daemon=True).start()
 
 
-def _wait_for_signal() -> None:
-    """Block until SIGTERM or SIGINT; from then on, a shutdown that hangs is cut short after SHUTDOWN_GRACE."""
+def _watch_signals() -> None:
     received = signal.sigwait(SIGNALS)
     log.info("%s received, shutting down", signal.Signals(received).name)
+    _stop.set()
     deadline = threading.Timer(SHUTDOWN_GRACE, _force_exit)
     deadline.daemon = True
     deadline.start()
+
+
+def _wait_for_signal() -> None:
+    """Block until SIGTERM or SIGINT (or return at once if one came during start-up)."""
+    _stop.wait()
+
+
+def _raise_fd_limit() -> None:
+    """Use the hard limit of open files: the default soft limit (1024) is small for a server many can connect to."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _force_exit() -> None:
@@ -210,6 +229,7 @@ def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
 
 def cmd_run(args: argparse.Namespace) -> int:
     _catch_signals()
+    _raise_fd_limit()
     from .config import load_config
     from .discovery import open_inventory
 

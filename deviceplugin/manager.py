@@ -25,7 +25,7 @@ from .inotify import DirectoryWatch
 from .mps import MpsLiveness
 from .mps_paths import MpsPaths
 from .resources import Resource
-from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity
+from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
 if TYPE_CHECKING:
     from .metrics import PluginMetrics
@@ -105,6 +105,7 @@ class PluginManager:
         self._watch: DirectoryWatch | None = None
         self._poller: asyncio.Task[None] | None = None
         self._stopping = False
+        self._serve_failures: dict[str, int] = {}
 
     @property
     def resources(self) -> list[Resource]:
@@ -143,8 +144,12 @@ class PluginManager:
         return self._loop.run(self._apply(resources))
 
     def health(self) -> tuple[bool, str]:
-        """/healthz: every started server is serving on its socket."""
-        broken = [s.resource.name for s in self.servers if s.socket_path is not None and not s.socket_path.exists()]
+        """/healthz: every server is serving on its socket (MPS pools waiting for their daemon excepted)."""
+        broken = [
+            s.resource.name
+            for s in self.servers
+            if (s.socket_path is None and not self._waits_for_mps(s)) or (s.socket_path is not None and not s.socket_path.exists())
+        ]
         return (not broken, "ok" if not broken else f"not serving: {', '.join(broken)}")
 
     def readiness(self) -> tuple[bool, str]:
@@ -175,21 +180,24 @@ class PluginManager:
             if self._watch is not None:
                 asyncio.get_running_loop().add_reader(self._watch.fd, self._on_directory_event)
             for server in self.servers:
-                await self._start_server(server)
+                await self._start_server(server, retry=False)
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name="kubelet-watch")
 
     async def _stop(self) -> None:
         self._stopping = True
-        if self._poller is not None:
-            self._poller.cancel()
-        if self._watch is not None:
-            asyncio.get_running_loop().remove_reader(self._watch.fd)
-            self._watch.close()
-            self._watch = None
-        async with self._lifecycle:
+        async with self._lifecycle:  # a check in progress finishes first: no restart is cut in half
+            if self._poller is not None:
+                self._poller.cancel()
+                self._poller = None
+            if self._watch is not None:
+                asyncio.get_running_loop().remove_reader(self._watch.fd)
+                self._watch.close()
+                self._watch = None
             await asyncio.gather(*(s.shutdown() for s in self.servers))
 
     async def _apply(self, resources: list[Resource]) -> list[str]:
+        for resource in resources:  # refuse a plan whose sockets cannot exist before anything is stopped
+            socket_path_for(self.plugin_dir, resource, serial=0)
         changes = []
         async with self._lifecycle:
             current = {s.resource.name: s for s in self.servers}
@@ -217,11 +225,25 @@ class PluginManager:
                 await self._start_server(server)
         return changes
 
-    async def _start_server(self, server: DevicePluginServer) -> None:
-        if server.resource.pool.mps and not self._mps_ready(server):
+    async def _start_server(self, server: DevicePluginServer, retry: bool = True) -> None:
+        """Serve unless an MPS pool's daemon is not ready. With `retry`, a failure (a socket that cannot be bound)
+        is logged and left to the next check, which tries again; without, it is raised (start-up)."""
+        if self._waits_for_mps(server):
             log.info("%s: waiting for the control daemon of MPS pool %s (%s)", server.resource.name, server.resource.pool.name, self._mps_paths(server).root)
             return
-        await server.serve()
+        try:
+            await server.serve()
+        except (OSError, RuntimeError) as err:  # grpc raises RuntimeError("Failed to bind ...")
+            if not retry:
+                raise
+            failures = self._serve_failures[server.resource.name] = self._serve_failures.get(server.resource.name, 0) + 1
+            if failures == 1 or failures % 50 == 0:
+                log.error("cannot serve %s (%s); retrying every %.1fs (failure %d)", server.resource.name, err, self.timings.watch_interval, failures)
+        else:
+            self._serve_failures.pop(server.resource.name, None)
+
+    def _waits_for_mps(self, server: DevicePluginServer) -> bool:
+        return server.resource.pool.mps and not self._mps_ready(server)
 
     def _mps_paths(self, server: DevicePluginServer) -> MpsPaths:
         return MpsPaths.of(server.resource.config.mps_root, server.resource.pool.name)
@@ -265,7 +287,7 @@ class PluginManager:
                     ready = self._mps_ready(server)
                     if not server.serving and ready:
                         log.info("MPS control daemon of pool %s is ready", server.resource.pool.name)
-                        await server.serve()
+                        await self._start_server(server)
                     elif server.serving and ready != server.available:
                         log.warning("MPS control daemon of pool %s is %s", server.resource.pool.name, "back" if ready else "down: devices Unhealthy")
                     server.set_available(ready)
@@ -276,11 +298,22 @@ class PluginManager:
                 log.info("kubelet.sock was recreated: the kubelet restarted")
             if current is not None:
                 self._kubelet = current
+            restarts = []
             for server in self.servers:
                 path = server.socket_path
-                if path is not None and not path.exists():
-                    await server.restart(f"its socket {path.name} was deleted")
+                if path is None:
+                    if not self._waits_for_mps(server):
+                        restarts.append(self._serve_again(server, "it is not serving"))
+                elif not path.exists():
+                    restarts.append(self._serve_again(server, f"its socket {path.name} was deleted"))
                 elif restarted and server.registered_with is not None and server.registered_with != current:
-                    await server.restart("the kubelet restarted")
+                    restarts.append(self._serve_again(server, "the kubelet restarted"))
                 elif restarted:
                     server.wake()
+            await asyncio.gather(*restarts)  # resources restart side by side, not one grace period after another
+
+    async def _serve_again(self, server: DevicePluginServer, reason: str) -> None:
+        if server.resource.name not in self._serve_failures:
+            log.info("restarting %s: %s", server.resource.name, reason)
+        await server.shutdown()
+        await self._start_server(server)

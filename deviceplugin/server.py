@@ -39,8 +39,9 @@ KUBELET_SOCKET = "kubelet.sock"
 SOCKET_PREFIX = "gpu-share-"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
 MAX_DEVICE_ID_BYTES = 256  # share IDs are ~45 bytes; anything far longer is not ours
-# GetPreferredAllocation carries every available ID: allow far more than grpc's 4 MiB default.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_CONTAINER_REQUESTS = 64  # the kubelet sends one per call; far more is not a kubelet
+MAX_OTHER_STREAMS = 64  # ListAndWatch streams beside the kubelet's own (debugging clients, monitors): bounded memory
+MAX_ERROR_CHARS = 1000  # gRPC refuses status details over 8 KiB of metadata; ours stay far below
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 _instance_counter = itertools.count()
 
@@ -69,9 +70,12 @@ def kubelet_identity(path: Path) -> tuple[int, int] | None:
     return (st.st_ino, st.st_ctime_ns)
 
 
-def socket_path_for(plugin_dir: Path, resource: Resource) -> Path:
-    """A unique socket path per serving instance (kubelet-contract §2.5); SocketPathError when too long."""
-    path = plugin_dir / f"{SOCKET_PREFIX}{resource.label}-{os.getpid()}-{next(_instance_counter)}.sock"
+def socket_path_for(plugin_dir: Path, resource: Resource, serial: int | None = None) -> Path:
+    """A fresh socket path per serving instance (kubelet-contract §2.5), of the same length for every instance of
+    the resource (the serial is three digits, modulo 1000), so a path that fits once fits always; SocketPathError
+    when it does not."""
+    serial = next(_instance_counter) if serial is None else serial
+    path = plugin_dir / f"{SOCKET_PREFIX}{resource.label}-{os.getpid()}-{serial % 1000:03d}.sock"
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise SocketPathError(
             f"pool {resource.pool.name}: socket path {path} is {len(os.fsencode(path))} bytes, over the kernel's "
@@ -91,7 +95,12 @@ class _Instance:
         self.registered_with: tuple[int, int] | None = None
         self.register_task: asyncio.Task[None] | None = None
         self.pending = False  # asked to register again while a registration runs
-        self.expect_kubelet_stream = False  # the next ListAndWatch is the one the kubelet opens for our Register
+        self.registering = False  # a Register call is in flight
+        # The kubelet calls GetDevicePluginOptions inside our Register, then opens ListAndWatch on the same
+        # connection: the first stream after that call is the kubelet's own (kubelet-contract §2.3).
+        self.expect_kubelet_stream = False
+        self.kubelet_stream: object | None = None  # the latest kubelet stream; an older one ending is no signal
+        self.other_streams = 0
 
 
 class DevicePluginServer:
@@ -193,9 +202,7 @@ class DevicePluginServer:
         if self._changed is None:
             self._changed = asyncio.Event()
         instance = _Instance(socket_path_for(self.plugin_dir, self.resource))
-        instance.server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)],
-        )
+        instance.server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes(self.resource))])
         pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self, instance), instance.server)
         instance.server.add_insecure_port(f"unix:{instance.socket_path}")
         await instance.server.start()
@@ -216,11 +223,6 @@ class DevicePluginServer:
         if instance.server is not None:
             await instance.server.stop(self.timings.stop_grace)
         instance.socket_path.unlink(missing_ok=True)
-
-    async def restart(self, reason: str) -> None:
-        log.info("restarting %s: %s", self.resource.name, reason)
-        await self.shutdown()
-        await self.serve()
 
     def request_registration(self) -> None:
         """Register the current instance (again); a request while one runs makes it go round once more."""
@@ -267,14 +269,18 @@ class DevicePluginServer:
                 reason = f"{self.kubelet_socket} does not exist yet"
             else:
                 try:
-                    instance.expect_kubelet_stream = True
+                    instance.registering = True
                     self.register_calls += 1
                     await self._register_once(instance)
                 except grpc.aio.AioRpcError as err:
                     instance.expect_kubelet_stream = False
                     reason = f"Register failed: {err.code().name}: {safe_text(err.details() or '', 300)}"
+                except (OSError, RuntimeError, ValueError) as err:  # never let the registration task die
+                    instance.expect_kubelet_stream = False
+                    reason = f"Register failed: {safe_text(str(err), 300)}"
                 else:
-                    instance.registered_with = identity
+                    # The kubelet this Register reached: read again, kubelet.sock may have been replaced meanwhile.
+                    instance.registered_with = kubelet_identity(self.kubelet_socket) or identity
                     self.registrations += 1
                     if not instance.pending and instance is self._instance:
                         self.registered.set()
@@ -283,6 +289,8 @@ class DevicePluginServer:
                         metrics.registered(self.resource.name)
                     log.info("registered %s with the kubelet (endpoint %s)", self.resource.name, instance.socket_path.name)
                     return
+                finally:
+                    instance.registering = False
             failures += 1
             # The first failure and then every tenth: a kubelet that stays away does not flood the log.
             if failures == 1 or failures % 10 == 0:
@@ -305,6 +313,11 @@ class DevicePluginServer:
         # kubelet.sock, still in its reconnect backoff from the dead kubelet, and fail fast for up to seconds.
         async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
             await pb_grpc.RegistrationStub(channel).Register(request, timeout=self.timings.register_timeout)
+
+
+def max_message_bytes(resource: Resource) -> int:
+    """What the largest legal request for this resource can weigh (every device ID at its longest), plus slack."""
+    return 64 * 1024 + len(resource.devices) * (MAX_DEVICE_ID_BYTES + 8)
 
 
 def _check_ids(ids: list[str], what: str) -> None:
@@ -338,11 +351,23 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self.resource = plugin.resource
 
     async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
+        if self.instance.registering:
+            self.instance.expect_kubelet_stream = True
         return OPTIONS
+
+    async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        await context.abort(code, message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "...")
 
     async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
         plugin, instance = self.plugin, self.instance
         from_kubelet, instance.expect_kubelet_stream = instance.expect_kubelet_stream, False
+        token = object()
+        if from_kubelet:
+            instance.kubelet_stream = token
+        else:
+            if instance.other_streams >= MAX_OTHER_STREAMS:
+                await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_OTHER_STREAMS} ListAndWatch streams of {self.resource.name} are open already")
+            instance.other_streams += 1
         sent = None
         try:
             while not instance.stopped.is_set():
@@ -356,15 +381,26 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                     await changed.wait()
         finally:
             if from_kubelet:
-                plugin.kubelet_stream_ended(instance)
+                if instance.kubelet_stream is token:
+                    plugin.kubelet_stream_ended(instance)
+            else:
+                instance.other_streams -= 1
+
+    def _check_request_size(self, containers: int, ids: int) -> None:
+        """Refuse what no kubelet sends before building anything from it: the loop serves every resource."""
+        if containers > MAX_CONTAINER_REQUESTS:
+            raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{containers} container requests in one call (at most {MAX_CONTAINER_REQUESTS})")
+        if ids > len(self.resource.devices):
+            raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{ids} device IDs, more than the {len(self.resource.devices)} devices of {self.resource.name}")
 
     async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
         responses = []
         for req in request.container_requests:
             try:
+                self._check_request_size(len(request.container_requests), len(req.available_deviceIDs))
                 _check_preferred(req)
             except AllocationError as err:
-                await context.abort(err.code, err.message)
+                await self._abort(context, err.code, err.message)
             ids = preferred_allocation(self.resource, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
@@ -372,27 +408,29 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
         plugin = self.plugin
         if not request.container_requests:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
         if not plugin.available:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
+            await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
         started = time.perf_counter()
         metrics = plugin.metrics()
         _, unhealthy, _, held = plugin._snapshot()
         try:
             responses = []
             for req in request.container_requests:
+                self._check_request_size(len(request.container_requests), len(req.devices_ids))
                 _check_ids(list(req.devices_ids), "devices_ids")
                 responses.append(container_response(self.resource, req.devices_ids, unhealthy | held))
         except AllocationError as err:
             log.warning("refused Allocate of %s: %s", self.resource.name, err.message)
             if metrics:
                 metrics.allocated(self.resource.name, False, time.perf_counter() - started)
-            await context.abort(err.code, err.message)
+            await self._abort(context, err.code, err.message)
         if metrics:
             metrics.allocated(self.resource.name, True, time.perf_counter() - started)
-        if log.isEnabledFor(logging.INFO):
-            for req, resp in zip(request.container_requests, responses):
-                log.info("allocated %s: %s -> %s", self.resource.name, brief(req.devices_ids), brief(resp.envs.get("CUDA_VISIBLE_DEVICES", "").split(","), 3))
+        if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
+            ids = [i for req in request.container_requests for i in req.devices_ids]
+            gpus = sorted({g for resp in responses for g in resp.envs.get("CUDA_VISIBLE_DEVICES", "").split(",") if g})
+            log.info("allocated %s: %s -> %s", self.resource.name, brief(ids), brief(gpus, 3))
         return pb.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:

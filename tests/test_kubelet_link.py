@@ -17,12 +17,17 @@ from deviceplugin.kubelet_sim import Container, Pod
 from deviceplugin.manager import PluginManager, remove_stale_sockets
 from deviceplugin.resources import build_resources
 from deviceplugin.config import default_config
-from deviceplugin.server import SocketPathError
+from deviceplugin.server import MAX_OTHER_STREAMS, SocketPathError
 
 from .conftest import FAST, node, registered
 from .test_cli import start_run
 
 SHARE = "example.com/gpu-share"
+
+
+def plugin_threads() -> int:
+    """Threads of this process that are not the built-in kubelet's (its per-stream consumers and gRPC workers)."""
+    return sum(not t.name.startswith(("lw-", "kubelet", "ThreadPoolExecutor")) for t in threading.enumerate())
 
 
 def plugin_channel(manager: PluginManager) -> grpc.Channel:
@@ -56,13 +61,17 @@ def test_dropped_streams_cost_nothing_and_never_re_register(kubelet, start_plugi
     assert kubelet.admit(Pod("after", [Container("c", {SHARE: 2})]))["c"][SHARE].envs["GPU_SHARE_COUNT"] == "2"
 
 
-def test_many_held_open_streams_all_get_lists_and_updates(kubelet, start_plugin):
+def test_held_open_streams_all_get_lists_and_updates_up_to_the_cap(kubelet, start_plugin):
     manager = start_plugin()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     with plugin_channel(manager) as channel:
         stub = pb_grpc.DevicePluginStub(channel)
-        streams = [stub.ListAndWatch(pb.Empty()) for _ in range(200)]
+        streams = [stub.ListAndWatch(pb.Empty()) for _ in range(MAX_OTHER_STREAMS)]
         assert all(len(next(s).devices) == 20 for s in streams)
+        with pytest.raises(grpc.RpcError) as err:
+            next(stub.ListAndWatch(pb.Empty()))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"{MAX_OTHER_STREAMS} ListAndWatch streams of {SHARE} are open already" in err.value.details()
         device = next(iter(manager.resources[0].devices))
         for _ in range(20):
             assert allocate_one(stub, device).container_responses
@@ -71,13 +80,15 @@ def test_many_held_open_streams_all_get_lists_and_updates(kubelet, start_plugin)
         assert all(sum(d.health == "Unhealthy" for d in u.devices) == 10 for u in updates)
         for s in streams:
             s.cancel()
+    # The kubelet's own stream is not counted: it still gets the change, and nothing re-registered.
+    assert kubelet.wait_for(lambda st: len(st[SHARE].unhealthy) == 10, timeout=2)
     assert len(kubelet.register_requests) == 1
 
 
 def test_restart_storm_settles_with_one_register_per_generation_and_no_leaks(kubelet, start_plugin):
     manager = start_plugin()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
-    threads = threading.active_count()
+    threads = plugin_threads()
     rng = random.Random(3)
     restarts = 50
     for _ in range(restarts):
@@ -90,7 +101,7 @@ def test_restart_storm_settles_with_one_register_per_generation_and_no_leaks(kub
     assert accepted and max(accepted.values()) == 1
     assert len(kubelet.register_requests) <= manager.servers[0].register_calls
     assert registered(SHARE)(kubelet.resources())
-    assert threading.active_count() <= threads + 2
+    assert plugin_threads() == threads
     assert kubelet.admit(Pod("after", [Container("c", {SHARE: 1})]))["c"][SHARE].envs["GPU_SHARE_COUNT"] == "1"
 
 
@@ -124,7 +135,7 @@ def test_sigterm_with_many_streams_open_exits_within_the_grace_period(kubelet, p
         sock = next(plugin_dir.glob("gpu-share-*.sock"))
         with grpc.insecure_channel(f"unix:{sock}") as channel:
             stub = pb_grpc.DevicePluginStub(channel)
-            streams = [stub.ListAndWatch(pb.Empty()) for _ in range(100)]
+            streams = [stub.ListAndWatch(pb.Empty()) for _ in range(MAX_OTHER_STREAMS)]
             assert all(next(s).devices for s in streams)
             started = time.monotonic()
             proc.send_signal(signal.SIGTERM)
