@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,12 +16,11 @@ from .config import ConfigError
 from .errors import StartupError
 from .health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
 from .inventory import InventoryError
+from .signals import SHUTDOWN_GRACE, catch_signals, raise_fd_limit, wait_for_signal
 
 log = logging.getLogger("gpu-share")
 
 BUILTIN = Path(__file__).parent / "builtin"
-SIGNALS = {signal.SIGTERM, signal.SIGINT}
-SHUTDOWN_GRACE = 20.0  # seconds from the signal to a forced exit, inside the pod's default 30 s
 
 if TYPE_CHECKING:
     from .inventory import NodeInfo
@@ -85,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--plugin-dir", default=defaults.PLUGIN_DIR, help=f"kubelet device-plugin directory (default {defaults.PLUGIN_DIR})")
     run.add_argument("--watch-interval", type=_positive_float, default=defaults.WATCH_INTERVAL, help="seconds between kubelet-restart checks")
     run.add_argument("--register-timeout", type=_positive_float, default=defaults.REGISTER_TIMEOUT, help="deadline of one Register call")
+    run.add_argument("--shutdown-grace", type=_positive_float, default=SHUTDOWN_GRACE, metavar="SECONDS",
+                     help=f"after SIGTERM/SIGINT, exit anyway once this long has passed (default {SHUTDOWN_GRACE:g}, inside the pod's 30 s)")
     run.add_argument("--backoff-max", type=_positive_float, default=defaults.BACKOFF_MAX, help="longest wait between registration attempts")
     run.add_argument("--fail-on-init-error", type=_bool, default=True, metavar="BOOL",
                      help="exit at once when GPUs cannot be discovered (default true); false keeps running, advertising nothing")
@@ -138,46 +137,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_stop = threading.Event()
-
-
-def _catch_signals() -> None:
-    """Block SIGTERM/SIGINT before any other thread starts (every later thread, gRPC's included, inherits the mask)
-    and take them in one watcher thread with `sigwait`: a signal can never be lost on a gRPC thread, and one that
-    arrives while start-up hangs (a wedged driver) still ends the process within SHUTDOWN_GRACE."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    threading.Thread(target=_watch_signals, name="signals", daemon=True).start()
-
-
-def _watch_signals() -> None:
-    received = signal.sigwait(SIGNALS)
-    log.info("%s received, shutting down", signal.Signals(received).name)
-    _stop.set()
-    deadline = threading.Timer(SHUTDOWN_GRACE, _force_exit)
-    deadline.daemon = True
-    deadline.start()
-
-
-def _wait_for_signal() -> None:
-    """Block until SIGTERM or SIGINT (or return at once if one came during start-up)."""
-    _stop.wait()
-
-
-def _raise_fd_limit() -> None:
-    """Use the hard limit of open files: the default soft limit (1024) is small for a server many can connect to."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _force_exit() -> None:
-    log.error("shutdown took longer than %.0fs; exiting now", SHUTDOWN_GRACE)
-    logging.shutdown()
-    os._exit(1)
-
-
 def _plan(args: argparse.Namespace, node: "NodeInfo") -> list["Resource"]:
     from .kube import NodeClient
     from .reload import ProfileSource, load_plan
@@ -228,8 +187,8 @@ def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    _catch_signals()
-    _raise_fd_limit()
+    catch_signals(args.shutdown_grace)
+    raise_fd_limit()
     from .config import load_config
     from .discovery import open_inventory
 
@@ -242,7 +201,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise
         log.error("%s; running without devices (--fail-on-init-error=false)", err)
         endpoint = _not_ready_endpoint(args, str(err))
-        _wait_for_signal()
+        wait_for_signal()
         if endpoint:
             endpoint.stop()
         return 0
@@ -265,13 +224,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         serving.manager.stop()
         inventory.close()
         raise
-    _wait_for_signal()
+    wait_for_signal()
     daemon.stop()
     return 0
 
 
 def cmd_mps(args: argparse.Namespace) -> int:
-    _catch_signals()
+    catch_signals()
     from .discovery import open_inventory
     from .mps import MpsDaemon
 
@@ -287,7 +246,7 @@ def cmd_mps(args: argparse.Namespace) -> int:
         log.warning("the config has no pool with backend mps on this node; nothing to run")
     for daemon in daemons:
         daemon.start()
-    _wait_for_signal()
+    wait_for_signal()
     for daemon in daemons:
         daemon.stop()
     return 0

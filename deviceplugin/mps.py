@@ -19,6 +19,7 @@ from pathlib import Path
 
 from . import defaults
 from .mps_paths import MpsPaths
+from .signals import child_signal_mask
 from .resources import Resource
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ def control(binary: str, paths: MpsPaths, commands: list[str], timeout: float, e
     """Run the control client with these commands on stdin, against the pool's pipe directory; its output."""
     env = {**(env or os.environ), "CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe), "CUDA_MPS_LOG_DIRECTORY": str(paths.log)}
     try:
-        result = subprocess.run([binary], input="\n".join(commands) + "\n", env=env, capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run([binary], input="\n".join(commands) + "\n", env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=child_signal_mask)
     except subprocess.TimeoutExpired:
         raise MpsError(f"{binary} {commands[0]!r}: no answer within {timeout}s") from None
     except OSError as err:
@@ -191,7 +192,7 @@ class MpsDaemon:
             raise MpsError(f"another control daemon already answers on {control_pipe} (a second gpu-share mps?): not starting one more")
         control_pipe.unlink(missing_ok=True)  # a killed daemon leaves its pipe behind; a client would hang on it
         try:
-            self._process = subprocess.Popen([self.binary, "-f"], env=self.env, stdin=subprocess.DEVNULL)
+            self._process = subprocess.Popen([self.binary, "-f"], env=self.env, stdin=subprocess.DEVNULL, preexec_fn=child_signal_mask)
         except OSError as err:
             raise MpsError(f"cannot start {self.binary}: {err}") from None
         try:
