@@ -22,7 +22,7 @@ from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.kubelet_sim import KubeletSimulator
 
-from .common import config_file, node_file, plugin_process, rss_mib, summary_ms, timed
+from .common import config_file, cpu_seconds, node_file, plugin_process, rss_mib, summary_ms, timed
 
 RESOURCE = "example.com/gpu-share"
 
@@ -66,7 +66,7 @@ def startup(smoke: bool) -> dict:
         kubelet.start()
         node, config = node_file(directory, 8), config_file(directory, 10)
 
-        def launch(env: dict[str, str], *extra: str) -> tuple[float, float]:
+        def launch(env: dict[str, str], *extra: str) -> tuple[float, float, float]:
             before = len(kubelet.register_times)
             started = time.time()
             process = subprocess.Popen(
@@ -76,8 +76,9 @@ def startup(smoke: bool) -> dict:
             )
             try:
                 registered = wait_register(kubelet, before) - started
+                cpu = cpu_seconds(process.pid)  # read at once: the process works on after registering
                 time.sleep(1.5)  # the rest loads after registration: measure once it has
-                return registered, rss_mib(process.pid)
+                return registered, rss_mib(process.pid), cpu
             finally:
                 process.terminate()
                 process.wait(15)
@@ -92,6 +93,7 @@ def startup(smoke: bool) -> dict:
         "starts": starts,
         "exec_to_register_median_ms": round(statistics.median(registered_ms), 1),
         "exec_to_register_max_ms": round(max(registered_ms), 1),
+        "cpu_until_register_median_ms": round(statistics.median(r[2] * 1000 for r in runs), 1),
         "rss_alone_mib": round(statistics.median(r[1] for r in runs), 1),
         "rss_full_mib": round(full[1], 1),
         "note": "alone: no API access, no metrics port; full: fake API (labels, annotation, pod list) + metrics port, as the DaemonSet runs",

@@ -10,24 +10,17 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from . import defaults
 from .inventory import GpuProcess, GpuStats, Inventory, NodeInfo
 from .loop import BackgroundLoop
 from .manager import PluginManager
 from .metering import Holding, Meter, MeterKey
+from .options import AgentSettings
 from .nodelabels import NodePublisher, inventory as inventory_annotation, node_labels
 from .podresources import PodResourcesClient, Usage, build_usage
 from .procmap import ProcessMapper
 from .watchdog import ContainerMemory, MemoryWatchdog
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    interval: float = defaults.POD_RESOURCES_INTERVAL
-    backoff_max: float = 80.0  # longest poll interval after RESOURCE_EXHAUSTED
-    quarantine: bool = False
 
 
 @dataclass(frozen=True)

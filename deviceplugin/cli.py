@@ -160,8 +160,7 @@ def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer
 
 
 def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
-    from .agent import AgentSettings
-    from .options import DaemonOptions
+    from .options import AgentSettings, DaemonOptions
     from .server import Timings
 
     return DaemonOptions(

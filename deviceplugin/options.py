@@ -6,9 +6,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import defaults
-from .agent import AgentSettings
 from .health import HealthSettings
 from .server import Timings
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    interval: float = defaults.POD_RESOURCES_INTERVAL
+    backoff_max: float = 80.0  # longest poll interval after RESOURCE_EXHAUSTED
+    quarantine: bool = False
 
 
 @dataclass(frozen=True)
