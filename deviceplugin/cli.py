@@ -117,10 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="config file tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     check = config_sub.add_parser("check", help="validate a config and show what it yields on a node")
-    add_logging(check, level="warning")
+    add_logging(check, level="error")  # the plugin's warnings are shown under each profile
     check.add_argument("file", help="config file")
-    check.add_argument("--node", help="simulated node description file (default: only validate)")
-    check.add_argument("--profile", help="profile to show (default: defaultProfile)")
+    check.add_argument("--node", help="node description file, or `discover --json` output (default: only validate)")
+    which = check.add_mutually_exclusive_group()
+    which.add_argument("--profile", help="profile to check on the node (default: defaultProfile, as `run --profile` would serve)")
+    which.add_argument("--all-profiles", action="store_true", help="check every profile on the node and report each one's result")
     check.set_defaults(func=cmd_config_check)
 
     discover = sub.add_parser("discover", help="show the node's GPUs, MIG instances, topology and health")
@@ -252,31 +254,9 @@ def cmd_mps(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .discovery import open_inventory
-    from .resources import build_resources
+    from .check import check_config
 
-    config = load_config(args.file)
-    profiles = [args.profile] if args.profile else sorted(config.profiles)
-    print(f"{args.file}: valid; profiles {', '.join(sorted(config.profiles))} (default {config.default_profile})")
-    if not args.node:
-        for name in profiles:
-            for pool in config.pools(name):
-                print(f"  {name}: {pool.path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}")
-        return 0
-    inventory = open_inventory(args.node)
-    node = inventory.discover()
-    for name in profiles:
-        print(f"\nProfile {name} on {node.name}:")
-        for resource in build_resources(config, node, name):
-            print(f"  {resource.name} ({resource.pool.mode}{', ' + resource.pool.backend if resource.pool.shared else ''}): {len(resource.devices)} devices")
-            for unit in resource.units:
-                what = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} ({unit.uuid})" if unit.mig else f" ({unit.gpu.model})")
-                if resource.pool.shared:
-                    print(f"    {what}: {unit.replicas} shares of {unit.memory_mib // unit.replicas} MiB")
-                else:
-                    print(f"    {what}: 1 device, {unit.memory_mib} MiB")
-    return 0
+    return check_config(args.file, args.node, args.profile, args.all_profiles)
 
 
 def cmd_discover(args: argparse.Namespace) -> int:

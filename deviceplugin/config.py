@@ -26,11 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .inventory import Gpu
 from .names import resource_name_problem
 from .schema import Fields, SchemaError, join, list_of
+from .yamlfile import YamlError, load_yaml
 
 SUPPORTED_VERSIONS = ("v1",)
 DEFAULT_DOMAIN = "example.com"
@@ -166,15 +165,23 @@ def load_config(path: str | Path) -> Config:
         text = Path(path).read_text()
     except OSError as err:
         raise ConfigError([f"cannot read: {err.strerror}"], source) from None
+    except UnicodeDecodeError:
+        raise ConfigError(["not UTF-8 text"], source) from None
     return parse_config_text(text, source)
 
 
 def parse_config_text(text: str, source: str = "config") -> Config:
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError([f"not valid YAML: {err}"], source) from None
-    return parse_config(data, source)
+        data, duplicates = load_yaml(text)
+    except YamlError as err:
+        raise ConfigError([f"not valid YAML at {err}"], source) from None
+    try:
+        config = parse_config(data, source)
+    except ConfigError as err:
+        raise ConfigError(duplicates + err.problems, source) from None
+    if duplicates:
+        raise ConfigError(duplicates, source)
+    return config
 
 
 def parse_quantity_mib(text: str) -> int:
@@ -213,7 +220,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
     """Validate a config document, collecting every problem before raising."""
     problems = _Problems()
     try:
-        top = Fields(data, "", _TOP_KEYS)
+        top = Fields(data, "", _TOP_KEYS, problems.items)
     except SchemaError as err:
         raise ConfigError([str(err)], source) from None
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
-from .inventory import Inventory, NodeInfo
+from .inventory import Gpu, Inventory, NodeInfo
 from .simulated import SimulatedInventory
 
 
@@ -19,20 +18,27 @@ def open_inventory(node_file: str | None) -> Inventory:
 
 
 def node_report(node: NodeInfo, inventory: Inventory) -> dict:
-    """Everything `discover --json` prints: GPUs with MIG instances, links and current health."""
-    gpus = []
-    for gpu in node.gpus:
-        entry = asdict(gpu)
-        entry["health"] = inventory.check(gpu.uuid) or "Healthy"
-        gpus.append(entry)
-    links = [{"gpus": [a, b], "nvlinks": link.nvlinks, "pcie": link.pcie} for (a, b), link in node.links.items()]
+    """Everything `discover --json` prints, in the node file format (so `--node` accepts it), with current health."""
+    index = {gpu.uuid: gpu.index for gpu in node.gpus}
     return {
         "name": node.name,
         "driverVersion": node.driver_version,
         "cudaDriverVersion": node.cuda_driver_version,
-        "gpus": gpus,
-        "links": links,
+        "gpus": [_gpu_entry(gpu, inventory.check(gpu.uuid) or "Healthy") for gpu in node.gpus],
+        "links": [
+            {"gpus": [index[a], index[b]], "nvlinks": link.nvlinks, "pcie": link.pcie} for (a, b), link in node.links.items()
+        ],
     }
+
+
+def _gpu_entry(gpu: Gpu, health: str) -> dict:
+    entry: dict = {"index": gpu.index, "uuid": gpu.uuid, "model": gpu.model, "memoryMiB": gpu.memory_mib}
+    optional = {"numaNode": gpu.numa_node, "pciBusId": gpu.pci_bus_id, "computeCapability": gpu.compute_capability, "minorNumber": gpu.minor_number}
+    entry.update({key: value for key, value in optional.items() if value not in (None, "")})
+    if gpu.mig_enabled:
+        entry["mig"] = [{"uuid": m.uuid, "profile": m.profile, "memoryMiB": m.memory_mib, "giId": m.gi_id, "ciId": m.ci_id} for m in gpu.mig_devices]
+    entry["health"] = health
+    return entry
 
 
 def render_json(node: NodeInfo, inventory: Inventory) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 _TYPE_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "a mapping", bool: "a boolean"}
@@ -42,7 +43,7 @@ class Fields:
         self.problems = problems
         for key in data:
             if key not in spec:
-                self._fail(SchemaError(join(path, str(key)), f"unknown key (known keys: {', '.join(sorted(spec))})"))
+                self._fail(SchemaError(join(path, str(key)), unknown_key_reason(str(key), spec)))
 
     def _fail(self, error: SchemaError) -> None:
         if self.problems is None:
@@ -67,6 +68,14 @@ class Fields:
     def check(self, condition: bool, key: str, reason: str) -> None:
         if not condition:
             self._fail(SchemaError(join(self.path, key), reason))
+
+
+def unknown_key_reason(key: str, known: dict[str, type]) -> str:
+    """`unknown key`, with the nearest known key (case and small typos forgiven) and the full list."""
+    by_lower = {k.lower(): k for k in known}
+    near = by_lower.get(key.lower()) or next(iter(difflib.get_close_matches(key, known, n=1, cutoff=0.75)), None)
+    hint = f"; did you mean {near!r}?" if near else ""
+    return f"unknown key{hint} (known keys: {', '.join(sorted(known))})"
 
 
 def list_of(items: list[Any], path: str, expected: type) -> list[Any]:

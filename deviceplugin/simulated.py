@@ -16,6 +16,7 @@ File format (every key is documented in docs/configuration.md)::
         minorNumber: 0             # optional, N of /dev/nvidiaN (default: index)
         mig:                       # optional: MIG enabled, with these instances
           - {uuid: MIG-..., profile: 3g.40gb, memoryMiB: 40192, giId: 1, ciId: 0}
+        health: Healthy            # optional (as `discover --json` prints it): anything else fails queries from the start
     links:                         # optional: GPU pairs by index
       - {gpus: [0, 1], nvlinks: 12}
       - {gpus: [0, 2], pcie: host-bridge}
@@ -34,10 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .inventory import PCIE_LEVELS, Gpu, GpuProcess, GpuStats, HealthEvent, InventoryError, Link, MigDevice, NodeInfo
 from .schema import Fields, SchemaError, join
+from .yamlfile import YamlError, load_yaml
 
 _GPU_KEYS = {
     "index": int,
@@ -49,6 +49,7 @@ _GPU_KEYS = {
     "computeCapability": str,
     "minorNumber": int,
     "mig": list,
+    "health": str,
 }
 _MIG_KEYS = {"uuid": str, "profile": str, "memoryMiB": int, "giId": int, "ciId": int}
 _PROFILE = re.compile(r"^\d+g\.\d+gb(\+[a-z]+)*$")
@@ -60,6 +61,7 @@ class ScheduledFailure:
     after: float
     xid: int | None
     lost: bool
+    reason: str = "GPU is lost"  # why queries fail after a loss
 
 
 def parse_node(data: Any, source: str = "node file") -> tuple[NodeInfo, list[ScheduledFailure]]:
@@ -70,11 +72,14 @@ def parse_node(data: Any, source: str = "node file") -> tuple[NodeInfo, list[Sch
             "",
             {"name": str, "driverVersion": str, "cudaDriverVersion": str, "gpus": list, "links": list, "failures": list},
         )
-        gpus = [_parse_gpu(item, f"gpus[{i}]") for i, item in enumerate(top.get("gpus", [], required=True))]
+        items = top.get("gpus", [], required=True)
+        gpus = [_parse_gpu(item, f"gpus[{i}]") for i, item in enumerate(items)]
         _check_unique(gpus)
         by_index = {g.index: g for g in gpus}
         links = dict(_parse_link(item, f"links[{i}]", by_index) for i, item in enumerate(top.get("links", [])))
         failures = [_parse_failure(item, f"failures[{i}]", by_index) for i, item in enumerate(top.get("failures", []))]
+        # A GPU that `discover --json` saw unhealthy fails its queries from the start.
+        failures += [ScheduledFailure(g.uuid, 0, None, True, item["health"]) for g, item in zip(gpus, items) if item.get("health", "Healthy") != "Healthy"]
     except SchemaError as err:
         raise InventoryError(f"{source}: {err}") from None
     node = NodeInfo(
@@ -174,15 +179,20 @@ class SimulatedInventory:
         self._lock = threading.Lock()
         started = time.monotonic()
         self._schedule = sorted(((started + f.after, f) for f in failures or []), key=lambda p: p[0])
+        self._failing.update({f.gpu_uuid: f.reason for f in failures or [] if f.lost and f.after == 0})  # lost from the start
 
     @classmethod
     def from_file(cls, path: str | Path, proc_root: str | Path | None = None) -> "SimulatedInventory":
         try:
-            data = yaml.safe_load(Path(path).read_text())
+            data, duplicates = load_yaml(Path(path).read_text())
         except OSError as err:
             raise InventoryError(f"cannot read node file {path}: {err.strerror}") from None
-        except yaml.YAMLError as err:
-            raise InventoryError(f"node file {path} is not valid YAML: {err}") from None
+        except UnicodeDecodeError:
+            raise InventoryError(f"node file {path} is not UTF-8 text") from None
+        except YamlError as err:
+            raise InventoryError(f"node file {path} is not valid YAML at {err}") from None
+        if duplicates:
+            raise InventoryError(f"node file {path}: {duplicates[0]}")
         return cls(*parse_node(data, str(path)), proc_root=proc_root)
 
     def discover(self) -> NodeInfo:
@@ -229,8 +239,8 @@ class SimulatedInventory:
             if self._schedule and self._schedule[0][0] <= time.monotonic():
                 _, failure = self._schedule.pop(0)
                 if failure.lost:
-                    self._failing[failure.gpu_uuid] = "GPU is lost"
-                    return HealthEvent(gpu_uuid=failure.gpu_uuid, reason="GPU is lost", reset_required=True)
+                    self._failing[failure.gpu_uuid] = failure.reason
+                    return HealthEvent(gpu_uuid=failure.gpu_uuid, reason=failure.reason, reset_required=True)
                 return HealthEvent(gpu_uuid=failure.gpu_uuid, reason=f"XID {failure.xid}", xid=failure.xid)
             if self._schedule:
                 deadline = min(deadline, self._schedule[0][0])

@@ -183,5 +183,5 @@ def test_discover_table_and_json():
     assert any(line.startswith("GPU5") and "NV12" in line for line in lines)
     report = json.loads(subprocess.run([*GPU_CLI, "discover", "--node", node_file, "--json"], capture_output=True, text=True, timeout=15).stdout)
     assert len(report["gpus"]) == 8 and report["gpus"][0]["health"] == "Healthy"
-    assert [m["profile"] for m in report["gpus"][1]["mig_devices"]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
-    assert {"gpus": ["GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000005", "GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000006"], "nvlinks": 12, "pcie": "numa-node"} in report["links"]
+    assert [m["profile"] for m in report["gpus"][1]["mig"]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert {"gpus": [5, 6], "nvlinks": 12, "pcie": "numa-node"} in report["links"]

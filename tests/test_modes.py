@@ -170,7 +170,7 @@ def test_cdi_strategy_and_device_specs(kubelet, start_plugin, tmp_path):
         ({"memoryWatchdog": {"mode": 1}}, "memoryWatchdog.mode: unknown key (known keys: policy, quarantine)"),
         ({"memoryWatchdog": []}, "memoryWatchdog: must be a mapping, got a list"),
         ({"profiles": {"Bad_Name": {"pools": []}}}, "profiles.Bad_Name: profile names must be 1-40 characters of [a-z0-9-]"),
-        ({"profiles": {"x": {"pool": []}}}, "profiles.x.pool: unknown key (known keys: pools)"),
+        ({"profiles": {"x": {"pool": []}}}, "profiles.x.pool: unknown key; did you mean 'pools'? (known keys: pools)"),
     ],
 )
 def test_global_key_validation(top, message):
