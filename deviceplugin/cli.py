@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 
 # Only light imports here: each command imports what it needs, so `config check` and `discover` never load
 # grpc, prometheus or kubernetes, and `run` registers with the kubelet before the heavy parts load.
-from . import defaults
+from . import __version__, defaults
 from .config import ConfigError
 from .errors import StartupError
 from .health import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
 from .inventory import InventoryError
 from .signals import SHUTDOWN_GRACE, catch_signals, raise_fd_limit, wait_for_signal
+from .startup import FlagError, check_directory, check_executable, check_plugin_dir, check_readable_file
 
 log = logging.getLogger("gpu-share")
 
@@ -62,6 +63,7 @@ def _xid_list(text: str) -> frozenset[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-share", description="Kubernetes device plugin that shares GPUs safely.")
+    parser.add_argument("--version", action="version", version=f"gpu-share {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add_logging(command: argparse.ArgumentParser, level: str = "info") -> None:
@@ -161,6 +163,12 @@ def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer
     return server
 
 
+def _check_plan_flags(args: argparse.Namespace) -> None:
+    for flag, value in (("--config", args.config), ("--node", args.node), ("--kubeconfig", args.kubeconfig)):
+        if value:
+            check_readable_file(flag, value)
+
+
 def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
     from .options import AgentSettings, DaemonOptions
     from .server import Timings
@@ -190,6 +198,9 @@ def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
 def cmd_run(args: argparse.Namespace) -> int:
     catch_signals(args.shutdown_grace)
     raise_fd_limit()
+    _check_plan_flags(args)
+    check_plugin_dir(args.plugin_dir)
+    check_directory("--proc-root", args.proc_root, "the host's /proc, for mapping GPU processes to pods")
     from .config import load_config
     from .discovery import open_inventory
 
@@ -232,6 +243,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_mps(args: argparse.Namespace) -> int:
     catch_signals()
+    _check_plan_flags(args)
+    check_executable("--mps-control", args.mps_control, "it comes with the NVIDIA driver's user-space tools")
     from .discovery import open_inventory
     from .mps import MpsDaemon
 
@@ -287,11 +300,15 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         return args.func(args)
-    except ConfigError as err:
+    except (ConfigError, FlagError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 2
     except (InventoryError, StartupError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
+        return 1
+    except (OSError, RuntimeError) as err:  # anything else at start-up: one line, the traceback only at debug level
+        log.debug("start-up failed", exc_info=True)
+        print(f"gpu-share: error: start-up failed: {err} (--log-level debug shows where)", file=sys.stderr)
         return 1
 
 

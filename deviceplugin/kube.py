@@ -7,6 +7,7 @@ import os
 from datetime import datetime, timezone
 
 from .procmap import PodRef, bare_container_id
+from .startup import FlagError
 
 log = logging.getLogger(__name__)
 
@@ -23,20 +24,24 @@ class NodeClient:
 
     @classmethod
     def connect(cls, node_name: str | None = None, kubeconfig: str | None = None) -> "NodeClient | None":
-        """In-cluster config, else the kubeconfig file; None (said once, clearly) when neither works."""
+        """In-cluster config, else the kubeconfig file; None (said once, clearly) when neither works.
+        A kubeconfig given explicitly that does not load is fatal (FlagError)."""
         node_name = node_name or os.environ.get("NODE_NAME")
         if not node_name:
             log.warning("NODE_NAME is not set: node labels, the profile label and node annotations are off")
             return None
         from kubernetes import client, config  # ~20 MiB and most of a second: only when it will be used
-        try:
-            if kubeconfig:
+        if kubeconfig:
+            try:
                 config.load_kube_config(config_file=kubeconfig)
-            else:
-                try:
-                    config.load_incluster_config()
-                except config.ConfigException:
-                    config.load_kube_config()
+            except (config.ConfigException, OSError, TypeError, ValueError) as err:
+                raise FlagError("--kubeconfig", kubeconfig, f"cannot be used: {err}") from None
+            return cls(client.CoreV1Api(), node_name)
+        try:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
         except (config.ConfigException, OSError, TypeError) as err:
             log.warning("no Kubernetes API access (%s): node labels, the profile label and node annotations are off", err)
             return None

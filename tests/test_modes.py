@@ -290,10 +290,11 @@ def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir,
 
 
 def test_without_api_access_the_plugin_says_so_once(plugin_dir, kubelet, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     proc = subprocess.Popen(
         [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir),
-         "--kubeconfig", str(tmp_path / "missing"), "--watch-interval", "0.05", "--metrics-port", "0", "--reload-interval", "0.05"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_NAME": "n1"},
+         "--watch-interval", "0.05", "--metrics-port", "0", "--reload-interval", "0.05"],
+        stderr=subprocess.PIPE, text=True, env={**env, "NODE_NAME": "n1", "HOME": str(tmp_path)},  # no ~/.kube/config
     )
     try:
         assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=15)
