@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_logging(demo, level="error")
     demo.add_argument("--node", default=str(BUILTIN / "demo-node.yaml"), help="simulated node description file")
     demo.add_argument("--config", default=str(BUILTIN / "demo-config.yaml"), help="config file")
+    demo.add_argument("--profile", help="config profile to serve (default: defaultProfile)")
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -287,7 +288,7 @@ def cmd_discover(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(args.node, args.config)
+    return run_demo(args.node, args.config, profile=args.profile)
 
 
 def main(argv: list[str] | None = None) -> int:

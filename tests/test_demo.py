@@ -1,0 +1,84 @@
+"""`gpu-share demo` on every shipped node and config: sample pods built from what the config yields there."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from deviceplugin.cli import BUILTIN
+from deviceplugin.demo import run_demo
+
+from .conftest import EXAMPLES
+
+NODES = sorted((EXAMPLES / "nodes").glob("*.yaml")) + [BUILTIN / "demo-node.yaml"]
+CONFIGS = sorted((EXAMPLES / "config").glob("*.yaml")) + [BUILTIN / "demo-config.yaml"]
+# Configs that select GPUs by index beyond the two of the T4 node: the plugin refuses them there.
+REFUSED = {("2xT4", "mixed"), ("2xT4", "mig-mixed"), ("demo-node", "mig-mixed")}
+
+
+def demo(node, config) -> tuple[int, list[str]]:
+    lines: list[str] = []
+    rc = run_demo(str(node), str(config), out=lambda text: lines.extend(str(text).splitlines()))
+    return rc, lines
+
+
+@pytest.mark.parametrize("node", NODES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_demo_runs_on_every_shipped_node_and_config(node, config):
+    rc, lines = demo(node, config)
+    text = "\n".join(lines)
+    if (node.stem, config.stem) in REFUSED:
+        assert rc == 2, text
+        assert lines[0].startswith("The plugin refuses this config on node"), text
+        assert "no GPU with index" in text
+        return
+    assert rc == 0, text
+    assert lines[-1] == "Done: sockets removed, temporary directory cleaned up."
+    pods = text.split("Admitting sample pods built from these resources:")[1].split("\n\n")[0]
+    advertised = set(re.findall(r"^  (\S+/\S+)\s+\d+\s+\d+$", text, flags=re.M))
+    requested = set(re.findall(r" (\S+/\S+): \d+ ", pods))
+    assert requested and requested <= advertised, (requested, advertised)  # only resources the node really has
+    assert re.search(r"^  too-big .* REFUSED: ", pods, flags=re.M), pods  # the pod that cannot fit
+    if any(re.search(r"/mig-\d+g\.", r) for r in advertised):  # a mig-mode resource
+        assert re.search(r"^  isolated +one MIG instance .* MIG instance +NVIDIA_VISIBLE_DEVICES=MIG-", pods, flags=re.M), pods
+    assert "GPU memory use is simulated" in text
+    usage = text.split("USED MiB (simulated)")[1]
+    for row in re.findall(r"^  (\S+) +main +\S+ +\d+ +(\d+) +(\d+)(.*)$", usage, flags=re.M):
+        name, limit, used, over = row
+        assert int(used) <= int(limit) * 1.1 + 1, row  # scaled to what the pod was given, never made up
+        assert ("OVER LIMIT" in over) == (name == "chat-large"), row
+
+
+def test_default_demo_shows_every_kind_of_pod():
+    rc, lines = demo(BUILTIN / "demo-node.yaml", BUILTIN / "demo-config.yaml")
+    assert rc == 0
+    text = "\n".join(lines)
+    for expected in (
+        "  trainer     a whole GPU       ",
+        "  isolated    one MIG instance  ",
+        "  chat-small  one share         ",
+        "  chat-large  3 shares, using more memory than they allow  example.com/gpu-share: 3",
+        "shares 3/10, 24576 MiB, 30% compute",
+        "  too-big     more shares (11) than one GPU has",
+        "span 2 GPUs",
+        "example.com/gpu-share GPU 2: 4/10 shares used",
+    ):
+        assert expected in text, text
+    usage = text.split("USED MiB (simulated)")[1]
+    assert re.search(r"chat-large +main +example.com/gpu-share +3 +24576 +27033 +OVER LIMIT", usage), usage
+    assert re.search(r"trainer +main +example.com/gpu +1 +81920 +69632", usage), usage
+
+
+def test_demo_shows_the_plugins_warnings():
+    rc, lines = demo(EXAMPLES / "nodes" / "8xH100-80GB.yaml", EXAMPLES / "config" / "by-model.yaml")
+    assert rc == 0
+    assert "  warning: pool t4-shares has no usable GPU on this node; gpu.example.org/t4-share is not advertised" in lines
+
+
+def test_demo_leaves_mps_pools_out_and_says_why():
+    lines: list[str] = []
+    rc = run_demo(str(EXAMPLES / "nodes" / "2xT4.yaml"), str(EXAMPLES / "config" / "profiles.yaml"), out=lines.append, profile="mps")
+    assert rc == 2
+    assert "  note: example.com/gpu-share is an MPS pool: it waits for `gpu-share mps`, which the demo does not run, and is left out" in lines
+    assert lines[-1] == "Nothing to show: this config advertises no resource the demo can serve on this node."
