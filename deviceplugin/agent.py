@@ -126,7 +126,7 @@ class NodeAgent(BackgroundLoop):
         if self.publisher is not None:
             resources = self.manager.resources
             self.publisher.publish(
-                node_labels(self.publisher.domain, self.node, resources),
+                node_labels(self.publisher.domain, self.node, resources, self.publisher.shared_product_suffix),
                 inventory_annotation(self.node, resources, usage, self.unhealthy()),
             )
         self.snapshot = Snapshot(

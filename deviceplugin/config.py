@@ -8,6 +8,7 @@ Every key, its default and an example are in docs/configuration.md. In short::
     deviceListStrategy: envvar       # envvar | cdi
     cdiKind: nvidia.com/gpu          # CDI names are <cdiKind>=<UUID>
     deviceSpecs: false               # add /dev/nvidia* device specs to Allocate
+    sharedProductSuffix: false       # gpu.product label gets GFD's -SHARED when GPUs are shared
     deviceRoot: /                    # where /dev and /proc/driver/nvidia are found
     mpsRoot: /run/gpu-share/mps      # MPS pipe, log and shm directories, per pool
     memoryWatchdog: {policy: report, quarantine: false}
@@ -55,6 +56,7 @@ _TOP_KEYS = {
     "deviceListStrategy": str,
     "cdiKind": str,
     "deviceSpecs": bool,
+    "sharedProductSuffix": bool,
     "deviceRoot": str,
     "mpsRoot": str,
     "defaultProfile": str,
@@ -137,6 +139,7 @@ class Config:
     device_list_strategy: str = "envvar"
     cdi_kind: str = "nvidia.com/gpu"
     device_specs: bool = False
+    shared_product_suffix: bool = False  # GFD's -SHARED on the gpu.product label when GPUs are shared
     device_root: str = "/"
     mps_root: str = DEFAULT_MPS_ROOT
     watchdog_policy: str = "report"
@@ -238,6 +241,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
     cdi_kind = problems.attempt(top.get, "cdiKind", "nvidia.com/gpu") or "nvidia.com/gpu"
     problems.check(bool(_CDI_KIND.match(cdi_kind)), f"cdiKind: must be <vendor>/<class> such as nvidia.com/gpu, got {cdi_kind!r}")
     device_specs = problems.attempt(top.get, "deviceSpecs", False) or False
+    shared_product_suffix = problems.attempt(top.get, "sharedProductSuffix", False) or False
     device_root = problems.attempt(top.get, "deviceRoot", "/") or "/"
     problems.check(device_root.startswith("/"), f"deviceRoot: must be an absolute path, got {device_root!r}")
     mps_root = problems.attempt(top.get, "mpsRoot", DEFAULT_MPS_ROOT) or DEFAULT_MPS_ROOT
@@ -283,6 +287,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
         device_list_strategy=strategy,
         cdi_kind=cdi_kind,
         device_specs=device_specs,
+        shared_product_suffix=shared_product_suffix,
         device_root=device_root,
         mps_root=mps_root,
         watchdog_policy=watchdog_policy,

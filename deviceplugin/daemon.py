@@ -59,7 +59,7 @@ class PluginDaemon:
             AgentSettings(options.agent.interval, options.agent.backoff_max, quarantine=self.config.quarantine),
             mapper=ProcessMapper(directory, options.proc_root) if directory else None,
             watchdog=MemoryWatchdog(self.config.watchdog_policy, events=self._event_sink(client)),
-            publisher=NodePublisher(client, self.config.domain, options.label_interval) if client else None,
+            publisher=NodePublisher(client, self.config.domain, options.label_interval, self.config.shared_product_suffix) if client else None,
             unhealthy=lambda: frozenset(self.monitor.unhealthy),
         )
         self.registry.register(StateCollector(MetricSources(self.node, self.manager, self.agent, self.monitor, self.reloader)))

@@ -37,6 +37,7 @@ def _gpu_entry(gpu: Gpu, health: str) -> dict:
     entry.update({key: value for key, value in optional.items() if value not in (None, "")})
     if gpu.mig_enabled:
         entry["mig"] = [{"uuid": m.uuid, "profile": m.profile, "memoryMiB": m.memory_mib, "giId": m.gi_id, "ciId": m.ci_id} for m in gpu.mig_devices]
+    entry["migCapable"] = gpu.mig_capable
     entry["health"] = health
     return entry
 

@@ -39,6 +39,7 @@ class Gpu:
     minor_number: int | None = None  # N of /dev/nvidiaN
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
+    mig_capable: bool = False  # the hardware supports MIG, enabled or not
 
 
 @dataclass(frozen=True)

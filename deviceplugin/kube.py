@@ -48,8 +48,12 @@ class NodeClient:
         return cls(client.CoreV1Api(), node_name)
 
     def labels(self) -> dict[str, str]:
+        return self.metadata()[0]
+
+    def metadata(self) -> tuple[dict[str, str], dict[str, str]]:
+        """The Node's labels and annotations."""
         node = self.api.read_node(self.node_name, _request_timeout=self.timeout)
-        return dict(node.metadata.labels or {})
+        return dict(node.metadata.labels or {}), dict(node.metadata.annotations or {})
 
     def patch_metadata(self, labels: dict[str, str | None], annotations: dict[str, str | None]) -> None:
         """Merge-patch labels and annotations (None removes a key)."""

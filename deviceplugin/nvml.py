@@ -141,6 +141,7 @@ class NvmlInventory:
             minor_number=self._optional("nvmlDeviceGetMinorNumber", handle, gpu=label),
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(handle, label) if mig_enabled else (),
+            mig_capable=mode is not None,  # NOT_SUPPORTED: no MIG on this GPU
         )
 
     def _numa_node(self, bus_id: str, handle: Any, label: str) -> int | None:

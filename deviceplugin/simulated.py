@@ -16,6 +16,7 @@ File format (every key is documented in docs/configuration.md)::
         minorNumber: 0             # optional, N of /dev/nvidiaN (default: index)
         mig:                       # optional: MIG enabled, with these instances
           - {uuid: MIG-..., profile: 3g.40gb, memoryMiB: 40192, giId: 1, ciId: 0}
+        migCapable: true           # optional: the hardware supports MIG (default: true when mig is given)
         health: Healthy            # optional (as `discover --json` prints it): anything else fails queries from the start
     links:                         # optional: GPU pairs by index
       - {gpus: [0, 1], nvlinks: 12}
@@ -49,6 +50,7 @@ _GPU_KEYS = {
     "computeCapability": str,
     "minorNumber": int,
     "mig": list,
+    "migCapable": bool,
     "health": str,
 }
 _MIG_KEYS = {"uuid": str, "profile": str, "memoryMiB": int, "giId": int, "ciId": int}
@@ -114,6 +116,7 @@ def _parse_gpu(item: Any, path: str) -> Gpu:
         minor_number=fields.get("minorNumber", index),
         mig_enabled=fields.has("mig"),
         mig_devices=tuple(mig),
+        mig_capable=fields.get("migCapable", fields.has("mig")),
     )
 
 

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from deviceplugin.agent import AgentSettings, NodeAgent
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.api import podresources_pb2_grpc as pr_grpc
-from deviceplugin.config import parse_config
+from deviceplugin.config import default_config, parse_config
 from deviceplugin.daemon import DaemonOptions, PluginDaemon
 from deviceplugin.health import HealthSettings
 from deviceplugin.inventory import HealthEvent
@@ -335,10 +335,16 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     d.agent.sync()
     labels = d.api.labels
     assert labels["example.com/gpu.product"] == "Tesla-T4" and labels["example.com/gpu.count"] == "2"
-    assert labels["example.com/gpu.memory"] == "15360" and labels["example.com/gpu.driver-version"] == "550.54.15"
-    assert labels["example.com/s.sharing-strategy"] == "time-slicing" and labels["example.com/s.replicas"] == "4"
-    assert labels["example.com/w.sharing-strategy"] == "none"
+    assert labels["example.com/gpu.memory"] == "15360" and labels["example.com/gpu.present"] == "true"
+    assert labels["example.com/cuda.driver.major"] == "550" and labels["example.com/cuda.driver.minor"] == "54"
+    assert labels["example.com/cuda.driver.rev"] == "15" and labels["example.com/cuda.runtime.major"] == "12"
+    assert labels["example.com/gpu.family"] == "turing" and labels["example.com/gpu.compute.major"] == "7"
+    assert labels["example.com/gpu.compute.minor"] == "5"
+    assert labels["example.com/gpu.sharing-strategy"] == "time-slicing" and labels["example.com/gpu.replicas"] == "4"
+    assert labels["example.com/gpu-share.s.sharing-strategy"] == "time-slicing" and labels["example.com/gpu-share.s.replicas"] == "4"
+    assert labels["example.com/gpu-share.w.sharing-strategy"] == "none" and labels["example.com/gpu-share.w.gpus"] == "1"
     assert labels["example.com/mig.capable"] == "false" and labels["example.com/mig.strategy"] == "none"
+    assert json.loads(d.api.annotations["example.com/gpu-share.labels"]) == sorted(labels)
     gpus = {g["uuid"]: g for g in json.loads(d.api.annotations["example.com/gpu-share.inventory"])}
     assert gpus[U0] == {"uuid": U0, "index": 0, "model": "Tesla T4", "memoryMiB": 15360, "pool": "s", "sharesTotal": 4, "sharesUsed": 3, "health": "Healthy"}
     assert gpus[U1]["health"] == "Unhealthy" and gpus[U1]["pool"] == "w"
@@ -354,16 +360,52 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     assert "labels" not in d.api.patches[-1]["metadata"]  # only the annotation changed
 
 
-def test_publisher_debounces_and_removes_stale_labels(fake_kube):
+def test_publisher_debounces_and_removes_only_labels_it_wrote(fake_kube):
     api, kubeconfig = fake_kube
-    api.labels = {"example.com/old-pool.replicas": "8", "team": "ml"}
+    api.labels = {"example.com/old-pool.replicas": "8", "example.com/gpu.count": "1", "team": "ml"}
+    api.annotations = {"example.com/gpu-share.labels": '["example.com/old-pool.replicas","example.com/gpu.count"]'}
     publisher = NodePublisher(NodeClient.connect(api.node_name, str(kubeconfig)), "example.com", min_interval=60)
     assert publisher.publish({"example.com/gpu.count": "2"}, [])
     assert api.labels == {"example.com/gpu.count": "2", "team": "ml"}  # ours replaced, others untouched
+    assert api.annotations["example.com/gpu-share.labels"] == '["example.com/gpu.count"]'
     assert not publisher.publish({"example.com/gpu.count": "3"}, [])  # within the debounce interval
     assert label_value("NVIDIA A100-SXM4-80GB") == "NVIDIA-A100-SXM4-80GB"
-    labels = node_labels("example.com", node("8xA100-80GB-mig"), [])
-    assert labels["example.com/mig.capable"] == "true"
+
+
+def test_with_domain_nvidia_com_gfd_labels_are_left_alone(fake_kube):
+    api, kubeconfig = fake_kube
+    gfd = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.machine": "g4dn", "nvidia.com/mig.capable": "false"}
+    api.labels = dict(gfd)
+    client = NodeClient.connect(api.node_name, str(kubeconfig))
+    labels = node_labels("nvidia.com", node("2xT4"), build_resources(default_config(), node("2xT4")))
+    first = NodePublisher(client, "nvidia.com", min_interval=0)
+    assert first.publish(labels, [])
+    assert {k: api.labels[k] for k in gfd} == gfd  # GFD's keys: neither overwritten nor deleted
+    ours = json.loads(api.annotations["nvidia.com/gpu-share.labels"])
+    assert not set(ours) & set(gfd) and "nvidia.com/gpu.count" in ours and api.labels["nvidia.com/gpu.count"] == "2"
+    # A restart knows its own keys from the annotation; a smaller label set removes only ours.
+    again = NodePublisher(client, "nvidia.com", min_interval=0)
+    assert again.publish({"nvidia.com/gpu.count": "2"}, [])
+    assert api.labels == {**gfd, "nvidia.com/gpu.count": "2"}
+    assert json.loads(api.annotations["nvidia.com/gpu-share.labels"]) == ["nvidia.com/gpu.count"]
+
+
+def test_gfd_label_values():
+    a100 = node_labels("example.com", node("8xA100-80GB-mig"), [])
+    assert a100["example.com/mig.capable"] == "true" and a100["example.com/gpu.family"] == "ampere"
+    assert a100["example.com/mig-1g.10gb.count"] == "10" and a100["example.com/mig-1g.10gb.memory"] == "9984"
+    assert a100["example.com/mig-7g.80gb.count"] == "1"
+    mixed = build_resources(parse_config({"version": "v1", "pools": [{"name": "m", "mode": "mig"}]}), node("8xA100-80GB-mig"))
+    assert node_labels("example.com", node("8xA100-80GB-mig"), mixed)["example.com/mig.strategy"] == "mixed"
+    assert node_labels("example.com", node("8xA100-80GB-mig"), mixed)["example.com/gpu-share.m-1g.10gb.replicas"] == "1"
+    h100 = node("8xH100-80GB")
+    assert node_labels("example.com", h100, [])["example.com/mig.capable"] == "true"  # supported, not enabled
+    assert node_labels("example.com", node("2xT4"), [])["example.com/mig.capable"] == "false"
+    shared = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "backend": "mps", "replicas": 4}]}), h100)
+    labels = node_labels("example.com", h100, shared, shared_product_suffix=True)
+    assert labels["example.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED" and labels["example.com/gpu.family"] == "hopper"
+    assert labels["example.com/gpu.sharing-strategy"] == "mps" and labels["example.com/gpu.replicas"] == "4"
+    assert node_labels("example.com", h100, shared)["example.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
 
 
 def test_api_errors_do_not_stop_the_agent(daemon, kubelet):

@@ -53,7 +53,7 @@ def test_discovers_plain_gpus_numa_and_versions(install):
     assert [(g.index, g.uuid, g.model, g.memory_mib) for g in node.gpus] == [(0, "GPU-t4-0", "Tesla T4", 15360), (1, "GPU-t4-1", "Tesla T4", 15360)]
     assert [g.numa_node for g in node.gpus] == [0, None]  # -1 in sysfs means none
     assert node.gpus[0].pci_bus_id == "0000:3b:00.0" and node.gpus[0].compute_capability == "7.5"
-    assert not node.gpus[0].mig_enabled  # MigMode raised NotSupported: a T4 cannot do MIG
+    assert not node.gpus[0].mig_enabled and not node.gpus[0].mig_capable  # MigMode raised NotSupported: a T4 cannot do MIG
     assert (node.driver_version, node.cuda_driver_version) == ("550.54.15", "12.4")
     assert node.link(node.gpus[0], node.gpus[1]).describe() == "host-bridge"
     assert fake.initialised == 1
@@ -67,7 +67,7 @@ def test_mig_instances_with_index_gaps(install):
         ("MIG-a", "3g.40gb", 40192, 1, 0, 0),
         ("MIG-b", "1g.10gb+me", 9984, 9, 0, 2),
     ]
-    assert not node.gpus[1].mig_enabled and node.gpus[1].mig_devices == ()
+    assert not node.gpus[1].mig_enabled and node.gpus[1].mig_devices == () and node.gpus[1].mig_capable  # MIG supported, disabled
 
 
 def test_nvlink_counts_stop_at_first_unsupported_link(install):
