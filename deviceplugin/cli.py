@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -152,14 +153,23 @@ def _plan(args: argparse.Namespace, node: "NodeInfo") -> list["Resource"]:
     return resources
 
 
+def _node_name() -> str:
+    """The node's name for the metrics' `node` label: NODE_NAME (the DaemonSet sets it), else the host name."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
 def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer | None":
     if not args.metrics_port:
         return None
     from prometheus_client import CollectorRegistry
 
-    from .metrics import MetricsServer
+    from .inventory import NodeInfo
+    from .metrics import MetricSources, MetricsServer, StateCollector, exposed_registry
 
-    server = MetricsServer(CollectorRegistry(), lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port)
+    registry = CollectorRegistry()
+    registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False)))  # every plugin metric, at 0
+    exposed = exposed_registry(registry, _node_name())
+    server = MetricsServer(exposed, lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port)
     server.start()
     return server
 
@@ -180,6 +190,7 @@ def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
         plugin_dir=Path(args.plugin_dir),
         pod_resources_socket=Path(args.pod_resources_socket),
         metrics_port=args.metrics_port,
+        node_name=_node_name(),
         proc_root=args.proc_root,
         reload_interval=args.reload_interval,
         profile_label_interval=args.profile_label_interval,

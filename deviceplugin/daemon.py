@@ -12,7 +12,7 @@ from .config import Config
 from .health import HealthMonitor
 from .inventory import Gpu, Inventory, NodeInfo
 from .kube import NodeClient
-from .metrics import MetricSources, MetricsServer, PluginMetrics, StateCollector
+from .metrics import MetricSources, MetricsServer, PluginMetrics, StateCollector, exposed_registry
 from .nodelabels import NodePublisher
 from .podresources import PodResourcesClient
 from .procmap import PodDirectory, ProcessMapper
@@ -46,7 +46,9 @@ class PluginDaemon:
         self._config_text = serving.config_text
         self.registry = CollectorRegistry()
         self.manager = serving.manager
-        self.manager.attach_metrics(PluginMetrics(self.registry))
+        self.plugin_metrics = PluginMetrics(self.registry)
+        self.plugin_metrics.declare(r.name for r in self.manager.resources)
+        self.manager.attach_metrics(self.plugin_metrics)
         profiles = serving.profiles
         self.monitor = HealthMonitor(inventory, self.node, self.manager.set_unhealthy, options.health, node_check=self._device_nodes)
         self.reloader = ConfigReloader(options.config_file, self.node, self.manager, profiles, options.reload_interval, self._reloaded)
@@ -64,7 +66,7 @@ class PluginDaemon:
         )
         self.registry.register(StateCollector(MetricSources(self.node, self.manager, self.agent, self.monitor, self.reloader)))
         self.metrics_server = (
-            MetricsServer(self.registry, self.manager.health, self.manager.readiness, options.metrics_port, options.metrics_host)
+            MetricsServer(exposed_registry(self.registry, options.node_name or self.node.name), self.manager.health, self.manager.readiness, options.metrics_port, options.metrics_host)
             if options.metrics_port
             else None
         )
@@ -79,6 +81,7 @@ class PluginDaemon:
     def _reloaded(self, config: Config) -> None:
         """Settings outside the resources follow the new config too."""
         self.config = config
+        self.plugin_metrics.declare(r.name for r in self.manager.resources)
         self.agent.watchdog.policy = config.watchdog_policy
         self.agent.quarantine = config.quarantine
 

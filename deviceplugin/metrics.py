@@ -4,9 +4,10 @@ plus /healthz and /readyz. Every metric is prefixed `gpushare_` and documented i
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -14,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from . import defaults
+from . import __version__, defaults
 from .errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,14 @@ class PluginMetrics:
             registry=registry,
         )
         self.registrations = Counter("gpushare_registrations", "Successful registrations with the kubelet.", ["resource"], registry=registry)
+
+    def declare(self, resources: Iterable[str]) -> None:
+        """Create every child series of these resources at 0, so they exist before the first Allocate."""
+        for name in resources:
+            self.allocate_seconds.labels(name)
+            self.allocations.labels(name, "ok")
+            self.allocations.labels(name, "refused")
+            self.registrations.labels(name)
 
     def allocated(self, resource: str, ok: bool, seconds: float) -> None:
         self.allocations.labels(resource, "ok" if ok else "refused").inc()
@@ -140,14 +149,19 @@ class StateCollector(Collector):
         reloads.add_metric(["success"], ok)
         reloads.add_metric(["error"], failed)
         yield reloads
-        if s.agent:
-            yield from _metering(s.agent.meter)
-            yield CounterMetricFamily("gpushare_pod_resources_rate_limited", "pod-resources calls refused by the kubelet's rate limit.", value=s.agent.rate_limited)
-            yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=s.agent.watchdog.violations)
-            yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=s.agent.watchdog.kills)
-            yield CounterMetricFamily("gpushare_memory_kill_failures", "Processes the memory watchdog failed to kill (once per PID).", value=s.agent.watchdog.kill_failures)
-            if snapshot and snapshot.last_sync is not None:
-                yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List.", value=snapshot.last_sync)
+        agent = s.agent
+        if agent:
+            yield from _metering(agent.meter)
+        yield CounterMetricFamily("gpushare_pod_resources_rate_limited", "pod-resources calls refused by the kubelet's rate limit.", value=agent.rate_limited if agent else 0)
+        yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=agent.watchdog.violations if agent else 0)
+        yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=agent.watchdog.kills if agent else 0)
+        yield CounterMetricFamily("gpushare_memory_kill_failures", "Processes the memory watchdog failed to kill (once per PID).", value=agent.watchdog.kill_failures if agent else 0)
+        last_sync = snapshot.last_sync if snapshot and snapshot.last_sync is not None else 0
+        yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List; 0 before the first.", value=last_sync)
+        yield GaugeMetricFamily("gpushare_nvml_up", "1 when the GPUs were discovered (NVML loaded); 0 while the plugin runs without devices.", value=1 if s.nvml_up else 0)
+        info = GaugeMetricFamily("gpushare_build_info", "Always 1; the labels say which gpu-share runs.", labels=["version", "python"])
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
         registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
         for name, is_registered in s.registration():
             registered.add_metric([name], 1 if is_registered else 0)
@@ -172,11 +186,33 @@ def _metering(meter) -> Iterator[Metric]:
         yield family
 
 
+class NodeLabel(Collector):
+    """Every series of `inner` with a `node` label (the node's name), so dashboards need no relabeling."""
+
+    def __init__(self, inner: CollectorRegistry, node: str) -> None:
+        self.inner = inner
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.inner.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [sample._replace(labels={**sample.labels, "node": self.node}) for sample in family.samples]
+            yield labelled
+
+
+def exposed_registry(inner: CollectorRegistry, node: str) -> CollectorRegistry:
+    """What /metrics serves: `inner` with the node label."""
+    registry = CollectorRegistry()
+    registry.register(NodeLabel(inner, node))
+    return registry
+
+
 class MetricSources:
     """Where the collector reads from; each part is optional so the endpoint also serves a partial plugin."""
 
-    def __init__(self, node, manager=None, agent=None, monitor=None, reloader=None) -> None:
+    def __init__(self, node, manager=None, agent=None, monitor=None, reloader=None, nvml_up: bool = True) -> None:
         self.node = node
+        self.nvml_up = nvml_up
         self.manager = manager
         self.agent = agent
         self.monitor = monitor

@@ -25,6 +25,7 @@ class DaemonOptions:
     pod_resources_socket: Path = Path(defaults.POD_RESOURCES_SOCKET)
     metrics_port: int = defaults.METRICS_PORT  # 0: no endpoint
     metrics_host: str = "0.0.0.0"
+    node_name: str = ""  # the `node` label of every metric (default: the discovered node's name)
     proc_root: str = defaults.PROC_ROOT
     reload_interval: float = 10.0
     profile_label_interval: float = 60.0

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from deviceplugin import __version__
 from deviceplugin.agent import AgentSettings, NodeAgent
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.api import podresources_pb2_grpc as pr_grpc
@@ -226,6 +227,27 @@ def daemon(kubelet, plugin_dir, tmp_path, fake_kube):
     yield lambda **kw: made.append(make(**kw)) or made[-1]
     for d in made:
         d.stop()
+
+
+def test_every_metric_exists_from_the_start_with_the_node_label(daemon):
+    d = daemon()
+    d.metrics_server.start()
+    status, text = get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")  # before any sync, Allocate or registration
+    assert status == 200
+    m = samples(text)
+    assert all(dict(items).get("node") == "2xT4" for _, items in m)  # every series names the node
+    assert value(m, "gpushare_pod_resources_last_sync_timestamp_seconds") == 0
+    assert value(m, "gpushare_nvml_up") == 1
+    assert value(m, "gpushare_build_info", version=__version__) == 1
+    for resource in (SHARE, GPU):
+        assert value(m, "gpushare_allocate_duration_seconds_count", resource=resource) == 0
+        assert value(m, "gpushare_allocate_duration_seconds_bucket", resource=resource, le="+Inf") == 0
+        assert value(m, "gpushare_allocate_requests_total", resource=resource, result="refused") == 0
+        assert value(m, "gpushare_registrations_total", resource=resource) == 0
+        assert value(m, "gpushare_resource_registered", resource=resource) == 0
+    for counter in ("gpushare_pod_resources_rate_limited_total", "gpushare_memory_violations_total", "gpushare_memory_kills_total",
+                    "gpushare_kubelet_restarts_total"):
+        assert value(m, counter) == 0
 
 
 def test_metrics_healthz_readyz_and_per_container_use(daemon, kubelet):

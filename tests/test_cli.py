@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -123,6 +124,7 @@ def test_run_without_driver_can_stay_alive_advertising_nothing_and_not_ready(plu
         [*GPU_CLI, "run", "--plugin-dir", str(plugin_dir), "--fail-on-init-error=false", "--metrics-port", str(port)],
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "NODE_NAME": "n-test"},
     )
     line = proc.stderr.readline()
     assert "NVML could not be loaded" in line and "running without devices" in line
@@ -137,6 +139,11 @@ def test_run_without_driver_can_stay_alive_advertising_nothing_and_not_ready(plu
             time.sleep(0.05)  # the endpoint is starting
     else:
         pytest.fail("/readyz never answered")
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    assert 'gpushare_nvml_up{node="n-test"} 0.0' in metrics  # /metrics is not empty without a driver
+    assert 'gpushare_pod_resources_last_sync_timestamp_seconds{node="n-test"} 0.0' in metrics
+    assert "gpushare_build_info{" in metrics and "gpushare_kubelet_restarts_total" in metrics
     proc.terminate()
     proc.communicate(timeout=15)
     assert proc.returncode == 0
