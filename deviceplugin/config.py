@@ -3,7 +3,7 @@
 Every key, its default and an example are in docs/configuration.md. In short::
 
     version: v1
-    domain: example.com
+    domain: example.com              # default: $GPU_SHARE_DOMAIN, else example.com
     allocationPolicy: binpack        # binpack | spread
     deviceListStrategy: envvar       # envvar | cdi
     cdiKind: nvidia.com/gpu          # CDI names are <cdiKind>=<UUID>
@@ -22,6 +22,7 @@ Every key, its default and an example are in docs/configuration.md. In short::
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from .yamlfile import YamlError, load_yaml
 
 SUPPORTED_VERSIONS = ("v1",)
 DEFAULT_DOMAIN = "example.com"
+DOMAIN_ENV = "GPU_SHARE_DOMAIN"  # the domain when the file has none (the kustomization sets it)
 DEFAULT_PROFILE = "default"
 DEFAULT_REPLICAS = 10
 DEFAULT_MPS_ROOT = "/run/gpu-share/mps"
@@ -158,8 +160,14 @@ class Config:
 
 def default_config() -> Config:
     """Every GPU in one shared pool with 10 shares per GPU."""
-    pool = PoolConfig(name="default", mode="shared", resource=f"{DEFAULT_DOMAIN}/gpu-share", replicas=DEFAULT_REPLICAS)
-    return Config(profiles={DEFAULT_PROFILE: (pool,)})
+    domain = default_domain()
+    pool = PoolConfig(name="default", mode="shared", resource=f"{domain}/gpu-share", domain=domain, replicas=DEFAULT_REPLICAS)
+    return Config(domain=domain, profiles={DEFAULT_PROFILE: (pool,)})
+
+
+def default_domain() -> str:
+    """$GPU_SHARE_DOMAIN, else example.com: the domain of a config without a `domain` key."""
+    return os.environ.get(DOMAIN_ENV) or DEFAULT_DOMAIN
 
 
 def load_config(path: str | Path) -> Config:
@@ -234,8 +242,9 @@ def parse_config(data: Any, source: str = "config") -> Config:
 
     version = problems.attempt(top.get, "version", None, required=True)
     problems.check(version is None or version in SUPPORTED_VERSIONS, f"version: unsupported version {version!r} (supported: {', '.join(SUPPORTED_VERSIONS)})")
-    domain = problems.attempt(top.get, "domain", DEFAULT_DOMAIN) or DEFAULT_DOMAIN
-    problems.check(resource_name_problem(f"{domain}/x") is None, f"domain: {domain!r} is not a lowercase DNS subdomain")
+    domain = problems.attempt(top.get, "domain", None) or default_domain()
+    where = "domain" if top.has("domain") else f"domain (from ${DOMAIN_ENV})"
+    problems.check(resource_name_problem(f"{domain}/x") is None, f"{where}: {domain!r} is not a lowercase DNS subdomain")
     policy = choice("allocationPolicy", "binpack", ALLOCATION_POLICIES)
     strategy = choice("deviceListStrategy", "envvar", DEVICE_LIST_STRATEGIES)
     cdi_kind = problems.attempt(top.get, "cdiKind", "nvidia.com/gpu") or "nvidia.com/gpu"

@@ -202,3 +202,13 @@ def test_two_mig_pools_with_the_same_profile_collide():
     config = parse_config(pools({"name": "a", "mode": "mig", "gpus": {"indexes": [0]}}, {"name": "b", "mode": "mig", "gpus": {"indexes": [1]}}))
     with pytest.raises(ConfigError, match=r"pools\[1\]: resource example.com/mig-1g.10gb is also advertised by another pool"):
         build_resources(config, A100_MIG)
+
+
+def test_domain_comes_from_the_environment_when_the_file_has_none(monkeypatch):
+    monkeypatch.setenv("GPU_SHARE_DOMAIN", "gpu.acme.io")
+    config = parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared"}]})
+    assert config.domain == "gpu.acme.io" and config.pools()[0].resource == "gpu.acme.io/gpu-share"
+    assert parse_config({"version": "v1", "domain": "example.org", "pools": [{"name": "s", "mode": "shared"}]}).domain == "example.org"
+    monkeypatch.setenv("GPU_SHARE_DOMAIN", "Not_A_Domain")
+    with pytest.raises(ConfigError, match=r"domain \(from \$GPU_SHARE_DOMAIN\): 'Not_A_Domain' is not a lowercase DNS subdomain"):
+        parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared"}]})

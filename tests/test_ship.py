@@ -4,6 +4,7 @@ and every config example in the docs and the ConfigMap passes validation."""
 from __future__ import annotations
 
 import json
+import tomllib
 import re
 import shutil
 import subprocess
@@ -14,12 +15,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from deviceplugin import __version__
 from deviceplugin.config import parse_config_text
 
 from .conftest import ROOT
 
 VERSIONS = ("1.37.0", "1.36.0")  # the newest two minor versions kubernetes-validate ships
-MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml"))
+MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml") if p.name != "kustomization.yaml")
+KUBECTL = shutil.which("kubectl")
 
 
 def _documents(path: Path) -> list[dict]:
@@ -45,10 +48,60 @@ def test_manifest_is_schema_valid(path, version):
         kubernetes_validate.validate(document, version, strict=True)
 
 
-def test_kubectl_apply_dir_holds_only_the_plugin():
-    top = {d["kind"] for p in (ROOT / "daemonset").glob("*.yaml") for d in _documents(p)}
-    assert top == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service"}
-    assert not list((ROOT / "daemonset").glob("*.json"))  # `kubectl apply -f daemonset/` would read it
+def test_kustomization_holds_only_the_plugin_and_the_version_of_the_package():
+    kustomization = yaml.safe_load((ROOT / "daemonset" / "kustomization.yaml").read_text())
+    top = sorted(p.name for p in (ROOT / "daemonset").glob("*.yaml") if p.name != "kustomization.yaml")
+    assert kustomization["resources"] == top
+    kinds = {d["kind"] for name in top for d in _documents(ROOT / "daemonset" / name)}
+    assert kinds == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert kustomization["images"] == [{"name": "gpu-share", "newName": "ghcr.io/example/gpu-share", "newTag": __version__}]
+    assert not list((ROOT / "daemonset").glob("*.json"))
+
+
+def _render(tmp_path: Path, edit=lambda text: text) -> list[dict]:
+    copy = tmp_path / "daemonset"
+    shutil.copytree(ROOT / "daemonset", copy)
+    kustomization = copy / "kustomization.yaml"
+    kustomization.write_text(edit(kustomization.read_text()))
+    proc = subprocess.run([KUBECTL, "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
+def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
+    def knobs(text: str) -> str:
+        text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace("newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share")
+        text = text.replace('newTag: "0.1.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
+        return text.replace("# components:", "components: [optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime]\n#")
+
+    documents = _render(tmp_path, knobs)
+    daemonsets = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in documents if d["kind"] == "DaemonSet"}
+    assert set(daemonsets) == {"gpu-share", "gpu-share-mps"}
+    for spec in daemonsets.values():
+        assert spec["containers"][0]["image"] == "registry.acme.io/gpu-share:9.9.9"
+        assert spec["runtimeClassName"] == "nvidia"
+        keys = {e["key"] for term in spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] for e in term["matchExpressions"]}
+        assert {k.split("/")[0] for k in keys if "gpu-share." in k} == {"gpu.acme.io"}
+    plugin = daemonsets["gpu-share"]
+    assert plugin["hostPID"] is True and plugin["containers"][0]["securityContext"]["capabilities"]["add"] == ["KILL"]
+    namespaced = [d for d in documents if "namespace" in d["metadata"]]
+    assert {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
+    assert {s["namespace"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]} == {"gpu-system"}
+    assert [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"] == ["gpu-system"]
+    settings = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-settings")
+    assert settings["data"] == {"domain": "gpu.acme.io"}
+    for document in documents:
+        if document["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(document, VERSIONS[0], strict=True)
+
+
+@pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
+def test_default_kustomization_grants_no_kill_and_no_host_pid(tmp_path):
+    plugin = next(d for d in _render(tmp_path) if d["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert "hostPID" not in plugin and "runtimeClassName" not in plugin
+    assert plugin["containers"][0]["image"] == f"ghcr.io/example/gpu-share:{__version__}"
 
 
 def test_daemonset_wiring():
@@ -59,6 +112,10 @@ def test_daemonset_wiring():
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert ds["priorityClassName"] == "system-node-critical"
+    # Least privilege: no hostPID, no added capability, the runtime's seccomp profile, every volume used.
+    assert "hostPID" not in ds and ds["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert {v["name"] for v in ds["volumes"]} == {m["name"] for m in container["volumeMounts"]}
     # Every flag the manifest passes exists.
     from deviceplugin.cli import build_parser
 
@@ -131,3 +188,41 @@ def _exported_sample_names() -> set[str]:
             daemon.stop()
             kubelet.stop()
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def test_rbac_grants_only_what_the_features_use():
+    roles = {d["metadata"]["name"]: d["rules"] for d in _documents(ROOT / "daemonset" / "01-rbac.yaml") if d["kind"] == "ClusterRole"}
+    assert roles == {
+        "gpu-share-node": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        ],
+        "gpu-share-pods": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+    }
+    policy = _documents(ROOT / "daemonset" / "05-node-patch-policy.yaml")[0]["spec"]
+    assert "authentication.kubernetes.io/node-name" in policy["validations"][0]["expression"]
+    assert policy["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes"]
+
+
+def test_image_installs_from_the_lock_which_pins_every_runtime_dependency():
+    from packaging.requirements import Requirement
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert dockerfile.count("--constraint") == 2 and re.search(r"^FROM python:3\.1[3-9]-slim", dockerfile, flags=re.M)
+    pins = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"not pinned: {line}"
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for dependency in project["dependencies"]:
+        requirement = Requirement(dependency)
+        key = re.sub(r"[-_.]+", "-", requirement.name).lower()
+        assert key in pins and requirement.specifier.contains(pins[key]), (dependency, pins.get(key))
+
+
+def test_license_is_the_apache_2_text():
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License\n                           Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert len(text) > 11000
