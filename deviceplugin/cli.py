@@ -62,6 +62,13 @@ def _xid_list(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(f"must be comma-separated XID numbers, got {text!r}") from None
 
 
+def _dir_list(text: str) -> tuple[str, ...]:
+    dirs = tuple(d.strip() for d in text.split(",") if d.strip())
+    if not dirs or not all(d.startswith("/") for d in dirs):
+        raise argparse.ArgumentTypeError(f"must be comma-separated absolute directories, got {text!r}")
+    return dirs
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpu-share", description="Kubernetes device plugin that shares GPUs safely.")
     parser.add_argument("--version", action="version", version=f"gpu-share {__version__}")
@@ -105,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--pod-resources-socket", default=defaults.POD_RESOURCES_SOCKET, help=f"the kubelet's pod-resources socket (default {defaults.POD_RESOURCES_SOCKET})")
     run.add_argument("--pod-resources-interval", type=_positive_float, default=defaults.POD_RESOURCES_INTERVAL, metavar="SECONDS",
                      help="seconds between pod-resources polls (default 10)")
+    run.add_argument("--cdi-spec-dirs", type=_dir_list, default=defaults.CDI_SPEC_DIRS, metavar="DIRS",
+                     help="comma-separated CDI spec directories checked in CDI mode (default /etc/cdi,/var/run/cdi)")
     run.add_argument("--proc-root", default="/proc", help="the host's /proc, for mapping GPU processes to containers (default /proc)")
     run.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY,
                      help=f"control client asked whether each MPS pool's daemon answers (default {defaults.MPS_CONTROL_BINARY})")
@@ -192,6 +201,7 @@ def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
         metrics_port=args.metrics_port,
         node_name=_node_name(),
         proc_root=args.proc_root,
+        cdi_spec_dirs=args.cdi_spec_dirs,
         reload_interval=args.reload_interval,
         profile_label_interval=args.profile_label_interval,
         timings=Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval),

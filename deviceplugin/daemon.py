@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from .agent import AgentSettings, NodeAgent
 from .allocator import missing_device_nodes
+from .cdi import check_specs
 from .config import Config
 from .health import HealthMonitor
 from .inventory import Gpu, Inventory, NodeInfo
@@ -44,6 +45,7 @@ class PluginDaemon:
         self.node: NodeInfo = serving.node
         self.config: Config = serving.config
         self._config_text = serving.config_text
+        self.cdi_missing: dict[str, list[str]] = self._check_cdi(self.config, serving.manager.resources)
         self.registry = CollectorRegistry()
         self.manager = serving.manager
         self.plugin_metrics = PluginMetrics(self.registry)
@@ -64,7 +66,8 @@ class PluginDaemon:
             publisher=NodePublisher(client, self.config.domain, options.label_interval, self.config.shared_product_suffix) if client else None,
             unhealthy=lambda: frozenset(self.monitor.unhealthy),
         )
-        self.registry.register(StateCollector(MetricSources(self.node, self.manager, self.agent, self.monitor, self.reloader)))
+        sources = MetricSources(self.node, self.manager, self.agent, self.monitor, self.reloader, cdi_missing=lambda: self.cdi_missing)
+        self.registry.register(StateCollector(sources))
         self.metrics_server = (
             MetricsServer(exposed_registry(self.registry, options.node_name or self.node.name), self.manager.health, self.manager.readiness, options.metrics_port, options.metrics_host)
             if options.metrics_port
@@ -82,8 +85,15 @@ class PluginDaemon:
         """Settings outside the resources follow the new config too."""
         self.config = config
         self.plugin_metrics.declare(r.name for r in self.manager.resources)
+        self.cdi_missing = self._check_cdi(config, self.manager.resources)
         self.agent.watchdog.policy = config.watchdog_policy
         self.agent.quarantine = config.quarantine
+
+    def _check_cdi(self, config: Config, resources) -> dict[str, list[str]]:
+        """In CDI mode, the advertised devices that no CDI spec on the node names (logged), per resource."""
+        if config.device_list_strategy != "cdi":
+            return {}
+        return check_specs(resources, config.cdi_kind, self.options.cdi_spec_dirs)
 
     @staticmethod
     def _event_sink(client: NodeClient | None):

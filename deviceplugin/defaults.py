@@ -6,6 +6,7 @@ PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 METRICS_PORT = 9410
 PROC_ROOT = "/proc"
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # where CDI specs live (the CDI spec's own directories)
 POD_RESOURCES_INTERVAL = 10.0  # seconds between pod-resources polls
 MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 # The kubelet link (server.Timings)

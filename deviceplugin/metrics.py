@@ -162,6 +162,11 @@ class StateCollector(Collector):
         info = GaugeMetricFamily("gpushare_build_info", "Always 1; the labels say which gpu-share runs.", labels=["version", "python"])
         info.add_metric([__version__, platform.python_version()], 1)
         yield info
+        cdi = GaugeMetricFamily("gpushare_cdi_devices_missing", "Advertised devices no CDI spec on the node names (CDI mode).", labels=["resource"])
+        missing = s.cdi_missing()
+        for resource in s.resources():
+            cdi.add_metric([resource.name], len(missing.get(resource.name, ())))
+        yield cdi
         registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
         for name, is_registered in s.registration():
             registered.add_metric([name], 1 if is_registered else 0)
@@ -210,9 +215,10 @@ def exposed_registry(inner: CollectorRegistry, node: str) -> CollectorRegistry:
 class MetricSources:
     """Where the collector reads from; each part is optional so the endpoint also serves a partial plugin."""
 
-    def __init__(self, node, manager=None, agent=None, monitor=None, reloader=None, nvml_up: bool = True) -> None:
+    def __init__(self, node, manager=None, agent=None, monitor=None, reloader=None, nvml_up: bool = True, cdi_missing=None) -> None:
         self.node = node
         self.nvml_up = nvml_up
+        self.cdi_missing = cdi_missing or dict  # () -> {resource: [CDI names no spec defines]}
         self.manager = manager
         self.agent = agent
         self.monitor = monitor

@@ -27,6 +27,7 @@ class DaemonOptions:
     metrics_host: str = "0.0.0.0"
     node_name: str = ""  # the `node` label of every metric (default: the discovered node's name)
     proc_root: str = defaults.PROC_ROOT
+    cdi_spec_dirs: tuple[str, ...] = defaults.CDI_SPEC_DIRS  # read in CDI mode to check every device has a spec
     reload_interval: float = 10.0
     profile_label_interval: float = 60.0
     label_interval: float = 5.0

@@ -74,7 +74,7 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     def knobs(text: str) -> str:
         text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace("newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share")
         text = text.replace('newTag: "0.1.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
-        return text.replace("# components:", "components: [optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime]\n#")
+        return text.replace("# components:", "components: [optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi]\n#")
 
     documents = _render(tmp_path, knobs)
     daemonsets = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in documents if d["kind"] == "DaemonSet"}
@@ -86,6 +86,7 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
         assert {k.split("/")[0] for k in keys if "gpu-share." in k} == {"gpu.acme.io"}
     plugin = daemonsets["gpu-share"]
     assert plugin["hostPID"] is True and plugin["containers"][0]["securityContext"]["capabilities"]["add"] == ["KILL"]
+    assert {"/etc/cdi", "/var/run/cdi"} <= {m["mountPath"] for m in plugin["containers"][0]["volumeMounts"]}
     namespaced = [d for d in documents if "namespace" in d["metadata"]]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
     assert {s["namespace"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]} == {"gpu-system"}
