@@ -127,10 +127,11 @@ def _config_blocks() -> list[tuple[str, str]]:
     blocks = []
     for path in sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]:
         for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.S):
-            if re.search(r"^version: v1", block, flags=re.M):
+            if re.search(r"^(version|pools|profiles):", block, flags=re.M):  # a config, complete or not
                 blocks.append((path.name, block))
     configmap = _documents(ROOT / "daemonset" / "02-configmap.yaml")[0]
     blocks.append(("02-configmap.yaml", configmap["data"]["config.yaml"]))
+    blocks += [(path.name, path.read_text()) for path in sorted((ROOT / "examples" / "config").glob("*.yaml"))]
     return blocks
 
 
@@ -141,6 +142,15 @@ def test_config_examples_pass_config_check(source, text, tmp_path):
     path.write_text(text)
     proc = subprocess.run([sys.executable, "-m", "deviceplugin.cli", "config", "check", str(path)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
+    # The profile that would run (defaultProfile) serves something on at least one shipped node.
+    results = []
+    for node in sorted((ROOT / "examples" / "nodes").glob("*.yaml")):
+        proc = subprocess.run([sys.executable, "-m", "deviceplugin.cli", "config", "check", str(path), "--node", str(node)], capture_output=True, text=True, timeout=30)
+        results.append(proc.stdout + proc.stderr)
+        if proc.returncode == 0:
+            break
+    else:
+        pytest.fail("fails on every shipped node:\n" + "\n".join(results))
 
 
 def test_docs_hold_config_examples():
