@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .resources import Resource
 from .yamlfile import YamlError, load_yaml
+
+if TYPE_CHECKING:
+    from .resources import Resource
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ def read_specs(dirs: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
     return frozenset(names), problems
 
 
-def check_specs(resources: list[Resource], kind: str, dirs: tuple[str, ...]) -> dict[str, list[str]]:
+def check_specs(resources: "list[Resource]", kind: str, dirs: tuple[str, ...]) -> dict[str, list[str]]:
     """Per resource, its `<kind>=<UUID>` names that no spec defines; logs one warning per resource lacking some."""
     defined, problems = read_specs(dirs)
     for problem in problems:

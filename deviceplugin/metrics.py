@@ -105,10 +105,10 @@ class StateCollector(Collector):
             families["healthy"].add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
             families["reset"].add_metric(labels, 1 if {gpu.uuid, *(m.uuid for m in gpu.mig_devices)} & awaiting_reset else 0)
             families["xid"].add_metric(labels, s.xid_counts().get(gpu.uuid, 0))
-            if snapshot:
-                families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB)
-                families["unattributed"].add_metric(labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB)
-                families["quarantined"].add_metric(labels, 1 if gpu.uuid in snapshot.quarantined else 0)
+            # 0 before the first agent round, like every other state series
+            families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
+            families["unattributed"].add_metric(labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
+            families["quarantined"].add_metric(labels, 1 if snapshot and gpu.uuid in snapshot.quarantined else 0)
         yield from families.values()
 
         total = GaugeMetricFamily("gpushare_shares", "Devices (shares, whole GPUs or MIG instances) advertised, per resource and GPU.", labels=["resource", "pool", "gpu", "uuid"])

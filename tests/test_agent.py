@@ -245,6 +245,8 @@ def test_every_metric_exists_from_the_start_with_the_node_label(daemon):
         assert value(m, "gpushare_allocate_requests_total", resource=resource, result="refused") == 0
         assert value(m, "gpushare_registrations_total", resource=resource) == 0
         assert value(m, "gpushare_resource_registered", resource=resource) == 0
+    assert value(m, "gpushare_gpu_residue_memory_bytes", gpu="0") == 0 and value(m, "gpushare_gpu_quarantined", gpu="1") == 0
+    assert value(m, "gpushare_gpu_healthy", gpu="0") == 1 and value(m, "gpushare_cdi_devices_missing", resource=SHARE) == 0
     for counter in ("gpushare_pod_resources_rate_limited_total", "gpushare_memory_violations_total", "gpushare_memory_kills_total",
                     "gpushare_kubelet_restarts_total"):
         assert value(m, counter) == 0
