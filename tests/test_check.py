@@ -131,3 +131,11 @@ def test_discover_json_keeps_an_unhealthy_gpu_unhealthy(tmp_path):
     assert table.returncode == 0, table.stderr
     gpu1 = next(line for line in table.stdout.splitlines() if line.startswith("1 "))
     assert gpu1.endswith("query on GPU 1 failed: GPU is lost")
+
+
+def test_node_file_with_a_duplicate_key_names_the_line(tmp_path):
+    node = tmp_path / "node.yaml"
+    node.write_text("name: n\ngpus:\n  - {index: 0, uuid: GPU-a, model: T4, memoryMiB: 15360, memoryMiB: 16000}\n")
+    proc = gpu_share("discover", "--node", str(node))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"gpu-share: error: node file {node}: line 3, column 58: duplicate key 'memoryMiB' (first at line 3); YAML would keep only the last"
