@@ -13,7 +13,7 @@ from deviceplugin.kubelet_sim import Container, Pod
 from deviceplugin.manager import PluginManager
 from deviceplugin.resources import build_resources
 
-from ..conftest import FAST, GPU_CLI, registered
+from ..conftest import FAST, GPU_CLI, ROOT, registered
 
 pytestmark = pytest.mark.gpu
 
@@ -69,3 +69,15 @@ def test_discover_command_on_real_gpus(nvml):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert [g["uuid"] for g in report["gpus"]] == [g.uuid for g in nvml.discover().gpus]
+
+
+def test_discover_json_of_real_gpus_is_a_node_file(nvml, tmp_path):
+    """The capture of a real node is accepted by --node and reads back the same (MIG layouts, links, health)."""
+    capture = tmp_path / "node.json"
+    capture.write_text(subprocess.run([*GPU_CLI, "discover", "--json"], capture_output=True, text=True, timeout=60, check=True).stdout)
+    again = subprocess.run([*GPU_CLI, "discover", "--node", str(capture), "--json"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == json.loads(capture.read_text())
+    check = subprocess.run([*GPU_CLI, "config", "check", str(ROOT / "examples" / "config" / "default.yaml"), "--node", str(capture)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
