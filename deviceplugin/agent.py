@@ -14,8 +14,8 @@ from .inventory import GpuProcess, GpuStats, Inventory, NodeInfo
 from .loop import BackgroundLoop
 from .manager import PluginManager
 from .metering import Holding, Meter, MeterKey
+from .nodelabels import InventoryAnnotation, NodePublisher, node_labels
 from .options import AgentSettings
-from .nodelabels import NodePublisher, inventory as inventory_annotation, node_labels
 from .podresources import PodResourcesClient, Usage, build_usage
 from .procmap import ProcessMapper
 from .watchdog import ContainerMemory, MemoryWatchdog
@@ -60,6 +60,7 @@ class NodeAgent(BackgroundLoop):
         self.mapper = mapper
         self.watchdog = watchdog or MemoryWatchdog()
         self.publisher = publisher
+        self.annotation = InventoryAnnotation()
         self.unhealthy = unhealthy or (lambda: frozenset())
         # Rounds further apart than a few intervals (or one rate-limit backoff) are not metered: a gap, not a guess.
         self.meter = meter or Meter(max_gap=max(3 * settings.interval, settings.interval + settings.backoff_max))
@@ -127,7 +128,7 @@ class NodeAgent(BackgroundLoop):
             resources = self.manager.resources
             self.publisher.publish(
                 node_labels(self.publisher.domain, self.node, resources, self.publisher.shared_product_suffix),
-                inventory_annotation(self.node, resources, usage, self.unhealthy()),
+                self.annotation.build(self.node, resources, usage, self.unhealthy(), quarantined),
             )
         self.snapshot = Snapshot(
             usage=usage,

@@ -1,8 +1,9 @@
 """Node labels and the inventory annotation, published through the Kubernetes API.
 
 Labels use GPU feature discovery's names and meanings under the configured domain (docs/operations.md lists
-them); the annotation `<domain>/gpu-share.inventory` holds, per GPU, its pool, shares total and used, and health (JSON), for
-schedulers and humans. Patches are debounced (at most one per `min_interval`) and carry only what changed.
+them); the annotation `<domain>/gpu-share.inventory` (format: annotation.py) holds per GPU and per unit the shares
+total, used and free and their health, for the scheduler extender and humans. Patches are debounced (at most one
+per `min_interval`) and carry only what changed.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable
 
+from .annotation import ANNOTATION, HEALTHY, QUARANTINED, UNHEALTHY, VERSION, pod_digest
 from .inventory import NodeInfo
 from .kube import NodeClient
 from .podresources import Usage
-from .resources import Resource
+from .resources import Resource, Unit
 
 log = logging.getLogger(__name__)
 
-ANNOTATION = "gpu-share.inventory"
-OWNED_ANNOTATION = "gpu-share.labels"  # JSON list of the label keys the publisher wrote
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -89,28 +90,64 @@ def _version_labels(prefix: str, version: str, parts: tuple[str, ...]) -> dict[s
     return {f"{prefix}.{part}": number for part, number in zip(parts, numbers) if number.isdigit()}
 
 
-def inventory(node: NodeInfo, resources: list[Resource], usage: Usage, unhealthy: frozenset[str]) -> list[dict]:
-    used: dict[str, int] = {}
+def inventory(
+    node: NodeInfo, resources: list[Resource], usage: Usage, unhealthy: frozenset[str], quarantined: frozenset[str] = frozenset()
+) -> dict:
+    """The annotation's content (version 2, without the generation): per GPU, per resource and unit, the pods.
+
+    `unhealthy` holds GPU or MIG UUIDs, `quarantined` GPU UUIDs whose free devices the residue guard holds back.
+    """
+    used: dict[tuple[str, str], int] = {}
     for share in usage.shares:
-        used[share.gpu_uuid] = used.get(share.gpu_uuid, 0) + share.shares
-    pool_of: dict[str, tuple[str, int]] = {}
-    for resource in resources:
-        for unit in resource.units:
-            name, total = pool_of.get(unit.gpu.uuid, (resource.pool.name, 0))
-            pool_of[unit.gpu.uuid] = (name, total + unit.replicas)
-    return [
-        {
-            "uuid": gpu.uuid,
-            "index": gpu.index,
-            "model": gpu.model,
-            "memoryMiB": gpu.memory_mib,
-            "pool": pool_of.get(gpu.uuid, ("", 0))[0],
-            "sharesTotal": pool_of.get(gpu.uuid, ("", 0))[1],
-            "sharesUsed": used.get(gpu.uuid, 0),
-            "health": "Unhealthy" if gpu.uuid in unhealthy else "Healthy",
-        }
-        for gpu in node.gpus
-    ]
+        used[(share.resource, share.unit_uuid)] = used.get((share.resource, share.unit_uuid), 0) + share.shares
+
+    def health(*uuids: str) -> str:
+        if any(u in unhealthy for u in uuids):
+            return UNHEALTHY
+        return QUARANTINED if any(u in quarantined for u in uuids) else HEALTHY
+
+    def unit_entry(resource: Resource, unit: Unit) -> dict:
+        taken = used.get((resource.name, unit.uuid), 0)
+        state = health(unit.uuid, unit.gpu.uuid)
+        entry = {"uuid": unit.uuid, "gpu": unit.gpu.index}
+        if unit.mig:
+            entry["profile"] = unit.mig.profile
+        free = max(unit.replicas - taken, 0) if state == HEALTHY else 0
+        return entry | {"total": unit.replicas, "used": taken, "free": free, "health": state}
+
+    return {
+        "version": VERSION,
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib, "health": health(g.uuid)} for g in node.gpus
+        ],
+        "resources": {
+            r.name: {"pool": r.pool.name, "allowSpanGPUs": r.pool.allow_span, "units": [unit_entry(r, u) for u in r.units]}
+            for r in resources
+        },
+        "pods": sorted({pod_digest(s.namespace, s.pod) for s in usage.shares}),
+    }
+
+
+class InventoryAnnotation:
+    """Builds the annotation and keeps its generation: +1 whenever the content changes.
+
+    The counter starts from the clock in milliseconds, so it keeps increasing across plugin restarts
+    (the content changes at most once per agent round, far slower than once per millisecond).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.generation = int(clock() * 1000)
+        self._content: dict | None = None
+
+    def build(
+        self, node: NodeInfo, resources: list[Resource], usage: Usage, unhealthy: frozenset[str], quarantined: frozenset[str] = frozenset()
+    ) -> dict:
+        content = inventory(node, resources, usage, unhealthy, quarantined)
+        if content != self._content:
+            if self._content is not None:
+                self.generation += 1
+            self._content = content
+        return {"version": VERSION, "generation": self.generation} | {k: v for k, v in content.items() if k != "version"}
 
 
 class NodePublisher:
@@ -133,11 +170,7 @@ class NodePublisher:
         self._annotation: str | None = None
         self._last_patch = float("-inf")
 
-    @property
-    def owned_key(self) -> str:
-        return f"{self.domain}/{OWNED_ANNOTATION}"
-
-    def publish(self, labels: dict[str, str], annotation: list[dict]) -> bool:
+OWNED_ANNOTATION = "gpu-share.labels"  # JSON list of the label keys the publisher wrote
         """Patch what changed since the last patch; False when nothing changed or the debounce holds it back."""
         if self._labels is None and not self._read_node():
             return False

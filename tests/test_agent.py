@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin import __version__
 from deviceplugin.agent import AgentSettings, NodeAgent
+from deviceplugin.annotation import pod_digest
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.api import podresources_pb2_grpc as pr_grpc
 from deviceplugin.config import default_config, parse_config
@@ -369,18 +370,25 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     assert labels["example.com/gpu-share.w.sharing-strategy"] == "none" and labels["example.com/gpu-share.w.gpus"] == "1"
     assert labels["example.com/mig.capable"] == "false" and labels["example.com/mig.strategy"] == "none"
     assert json.loads(d.api.annotations["example.com/gpu-share.labels"]) == sorted(labels)
-    gpus = {g["uuid"]: g for g in json.loads(d.api.annotations["example.com/gpu-share.inventory"])}
-    assert gpus[U0] == {"uuid": U0, "index": 0, "model": "Tesla T4", "memoryMiB": 15360, "pool": "s", "sharesTotal": 4, "sharesUsed": 3, "health": "Healthy"}
-    assert gpus[U1]["health"] == "Unhealthy" and gpus[U1]["pool"] == "w"
+    annotation = json.loads(d.api.annotations["example.com/gpu-share.inventory"])
+    assert annotation["version"] == 2 and annotation["pods"] == [pod_digest("default", "p")]
+    gpus = {g["uuid"]: g for g in annotation["gpus"]}
+    assert gpus[U0] == {"uuid": U0, "index": 0, "model": "Tesla T4", "memoryMiB": 15360, "health": "Healthy"}
+    assert gpus[U1]["health"] == "Unhealthy"
+    shared = annotation["resources"][SHARE]
+    assert shared["pool"] == "s" and shared["allowSpanGPUs"] is False
+    assert shared["units"] == [{"uuid": U0, "gpu": 0, "total": 4, "used": 3, "free": 1, "health": "Healthy"}]
+    assert annotation["resources"][GPU]["units"] == [{"uuid": U1, "gpu": 1, "total": 1, "used": 0, "free": 0, "health": "Unhealthy"}]
     d.metrics_server.start()
     scrape = samples(get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1])
     assert value(scrape, "gpushare_gpu_reset_required", gpu="1") == 1 and value(scrape, "gpushare_gpu_reset_required", gpu="0") == 0
-    patches = len(d.api.patches)
+    patches, generation = len(d.api.patches), annotation["generation"]
     d.agent.sync()
     assert len(d.api.patches) == patches  # nothing changed: no patch
     kubelet.admit(Pod("q", [Container("c", {SHARE: 1})]))
     d.agent.sync()
     assert len(d.api.patches) == patches + 1
+    assert json.loads(d.api.annotations["example.com/gpu-share.inventory"])["generation"] == generation + 1
     assert "labels" not in d.api.patches[-1]["metadata"]  # only the annotation changed
 
 
