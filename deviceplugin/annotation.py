@@ -4,7 +4,8 @@
 
     {"version": 2, "generation": G,
      "gpus": [{"index", "uuid", "model", "memoryMiB", "health"}],
-     "resources": {NAME: {"pool", "allowSpanGPUs", "units": [{"uuid", "gpu", "profile"?, "total", "used", "free", "health"}]}},
+     "resources": {NAME: {"pool", "allowSpanGPUs", "allocationPolicy",
+                      "units": [{"uuid", "gpu", "profile"?, "total", "used", "free", "health"}]}},
      "pods": [digest of "namespace/name" of every pod holding devices of these resources]}
 
 A unit is what one container's shares come from: a whole GPU or one MIG instance (`gpu` is its parent's

@@ -1,4 +1,4 @@
-"""The `gpu-share` command: run (the daemon), mps, discover, config check, demo."""
+"""The `gpu-share` command: run (the daemon), mps, discover, config check, extender, demo."""
 
 from __future__ import annotations
 
@@ -142,6 +142,16 @@ def build_parser() -> argparse.ArgumentParser:
     discover.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
     discover.add_argument("--json", action="store_true", help="print JSON instead of a table")
     discover.set_defaults(func=cmd_discover)
+
+    extender = sub.add_parser("extender", help="run the kube-scheduler extender (filter, prioritize) for share pods")
+    add_logging(extender)
+    extender.add_argument("--domain", default="example.com", help="resources <domain>/* are managed; reads the <domain>/gpu-share.inventory annotation")
+    extender.add_argument("--port", type=_port, default=8888, metavar="PORT", help="HTTP port of /filter, /prioritize, /metrics, /healthz, /readyz (default 8888)")
+    extender.add_argument("--policy", default="binpack", help="cluster placement policy scoring the nodes (default binpack; see docs/scheduler.md)")
+    extender.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
+    extender.add_argument("--reservation-ttl", type=_positive_float, default=30.0, metavar="SECONDS",
+                          help="how long a pod passed by the filter counts on its nodes before its binding shows (default 30)")
+    extender.set_defaults(func=cmd_extender)
 
     demo = sub.add_parser("demo", help="run the plugin against the built-in kubelet on a simulated node")
     add_logging(demo, level="error")
@@ -304,6 +314,13 @@ def cmd_discover(args: argparse.Namespace) -> int:
     finally:
         inventory.close()
     return 0
+
+
+def cmd_extender(args: argparse.Namespace) -> int:
+    from .extender.service import run_extender
+
+    catch_signals()
+    return run_extender(args, wait_for_signal)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

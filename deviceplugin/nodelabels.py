@@ -121,7 +121,12 @@ def inventory(
             {"index": g.index, "uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib, "health": health(g.uuid)} for g in node.gpus
         ],
         "resources": {
-            r.name: {"pool": r.pool.name, "allowSpanGPUs": r.pool.allow_span, "units": [unit_entry(r, u) for u in r.units]}
+            r.name: {
+                "pool": r.pool.name,
+                "allowSpanGPUs": r.pool.allow_span,
+                "allocationPolicy": r.allocation_policy,
+                "units": [unit_entry(r, u) for u in r.units],
+            }
             for r in resources
         },
         "pods": sorted({pod_digest(s.namespace, s.pod) for s in usage.shares}),

@@ -7,7 +7,9 @@ pods, so the plugin's API paths run for real in tests. `pod_queries` keeps the q
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -121,5 +123,133 @@ class FakeKube:
         return self
 
     def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeCluster:
+    """A fake API server over real HTTP for the scheduler extender: Nodes and Pods, listed (paged) and watched.
+
+    `put`/`delete` record events; `drop_watches()` cuts every open watch mid-stream (the connection closes
+    without the server's usual end); `compact()` forgets old events, so a watch from before answers 410 Gone.
+    """
+
+    def __init__(self, page: int = 2) -> None:
+        self.page = page
+        self.objects: dict[str, dict[str, dict]] = {"nodes": {}, "pods": {}}
+        self.events: list[tuple[int, str, str, dict]] = []  # (resourceVersion, kind, type, object)
+        self.version = 1
+        self.oldest = 0  # events before this resourceVersion are forgotten
+        self.watches = 0  # watch requests served
+        self.lists = 0
+        self.cond = threading.Condition()
+        self._generation = 0  # bumped by drop_watches()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                path, _, query = self.path.partition("?")
+                params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+                kind = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}.get(path)
+                if kind is None:
+                    return self._send(404, {"kind": "Status", "code": 404, "message": f"GET {path} not found"})
+                if params.get("watch") in ("true", "1", "True"):
+                    return self._watch(kind, int(params.get("resourceVersion") or 0), float(params.get("timeoutSeconds", 300)))
+                with fake.cond:
+                    fake.lists += 1
+                    names = sorted(fake.objects[kind])
+                    start = int(params.get("continue", 0) or 0)
+                    chunk = names[start : start + fake.page] if "limit" in params else names[start:]
+                    rest = start + len(chunk) < len(names)
+                    self._send(200, {"kind": "List", "metadata": {"resourceVersion": str(fake.version), "continue": str(start + len(chunk)) if rest else ""},
+                                     "items": [fake.objects[kind][n] for n in chunk]})
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _watch(self, kind: str, since: int, timeout: float) -> None:
+                """Events as the API server streams them: chunked JSON lines; a drop ends without the last chunk."""
+                with fake.cond:
+                    fake.watches += 1
+                    generation = fake._generation
+                    gone = since < fake.oldest
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                self.close_connection = True
+                if gone:
+                    line = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}}
+                    self._chunk(json.dumps(line).encode() + b"\n")
+                    self._chunk(b"")
+                    return
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    with fake.cond:
+                        fake.cond.wait_for(lambda: fake._generation != generation or fake.version > since, timeout=0.05)
+                        if fake._generation != generation:
+                            self.connection.shutdown(socket.SHUT_RDWR)  # dropped mid-stream
+                            return
+                        new = [e for e in fake.events if e[0] > since and e[1] == kind]
+                        since = max(since, fake.version)
+                    for _, _, event, obj in new:
+                        self._chunk(json.dumps({"type": event, "object": obj}).encode() + b"\n")
+                self._chunk(b"")  # the server's watch timeout: a clean end
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    url = FakeKube.url
+    write_kubeconfig = FakeKube.write_kubeconfig
+
+    def put(self, kind: str, obj: dict) -> None:
+        with self.cond:
+            self.version += 1
+            name = obj["metadata"].get("uid") if kind == "pods" else obj["metadata"]["name"]
+            event = "MODIFIED" if name in self.objects[kind] else "ADDED"
+            obj = json.loads(json.dumps(obj))
+            obj["metadata"]["resourceVersion"] = str(self.version)
+            self.objects[kind][name] = obj
+            self.events.append((self.version, kind, event, obj))
+            self.cond.notify_all()
+
+    def delete(self, kind: str, name: str) -> None:
+        with self.cond:
+            self.version += 1
+            obj = self.objects[kind].pop(name)
+            self.events.append((self.version, kind, "DELETED", obj))
+            self.cond.notify_all()
+
+    def drop_watches(self) -> None:
+        with self.cond:
+            self._generation += 1
+            self.cond.notify_all()
+
+    def compact(self) -> None:
+        with self.cond:
+            self.oldest = self.version
+            self.events.clear()
+
+    def start(self) -> "FakeCluster":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.drop_watches()
         self.server.shutdown()
         self.server.server_close()

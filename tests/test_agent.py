@@ -376,7 +376,7 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     assert gpus[U0] == {"uuid": U0, "index": 0, "model": "Tesla T4", "memoryMiB": 15360, "health": "Healthy"}
     assert gpus[U1]["health"] == "Unhealthy"
     shared = annotation["resources"][SHARE]
-    assert shared["pool"] == "s" and shared["allowSpanGPUs"] is False
+    assert shared["pool"] == "s" and shared["allowSpanGPUs"] is False and shared["allocationPolicy"] == "binpack"
     assert shared["units"] == [{"uuid": U0, "gpu": 0, "total": 4, "used": 3, "free": 1, "health": "Healthy"}]
     assert annotation["resources"][GPU]["units"] == [{"uuid": U1, "gpu": 1, "total": 1, "used": 0, "free": 0, "health": "Unhealthy"}]
     d.metrics_server.start()

@@ -1,0 +1,209 @@
+"""The extender's state: each node's units (its annotation), the pods it does not count yet, and reservations.
+
+A node's annotation lags its pods by up to one agent round (10 s) plus the publisher's debounce, so the
+free shares of a node are: the annotation's free, minus the shares of every pod bound or nominated to the
+node that the annotation's `pods` does not list yet (assumed pods), minus the pods the extender itself
+passed for this node a moment ago and whose binding it has not seen yet (in-flight reservations: the
+scheduler binds asynchronously, so the next pod's filter can come before the previous pod's binding).
+A reservation covers the nodes the pod was passed for (at most `max_reservation_nodes`) and ends when the
+pod is seen bound, is deleted, is filtered again, or after `reservation_ttl` seconds.
+
+Pure and thread-safe; the watches feed it, the HTTP handlers read it. Bounded: reservations are capped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ..annotation import pod_digest
+from .fit import FreeShares, free_shares, place
+from .model import InputError, NodeInventory, PodRequest, parse_annotation
+
+
+@dataclass(frozen=True)
+class PodState:
+    """A pod with managed-resource requests that is bound or nominated to a node."""
+
+    uid: str
+    node: str
+    request: PodRequest
+    digest: str  # as the node's annotation lists it
+
+
+@dataclass
+class _Node:
+    inventory: NodeInventory | None
+    error: str = ""  # why there is no inventory
+    free: FreeShares | None = None  # after assumed pods and reservations; None: to recompute
+
+
+@dataclass
+class _Reservation:
+    request: PodRequest
+    nodes: tuple[str, ...]
+    expires: float
+    seq: int = field(default=0)
+
+
+class ClusterCache:
+    def __init__(
+        self, reservation_ttl: float = 30.0, max_reservations: int = 256, max_reservation_nodes: int = 256, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.reservation_ttl = reservation_ttl
+        self.max_reservations = max_reservations
+        self.max_reservation_nodes = max_reservation_nodes
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._nodes: dict[str, _Node] = {}
+        self._pods: dict[str, PodState] = {}  # uid -> pod
+        self._pods_on: dict[str, dict[str, PodState]] = {}  # node -> uid -> pod
+        self._reservations: dict[str, _Reservation] = {}  # uid -> reservation, oldest first
+        self._reserved_on: dict[str, set[str]] = {}  # node -> uids
+        self._seq = 0
+
+    # --- fed by the watches ------------------------------------------------------------------
+    def set_node(self, name: str, annotation: str | None) -> None:
+        if annotation is None:
+            entry = _Node(None, "node has no gpu-share inventory annotation (no gpu-share plugin, or it has not published yet)")
+        else:
+            try:
+                entry = _Node(parse_annotation(name, annotation))
+            except InputError as err:
+                entry = _Node(None, f"node's gpu-share inventory annotation is unusable: {err}")
+        with self._lock:
+            self._nodes[name] = entry
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            self._nodes.pop(name, None)
+
+    def replace_nodes(self, nodes: dict[str, str | None]) -> None:
+        """After a (re)list: exactly these nodes."""
+        with self._lock:
+            for name in set(self._nodes) - set(nodes):
+                del self._nodes[name]
+            for name, annotation in nodes.items():
+                self.set_node(name, annotation)
+
+    def set_pod(self, pod: PodState) -> None:
+        with self._lock:
+            self.delete_pod(pod.uid)
+            self._pods[pod.uid] = pod
+            self._pods_on.setdefault(pod.node, {})[pod.uid] = pod
+            self._dirty(pod.node)
+            self._drop_reservation(pod.uid)  # bound or nominated: now an assumed pod on its node
+
+    def delete_pod(self, uid: str) -> None:
+        with self._lock:
+            self._drop_reservation(uid)
+            old = self._pods.pop(uid, None)
+            if old is not None:
+                self._pods_on[old.node].pop(uid, None)
+                if not self._pods_on[old.node]:
+                    del self._pods_on[old.node]
+                self._dirty(old.node)
+
+    def replace_pods(self, pods: Iterable[PodState]) -> None:
+        with self._lock:
+            wanted = {p.uid: p for p in pods}
+            for uid in set(self._pods) - set(wanted):
+                self.delete_pod(uid)
+            for pod in wanted.values():
+                if self._pods.get(pod.uid) != pod:
+                    self.set_pod(pod)
+
+    # --- read by the HTTP handlers ------------------------------------------------------------
+    def node(self, name: str, exclude: str = "") -> tuple[NodeInventory | None, FreeShares | str]:
+        """(inventory, free shares now) of a node, without pod `exclude`'s own assumption; (None, why) without one."""
+        with self._lock:
+            entry = self._nodes.get(name)
+            if entry is None:
+                return None, "node is not known to the extender (not in its node cache)"
+            if entry.inventory is None:
+                return None, entry.error
+            self._expire(name)
+            mine = exclude and (exclude in self._pods_on.get(name, ()) or exclude in self._reserved_on.get(name, ()))
+            if mine:
+                return entry.inventory, self._free(name, entry.inventory, exclude)
+            if entry.free is None:
+                entry.free = self._free(name, entry.inventory, "")
+            return entry.inventory, entry.free
+
+    def reserve(self, request: PodRequest, nodes: list[str]) -> None:
+        """Pod `request` was passed for `nodes`: count it there until its binding shows (see the module doc)."""
+        if not request.uid or not nodes:
+            return
+        with self._lock:
+            self._drop_reservation(request.uid)
+            if request.uid in self._pods:
+                return  # already bound or nominated: counted as an assumed pod
+            while len(self._reservations) >= self.max_reservations:
+                self._drop_reservation(next(iter(self._reservations)))
+            self._seq += 1
+            kept = tuple(nodes[: self.max_reservation_nodes])
+            self._reservations[request.uid] = _Reservation(request, kept, self.clock() + self.reservation_ttl, self._seq)
+            for name in kept:
+                self._reserved_on.setdefault(name, set()).add(request.uid)
+                self._dirty(name)
+
+    def forget_reservation(self, uid: str) -> None:
+        with self._lock:
+            self._drop_reservation(uid)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "nodes": len(self._nodes),
+                "nodes_with_inventory": sum(1 for n in self._nodes.values() if n.inventory is not None),
+                "assumed_pods": sum(1 for p in self._pods.values() if not self._counted(p)),
+                "reservations": len(self._reservations),
+            }
+
+    # --- internals ----------------------------------------------------------------------------
+    def _counted(self, pod: PodState) -> bool:
+        entry = self._nodes.get(pod.node)
+        return entry is not None and entry.inventory is not None and pod.digest in entry.inventory.pods
+
+    def _free(self, name: str, inventory: NodeInventory, exclude: str) -> FreeShares:
+        free = free_shares(inventory)
+        assumed = [p.request for uid, p in self._pods_on.get(name, {}).items() if uid != exclude and p.digest not in inventory.pods]
+        reserved = sorted((self._reservations[u] for u in self._reserved_on.get(name, ()) if u != exclude), key=lambda r: r.seq)
+        for request in assumed + [r.request for r in reserved]:
+            place(request, inventory, free)  # a pod that no longer fits takes nothing: the node will refuse it
+        return free
+
+    def _dirty(self, name: str) -> None:
+        entry = self._nodes.get(name)
+        if entry is not None:
+            entry.free = None
+
+    def _drop_reservation(self, uid: str) -> None:
+        reservation = self._reservations.pop(uid, None)
+        if reservation is None:
+            return
+        for name in reservation.nodes:
+            uids = self._reserved_on.get(name)
+            if uids is not None:
+                uids.discard(uid)
+                if not uids:
+                    del self._reserved_on[name]
+            self._dirty(name)
+
+    def _expire(self, name: str) -> None:
+        now = self.clock()
+        for uid in [u for u in self._reserved_on.get(name, ()) if self._reservations[u].expires <= now]:
+            self._drop_reservation(uid)
+
+
+def pod_state(pod: dict, request: PodRequest) -> PodState | None:
+    """The cache entry of a Pod object: bound (spec.nodeName) or nominated, not finished; else None."""
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    node = (pod.get("spec") or {}).get("nodeName") or status.get("nominatedNodeName")
+    if not node or request.empty:
+        return None
+    return PodState(request.uid, str(node), request, pod_digest(request.namespace, request.name))

@@ -1,0 +1,83 @@
+"""The composition root of `gpu-share extender`: cache <- watches, verbs -> HTTP server."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from ..annotation import ANNOTATION
+from .cache import ClusterCache
+from .http import ExtenderHTTPServer
+from .metrics import ExtenderMetrics
+from .score import Scorer
+from .verbs import Extender
+from .watch import ClusterWatch, WatchSettings
+
+
+@dataclass(frozen=True)
+class ExtenderOptions:
+    domain: str = "example.com"  # resources <domain>/* are managed; the annotation is <domain>/gpu-share.inventory
+    port: int = 8888
+    host: str = "0.0.0.0"
+    policy: str = "binpack"
+    workers: int = 8
+    read_timeout: float = 10.0
+    reservation_ttl: float = 30.0
+    watch: WatchSettings = field(default_factory=WatchSettings)
+
+
+class ExtenderService:
+    def __init__(self, api, options: ExtenderOptions) -> None:
+        prefix = options.domain + "/"
+        managed = lambda name: name.startswith(prefix)  # noqa: E731
+        self.cache = ClusterCache(reservation_ttl=options.reservation_ttl)
+        self.registry = CollectorRegistry()
+        self.metrics = ExtenderMetrics(self.registry, self.cache.counts)
+        self.watch = ClusterWatch(
+            api, self.cache, f"{options.domain}/{ANNOTATION}", managed, options.watch, lambda kind: self.metrics.watch_restarts.labels(kind).inc()
+        )
+        self.extender = Extender(self.cache, Scorer(options.policy), managed, self.metrics)
+        self.server = ExtenderHTTPServer(
+            self.extender, self.metrics, self.watch.ready, options.port, options.host, options.workers, read_timeout=options.read_timeout
+        )
+
+    def start(self) -> None:
+        self.server.start()
+        self.watch.start()
+
+    def stop(self) -> None:
+        self.watch.stop()
+        self.server.stop()
+
+
+def run_extender(args, wait: Callable[[], None]) -> int:
+    """`gpu-share extender`: serve until `wait()` returns (a signal); 2 for a bad option or no API access."""
+    from kubernetes import client, config
+
+    try:
+        if args.kubeconfig:
+            config.load_kube_config(config_file=args.kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+    except (config.ConfigException, OSError, TypeError) as err:
+        print(f"gpu-share: error: no Kubernetes API access: {err}", file=sys.stderr)
+        return 2
+    try:
+        options = ExtenderOptions(domain=args.domain, port=args.port, policy=args.policy, reservation_ttl=args.reservation_ttl)
+        service = ExtenderService(client.CoreV1Api(), options)
+    except ValueError as err:
+        print(f"gpu-share: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"gpu-share: error: cannot serve on port {args.port}: {err.strerror}", file=sys.stderr)
+        return 1
+    service.start()
+    wait()
+    service.stop()
+    return 0

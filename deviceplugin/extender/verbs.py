@@ -1,0 +1,89 @@
+"""The extender's two verbs on decoded JSON, shaped as kube-scheduler's extender/v1 types.
+
+ExtenderArgs `{"Pod", "Nodes", "NodeNames"}` in (nodeCacheCapable: `Nodes` is null, `NodeNames` lists the
+candidates); ExtenderFilterResult `{"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}` or
+HostPriorityList `[{"Host", "Score"}]` (0-10) out. The Go types carry no JSON tags: the field names are Go's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .cache import ClusterCache
+from .fit import NO_INVENTORY, fits_alone, place
+from .metrics import ExtenderMetrics
+from .model import InputError, PodRequest, pod_request
+from .score import Scorer
+
+MAX_NODE_NAMES = 50_000
+
+
+class Extender:
+    def __init__(self, cache: ClusterCache, scorer: Scorer, managed: Callable[[str], bool], metrics: ExtenderMetrics | None = None) -> None:
+        self.cache = cache
+        self.scorer = scorer
+        self.managed = managed
+        self.metrics = metrics
+
+    def filter(self, args: dict) -> dict:
+        try:
+            request, names = self._args(args)
+        except InputError as err:
+            return {"NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(err)}
+        passed: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        if request.empty:  # asks for none of our resources: nothing to judge
+            return {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+        self.cache.forget_reservation(request.uid)  # filtered again: its old reservation is stale
+        single = _single(request)
+        for name in names:
+            inventory, free = self.cache.node(name, exclude=request.uid)
+            if inventory is None:
+                unresolvable[name] = f"gpu-share: {free}"
+                self._count(NO_INVENTORY)
+                continue
+            if single and single[0] in inventory.resources and fits_alone(inventory, free, *single):
+                passed.append(name)
+                continue
+            fit = place(request, inventory, dict(free))  # a copy: filtering takes nothing
+            if fit.ok:
+                passed.append(name)
+                continue
+            (unresolvable if fit.unresolvable else failed)[name] = f"gpu-share: {fit.reason}"
+            self._count(fit.category)
+        self.cache.reserve(request, passed)
+        return {"NodeNames": passed, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+
+    def prioritize(self, args: dict) -> list[dict]:
+        """Scores for the nodes the pod fits; nodes it does not fit score 0 (the filter already refused them)."""
+        request, names = self._args(args)  # InputError: the HTTP layer answers 400
+        scores = []
+        for name in names:
+            inventory, free = self.cache.node(name, exclude=request.uid)
+            score = 0
+            if inventory is not None and not request.empty and place(request, inventory, dict(free)).ok:
+                score = self.scorer.score(request, inventory, free)
+            scores.append({"Host": name, "Score": score})
+        return scores
+
+    def _args(self, args: dict) -> tuple[PodRequest, list[str]]:
+        if not isinstance(args, dict):
+            raise InputError("ExtenderArgs: must be a JSON object")
+        names = args.get("NodeNames")
+        if names is None:
+            raise InputError("ExtenderArgs.NodeNames: missing; configure the extender with nodeCacheCapable: true")
+        if not isinstance(names, list) or len(names) > MAX_NODE_NAMES or not all(isinstance(n, str) for n in names):
+            raise InputError(f"ExtenderArgs.NodeNames: must be a list of at most {MAX_NODE_NAMES} node names")
+        return pod_request(args.get("Pod"), self.managed), names
+
+    def _count(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.filtered_out.labels(reason).inc()
+
+
+def _single(request: PodRequest) -> tuple[str, int] | None:
+    """(resource, count) when the pod is one container asking for one resource: the fast path."""
+    if request.alone or len(request.together) != 1 or len(request.together[0].shares) != 1:
+        return None
+    return request.together[0].shares[0]

@@ -1,0 +1,204 @@
+"""Nodes and Pods from the API server into the cache: list (paged), then watch from the list's resourceVersion.
+
+A watch that ends (the server's timeout) is resumed from the last resourceVersion seen (bookmarks keep it
+fresh); 410 Gone relists at once; any other error relists after a back-off doubling up to `backoff_max`.
+The cache keeps serving the last state meanwhile. Objects are read as plain JSON (no model classes).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from ..loop import BackgroundLoop
+from .cache import ClusterCache, pod_state
+from .model import InputError, pod_request
+
+log = logging.getLogger(__name__)
+
+PAGE = 500
+POD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one watch event; a Node or Pod is far smaller
+
+
+class Gone(Exception):
+    """The resourceVersion is too old (410): relist."""
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    watch_timeout: int = 300  # seconds the API server keeps one watch open
+    request_timeout: float = 30.0  # connect/read timeout of one list page; a watch reads up to watch_timeout + this
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+
+
+class ResourceWatch(BackgroundLoop):
+    """One kind (nodes or pods): list into the cache, then apply watch events."""
+
+    def __init__(self, kind: str, list_call: Callable, apply_list: Callable[[list[dict]], None], apply_event: Callable[[str, dict], None],
+                 settings: WatchSettings = WatchSettings(), on_restart: Callable[[], None] = lambda: None, field_selector: str = "") -> None:
+        super().__init__(f"watch-{kind}")
+        self.kind = kind
+        self.list_call = list_call
+        self.apply_list = apply_list
+        self.apply_event = apply_event
+        self.settings = settings
+        self.on_restart = on_restart
+        self.field_selector = field_selector
+        self.synced = False  # one full list applied
+        self.last_error = ""
+        self._response = None  # the open watch, shut down by stop()
+
+    def start(self) -> None:
+        self._start_thread()
+
+    def stop(self) -> None:
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            response.shutdown()  # unblocks the read in the watch thread
+        self._stop_thread()
+
+    def _run(self) -> None:
+        delay = self.settings.backoff_initial
+        while not self._stop.is_set():
+            try:
+                version = self._list()
+                self.synced, self.last_error = True, ""
+                delay = self.settings.backoff_initial
+                while not self._stop.is_set():
+                    version = self._watch(version)
+            except Gone:
+                log.info("%s watch: resourceVersion expired, listing again", self.kind)
+                self.on_restart()
+            except Exception as err:  # the loop must never die: log, back off, relist
+                self.last_error = f"{type(err).__name__}: {err}"
+                log.warning("%s watch failed (%s); listing again in %.1fs", self.kind, self.last_error, delay)
+                self.on_restart()
+                self._stop.wait(delay)
+                delay = min(delay * 2, self.settings.backoff_max)
+
+    def _kwargs(self, **extra) -> dict:
+        kwargs = {"_preload_content": False, **extra}
+        if self.field_selector:
+            kwargs["field_selector"] = self.field_selector
+        return kwargs
+
+    def _list(self) -> str:
+        items, token = [], None
+        while True:
+            kwargs = self._kwargs(limit=PAGE, _request_timeout=self.settings.request_timeout)
+            if token:
+                kwargs["_continue"] = token
+            response = self.list_call(**kwargs)
+            page = json.loads(response.data)
+            items += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                break
+        self.apply_list(items)
+        return str((page.get("metadata") or {}).get("resourceVersion", ""))
+
+    def _watch(self, version: str) -> str:
+        """Apply events until the server ends the watch; returns the last resourceVersion seen."""
+        response = self.list_call(
+            **self._kwargs(
+                watch=True,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.settings.watch_timeout,
+                _request_timeout=(self.settings.request_timeout, self.settings.watch_timeout + self.settings.request_timeout),
+            )
+        )
+        self._response = response
+        try:
+            for line in _lines(response, self._stop):
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+                version = str((obj.get("metadata") or {}).get("resourceVersion", version))
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    self.apply_event(kind, obj)
+        finally:
+            self._response = None
+            response.close()
+            response.release_conn()
+        return version
+
+
+def _lines(response, stop) -> Iterator[bytes]:
+    """Newline-separated events of a watch response, each bounded."""
+    buffer = b""
+    for chunk in response.stream(64 * 1024, decode_content=False):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line
+        if len(buffer) > MAX_LINE_BYTES:
+            raise RuntimeError(f"a watch event is over {MAX_LINE_BYTES} bytes")
+        if stop.is_set():
+            return
+
+
+class ClusterWatch:
+    """The two watches that keep the cache current: Nodes (their annotation) and Pods (bound or nominated)."""
+
+    def __init__(self, api, cache: ClusterCache, annotation_key: str, managed: Callable[[str], bool],
+                 settings: WatchSettings = WatchSettings(), on_restart: Callable[[str], None] = lambda kind: None) -> None:
+        self.cache = cache
+        self.annotation_key = annotation_key
+        self.managed = managed
+        self.nodes = ResourceWatch("nodes", api.list_node, self._nodes, self._node_event, settings, lambda: on_restart("nodes"))
+        self.pods = ResourceWatch(
+            "pods", api.list_pod_for_all_namespaces, self._pods, self._pod_event, settings, lambda: on_restart("pods"), POD_SELECTOR
+        )
+
+    def start(self) -> None:
+        self.nodes.start()
+        self.pods.start()
+
+    def stop(self) -> None:
+        self.nodes.stop()
+        self.pods.stop()
+
+    def ready(self) -> tuple[bool, str]:
+        waiting = [w.kind + (f" ({w.last_error})" if w.last_error else "") for w in (self.nodes, self.pods) if not w.synced]
+        return (not waiting, "ready" if not waiting else f"not ready: waiting for the first list of {', '.join(waiting)}")
+
+    def _annotation(self, node: dict) -> str | None:
+        return ((node.get("metadata") or {}).get("annotations") or {}).get(self.annotation_key)
+
+    def _nodes(self, items: list[dict]) -> None:
+        self.cache.replace_nodes({n["metadata"]["name"]: self._annotation(n) for n in items})
+
+    def _node_event(self, kind: str, node: dict) -> None:
+        name = node["metadata"]["name"]
+        if kind == "DELETED":
+            self.cache.delete_node(name)
+        else:
+            self.cache.set_node(name, self._annotation(node))
+
+    def _state(self, pod: dict):
+        try:
+            return pod_state(pod, pod_request(pod, self.managed))
+        except InputError as err:
+            log.debug("pod %s ignored: %s", (pod.get("metadata") or {}).get("name"), err)
+            return None
+
+    def _pods(self, items: list[dict]) -> None:
+        self.cache.replace_pods(s for s in map(self._state, items) if s is not None)
+
+    def _pod_event(self, kind: str, pod: dict) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        state = None if kind == "DELETED" else self._state(pod)
+        if state is None:
+            self.cache.delete_pod(uid)
+        else:
+            self.cache.set_pod(state)

@@ -1,0 +1,352 @@
+"""`gpu-share extender`: kube-scheduler's filter/prioritize over real HTTP, fit and its reasons, assumed pods, watches."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from deviceplugin.annotation import pod_digest
+from deviceplugin.extender.cache import ClusterCache, pod_state
+from deviceplugin.extender.http import ExtenderHTTPServer
+from deviceplugin.extender.metrics import ExtenderMetrics
+from deviceplugin.extender.model import pod_request
+from deviceplugin.extender.score import Scorer
+from deviceplugin.extender.service import ExtenderOptions, ExtenderService
+from deviceplugin.extender.verbs import Extender
+from deviceplugin.extender.watch import WatchSettings
+
+from .conftest import GPU_CLI
+from .fake_kube import FakeCluster
+
+FIXTURES = Path("/work/shared/fixtures/kube-scheduler-extender")
+if not FIXTURES.exists():
+    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kube-scheduler-extender"
+SHARE = "example.com/gpu-share"
+KEY = "example.com/gpu-share.inventory"
+
+
+def managed(name: str) -> bool:
+    return name.startswith("example.com/")
+
+
+def annotation(*units: tuple, resource: str = SHARE, pods: tuple[str, ...] = (), span: bool = False, policy: str = "binpack", generation: int = 1) -> str:
+    """units: (total, used) or (total, used, health) or (total, used, health, profile)."""
+    entries = []
+    for i, unit in enumerate(units):
+        total, used, *rest = unit
+        health, profile = (rest + ["Healthy", ""][len(rest):])[:2]
+        entry = {"uuid": f"{'MIG' if profile else 'GPU'}-{i}", "gpu": i, "total": total, "used": used, "free": total - used if health == "Healthy" else 0, "health": health}
+        if profile:
+            entry["profile"] = profile
+        entries.append(entry)
+    return json.dumps({"version": 2, "generation": generation, "gpus": [], "pods": list(pods),
+                       "resources": {resource: {"pool": "shared", "allowSpanGPUs": span, "allocationPolicy": policy, "units": entries}}})
+
+
+def pod(name: str, *containers: dict, uid: str | None = None, node: str = "", nominated: str = "", init: tuple[dict, ...] = ()) -> dict:
+    def spec(i: int, requests: dict) -> dict:
+        return {"name": f"c{i}", "resources": {"limits": {k: str(v) for k, v in requests.items()}}}
+
+    body = {"metadata": {"name": name, "namespace": "team", "uid": uid or f"uid-{name}"},
+            "spec": {"containers": [spec(i, c) for i, c in enumerate(containers)], "initContainers": [spec(9, c) for c in init]},
+            "status": {"phase": "Pending"}}
+    if node:
+        body["spec"]["nodeName"] = node
+    if nominated:
+        body["status"]["nominatedNodeName"] = nominated
+    return body
+
+
+def args(p: dict, *names: str) -> dict:
+    return {"Pod": p, "Nodes": None, "NodeNames": list(names)}
+
+
+def extender(nodes: dict[str, str], **cache_kw) -> Extender:
+    cache = ClusterCache(**cache_kw)
+    for name, text in nodes.items():
+        cache.set_node(name, text)
+    return Extender(cache, Scorer("binpack"), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+
+
+def post(url: str, body: bytes | dict, content_length: int | None = None) -> tuple[int, object]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@pytest.fixture
+def serve():
+    servers = []
+
+    def start(ext: Extender, ready=lambda: (True, "ready"), **kw) -> str:
+        server = ExtenderHTTPServer(ext, ext.metrics, ready, port=0, host="127.0.0.1", **kw)
+        server.start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.port}"
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+# --- the HTTP API with kube-scheduler's own request bodies ------------------------------------------
+
+
+def test_filter_and_prioritize_answer_the_captured_scheduler_requests(serve):
+    ext = extender({
+        "smoke-node-a": annotation((4, 3), (4, 3)),  # 1 + 1 free: the 2-share pod does not fit one GPU
+        "smoke-node-b": annotation((4, 0), (4, 0)),  # empty
+        "smoke-node-c": annotation((4, 2), (4, 4)),  # one GPU with exactly 2 free: binpack's favourite
+    })
+    url = serve(ext)
+    status, result = post(url + "/filter", (FIXTURES / "extender-filter-request.json").read_bytes())
+    assert status == 200
+    assert set(result) == {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert result["NodeNames"] == ["smoke-node-b", "smoke-node-c"] and result["Error"] == ""
+    assert result["FailedNodes"] == {
+        "smoke-node-a": "gpu-share: container c asks for 2 shares of example.com/gpu-share on one GPU; the most free on one GPU is 1 (free 1+1 on 2 GPUs)"
+    }
+    assert result["FailedAndUnresolvableNodes"] == {}
+    status, scores = post(url + "/prioritize", (FIXTURES / "extender-prioritize-request.json").read_bytes())
+    assert status == 200 and [s["Host"] for s in scores] == ["smoke-node-b", "smoke-node-c"]
+    assert all(set(s) == {"Host", "Score"} and 0 <= s["Score"] <= 10 for s in scores)
+    by_host = {s["Host"]: s["Score"] for s in scores}
+    assert by_host["smoke-node-c"] > by_host["smoke-node-b"]  # binpack: the fuller node
+    status, text = get(url + "/metrics")
+    assert 'gpushare_extender_requests_total{outcome="ok",verb="filter"} 1.0' in text
+    assert 'gpushare_extender_filtered_out_nodes_total{reason="split-shares"} 1.0' in text
+    assert 'gpushare_extender_request_duration_seconds_count{verb="prioritize"} 1.0' in text
+
+
+def test_bad_requests_get_clear_answers_and_bounds_hold(serve):
+    ext = extender({"n": annotation((4, 0))})
+    url = serve(ext, max_body=4096)
+    status, text = post(url + "/filter", b"x" * 5000)
+    assert status == 413 and "over the 4096 byte limit" in text
+    status, text = post(url + "/filter", b"{not json")
+    assert status == 400 and "bad filter request" in text
+    status, result = post(url + "/filter", {"Pod": pod("p", {SHARE: 1}), "Nodes": {"items": []}, "NodeNames": None})
+    assert status == 200 and "nodeCacheCapable: true" in result["Error"] and result["NodeNames"] is None
+    status, result = post(url + "/filter", args(pod("p", {SHARE: "1.5"}), "n"))
+    assert "Pod.spec.containers[0].resources.example.com/gpu-share: '1.5' is not a whole number" in result["Error"]
+    status, text = post(url + "/prioritize", {"Pod": pod("p", {SHARE: 1})})
+    assert status == 400 and "NodeNames: missing" in text
+    assert get(url + "/nope")[0] == 404 and get(url + "/healthz") == (200, "ok\n")
+    # A pod asking for none of the managed resources passes everywhere, untouched.
+    status, result = post(url + "/filter", args(pod("cpu-only", {"cpu": 1}), "n", "unknown"))
+    assert result["NodeNames"] == ["n", "unknown"] and not result["FailedNodes"]
+
+
+def test_a_slow_client_does_not_hold_the_server(serve):
+    url = serve(extender({"n": annotation((4, 0))}), workers=1, read_timeout=0.3)
+    host, port = url.removeprefix("http://").split(":")
+    slow = socket.create_connection((host, int(port)))
+    slow.sendall(b"POST /filter HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")  # and never the rest
+    started = time.monotonic()
+    status, result = post(url + "/filter", args(pod("p", {SHARE: 1}), "n"))
+    assert status == 200 and result["NodeNames"] == ["n"]
+    assert time.monotonic() - started < 3
+    slow.close()
+
+
+# --- fit and its reasons ------------------------------------------------------------------------------
+
+
+def reasons(nodes: dict[str, str], p: dict) -> dict:
+    result = extender(nodes).filter(args(p, *nodes))
+    return {"passed": result["NodeNames"], **result["FailedNodes"], **{k: "UNRESOLVABLE " + v for k, v in result["FailedAndUnresolvableNodes"].items()}}
+
+
+def test_failure_reasons_name_what_blocks_the_pod():
+    got = reasons(
+        {
+            "split": annotation((4, 2), (4, 2)),
+            "unhealthy": annotation((4, 0, "Unhealthy"), (4, 2)),
+            "quarantined": annotation((4, 0, "Quarantined"), (4, 3)),
+            "mig": annotation((2, 0, "Healthy", "1g.10gb"), (2, 1, "Healthy", "1g.10gb")),
+            "small": annotation((2, 0)),
+            "full": annotation((4, 3), (4, 4)),
+            "no-resource": annotation((4, 0), resource="example.com/gpu"),
+            "no-annotation": None,
+            "old-plugin": json.dumps([{"uuid": "GPU-0", "sharesTotal": 4}]),
+            "fits": annotation((4, 3), (4, 1)),
+        },
+        pod("p", {SHARE: 3}),
+    )
+    assert got["passed"] == ["fits"]
+    assert got["split"] == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share on one GPU; the most free on one GPU is 2 (free 2+2 on 2 GPUs)"
+    assert got["unhealthy"] == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share; GPU 0 would have room but is Unhealthy"
+    assert "GPU 0 would have room but is quarantined (a finished tenant's memory is still on it)" in got["quarantined"]
+    assert got["mig"] == "UNRESOLVABLE gpu-share: container c0 asks for 3 shares of example.com/gpu-share; each MIG instance of this node has at most 2"
+    assert got["small"].startswith("UNRESOLVABLE") and "each GPU of this node has at most 2" in got["small"]
+    assert got["full"] == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share; the node has 1 free"
+    assert got["no-resource"] == "UNRESOLVABLE gpu-share: node has no example.com/gpu-share (not in its gpu-share inventory)"
+    assert "no gpu-share inventory annotation" in got["no-annotation"]
+    assert "annotation must be a JSON object" in got["old-plugin"]
+
+
+def test_mig_split_reason_and_every_container_on_one_unit():
+    nodes = {"mig": annotation((4, 1, "Healthy", "3g.40gb"), (4, 1, "Healthy", "3g.40gb"))}
+    assert "on one MIG instance; the most free on one MIG instance is 3 (free 3+3 on 2 MIG instances)" in reasons(nodes, pod("p", {SHARE: 4}))["mig"]
+    # Two containers of 3: one on each instance.
+    assert reasons(nodes, pod("p", {SHARE: 3}, {SHARE: 3}))["passed"] == ["mig"]
+    assert "container c2" in reasons(nodes, pod("p", {SHARE: 3}, {SHARE: 3}, {SHARE: 1}))["mig"]
+
+
+def test_allow_span_gpus_and_init_containers():
+    spanning = {"span": annotation((4, 1), (4, 1), span=True)}
+    assert reasons(spanning, pod("p", {SHARE: 6}))["passed"] == ["span"]
+    assert "the node has 6 free" in reasons(spanning, pod("p", {SHARE: 7}))["span"]
+    node = {"n": annotation((4, 0), (4, 2))}
+    # An init container runs alone before the others: 4 then 4 + 2 fits; a 5-share init container does not.
+    assert reasons(node, pod("p", {SHARE: 4}, {SHARE: 2}, init=({SHARE: 4},)))["passed"] == ["n"]
+    assert "container c9 asks for 5 shares" in reasons(node, pod("p", {SHARE: 1}, init=({SHARE: 5},)))["n"]
+
+
+def test_binpack_and_spread_choose_the_unit_as_the_node_plugin_does():
+    cache = ClusterCache()
+    cache.set_node("binpack", annotation((4, 0), (4, 2)))
+    cache.set_node("spread", annotation((4, 0), (4, 2), policy="spread"))
+    for name, taken in (("binpack", [4, 1]), ("spread", [3, 2])):
+        cache.set_pod(pod_state(pod("a", {SHARE: 1}, node=name, uid=f"a-{name}"), pod_request(pod("a", {SHARE: 1}, uid=f"a-{name}"), managed)))
+        assert cache.node(name)[1] == {SHARE: taken}
+
+
+# --- assumed pods and reservations --------------------------------------------------------------------
+
+
+def test_two_pods_in_one_annotation_period_do_not_take_the_last_shares():
+    ext = extender({"n": annotation((4, 2), (4, 4)), "m": annotation((4, 0), (4, 0))})
+    first, second = pod("first", {SHARE: 2}), pod("second", {SHARE: 2})
+    assert ext.filter(args(first, "n"))["NodeNames"] == ["n"]
+    # `first` is bound to n; the annotation does not count it yet.
+    ext.cache.set_pod(pod_state(pod("first", {SHARE: 2}, node="n"), pod_request(first, managed)))
+    result = ext.filter(args(second, "n", "m"))
+    assert result["NodeNames"] == ["m"] and "the node has 0 free" in result["FailedNodes"]["n"]
+    # The node publishes: first's shares are in `used` and its digest in `pods`; nothing is counted twice.
+    ext.cache.set_node("n", annotation((4, 4), (4, 4), pods=(pod_digest("team", "first"),)))
+    assert ext.cache.node("n")[1] == {SHARE: [0, 0]}
+    assert ext.cache.counts()["assumed_pods"] == 0
+    # first ends (deleted): the annotation frees its shares in the next round.
+    ext.cache.delete_pod("uid-first")
+    ext.cache.set_node("n", annotation((4, 2), (4, 4)))
+    assert ext.filter(args(second, "n"))["NodeNames"] == ["n"]
+
+
+def test_in_flight_reservation_until_the_binding_shows():
+    clock = [0.0]
+    ext = extender({"n": annotation((4, 2), (4, 4)), "m": annotation((4, 0))}, reservation_ttl=30, clock=lambda: clock[0])
+    first, second = pod("first", {SHARE: 2}), pod("second", {SHARE: 2})
+    assert ext.filter(args(first, "n"))["NodeNames"] == ["n"]  # the scheduler now binds first, asynchronously
+    assert ext.filter(args(second, "n", "m"))["NodeNames"] == ["m"]  # first's binding not seen yet: n is taken
+    assert ext.filter(args(first, "n"))["NodeNames"] == ["n"]  # filtered again: its own reservation does not count
+    assert ext.prioritize(args(first, "n"))[0]["Score"] > 0
+    clock[0] = 31.0  # never bound: the reservation expires
+    assert ext.filter(args(second, "n"))["NodeNames"] == ["n"]
+    # A nominated pod (preemption) counts on its node, but not against itself.
+    ext.cache.set_pod(pod_state(pod("first", {SHARE: 2}, nominated="n"), pod_request(first, managed)))
+    assert ext.filter(args(second, "n"))["NodeNames"] == []
+    assert ext.filter(args(first, "n"))["NodeNames"] == ["n"]
+    assert ext.cache.counts() == {"nodes": 2, "nodes_with_inventory": 2, "assumed_pods": 1, "reservations": 0}
+
+
+def test_reservations_are_bounded():
+    ext = extender({"n": annotation((100, 0))}, max_reservations=3, max_reservation_nodes=2)
+    for i in range(10):
+        ext.filter(args(pod(f"p{i}", {SHARE: 1}), "n", "x", "y"))
+    assert ext.cache.counts()["reservations"] == 3
+    assert ext.cache.node("n")[1] == {SHARE: [97]}
+
+
+# --- watches against a fake API server over real HTTP ----------------------------------------------
+
+
+def node_object(name: str, text: str | None) -> dict:
+    return {"metadata": {"name": name, "annotations": {KEY: text} if text else {}}}
+
+
+def wait(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    fake = FakeCluster().start()
+    yield fake, fake.write_kubeconfig(tmp_path / "kubeconfig")
+    fake.stop()
+
+
+def service_for(kubeconfig: Path) -> ExtenderService:
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(kubeconfig))
+    options = ExtenderOptions(port=0, host="127.0.0.1", watch=WatchSettings(watch_timeout=2, request_timeout=5, backoff_initial=0.05, backoff_max=0.2))
+    return ExtenderService(client.CoreV1Api(api_client), options)
+
+
+def test_watches_follow_nodes_and_pods_and_reconnect_after_a_drop(cluster):
+    fake, kubeconfig = cluster
+    for i in range(3):  # three nodes: the initial list takes two pages
+        fake.put("nodes", node_object(f"n{i}", annotation((4, 0))))
+    fake.put("nodes", node_object("plain", None))
+    service = service_for(kubeconfig)
+    url = f"http://127.0.0.1:{service.server.port}"
+    assert service.watch.ready() == (False, "not ready: waiting for the first list of nodes, pods")
+    service.start()
+    try:
+        assert wait(lambda: service.watch.ready()[0])
+        assert get(url + "/readyz") == (200, "ready\n")
+        assert service.cache.counts()["nodes"] == 4 and service.cache.counts()["nodes_with_inventory"] == 3
+        # A bound share pod that the annotation does not count yet, over the pod watch.
+        fake.put("pods", pod("bound", {SHARE: 3}, node="n0"))
+        assert wait(lambda: service.cache.node("n0")[1] == {SHARE: [1]})
+        fake.drop_watches()  # the API server cuts every watch
+        fake.put("nodes", node_object("n1", annotation((4, 4))))
+        fake.put("pods", pod("other", {SHARE: 1}, node="n2"))
+        assert wait(lambda: service.cache.node("n1")[1] == {SHARE: [0]} and service.cache.node("n2")[1] == {SHARE: [3]})
+        assert 'gpushare_extender_watch_restarts_total{kind="nodes"} 0.0' not in get(url + "/metrics")[1]
+        # History compacted: the next watch gets 410 Gone and the extender lists again.
+        lists = fake.lists
+        fake.compact()
+        fake.drop_watches()
+        fake.delete("nodes", "n2")
+        fake.delete("pods", "uid-bound")
+        assert wait(lambda: service.cache.node("n2")[0] is None and service.cache.node("n0")[1] == {SHARE: [4]})
+        assert fake.lists > lists
+        status, result = post(url + "/filter", args(pod("p", {SHARE: 4}), "n0", "n1"))
+        assert result["NodeNames"] == ["n0"] and "the node has 0 free" in result["FailedNodes"]["n1"]
+    finally:
+        service.stop()
+
+
+def test_cli_refuses_an_unknown_policy(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:1"}}],
+                                      "users": [{"name": "x", "user": {}}], "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}], "current-context": "x"}))
+    result = subprocess.run([*GPU_CLI, "extender", "--kubeconfig", str(kubeconfig), "--policy", "nope", "--port", "0"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "--policy: 'nope' is not one of" in result.stderr
