@@ -1,0 +1,103 @@
+"""The extender's manifests, both scheduler configurations, and the admission policy's CEL on sample pods."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import celpy
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+EXTENDER = ROOT / "daemonset" / "extender"
+ADMISSION = ROOT / "daemonset" / "admission" / "gpu-share-admission.yaml"
+EXTENDER_KEYS = {"urlPrefix", "filterVerb", "prioritizeVerb", "weight", "httpTimeout", "nodeCacheCapable", "ignorable", "managedResources"}
+
+
+def documents(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def scheduler_configs() -> list[dict]:
+    standalone = documents(EXTENDER / "scheduler" / "kube-scheduler-config.yaml")
+    configmap = next(d for d in documents(EXTENDER / "scheduler" / "second-scheduler.yaml") if d["kind"] == "ConfigMap")
+    return standalone + [yaml.safe_load(configmap["data"]["config.yaml"])]
+
+
+@pytest.mark.parametrize("config", scheduler_configs(), ids=["cluster-scheduler", "second-scheduler"])
+def test_scheduler_configs_call_the_extender(config):
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1" and config["kind"] == "KubeSchedulerConfiguration"
+    (extender,) = config["extenders"]
+    assert set(extender) == EXTENDER_KEYS  # kube-scheduler's field names: a typo would be silently ignored
+    assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
+    assert extender["filterVerb"] == "filter" and extender["prioritizeVerb"] == "prioritize"
+    assert extender["urlPrefix"] == "http://gpu-share-extender.gpu-share.svc:8888"
+    names = {r["name"] for r in extender["managedResources"]}
+    assert {"example.com/gpu-share", "example.com/gpu"} <= names and all(n.startswith("example.com/") for n in names)
+
+
+def test_second_scheduler_is_the_official_image_named_gpu_share():
+    docs = {d["kind"]: d for d in documents(EXTENDER / "scheduler" / "second-scheduler.yaml")}
+    container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
+    assert scheduler_configs()[1]["profiles"] == [{"schedulerName": "gpu-share"}]
+
+
+def test_extender_rbac_only_reads():
+    role = next(d for d in documents(EXTENDER / "00-rbac.yaml") if d["kind"] == "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}]
+    deployment = documents(EXTENDER / "01-deployment.yaml")[0]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][0] == "extender" and container["ports"][0]["containerPort"] == 8888
+    assert {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]} == {"/readyz", "/healthz"}
+
+
+# --- the admission policy, evaluated by a CEL interpreter -------------------------------------------
+
+
+def admit(pod: dict) -> tuple[bool, str]:
+    """(allowed, message) as the API server would evaluate the policy with its params ConfigMap."""
+    params, policy = (d for d in documents(ADMISSION) if d["kind"] in ("ConfigMap", "ValidatingAdmissionPolicy"))
+    spec = policy["spec"]
+    env = celpy.Environment()
+    activation = {"object": celpy.json_to_cel(pod), "params": celpy.json_to_cel(params)}
+    variables = {}
+    for variable in spec["variables"]:
+        variables[celpy.celtypes.StringType(variable["name"])] = env.program(env.compile(variable["expression"])).evaluate(activation)
+        activation["variables"] = celpy.celtypes.MapType(variables)
+    (validation,) = spec["validations"]
+    allowed = bool(env.program(env.compile(validation["expression"])).evaluate(activation))
+    return allowed, "" if allowed else str(env.program(env.compile(validation["messageExpression"])).evaluate(activation))
+
+
+def pod(*containers: dict, init: tuple[dict, ...] = ()) -> dict:
+    def spec(i: int, limits: dict) -> dict:
+        return {"name": f"c{i}", "resources": {"limits": limits}} if limits else {"name": f"c{i}"}
+
+    body = {"spec": {"containers": [spec(i, c) for i, c in enumerate(containers)]}}
+    if init:
+        body["spec"]["initContainers"] = [spec(9, c) for c in init]
+    return body
+
+
+def test_admission_refuses_more_shares_than_any_gpu_and_says_what_to_ask_for():
+    allowed, message = admit(pod({"example.com/gpu-share": "12"}))
+    assert not allowed
+    assert message == (
+        "container c0 asks for 12 example.com/gpu-share but no GPU has more than 10: one container's shares come from one GPU. "
+        "Ask for at most 10 example.com/gpu-share, or for a whole GPU (example.com/gpu)"
+    )
+    assert admit(pod({"example.com/gpu-share": "10"}, {}, {"cpu": "2"})) == (True, "")
+    assert admit(pod({"example.com/gpu": "4"}))[0]  # not listed: not checked
+    assert not admit(pod({"example.com/mig-3g.40gb": "2"}))[0]
+    allowed, message = admit(pod({"example.com/gpu-share": "1"}, init=({"example.com/gpu-share": "11"},)))
+    assert not allowed and message.startswith("container c9 asks for 11")
+    assert admit({"spec": {"containers": [{"name": "plain"}]}}) == (True, "")
+
+
+def test_admission_policy_binds_to_its_params():
+    docs = {d["kind"]: d for d in documents(ADMISSION)}
+    binding = docs["ValidatingAdmissionPolicyBinding"]["spec"]
+    assert binding["policyName"] == docs["ValidatingAdmissionPolicy"]["metadata"]["name"]
+    assert binding["paramRef"]["name"] == docs["ConfigMap"]["metadata"]["name"] and binding["validationActions"] == ["Deny"]
+    assert docs["ValidatingAdmissionPolicy"]["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
