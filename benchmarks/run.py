@@ -14,9 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import admission, footprint, kubelet_link, recovery, scale, scrape
+from . import admission, extender, footprint, kubelet_link, recovery, scale, scrape
 
-BENCHMARKS = {"admission": admission, "scale": scale, "recovery": recovery, "footprint": footprint, "scrape": scrape, "kubelet_link": kubelet_link}
+BENCHMARKS = {
+    "admission": admission, "scale": scale, "recovery": recovery, "footprint": footprint, "scrape": scrape, "kubelet_link": kubelet_link,
+    "extender": extender,
+}
 
 
 def _print(name: str, result: dict, indent: str = "  ") -> None:

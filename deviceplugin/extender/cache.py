@@ -117,20 +117,34 @@ class ClusterCache:
 
     # --- read by the HTTP handlers ------------------------------------------------------------
     def node(self, name: str, exclude: str = "") -> tuple[NodeInventory | None, FreeShares | str]:
-        """(inventory, free shares now) of a node, without pod `exclude`'s own assumption; (None, why) without one."""
+        """(inventory, free shares now) of a node, without pod `exclude`'s own assumption; (None, why) without one.
+
+        The free shares after assumed pods are cached per node; reservations are applied on top, per call.
+        """
         with self._lock:
             entry = self._nodes.get(name)
             if entry is None:
                 return None, "node is not known to the extender (not in its node cache)"
             if entry.inventory is None:
                 return None, entry.error
-            self._expire(name)
-            mine = exclude and (exclude in self._pods_on.get(name, ()) or exclude in self._reserved_on.get(name, ()))
-            if mine:
-                return entry.inventory, self._free(name, entry.inventory, exclude)
-            if entry.free is None:
-                entry.free = self._free(name, entry.inventory, "")
-            return entry.inventory, entry.free
+            if exclude and exclude in self._pods_on.get(name, ()):
+                free = self._free(name, entry.inventory, exclude)  # a nominated pod filtered again: rare
+            else:
+                if entry.free is None:
+                    entry.free = self._free(name, entry.inventory, "")
+                free = entry.free
+            reserved = self._reserved(name, exclude)
+            if not reserved:
+                return entry.inventory, free
+            free = {r: list(units) for r, units in free.items()}
+            for request in reserved:
+                place(request, entry.inventory, free)  # a pod that no longer fits takes nothing
+            return entry.inventory, free
+
+    def cached(self, name: str) -> bool:
+        """Whether node()'s answer for `name` is the cached one (no reservations on it): scores may be memoised."""
+        with self._lock:
+            return name not in self._reserved_on
 
     def reserve(self, request: PodRequest, nodes: list[str]) -> None:
         """Pod `request` was passed for `nodes`: count it there until its binding shows (see the module doc)."""
@@ -147,7 +161,6 @@ class ClusterCache:
             self._reservations[request.uid] = _Reservation(request, kept, self.clock() + self.reservation_ttl, self._seq)
             for name in kept:
                 self._reserved_on.setdefault(name, set()).add(request.uid)
-                self._dirty(name)
 
     def forget_reservation(self, uid: str) -> None:
         with self._lock:
@@ -168,12 +181,23 @@ class ClusterCache:
         return entry is not None and entry.inventory is not None and pod.digest in entry.inventory.pods
 
     def _free(self, name: str, inventory: NodeInventory, exclude: str) -> FreeShares:
+        """The annotation's free shares minus the assumed pods' (a pod that no longer fits takes nothing)."""
         free = free_shares(inventory)
-        assumed = [p.request for uid, p in self._pods_on.get(name, {}).items() if uid != exclude and p.digest not in inventory.pods]
-        reserved = sorted((self._reservations[u] for u in self._reserved_on.get(name, ()) if u != exclude), key=lambda r: r.seq)
-        for request in assumed + [r.request for r in reserved]:
-            place(request, inventory, free)  # a pod that no longer fits takes nothing: the node will refuse it
+        for uid, pod in self._pods_on.get(name, {}).items():
+            if uid != exclude and pod.digest not in inventory.pods:
+                place(pod.request, inventory, free)
         return free
+
+    def _reserved(self, name: str, exclude: str) -> list[PodRequest]:
+        """Other pods' live reservations on the node, oldest first (expired ones are dropped)."""
+        uids = self._reserved_on.get(name)
+        if not uids:
+            return []
+        now = self.clock()
+        for uid in [u for u in uids if self._reservations[u].expires <= now]:
+            self._drop_reservation(uid)
+        live = sorted((self._reservations[u] for u in self._reserved_on.get(name, ()) if u != exclude), key=lambda r: r.seq)
+        return [r.request for r in live]
 
     def _dirty(self, name: str) -> None:
         entry = self._nodes.get(name)
@@ -190,12 +214,6 @@ class ClusterCache:
                 uids.discard(uid)
                 if not uids:
                     del self._reserved_on[name]
-            self._dirty(name)
-
-    def _expire(self, name: str) -> None:
-        now = self.clock()
-        for uid in [u for u in self._reserved_on.get(name, ()) if self._reservations[u].expires <= now]:
-            self._drop_reservation(uid)
 
 
 def pod_state(pod: dict, request: PodRequest) -> PodState | None:

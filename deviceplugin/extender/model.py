@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..annotation import HEALTH_VALUES, VERSION
 
@@ -38,13 +39,17 @@ class Unit:
         return "MIG instance" if self.profile else "GPU"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # not slots: cached_property needs a __dict__
 class NodeResource:
     name: str
     pool: str
     allow_span: bool
     policy: str  # the node plugin's allocationPolicy: binpack | spread
     units: tuple[Unit, ...]
+
+    @cached_property
+    def totals(self) -> tuple[int, ...]:
+        return tuple(u.total for u in self.units)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from .cache import ClusterCache
 from .fit import NO_INVENTORY, fits_alone, place
 from .metrics import ExtenderMetrics
 from .model import InputError, PodRequest, pod_request
-from .score import Scorer
+from .score import Scorer, largest_request
 
 MAX_NODE_NAMES = 50_000
 
@@ -33,6 +33,7 @@ class Extender:
         passed: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
+        refused: dict[str, int] = {}  # reason -> nodes
         if request.empty:  # asks for none of our resources: nothing to judge
             return {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         self.cache.forget_reservation(request.uid)  # filtered again: its old reservation is stale
@@ -41,7 +42,7 @@ class Extender:
             inventory, free = self.cache.node(name, exclude=request.uid)
             if inventory is None:
                 unresolvable[name] = f"gpu-share: {free}"
-                self._count(NO_INVENTORY)
+                refused[NO_INVENTORY] = refused.get(NO_INVENTORY, 0) + 1
                 continue
             if single and single[0] in inventory.resources and fits_alone(inventory, free, *single):
                 passed.append(name)
@@ -51,19 +52,29 @@ class Extender:
                 passed.append(name)
                 continue
             (unresolvable if fit.unresolvable else failed)[name] = f"gpu-share: {fit.reason}"
-            self._count(fit.category)
+            refused[fit.category] = refused.get(fit.category, 0) + 1
         self.cache.reserve(request, passed)
+        if self.metrics is not None:
+            for reason, count in refused.items():
+                self.metrics.filtered_out.labels(reason).inc(count)
         return {"NodeNames": passed, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
 
     def prioritize(self, args: dict) -> list[dict]:
         """Scores for the nodes the pod fits; nodes it does not fit score 0 (the filter already refused them)."""
         request, names = self._args(args)  # InputError: the HTTP layer answers 400
+        single = _single(request)
+        largest = largest_request(request) if not request.empty else None
         scores = []
         for name in names:
             inventory, free = self.cache.node(name, exclude=request.uid)
             score = 0
-            if inventory is not None and not request.empty and place(request, inventory, dict(free)).ok:
-                score = self.scorer.score(request, inventory, free)
+            if inventory is None or request.empty:
+                pass
+            elif single and single[0] in inventory.resources:
+                if fits_alone(inventory, free, *single):
+                    score = self.scorer.score(request, inventory, free, largest)
+            elif place(request, inventory, dict(free)).ok:
+                score = self.scorer.score(request, inventory, free, largest)
             scores.append({"Host": name, "Score": score})
         return scores
 
@@ -76,10 +87,6 @@ class Extender:
         if not isinstance(names, list) or len(names) > MAX_NODE_NAMES or not all(isinstance(n, str) for n in names):
             raise InputError(f"ExtenderArgs.NodeNames: must be a list of at most {MAX_NODE_NAMES} node names")
         return pod_request(args.get("Pod"), self.managed), names
-
-    def _count(self, reason: str) -> None:
-        if self.metrics is not None:
-            self.metrics.filtered_out.labels(reason).inc()
 
 
 def _single(request: PodRequest) -> tuple[str, int] | None:

@@ -1,0 +1,131 @@
+"""The scheduler extender: filter + prioritize for one pod over 1,000 and 5,000 nodes, cache memory, annotation size.
+
+    python -m benchmarks.extender [--smoke]
+
+Nodes have 8 GPUs of 10 shares with random use; the pod asks for 2 shares (the captured scheduler request).
+Timed in-process (the verbs on decoded JSON) and over real HTTP on loopback (JSON both ways, as kube-scheduler
+calls it). Memory: tracemalloc of the cache filled with 5,000 nodes x 8 GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+import urllib.request
+
+from prometheus_client import CollectorRegistry
+
+from deviceplugin.config import parse_config
+from deviceplugin.extender.cache import ClusterCache
+from deviceplugin.extender.http import ExtenderHTTPServer
+from deviceplugin.extender.metrics import ExtenderMetrics
+from deviceplugin.extender.score import Scorer
+from deviceplugin.extender.verbs import Extender
+from deviceplugin.inventory import Gpu, MigDevice, NodeInfo
+from deviceplugin.nodelabels import InventoryAnnotation
+from deviceplugin.podresources import ContainerShare, Usage
+from deviceplugin.resources import build_resources
+
+SHARE = "example.com/gpu-share"
+POD = {
+    "metadata": {"name": "bench", "namespace": "bench", "uid": "bench-uid"},
+    "spec": {"containers": [{"name": "c", "resources": {"limits": {SHARE: "2"}, "requests": {"cpu": "10m", SHARE: "2"}}}]},
+}
+
+
+def node_annotation(rng: random.Random, gpus: int = 8, shares: int = 10) -> str:
+    units = []
+    for i in range(gpus):
+        used = rng.randint(0, shares)
+        units.append({"uuid": f"GPU-bench000-0000-4000-8000-{rng.getrandbits(40):012x}", "gpu": i, "total": shares, "used": used, "free": shares - used, "health": "Healthy"})
+    return json.dumps({"version": 2, "generation": 1, "gpus": [], "pods": [f"{rng.getrandbits(32):08x}" for _ in range(gpus)],
+                       "resources": {SHARE: {"pool": "shared", "allowSpanGPUs": False, "allocationPolicy": "binpack", "units": units}}})
+
+
+def filled(nodes: int, seed: int = 1) -> ClusterCache:
+    rng = random.Random(seed)
+    cache = ClusterCache()
+    for i in range(nodes):
+        cache.set_node(f"node-{i:05d}", node_annotation(rng))
+    return cache
+
+
+def _percentiles(samples: list[float]) -> dict:
+    ordered = sorted(samples)
+    return {"p50_ms": round(statistics.median(ordered) * 1000, 2), "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1000, 2)}
+
+
+def time_verbs(nodes: int, rounds: int) -> dict:
+    cache = filled(nodes)
+    extender = Extender(cache, Scorer("binpack"), lambda n: n.startswith("example.com/"), ExtenderMetrics(CollectorRegistry(), cache.counts))
+    names = [f"node-{i:05d}" for i in range(nodes)]
+    in_process, over_http = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        passed = extender.filter({"Pod": POD, "Nodes": None, "NodeNames": names})["NodeNames"]
+        extender.prioritize({"Pod": POD, "Nodes": None, "NodeNames": passed})
+        in_process.append(time.perf_counter() - started)
+    server = ExtenderHTTPServer(extender, extender.metrics, lambda: (True, "ready"), port=0, host="127.0.0.1")
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        for _ in range(rounds):
+            started = time.perf_counter()
+            passed = _post(url + "/filter", {"Pod": POD, "Nodes": None, "NodeNames": names})["NodeNames"]
+            _post(url + "/prioritize", {"Pod": POD, "Nodes": None, "NodeNames": passed})
+            over_http.append(time.perf_counter() - started)
+    finally:
+        server.stop()
+    return {"nodes": nodes, "passed": len(passed), "in_process": _percentiles(in_process), "over_http": _percentiles(over_http)}
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def cache_memory(nodes: int) -> dict:
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    cache = filled(nodes)
+    for i in range(nodes):  # the free-share views the verbs build
+        cache.node(f"node-{i:05d}")
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return {"nodes": nodes, "gpus_per_node": 8, "cache_mib": round((after - before) / 2**20, 1), "per_node_kib": round((after - before) / nodes / 1024, 2)}
+
+
+def annotation_bytes() -> dict:
+    """The node plugin's annotation at 8 GPUs x 7 MIG instances, every instance holding one pod."""
+    gpus = tuple(
+        Gpu(index=i, uuid=f"GPU-5d2e8b41-a1f0-4c3e-8d7a-00000000000{i}", model="NVIDIA A100-SXM4-80GB", memory_mib=81920, mig_enabled=True,
+            mig_devices=tuple(MigDevice(uuid=f"MIG-0{i}0{k}a0c4-7f3b-5e91-b2d8-6c4f1000{i}{k}00", profile="1g.10gb", memory_mib=9984, gi_id=k + 7, ci_id=0, index=k)
+                              for k in range(7)))
+        for i in range(8)
+    )
+    node = NodeInfo(gpus=gpus, name="8x7")
+    resources = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}), node)
+    shares = tuple(
+        ContainerShare("team", f"pod-{n}", "main", SHARE, "s", u.uuid, u.gpu.uuid, (f"{u.uuid}::0", f"{u.uuid}::1"), 2, 0, True)
+        for n, u in enumerate(resources[0].units)
+    )
+    text = json.dumps(InventoryAnnotation().build(node, resources, Usage(shares=shares), frozenset()), separators=(",", ":"), sort_keys=True)
+    return {"gpus": 8, "mig_instances": 56, "pods": len(shares), "bytes": len(text.encode())}
+
+
+def run(smoke: bool = False) -> dict:
+    sizes, rounds = ((50, 200), 5) if smoke else ((1000, 5000), 100)
+    return {
+        "filter_prioritize": [time_verbs(n, rounds) for n in sizes],
+        "memory": cache_memory(200 if smoke else 5000),
+        "annotation": annotation_bytes(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(smoke="--smoke" in sys.argv), indent=2))
