@@ -122,29 +122,20 @@ class ClusterCache:
         The free shares after assumed pods are cached per node; reservations are applied on top, per call.
         """
         with self._lock:
-            entry = self._nodes.get(name)
-            if entry is None:
-                return None, "node is not known to the extender (not in its node cache)"
-            if entry.inventory is None:
-                return None, entry.error
-            if exclude and exclude in self._pods_on.get(name, ()):
-                free = self._free(name, entry.inventory, exclude)  # a nominated pod filtered again: rare
-            else:
-                if entry.free is None:
-                    entry.free = self._free(name, entry.inventory, "")
-                free = entry.free
-            reserved = self._reserved(name, exclude)
-            if not reserved:
-                return entry.inventory, free
-            free = {r: list(units) for r, units in free.items()}
-            for request in reserved:
-                place(request, entry.inventory, free)  # a pod that no longer fits takes nothing
-            return entry.inventory, free
+            return self._view(name, exclude)
 
-    def cached(self, name: str) -> bool:
-        """Whether node()'s answer for `name` is the cached one (no reservations on it): scores may be memoised."""
+    def nodes(self, names: list[str], exclude: str = "") -> list[tuple[str, NodeInventory | None, FreeShares | str]]:
+        """node() for many nodes under one lock; the common case (cached, no reservation) inline."""
+        out = []
         with self._lock:
-            return name not in self._reserved_on
+            nodes, reserved_on, pods_on = self._nodes, self._reserved_on, self._pods_on
+            for name in names:
+                entry = nodes.get(name)
+                if entry is not None and entry.free is not None and name not in reserved_on and not (exclude and exclude in pods_on.get(name, ())):
+                    out.append((name, entry.inventory, entry.free))
+                else:
+                    out.append((name, *self._view(name, exclude)))
+        return out
 
     def reserve(self, request: PodRequest, nodes: list[str]) -> None:
         """Pod `request` was passed for `nodes`: count it there until its binding shows (see the module doc)."""
@@ -176,6 +167,26 @@ class ClusterCache:
             }
 
     # --- internals ----------------------------------------------------------------------------
+    def _view(self, name: str, exclude: str) -> tuple[NodeInventory | None, FreeShares | str]:
+        entry = self._nodes.get(name)
+        if entry is None:
+            return None, "node is not known to the extender (not in its node cache)"
+        if entry.inventory is None:
+            return None, entry.error
+        if exclude and exclude in self._pods_on.get(name, ()):
+            free = self._free(name, entry.inventory, exclude)  # a nominated pod filtered again: rare
+        else:
+            if entry.free is None:
+                entry.free = self._free(name, entry.inventory, "")
+            free = entry.free
+        reserved = self._reserved(name, exclude)
+        if not reserved:
+            return entry.inventory, free
+        free = {r: list(units) for r, units in free.items()}
+        for request in reserved:
+            place(request, entry.inventory, free)  # a pod that no longer fits takes nothing
+        return entry.inventory, free
+
     def _counted(self, pod: PodState) -> bool:
         entry = self._nodes.get(pod.node)
         return entry is not None and entry.inventory is not None and pod.digest in entry.inventory.pods

@@ -38,8 +38,7 @@ class Extender:
             return {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         self.cache.forget_reservation(request.uid)  # filtered again: its old reservation is stale
         single = _single(request)
-        for name in names:
-            inventory, free = self.cache.node(name, exclude=request.uid)
+        for name, inventory, free in self.cache.nodes(names, exclude=request.uid):
             if inventory is None:
                 unresolvable[name] = f"gpu-share: {free}"
                 refused[NO_INVENTORY] = refused.get(NO_INVENTORY, 0) + 1
@@ -65,17 +64,11 @@ class Extender:
         single = _single(request)
         largest = largest_request(request) if not request.empty else None
         scores = []
-        for name in names:
-            inventory, free = self.cache.node(name, exclude=request.uid)
-            score = 0
-            if inventory is None or request.empty:
-                pass
-            elif single and single[0] in inventory.resources:
-                if fits_alone(inventory, free, *single):
-                    score = self.scorer.score(request, inventory, free, largest)
-            elif place(request, inventory, dict(free)).ok:
-                score = self.scorer.score(request, inventory, free, largest)
-            scores.append({"Host": name, "Score": score})
+        for name, inventory, free in self.cache.nodes(names, exclude=request.uid):
+            fits = inventory is not None and not request.empty and (
+                fits_alone(inventory, free, *single) if single and single[0] in inventory.resources else place(request, inventory, dict(free)).ok
+            )
+            scores.append({"Host": name, "Score": self.scorer.score(request, inventory, free, largest) if fits else 0})
         return scores
 
     def _args(self, args: dict) -> tuple[PodRequest, list[str]]:
