@@ -17,6 +17,7 @@ from .config import ConfigError
 from .allocator import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
 from .daemon import DaemonOptions, PluginDaemon
 from .health import HealthSettings
+from .demo_scheduler import run_scheduler_step
 from .kubelet_sim import AdmissionError, Container, KubeletSimulator, Pod
 from .resources import SHARE_SEPARATOR, Resource
 from .server import Timings
@@ -142,6 +143,7 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
                     out(f"  {resource.name} {where}: {used[unit.uuid]}/{unit.replicas} shares used")
         daemon.agent.sync()
         _usage_table(f"http://127.0.0.1:{options.metrics_port}/metrics", out)
+        run_scheduler_step(resources, out)
     finally:
         daemon.stop()
     out("\nDone: sockets removed, temporary directory cleaned up.")

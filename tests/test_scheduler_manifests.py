@@ -89,7 +89,7 @@ def test_admission_refuses_more_shares_than_any_gpu_and_says_what_to_ask_for():
     )
     assert admit(pod({"example.com/gpu-share": "10"}, {}, {"cpu": "2"})) == (True, "")
     assert admit(pod({"example.com/gpu": "4"}))[0]  # not listed: not checked
-    assert not admit(pod({"example.com/mig-3g.40gb": "2"}))[0]
+    assert admit(pod({"example.com/mig-3g.40gb": "2"}))[0]  # several MIG instances: fine
     allowed, message = admit(pod({"example.com/gpu-share": "1"}, init=({"example.com/gpu-share": "11"},)))
     assert not allowed and message.startswith("container c9 asks for 11")
     assert admit({"spec": {"containers": [{"name": "plain"}]}}) == (True, "")
@@ -101,3 +101,40 @@ def test_admission_policy_binds_to_its_params():
     assert binding["policyName"] == docs["ValidatingAdmissionPolicy"]["metadata"]["name"]
     assert binding["paramRef"]["name"] == docs["ConfigMap"]["metadata"]["name"] and binding["validationActions"] == ["Deny"]
     assert docs["ValidatingAdmissionPolicy"]["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+
+
+# --- the demo's scheduler step ------------------------------------------------------------------------
+
+
+SAMPLES = [
+    {"server": {"example.com/gpu-share": 12}},
+    {"a": {"example.com/gpu-share": 10}, "b": {"example.com/gpu": 3}},
+    {"a": {"example.com/gpu-share": 2}, "b": {"example.com/gpu-share": 11}},
+    {"plain": {}},
+]
+
+
+@pytest.mark.parametrize("containers", SAMPLES)
+def test_the_demo_answers_as_the_policy_does(containers):
+    from deviceplugin.demo_scheduler import admission_refusal
+
+    params = next(d for d in documents(ADMISSION) if d["kind"] == "ConfigMap")
+    body = {"spec": {"containers": [{"name": n, "resources": {"limits": {r: str(c) for r, c in req.items()}}} for n, req in containers.items()]}}
+    allowed, message = admit(body)
+    assert admission_refusal(containers, {k: int(v) for k, v in params["data"].items()}) == (None if allowed else message)
+
+
+def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():
+    from deviceplugin.config import load_config
+    from deviceplugin.demo_scheduler import run_scheduler_step
+    from deviceplugin.resources import build_resources
+    from deviceplugin.simulated import SimulatedInventory
+
+    builtin = ROOT / "deviceplugin" / "builtin"
+    node = SimulatedInventory.from_file(builtin / "demo-node.yaml").discover()
+    lines: list[str] = []
+    run_scheduler_step(build_resources(load_config(builtin / "demo-config.yaml"), node), lines.append)
+    text = "\n".join(lines)
+    assert "too-big (12 shares) is refused at creation: container server asks for 12 example.com/gpu-share but no GPU has more than 10" in text
+    assert "node-a: skipped: gpu-share: container server asks for 6 shares of example.com/gpu-share on one GPU; the most free on one GPU is 3 (free 3+3 on 2 GPUs)" in text
+    assert "node-b: fits (score 10/10): bound there, its 6 shares land on GPU 1" in text
