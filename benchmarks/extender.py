@@ -25,6 +25,7 @@ from deviceplugin.extender.http import ExtenderHTTPServer
 from deviceplugin.extender.metrics import ExtenderMetrics
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
+from deviceplugin.extender.watch import settle_heap
 from deviceplugin.inventory import Gpu, MigDevice, NodeInfo
 from deviceplugin.nodelabels import InventoryAnnotation
 from deviceplugin.podresources import ContainerShare, Usage
@@ -51,6 +52,7 @@ def filled(nodes: int, seed: int = 1) -> ClusterCache:
     cache = ClusterCache()
     for i in range(nodes):
         cache.set_node(f"node-{i:05d}", node_annotation(rng))
+    settle_heap()  # as the extender does after each full list
     return cache
 
 
@@ -125,12 +127,52 @@ def annotation_bytes() -> dict:
     return {"gpus": 8, "mig_instances": 56, "pods": len(shares), "bytes": len(text.encode())}
 
 
+def agreement(trials: int, seed: int = 7) -> dict:
+    """How often the node plugin's GetPreferredAllocation puts a pod on the unit the extender assumed.
+
+    Random states of an 8-GPU node with 10 shares per GPU: the node plugin's annotation of that state, the
+    extender's placement from it, and the plugin's own choice among the free device IDs, per allocationPolicy.
+    """
+    from deviceplugin.allocator import preferred_allocation
+    from deviceplugin.extender.fit import place
+    from deviceplugin.extender.model import parse_annotation, pod_request
+
+    rng = random.Random(seed)
+    gpus = tuple(Gpu(index=i, uuid=f"GPU-agree000-0000-4000-8000-{i:012d}", model="NVIDIA H100 80GB HBM3", memory_mib=81559) for i in range(8))
+    node = NodeInfo(gpus=gpus, name="agree")
+    out = {}
+    for policy in ("binpack", "spread"):
+        config = parse_config({"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": 10}]})
+        resource = build_resources(config, node)[0]
+        same = placed = 0
+        for trial in range(trials):
+            held = {u.uuid: rng.randint(0, 10) for u in resource.units}
+            shares = tuple(
+                ContainerShare("t", f"p{trial}-{i}", "c", SHARE, "s", u.uuid, u.uuid, tuple(f"{u.uuid}::{k}" for k in range(held[u.uuid])), held[u.uuid], 0, True)
+                for i, u in enumerate(resource.units) if held[u.uuid]
+            )
+            annotation = parse_annotation("agree", json.dumps(InventoryAnnotation().build(node, [resource], Usage(shares=shares), frozenset())))
+            count = rng.randint(1, 8)
+            pod = {"metadata": {"name": "x", "namespace": "t"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {SHARE: str(count)}}}]}}
+            fit = place(pod_request(pod, lambda r: r == SHARE), annotation, {SHARE: [u.free for u in annotation.resources[SHARE].units]})
+            if not fit.ok:
+                continue
+            placed += 1
+            assumed = annotation.resources[SHARE].units[fit.placements[0].unit].uuid
+            free_ids = [d for d in resource.devices if int(d.split("::")[1]) >= held[d.split("::")[0]]]
+            chosen = {resource.devices[i].unit.uuid for i in preferred_allocation(resource, free_ids, [], count)}
+            same += chosen == {assumed}
+        out[policy] = {"pods": placed, "agree_percent": round(100 * same / max(placed, 1), 2)}
+    return out
+
+
 def run(smoke: bool = False) -> dict:
     sizes, rounds = ((50, 200), 5) if smoke else ((1000, 5000), 100)
     return {
         "filter_prioritize": [time_verbs(n, rounds) for n in sizes],
         "memory": cache_memory(200 if smoke else 5000),
         "annotation": annotation_bytes(),
+        "node_choice_agreement": agreement(200 if smoke else 5000),
     }
 
 

@@ -350,3 +350,11 @@ def test_cli_refuses_an_unknown_policy(tmp_path):
                                       "users": [{"name": "x", "user": {}}], "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}], "current-context": "x"}))
     result = subprocess.run([*GPU_CLI, "extender", "--kubeconfig", str(kubeconfig), "--policy", "nope", "--port", "0"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "--policy: 'nope' is not one of" in result.stderr
+
+
+def test_the_extenders_assumption_is_the_node_plugins_choice():
+    """On random node states, GetPreferredAllocation takes the unit the extender assumed (both policies)."""
+    from benchmarks.extender import agreement
+
+    result = agreement(300, seed=3)
+    assert all(r["pods"] > 250 and r["agree_percent"] == 100.0 for r in result.values()), result

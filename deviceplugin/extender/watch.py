@@ -7,6 +7,7 @@ The cache keeps serving the last state meanwhile. Objects are read as plain JSON
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -21,6 +22,17 @@ log = logging.getLogger(__name__)
 PAGE = 500
 POD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one watch event; a Node or Pod is far smaller
+
+
+def settle_heap() -> None:
+    """After a full list: move the cache's long-lived objects out of the cyclic GC's reach.
+
+    Otherwise each full collection walks every cached unit (hundreds of thousands of objects at 5,000 nodes)
+    inside some filter call: measured, that is the p99 of filter + prioritize. Frozen objects are still freed
+    by reference counting when the cache drops them.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class Gone(Exception):
@@ -177,6 +189,7 @@ class ClusterWatch:
 
     def _nodes(self, items: list[dict]) -> None:
         self.cache.replace_nodes({n["metadata"]["name"]: self._annotation(n) for n in items})
+        settle_heap()
 
     def _node_event(self, kind: str, node: dict) -> None:
         name = node["metadata"]["name"]
@@ -194,6 +207,7 @@ class ClusterWatch:
 
     def _pods(self, items: list[dict]) -> None:
         self.cache.replace_pods(s for s in map(self._state, items) if s is not None)
+        settle_heap()
 
     def _pod_event(self, kind: str, pod: dict) -> None:
         uid = str((pod.get("metadata") or {}).get("uid", ""))
