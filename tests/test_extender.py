@@ -358,3 +358,25 @@ def test_the_extenders_assumption_is_the_node_plugins_choice():
 
     result = agreement(300, seed=3)
     assert all(r["pods"] > 250 and r["agree_percent"] == 100.0 for r in result.values()), result
+
+
+def test_fgd_learns_task_shapes_from_bound_pods_and_falls_back_to_binpack():
+    clock = [0.0]
+    cache = ClusterCache()
+    scorer = Scorer("fgd", workload=cache.workload, refresh=60, clock=lambda: clock[0])
+    ext = Extender(cache, scorer, managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    # a: one GPU with 4 free of 10; b: an empty GPU. A 4-share pod.
+    cache.set_node("a", annotation((10, 6), (10, 10)))
+    cache.set_node("b", annotation((10, 0), (10, 10)))
+    p = pod("p", {SHARE: 4})
+    assert scorer.policy.name == "binpack"  # no bound share pods yet: nothing to learn from
+    binpack = {s["Host"]: s["Score"] for s in ext.prioritize(args(p, "a", "b"))}
+    assert binpack["a"] > binpack["b"]
+    # The workload is made of 6-share pods: keeping b's whole GPU free for them is what fgd prefers.
+    for i in range(5):
+        cache.set_pod(pod_state(pod(f"w{i}", {SHARE: 6}, node="c"), pod_request(pod(f"w{i}", {SHARE: 6}), managed)))
+    cache.set_node("c", annotation((10, 10), (10, 10), (10, 10)))
+    clock[0] = 61.0
+    fgd = {s["Host"]: s["Score"] for s in ext.prioritize(args(p, "a", "b"))}
+    assert scorer.policy.name == "fgd" and fgd["a"] > fgd["b"]
+    assert cache.workload() == [(6, 10)] * 5

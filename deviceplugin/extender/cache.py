@@ -157,6 +157,18 @@ class ClusterCache:
         with self._lock:
             self._drop_reservation(uid)
 
+    def workload(self) -> list[tuple[int, int]]:
+        """(count, largest unit total) of the largest request of every bound share pod: the task shapes."""
+        with self._lock:
+            out = []
+            for pod in self._pods.values():
+                entry = self._nodes.get(pod.node)
+                resource, count = pod.request.largest
+                info = entry.inventory.resources.get(resource) if entry is not None and entry.inventory is not None else None
+                if info is not None and info.units:
+                    out.append((count, max(info.totals)))
+            return out
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {

@@ -127,8 +127,10 @@ class PodRequest:
     def empty(self) -> bool:
         return not self.together and not self.alone
 
-    def total(self, resource: str) -> int:
-        return sum(n for c in self.together for r, n in c.shares if r == resource)
+    @property
+    def largest(self) -> tuple[str, int]:
+        """(resource, count) of the largest container request (the pod must not be empty)."""
+        return max(((r, n) for c in self.together + self.alone for r, n in c.shares), key=lambda rn: rn[1])
 
 
 def pod_request(pod: dict, managed) -> PodRequest:

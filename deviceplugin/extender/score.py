@@ -2,49 +2,76 @@
 
 The pod's largest container request of a resource becomes a cluster-model pod (a fraction of one unit, or
 whole units), and the node's units of that resource its GPUs with their free fraction; the policy's 0-100
-score is scaled to the extender's 0-10. CPU and memory are left to kube-scheduler's own plugins.
+score is scaled (rounded) to the extender's 0-10. CPU and memory are left to kube-scheduler's own plugins.
+Policies that need the workload's task shapes (fgd) learn them from the share pods bound now, refreshed
+every `refresh` seconds; until there are any, binpack scores.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from functools import lru_cache
 
-from ..cluster import MILLI, NEEDS_SHAPES, POLICIES, Node, Pod, Policy, make_policy
+from ..cluster import MILLI, NEEDS_SHAPES, POLICIES, Node, Pod, Policy, TaskShapes, make_policy
 from .fit import FreeShares
 from .model import NodeInventory, PodRequest
 
 MAX_EXTENDER_SCORE = 10  # kube-scheduler's extenderv1.MaxExtenderPriority
-USABLE_POLICIES = tuple(p for p in POLICIES if p not in NEEDS_SHAPES and p != "random")
+USABLE_POLICIES = tuple(p for p in POLICIES if p != "random")
+
+
+def cluster_pod(count: int, total: int) -> Pod:
+    """A request of `count` shares of units of `total` shares, in the cluster model's milli-GPUs."""
+    if total <= 1 or count > total:  # whole units
+        return Pod(0, 0, num_gpu=-(-count // max(total, 1)), gpu_milli=MILLI)
+    return Pod(0, 0, num_gpu=1, gpu_milli=-(-count * MILLI // total))
 
 
 class Scorer:
-    """Scores are a pure function of (request, units' totals, units' free shares): memoised, bounded."""
+    """Scores are a pure function of (request, units' totals, units' free shares) for one policy: memoised, bounded."""
 
-    def __init__(self, policy: str = "binpack", memo: int = 65536) -> None:
+    def __init__(
+        self,
+        policy: str = "binpack",
+        memo: int = 65536,
+        workload: Callable[[], list[tuple[int, int]]] = lambda: [],
+        refresh: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`workload()`: (count, unit total) of the largest request of every bound share pod (for fgd)."""
         if policy not in USABLE_POLICIES:
             raise ValueError(f"--policy: {policy!r} is not one of {', '.join(USABLE_POLICIES)}")
-        self.policy: Policy = make_policy(policy)
+        self.name = policy
+        self.workload = workload
+        self.refresh = refresh
+        self.clock = clock
+        self._fallback = make_policy("binpack")
+        self._policy: Policy | None = None if policy in NEEDS_SHAPES else make_policy(policy)
+        self._next_refresh = float("-inf")
         self._score = lru_cache(maxsize=memo)(self._compute)
 
+    @property
+    def policy(self) -> Policy:
+        """The policy scoring now (fgd: rebuilt from the workload every `refresh` seconds)."""
+        if self.name in NEEDS_SHAPES and self.clock() >= self._next_refresh:
+            pods = [cluster_pod(count, total) for count, total in self.workload()]
+            self._policy = make_policy(self.name, TaskShapes.from_pods(pods)) if pods else None
+            self._score.cache_clear()
+            self._next_refresh = self.clock() + self.refresh
+        return self._policy or self._fallback
+
     def score(self, request: PodRequest, node: NodeInventory, free: FreeShares, largest: tuple[str, int] | None = None) -> int:
-        """0-10 for a node the pod fits; 0 when the policy finds no room. `largest`: largest_request(request), precomputed."""
-        resource, count = largest or largest_request(request)
+        """0-10 for a node the pod fits; 0 when the policy finds no room. `largest`: request.largest, precomputed."""
+        resource, count = largest or request.largest
         info = node.resources.get(resource)
         if info is None or not info.units:
             return 0
-        return self._score(count, info.totals, tuple(free[resource]))
+        policy = self.policy
+        return self._score(policy, count, info.totals, tuple(free[resource]))
 
-    def _compute(self, count: int, totals: tuple[int, ...], free: tuple[int, ...]) -> int:
-        total = max(totals)
-        if total == 1 or count > total:  # whole units
-            pod = Pod(0, 0, num_gpu=-(-count // total), gpu_milli=MILLI)
-        else:
-            pod = Pod(0, 0, num_gpu=1, gpu_milli=-(-count * MILLI // total))
+    @staticmethod
+    def _compute(policy: Policy, count: int, totals: tuple[int, ...], free: tuple[int, ...]) -> int:
         gpu_free = [min(MILLI, f * MILLI // max(t, 1)) for t, f in zip(totals, free)]
-        choice = self.policy.score(pod, Node("", 0, 0, "", gpu_free))
-        return 0 if choice is None else choice.score * MAX_EXTENDER_SCORE // 100
-
-
-def largest_request(request: PodRequest) -> tuple[str, int]:
-    """The (resource, count) of the pod's largest container request: what the policy scores."""
-    return max(((r, n) for c in request.together + request.alone for r, n in c.shares), key=lambda rn: rn[1])
+        choice = policy.score(cluster_pod(count, max(totals)), Node("", 0, 0, "", gpu_free))
+        return 0 if choice is None else (choice.score * MAX_EXTENDER_SCORE + 50) // 100  # rounded: 0-10 is coarse enough

@@ -39,7 +39,7 @@ class ExtenderService:
         self.watch = ClusterWatch(
             api, self.cache, f"{options.domain}/{ANNOTATION}", managed, options.watch, lambda kind: self.metrics.watch_restarts.labels(kind).inc()
         )
-        self.extender = Extender(self.cache, Scorer(options.policy), managed, self.metrics)
+        self.extender = Extender(self.cache, Scorer(options.policy, workload=self.cache.workload), managed, self.metrics)
         self.server = ExtenderHTTPServer(
             self.extender, self.metrics, self.watch.ready, options.port, options.host, options.workers, read_timeout=options.read_timeout
         )

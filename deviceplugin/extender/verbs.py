@@ -13,7 +13,7 @@ from .cache import ClusterCache
 from .fit import NO_INVENTORY, fits_alone, place
 from .metrics import ExtenderMetrics
 from .model import InputError, PodRequest, pod_request
-from .score import Scorer, largest_request
+from .score import Scorer
 
 MAX_NODE_NAMES = 50_000
 
@@ -62,7 +62,7 @@ class Extender:
         """Scores for the nodes the pod fits; nodes it does not fit score 0 (the filter already refused them)."""
         request, names = self._args(args)  # InputError: the HTTP layer answers 400
         single = _single(request)
-        largest = largest_request(request) if not request.empty else None
+        largest = request.largest if not request.empty else None
         scores = []
         for name, inventory, free in self.cache.nodes(names, exclude=request.uid):
             fits = inventory is not None and not request.empty and (
