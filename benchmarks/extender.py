@@ -10,8 +10,8 @@ loopback (JSON both ways, as kube-scheduler calls it). Memory: tracemalloc of th
 from __future__ import annotations
 
 import json
+import os
 import random
-import statistics
 import sys
 import time
 import tracemalloc
@@ -30,6 +30,8 @@ from deviceplugin.inventory import Gpu, MigDevice, NodeInfo
 from deviceplugin.nodelabels import InventoryAnnotation
 from deviceplugin.podresources import ContainerShare, Usage
 from deviceplugin.resources import build_resources
+
+from .common import rss_mib, summary_ms
 
 SHARE = "example.com/gpu-share"
 POD = {
@@ -54,11 +56,6 @@ def filled(nodes: int, seed: int = 1) -> ClusterCache:
         cache.set_node(f"node-{i:05d}", node_annotation(rng))
     settle_heap()  # as the extender does after each full list
     return cache
-
-
-def _percentiles(samples: list[float]) -> dict:
-    ordered = sorted(samples)
-    return {"p50_ms": round(statistics.median(ordered) * 1000, 2), "p99_ms": round(ordered[int(len(ordered) * 0.99) - 1] * 1000, 2)}
 
 
 def time_verbs(nodes: int, rounds: int) -> dict:
@@ -86,9 +83,9 @@ def time_verbs(nodes: int, rounds: int) -> dict:
     return {
         "nodes": nodes,
         "passed": len(passed),
-        "in_process": _percentiles(in_process),
-        "in_process_cpu": _percentiles(cpu),  # the thread's own CPU time: what other processes' load does not inflate
-        "over_http": _percentiles(over_http),
+        "in_process": summary_ms(in_process),
+        "in_process_cpu": summary_ms(cpu),  # the thread's own CPU time: what other processes' load does not inflate
+        "over_http": summary_ms(over_http),
     }
 
 
@@ -99,6 +96,8 @@ def _post(url: str, body: dict) -> dict:
 
 
 def cache_memory(nodes: int) -> dict:
+    """The cache's allocations (tracemalloc) and the process's RSS before and after filling it."""
+    rss_before = rss_mib(os.getpid())
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
     cache = filled(nodes)
@@ -106,7 +105,14 @@ def cache_memory(nodes: int) -> dict:
         cache.node(f"node-{i:05d}")
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    return {"nodes": nodes, "gpus_per_node": 8, "cache_mib": round((after - before) / 2**20, 1), "per_node_kib": round((after - before) / nodes / 1024, 2)}
+    return {
+        "nodes": nodes,
+        "gpus_per_node": 8,
+        "cache_mib": round((after - before) / 2**20, 1),
+        "per_node_kib": round((after - before) / nodes / 1024, 2),
+        "rss_before_mib": round(rss_before, 1),
+        "rss_after_mib": round(rss_mib(os.getpid()), 1),
+    }
 
 
 def annotation_bytes() -> dict:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..annotation import pod_digest
 from .fit import FreeShares, free_shares, place
@@ -45,7 +45,7 @@ class _Reservation:
     request: PodRequest
     nodes: tuple[str, ...]
     expires: float
-    seq: int = field(default=0)
+    seq: int = 0
 
 
 class ClusterCache:
