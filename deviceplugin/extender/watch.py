@@ -106,7 +106,10 @@ class ResourceWatch(BackgroundLoop):
             if token:
                 kwargs["_continue"] = token
             response = self.list_call(**kwargs)
-            page = json.loads(response.data)
+            try:
+                page = json.loads(response.data)
+            finally:
+                response.release_conn()
             items += page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")
             if not token:
