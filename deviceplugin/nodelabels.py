@@ -22,6 +22,8 @@ from .resources import Resource, Unit
 
 log = logging.getLogger(__name__)
 
+OWNED_ANNOTATION = "gpu-share.labels"  # JSON list of the label keys the publisher wrote
+
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -175,7 +177,11 @@ class NodePublisher:
         self._annotation: str | None = None
         self._last_patch = float("-inf")
 
-OWNED_ANNOTATION = "gpu-share.labels"  # JSON list of the label keys the publisher wrote
+    @property
+    def owned_key(self) -> str:
+        return f"{self.domain}/{OWNED_ANNOTATION}"
+
+    def publish(self, labels: dict[str, str], annotation: dict) -> bool:
         """Patch what changed since the last patch; False when nothing changed or the debounce holds it back."""
         if self._labels is None and not self._read_node():
             return False
