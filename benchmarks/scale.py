@@ -18,7 +18,7 @@ def _node(gpus: int) -> NodeInfo:
 
 
 def run(smoke: bool = False) -> dict:
-    sizes = [(8, 125), (8, 1250)] if smoke else [(8, 125), (8, 1250), (8, 7500)]
+    sizes = [(8, 125), (10, 1000)] if smoke else [(8, 125), (10, 1000), (60, 1000)]  # replicas are at most 1024 per GPU
     repeats = 3 if smoke else 20
     rows = []
     for gpus, replicas in sizes:
@@ -34,9 +34,9 @@ def run(smoke: bool = False) -> dict:
             "share_of_kubelet_limit": round(size / KUBELET_LIMIT, 3),
             "within_budget": size <= LIST_BUDGET_BYTES,
         })
-    over = parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 7500}]})
+    over = parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1000}]})
     try:
-        build_resources(over, _node(8))
+        build_resources(over, _node(60))
         refusal = "not refused"
     except ConfigError as err:
         refusal = str(err)

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .yamlfile import YamlError, load_yaml
+from .yamlfile import YamlProblem, decode, load_yaml, read_bounded
 
 if TYPE_CHECKING:
     from .resources import Resource
@@ -34,8 +34,8 @@ def read_specs(dirs: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
             if path.stat().st_size > MAX_SPEC_BYTES:
                 problems.append(f"{path}: larger than {MAX_SPEC_BYTES} bytes, skipped")
                 continue
-            spec, _ = load_yaml(path.read_text())
-        except (OSError, UnicodeDecodeError, YamlError) as err:
+            spec, _ = load_yaml(decode(read_bounded(path, MAX_SPEC_BYTES)))
+        except YamlProblem as err:
             problems.append(f"{path}: cannot be read: {err}")
             continue
         if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str) or not isinstance(spec.get("devices", []), list):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import socket
@@ -26,7 +27,7 @@ BUILTIN = Path(__file__).parent / "builtin"
 
 if TYPE_CHECKING:
     from .inventory import NodeInfo
-    from .metrics import MetricsServer
+    from .metrics_http import MetricsServer
     from .options import DaemonOptions
     from .resources import Resource
 
@@ -53,6 +54,13 @@ def _port(text: str) -> int:
     if not text.isdigit() or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"must be a port number 0-65535 (0 disables), got {text!r}")
     return int(text)
+
+
+def _ip_address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an IP address such as 0.0.0.0, :: or 10.1.2.3, got {text!r}") from None
 
 
 def _xid_list(text: str) -> frozenset[int]:
@@ -109,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--profile-label-interval", type=_positive_float, default=60.0, metavar="SECONDS",
                      help="seconds between reads of the node's profile label (default 60)")
     run.add_argument("--metrics-port", type=_port, default=defaults.METRICS_PORT, metavar="PORT", help=f"Prometheus /metrics, /healthz, /readyz (default {defaults.METRICS_PORT}; 0 disables)")
+    run.add_argument("--metrics-bind-address", type=_ip_address, default="0.0.0.0", metavar="IP",
+                     help="address for the metrics port (default 0.0.0.0, every IPv4 interface; :: for IPv6, or the pod IP)")
     run.add_argument("--pod-resources-socket", default=defaults.POD_RESOURCES_SOCKET, help=f"the kubelet's pod-resources socket (default {defaults.POD_RESOURCES_SOCKET})")
     run.add_argument("--pod-resources-interval", type=_positive_float, default=defaults.POD_RESOURCES_INTERVAL, metavar="SECONDS",
                      help="seconds between pod-resources polls (default 10)")
@@ -183,12 +193,13 @@ def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer
     from prometheus_client import CollectorRegistry
 
     from .inventory import NodeInfo
-    from .metrics import MetricSources, MetricsServer, StateCollector, exposed_registry
+    from .metrics import MetricSources, StateCollector, exposed_registry
+    from .metrics_http import MetricsServer
 
     registry = CollectorRegistry()
     registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False)))  # every plugin metric, at 0
     exposed = exposed_registry(registry, _node_name())
-    server = MetricsServer(exposed, lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port)
+    server = MetricsServer(exposed, lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port, args.metrics_bind_address)
     server.start()
     return server
 
@@ -210,6 +221,7 @@ def _daemon_options(args: argparse.Namespace) -> "DaemonOptions":
         pod_resources_socket=Path(args.pod_resources_socket),
         metrics_port=args.metrics_port,
         node_name=_node_name(),
+        metrics_host=args.metrics_bind_address,
         proc_root=args.proc_root,
         cdi_spec_dirs=args.cdi_spec_dirs,
         reload_interval=args.reload_interval,

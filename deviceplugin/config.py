@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import limits
 from .inventory import Gpu
+from .logs import safe_text
 from .names import resource_name_problem
+from .paths import POOL_NAME, POOL_NAME_RULE, mps_root_problem, path_problem
 from .schema import Fields, SchemaError, join, list_of
-from .yamlfile import YamlError, load_yaml
+from .yamlfile import YamlProblem, decode, load_yaml, read_bounded
 
 SUPPORTED_VERSIONS = ("v1",)
 DEFAULT_DOMAIN = "example.com"
@@ -46,7 +49,6 @@ MIG_STRATEGIES = ("mixed", "single")
 ALLOCATION_POLICIES = ("binpack", "spread")
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi")
 DEFAULT_RESOURCE = {"exclusive": "gpu", "shared": "gpu-share", "mig": "gpu"}  # mig: only with strategy single
-_POOL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _QUANTITY_BYTES = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _CDI_KIND = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
@@ -82,12 +84,15 @@ _POOL_KEYS = {
 
 
 class ConfigError(ValueError):
-    """One or more problems in a config; each line is `key.path: reason`."""
+    """One or more problems in a config; each line is `key.path: reason` (at most MAX_REPORTED_PROBLEMS are shown)."""
 
     def __init__(self, problems: list[str], source: str = "config") -> None:
         self.problems = problems
         self.source = source
-        super().__init__(f"{source}: " + ("\n  ".join([""] + problems) if len(problems) > 1 else problems[0]))
+        shown = problems[: limits.MAX_REPORTED_PROBLEMS]
+        if len(problems) > len(shown):
+            shown = [*shown, f"... and {len(problems) - len(shown)} more problems"]
+        super().__init__(f"{source}: " + ("\n  ".join([""] + shown) if len(shown) > 1 else shown[0]))
 
 
 @dataclass(frozen=True)
@@ -171,21 +176,32 @@ def default_domain() -> str:
 
 
 def load_config(path: str | Path) -> Config:
-    source = str(path)
+    """Read (bounded), parse and validate a config file; ConfigError on any problem, the file's own included."""
+    return parse_config_bytes(read_config_bytes(path), str(path))
+
+
+def read_config_bytes(path: str | Path) -> bytes:
+    """The file's bytes, at most MAX_CONFIG_BYTES; ConfigError naming the cause (missing, symlink loop, too big)."""
     try:
-        text = Path(path).read_text()
-    except OSError as err:
-        raise ConfigError([f"cannot read: {err.strerror}"], source) from None
-    except UnicodeDecodeError:
-        raise ConfigError(["not UTF-8 text"], source) from None
-    return parse_config_text(text, source)
+        return read_bounded(path)
+    except YamlProblem as err:
+        raise ConfigError([str(err)], str(path)) from None
+
+
+def parse_config_bytes(data: bytes, source: str = "config") -> Config:
+    try:
+        return parse_config_text(decode(data), source)
+    except YamlProblem as err:
+        raise ConfigError([str(err)], source) from None
 
 
 def parse_config_text(text: str, source: str = "config") -> Config:
+    if len(text) > limits.MAX_CONFIG_BYTES:
+        raise ConfigError([f"file: is {len(text)} characters, over the limit of {limits.MAX_CONFIG_BYTES}"], source)
     try:
         data, duplicates = load_yaml(text)
-    except YamlError as err:
-        raise ConfigError([f"not valid YAML at {err}"], source) from None
+    except YamlProblem as err:
+        raise ConfigError([str(err)], source) from None
     try:
         config = parse_config(data, source)
     except ConfigError as err:
@@ -252,9 +268,9 @@ def parse_config(data: Any, source: str = "config") -> Config:
     device_specs = problems.attempt(top.get, "deviceSpecs", False) or False
     shared_product_suffix = problems.attempt(top.get, "sharedProductSuffix", False) or False
     device_root = problems.attempt(top.get, "deviceRoot", "/") or "/"
-    problems.check(device_root.startswith("/"), f"deviceRoot: must be an absolute path, got {device_root!r}")
+    problems.check(path_problem(device_root) is None, f"deviceRoot: {path_problem(device_root)}")
     mps_root = problems.attempt(top.get, "mpsRoot", DEFAULT_MPS_ROOT) or DEFAULT_MPS_ROOT
-    problems.check(mps_root.startswith("/"), f"mpsRoot: must be an absolute path, got {mps_root!r}")
+    problems.check(mps_root_problem(mps_root) is None, f"mpsRoot: {mps_root_problem(mps_root)}")
 
     watchdog = Fields(problems.attempt(top.get, "memoryWatchdog", {}) or {}, "memoryWatchdog", {"policy": str, "quarantine": bool}, problems.items)
     watchdog_policy = watchdog.get("policy", "report")
@@ -264,13 +280,15 @@ def parse_config(data: Any, source: str = "config") -> Config:
     raw_profiles: dict[str, tuple[str, Any]] = {}
     if top.has("pools"):
         raw_profiles[DEFAULT_PROFILE] = ("", problems.attempt(top.get, "pools"))
-    for name, body in (problems.attempt(top.get, "profiles", {}) or {}).items():
-        path = f"profiles.{name}"
+    raw = problems.attempt(top.get, "profiles", {}) or {}
+    problems.check(len(raw) <= limits.MAX_PROFILES, f"profiles: at most {limits.MAX_PROFILES} profiles, got {len(raw)}")
+    for name, body in list(raw.items())[: limits.MAX_PROFILES]:
+        path = join("profiles", name)
         if name in raw_profiles:
             problems.items.append(f"{path}: profile {name!r} is already defined by the top-level pools")
             continue
-        if not isinstance(name, str) or not _POOL_NAME.match(name):
-            problems.items.append(f"{path}: profile names must be 1-40 characters of [a-z0-9-], got {name!r}")
+        if not isinstance(name, str) or not POOL_NAME.match(name):
+            problems.items.append(f"{path}: profile names must be {POOL_NAME_RULE}, got {safe_text(repr(name))}")
             continue
         body_fields = problems.attempt(Fields, body, path, {"pools": list})
         raw_profiles[name] = (path, body_fields and problems.attempt(body_fields.get, "pools", None, required=True))
@@ -282,7 +300,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
         if raw_pools is None:  # already reported
             continue
         problems.check(bool(raw_pools), f"{pools_path}: must list at least one pool")
-        pools = [problems.attempt(_parse_pool, item, f"{pools_path}[{i}]", domain) for i, item in enumerate(raw_pools)]
+        problems.check(len(raw_pools) <= limits.MAX_POOLS, f"{pools_path}: at most {limits.MAX_POOLS} pools per profile, got {len(raw_pools)}")
+        pools = [problems.attempt(_parse_pool, item, f"{pools_path}[{i}]", domain) for i, item in enumerate(raw_pools[: limits.MAX_POOLS])]
         problems.items.extend(_cross_pool_problems(pools))
         profiles[name] = tuple(p for p in pools if p is not None)
     default = problems.attempt(top.get, "defaultProfile", DEFAULT_PROFILE) or DEFAULT_PROFILE
@@ -312,7 +331,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     problems: list[str] = []
     fields = Fields(item, path, _POOL_KEYS, problems)
     name = fields.get("name", "", required=True)
-    fields.check(not name or bool(_POOL_NAME.match(name)), "name", f"must be 1-40 characters of [a-z0-9-], starting and ending alphanumeric, got {name!r}")
+    fields.check(not name or bool(POOL_NAME.match(name)), "name", f"must be {POOL_NAME_RULE}, got {name!r}")
     mode = fields.get("mode", "", required=True)
     fields.check(not mode or mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
     mode = mode if mode in MODES else "shared"
@@ -338,18 +357,20 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         problem = resource_name_problem(resource)
         fields.check(problem is None, "resource", f"{resource!r} is not a valid extended resource name: {problem}")
 
+    backend = fields.get("backend", "timeSlicing")
+    fields.check(backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
     replicas, memory = 1, None
     if mode == "shared":
         fields.check(not (fields.has("replicas") and fields.has("memoryPerShare")), "memoryPerShare", "give replicas or memoryPerShare, not both")
         replicas = fields.get("replicas", DEFAULT_REPLICAS)
         fields.check(replicas >= 1, "replicas", f"must be >= 1, got {replicas}")
+        most = max_replicas(backend)
+        fields.check(replicas <= most, "replicas", f"must be <= {most}{' for backend mps (' + MPS_LIMIT_REASON + ')' if backend == 'mps' else ''}, got {safe_text(str(replicas), 40)}")
         if fields.has("memoryPerShare"):
             try:
                 memory = parse_quantity_mib(fields.get("memoryPerShare", ""))
             except ValueError as err:
                 problems.append(f"{join(path, 'memoryPerShare')}: {err}")
-    backend = fields.get("backend", "timeSlicing")
-    fields.check(backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
     fields.check(backend == "mps" or not fields.has("mpsLimits"), "mpsLimits", "only applies to backend mps")
     mps_limits = fields.get("mpsLimits", "strict")
     fields.check(mps_limits in MPS_LIMITS, "mpsLimits", f"must be one of {', '.join(MPS_LIMITS)}, got {mps_limits!r}")
@@ -379,6 +400,14 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     )
 
 
+MPS_LIMIT_REASON = f"an MPS server takes {limits.MPS_MAX_CLIENTS} clients per GPU, and each needs at least 1 % of its threads"
+
+
+def max_replicas(backend: str) -> int:
+    """The most shares per GPU or MIG instance: MPS caps them at its client limit (which also keeps 100 % / N >= 1)."""
+    return min(limits.MPS_MAX_CLIENTS, 100) if backend == "mps" else limits.MAX_REPLICAS
+
+
 class PoolErrors(SchemaError):
     """Every problem of one pool."""
 
@@ -389,14 +418,15 @@ class PoolErrors(SchemaError):
 
 def _parse_selector(data: Any, path: str) -> GpuSelector:
     fields = Fields(data, path, {"indexes": list, "uuids": list, "models": list})
-    indexes = list_of(fields.get("indexes", []), join(path, "indexes"), int)
+    most = limits.MAX_SELECTOR_ITEMS
+    indexes = list_of(fields.get("indexes", []), join(path, "indexes"), int, most)
     for i, index in enumerate(indexes):
-        if index < 0:
-            raise SchemaError(f"{join(path, 'indexes')}[{i}]", f"must be >= 0, got {index}")
+        if not 0 <= index <= limits.MAX_GPU_INDEX:
+            raise SchemaError(f"{join(path, 'indexes')}[{i}]", f"must be 0-{limits.MAX_GPU_INDEX}, got {safe_text(str(index), 40)}")
     selector = GpuSelector(
         indexes=tuple(indexes),
-        uuids=tuple(list_of(fields.get("uuids", []), join(path, "uuids"), str)),
-        models=tuple(list_of(fields.get("models", []), join(path, "models"), str)),
+        uuids=tuple(list_of(fields.get("uuids", []), join(path, "uuids"), str, most)),
+        models=tuple(list_of(fields.get("models", []), join(path, "models"), str, most)),
     )
     if selector.selects_rest:
         raise SchemaError(path, "selects no GPU: give indexes, uuids or models, or omit gpus to take the rest")

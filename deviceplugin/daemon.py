@@ -13,7 +13,8 @@ from .config import Config
 from .health import HealthMonitor
 from .inventory import Gpu, Inventory, NodeInfo
 from .kube import NodeClient
-from .metrics import MetricSources, MetricsServer, PluginMetrics, StateCollector, exposed_registry
+from .metrics import MetricSources, PluginMetrics, StateCollector, exposed_registry
+from .metrics_http import MetricsServer
 from .nodelabels import NodePublisher
 from .podresources import PodResourcesClient
 from .procmap import PodDirectory, ProcessMapper
@@ -44,7 +45,7 @@ class PluginDaemon:
             serving.profiles.client = client  # the profile label follows reloads from now on
         self.node: NodeInfo = serving.node
         self.config: Config = serving.config
-        self._config_text = serving.config_text
+        self._config_data = serving.config_data
         self.cdi_missing: dict[str, list[str]] = self._check_cdi(self.config, serving.manager.resources)
         self.registry = CollectorRegistry()
         self.manager = serving.manager
@@ -111,7 +112,7 @@ class PluginDaemon:
         if not self.manager.started:
             self.manager.start()
         self.monitor.start()
-        self.reloader.start(self.config, self._config_text)  # the config plan_serving already parsed
+        self.reloader.start(self.config, self._config_data)  # the config plan_serving already parsed
         self.agent.start()
         for resource in self.manager.resources:
             log.info("%s: %d devices on %d GPUs", resource.name, len(resource.devices), len(resource.gpus))

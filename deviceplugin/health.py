@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .inventory import Gpu, HealthEvent, Inventory, NodeInfo
+from .logs import RepeatLimiter
 from .loop import BackgroundLoop
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class HealthMonitor(BackgroundLoop):
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
         self._reset_waits: dict[str, _ResetWait] = {}  # uuid -> waiting for a GPU reset
+        self._ignored = RepeatLimiter(log, clock=clock)  # an XID storm: one line and a summary per minute
 
     @property
     def unhealthy(self) -> dict[str, str]:
@@ -114,7 +116,7 @@ class HealthMonitor(BackgroundLoop):
         """Apply one event; True when the unhealthy set changed."""
         if event.xid is not None:
             if event.xid in self.settings.ignored_xids:
-                log.info("ignoring application XID %d on GPU %s", event.xid, event.gpu_uuid)
+                self._ignored.log(logging.INFO, (event.xid, event.gpu_uuid), "ignoring application XID %d on GPU %s", event.xid, event.gpu_uuid)
                 return False
             self.xid_counts[event.gpu_uuid] = self.xid_counts.get(event.gpu_uuid, 0) + 1
         target = event.mig_uuid or event.gpu_uuid
@@ -124,6 +126,7 @@ class HealthMonitor(BackgroundLoop):
         return self._mark(target, event.reason, self.clock())
 
     def _check_all(self, now: float) -> bool:
+        self._ignored.flush()
         changed = False
         failing = set()
         required: dict[str, bool | None] = {}  # GPU uuid -> the driver says it needs a reset (None: cannot tell)

@@ -1,31 +1,17 @@
-"""The Prometheus endpoint (prometheus-client): GPUs, pools, containers and the plugin's own health,
-plus /healthz and /readyz. Every metric is prefixed `gpushare_` and documented in docs/metrics.md."""
+"""The Prometheus metrics (prometheus-client): GPUs, pools, containers and the plugin's own health. Every metric is
+prefixed `gpushare_` and documented in docs/metrics.md; metrics_http serves them with /healthz and /readyz."""
 
 from __future__ import annotations
 
-import logging
 import platform
-import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from . import __version__, defaults
-from .errors import StartupError
-
-log = logging.getLogger(__name__)
-
-DEFAULT_PORT = defaults.METRICS_PORT
+from . import __version__
 MIB = 1024 * 1024
-
-
-class MetricsError(StartupError):
-    """The endpoint cannot listen (port taken, no permission)."""
 
 
 class PluginMetrics:
@@ -167,6 +153,7 @@ class StateCollector(Collector):
         for resource in s.resources():
             cdi.add_metric([resource.name], len(missing.get(resource.name, ())))
         yield cdi
+        yield GaugeMetricFamily("gpushare_config_in_sync", "1 when the running config is the config file's current content.", value=1 if s.config_in_sync() else 0)
         registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
         for name, is_registered in s.registration():
             registered.add_metric([name], 1 if is_registered else 0)
@@ -242,54 +229,8 @@ class MetricSources:
     def reloads(self) -> tuple[int, int]:
         return (self.reloader.reloads, self.reloader.errors) if self.reloader else (0, 0)
 
+    def config_in_sync(self) -> bool:
+        return self.reloader.in_sync if self.reloader else True
+
     def registration(self) -> list[tuple[str, bool]]:
         return [(srv.resource.name, srv.registered.is_set()) for srv in self.manager.servers] if self.manager else []
-
-
-class MetricsServer:
-    """HTTP: /metrics, /healthz (every server serving), /readyz (every resource registered)."""
-
-    def __init__(self, registry: CollectorRegistry, healthz: Callable[[], tuple[bool, str]], readyz: Callable[[], tuple[bool, str]], port: int = DEFAULT_PORT, host: str = "0.0.0.0") -> None:
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                path = self.path.split("?")[0]
-                if path == "/metrics":
-                    started = time.perf_counter()
-                    body, status, kind = generate_latest(registry), 200, CONTENT_TYPE_LATEST
-                    outer.last_scrape_seconds = time.perf_counter() - started
-                elif path in ("/healthz", "/readyz"):
-                    ok, text = (healthz if path == "/healthz" else readyz)()
-                    body, status, kind = (text + "\n").encode(), 200 if ok else 503, "text/plain; charset=utf-8"
-                else:
-                    body, status, kind = b"not found: try /metrics, /healthz or /readyz\n", 404, "text/plain; charset=utf-8"
-                self.send_response(status)
-                self.send_header("Content-Type", kind)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.last_scrape_seconds = 0.0
-        try:
-            self.httpd = ThreadingHTTPServer((host, port), Handler)
-        except OSError as err:
-            raise MetricsError(f"cannot serve metrics on {host}:{port}: {err.strerror} (choose another --metrics-port)") from None
-        self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self.httpd.server_address[1]
-
-    def start(self) -> None:
-        self._thread.start()
-        log.info("metrics on :%d (/metrics, /healthz, /readyz)", self.port)
-
-    def stop(self) -> None:
-        if self._thread.is_alive():  # shutdown() would wait forever for a loop that never started
-            self.httpd.shutdown()
-        self.httpd.server_close()

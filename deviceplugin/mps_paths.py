@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .paths import pool_dir
+
 
 @dataclass(frozen=True)
 class MpsPaths:
@@ -12,7 +14,8 @@ class MpsPaths:
 
     @classmethod
     def of(cls, mps_root: str, pool: str) -> "MpsPaths":
-        return cls(Path(mps_root) / pool)
+        """ValueError for a pool name that could leave mps_root (the config refuses those before)."""
+        return cls(Path(pool_dir(mps_root, pool)))
 
     @property
     def pipe(self) -> Path:

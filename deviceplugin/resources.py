@@ -7,16 +7,15 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from .api import deviceplugin_pb2 as pb
-from .config import Config, ConfigError, PoolConfig
+from .config import MPS_LIMIT_REASON, Config, ConfigError, PoolConfig, max_replicas
 from .inventory import Gpu, Link, MigDevice, NodeInfo
+from .limits import LIST_BUDGET_BYTES
 
 log = logging.getLogger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 SHARE_SEPARATOR = "::"
-# The kubelet receives at most 4 MiB per ListAndWatch message; stay well below it.
-LIST_BUDGET_BYTES = 2 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -159,16 +158,10 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
             if not units:
                 log.warning("pool %s has no usable GPU on this node; %s is not advertised", pool.name, name)
                 continue
+            problem = _over_budget(pool, units, budget_bytes)
+            if problem:
+                raise ConfigError([problem], config.source)
             resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=_devices(pool, units), config=config, links=node.links)
-            size = resource.list_response().ByteSize()
-            if size > budget_bytes:
-                raise ConfigError(
-                    [
-                        f"{pool.path}: {len(resource.devices)} devices make a {size} byte ListAndWatch message, over the "
-                        f"{budget_bytes} byte budget (the kubelet drops the stream at 4 MiB); lower replicas"
-                    ],
-                    config.source,
-                )
             if any(r.name == name for r in resources):
                 raise ConfigError([f"{pool.path}: resource {name} is also advertised by another pool"], config.source)
             resources.append(resource)
@@ -187,14 +180,67 @@ def _mig_units(gpu: Gpu) -> list[Unit]:
 
 
 def _with_replicas(pool: PoolConfig, unit: Unit) -> Unit:
-    """A shared unit with its share count: `replicas`, or as many `memoryPerShare` as fit."""
+    """A shared unit with its share count: `replicas`, or as many `memoryPerShare` as fit (at most max_replicas)."""
     if pool.memory_per_share_mib is None:
         return replace(unit, replicas=pool.replicas)
     replicas = unit.memory_mib // pool.memory_per_share_mib
+    what = f"MIG instance {unit.uuid} ({unit.mig.profile}" if unit.mig else f"GPU {unit.gpu.index} ({unit.gpu.model}"
     if replicas < 1:
-        what = f"MIG instance {unit.uuid} ({unit.mig.profile}" if unit.mig else f"GPU {unit.gpu.index} ({unit.gpu.model}"
         raise ValueError(f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)")
+    most = max_replicas(pool.backend)
+    if replicas > most:
+        why = f" ({MPS_LIMIT_REASON})" if pool.mps else ""
+        raise ValueError(
+            f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares of {what}, {unit.memory_mib} MiB), "
+            f"over the limit of {most} shares per GPU or MIG instance{why}; use a larger memoryPerShare"
+        )
     return replace(unit, replicas=replicas)
+
+
+def _over_budget(pool: PoolConfig, units: list[Unit], budget_bytes: int) -> str | None:
+    """Why these units' devices would not fit one ListAndWatch message, or None; computed, never built.
+
+    A list's size is the sum of its entries' sizes, and an entry's size depends only on its ID's length: so each
+    unit costs one encoded entry per ID length (share numbers of 1, 2, 3, 4 digits), with the longer Unhealthy health.
+    """
+    topology = all(u.gpu.numa_node is not None for u in units)
+    count = size = 0
+    for unit in units:
+        for device_id, n in _id_lengths(pool, unit):
+            count += n
+            size += n * _entry_bytes(device_id, unit.gpu.numa_node if topology else None)
+    if size <= budget_bytes:
+        return None
+    if pool.shared:
+        per_unit = f"{max(u.replicas for u in units)} shares each"
+        remedy = "raise memoryPerShare" if pool.memory_per_share_mib else "lower replicas"
+    else:
+        per_unit, remedy = "whole devices", "select fewer GPUs"
+    return (
+        f"{pool.path}: {count} devices ({len(units)} {'MIG instances' if units[0].mig else 'GPUs'}, {per_unit}) would make a ListAndWatch "
+        f"message of up to {size} bytes, over the {budget_bytes} byte budget (the kubelet drops the stream at 4 MiB): at most about "
+        f"{count * budget_bytes // size} devices fit; {remedy}"
+    )
+
+
+def _id_lengths(pool: PoolConfig, unit: Unit) -> list[tuple[str, int]]:
+    """(the longest device ID of one length, how many IDs have that length) for one unit."""
+    if not pool.shared:
+        return [(unit.uuid, 1)]
+    shapes = []
+    low = 0
+    while low < unit.replicas:
+        high = min(unit.replicas, max(10, low * 10))  # share numbers low..high-1 have the same number of digits
+        shapes.append((share_id(unit.uuid, high - 1), high - low))
+        low = high
+    return shapes
+
+
+def _entry_bytes(device_id: str, numa_node: int | None) -> int:
+    item = pb.Device(ID=device_id, health=UNHEALTHY)
+    if numa_node is not None:
+        item.topology.nodes.add(ID=numa_node)
+    return pb.ListAndWatchResponse(devices=[item]).ByteSize()
 
 
 def _pool_resources(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, list[Unit]]]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from .limits import MAX_STRING_LENGTH
+from .logs import safe_text
+
 _TYPE_NAMES = {int: "an integer", str: "a string", list: "a list", dict: "a mapping", bool: "a boolean"}
 
 
@@ -17,8 +20,10 @@ class SchemaError(ValueError):
         self.reason = reason
 
 
-def join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+def join(path: str, key: object) -> str:
+    """`path.key`; a key from the document is escaped and cut short, so a path stays one short line whatever the file holds."""
+    shown = safe_text(str(key), 64)
+    return f"{path}.{shown}" if path else shown
 
 
 def type_ok(value: Any, expected: type) -> bool:
@@ -43,7 +48,7 @@ class Fields:
         self.problems = problems
         for key in data:
             if key not in spec:
-                self._fail(SchemaError(join(path, str(key)), unknown_key_reason(str(key), spec)))
+                self._fail(SchemaError(join(path, key), unknown_key_reason(str(key)[:MAX_STRING_LENGTH], spec)))
 
     def _fail(self, error: SchemaError) -> None:
         if self.problems is None:
@@ -63,6 +68,10 @@ class Fields:
         if not type_ok(value, expected):
             self._fail(SchemaError(join(self.path, key), f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(value)}"))
             return default
+        problem = _length_problem(value)
+        if problem:
+            self._fail(SchemaError(join(self.path, key), problem))
+            return default
         return value
 
     def check(self, condition: bool, key: str, reason: str) -> None:
@@ -78,12 +87,23 @@ def unknown_key_reason(key: str, known: dict[str, type]) -> str:
     return f"unknown key{hint} (known keys: {', '.join(sorted(known))})"
 
 
-def list_of(items: list[Any], path: str, expected: type) -> list[Any]:
-    """Check every element of a list has the expected type."""
+def list_of(items: list[Any], path: str, expected: type, max_items: int | None = None) -> list[Any]:
+    """Check the list's length and that every element has the expected type."""
+    if max_items is not None and len(items) > max_items:
+        raise SchemaError(path, f"must have at most {max_items} entries, got {len(items)}")
     for i, item in enumerate(items):
         if not type_ok(item, expected):
             raise SchemaError(f"{path}[{i}]", f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(item)}")
+        problem = _length_problem(item)
+        if problem:
+            raise SchemaError(f"{path}[{i}]", problem)
     return items
+
+
+def _length_problem(value: Any) -> str | None:
+    if isinstance(value, str) and len(value) > MAX_STRING_LENGTH:
+        return f"must be at most {MAX_STRING_LENGTH} characters, got {len(value)}"
+    return None
 
 
 def _describe(value: Any) -> str:
@@ -92,9 +112,9 @@ def _describe(value: Any) -> str:
     if isinstance(value, bool):
         return f"boolean {value}"
     if isinstance(value, (int, float)):
-        return f"number {value}"
+        return f"number {safe_text(str(value), 40)}"
     if isinstance(value, str):
-        return f"string {value!r}"
+        return f"string {safe_text(repr(value), 80)}"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):

@@ -9,9 +9,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from .config import Config, default_config, load_config
+from .config import Config, default_config, parse_config_bytes, read_config_bytes
 from .inventory import Inventory, NodeInfo
 from .kube import NodeClient
 from .manager import PluginManager
@@ -30,14 +29,14 @@ class Serving:
     profiles: ProfileSource
     manager: PluginManager
     client: NodeClient | None
-    config_text: str | None  # the file as read before parsing: a change after it is reloaded, never missed
+    config_data: bytes | None  # the file the config was parsed from: a change after it is reloaded, never missed
 
 
 def plan_serving(inventory: Inventory, options: DaemonOptions, connect: Callable[[], NodeClient | None]) -> Serving:
     """The node, its config and profile, and a manager for its resources (not started); ConfigError on a bad config."""
     node = inventory.discover()
-    text = _read(options.config_file) if options.config_file else None
-    config = load_config(options.config_file) if options.config_file else default_config()
+    data = read_config_bytes(options.config_file) if options.config_file else None
+    config = parse_config_bytes(data, options.config_file) if data is not None else default_config()
     label_decides = options.profile is None and len(config.profiles) > 1
     client = connect() if label_decides else None
     profiles = ProfileSource(options.profile, client, options.profile_label_interval)
@@ -45,11 +44,5 @@ def plan_serving(inventory: Inventory, options: DaemonOptions, connect: Callable
     resources = build_resources(config, node, profile)
     log.info("serving profile %s", profile or config.default_profile)
     manager = PluginManager(resources, options.plugin_dir, options.timings, mps=MpsLiveness(options.mps_control))
-    return Serving(node, config, profiles, manager, client, text)
+    return Serving(node, config, profiles, manager, client, data)
 
-
-def _read(path: str) -> str | None:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return None  # load_config reports it

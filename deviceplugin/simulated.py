@@ -38,7 +38,7 @@ from typing import Any
 
 from .inventory import PCIE_LEVELS, Gpu, GpuProcess, GpuStats, HealthEvent, InventoryError, Link, MigDevice, NodeInfo
 from .schema import Fields, SchemaError, join
-from .yamlfile import YamlError, load_yaml
+from .yamlfile import YamlProblem, decode, load_yaml, read_bounded
 
 _GPU_KEYS = {
     "index": int,
@@ -187,13 +187,9 @@ class SimulatedInventory:
     @classmethod
     def from_file(cls, path: str | Path, proc_root: str | Path | None = None) -> "SimulatedInventory":
         try:
-            data, duplicates = load_yaml(Path(path).read_text())
-        except OSError as err:
-            raise InventoryError(f"cannot read node file {path}: {err.strerror}") from None
-        except UnicodeDecodeError:
-            raise InventoryError(f"node file {path} is not UTF-8 text") from None
-        except YamlError as err:
-            raise InventoryError(f"node file {path} is not valid YAML at {err}") from None
+            data, duplicates = load_yaml(decode(read_bounded(path)))
+        except YamlProblem as err:
+            raise InventoryError(f"node file {path}: {err}") from None
         if duplicates:
             raise InventoryError(f"node file {path}: {duplicates[0]}")
         return cls(*parse_node(data, str(path)), proc_root=proc_root)

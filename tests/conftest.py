@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -62,6 +63,16 @@ def start_plugin(plugin_dir: Path) -> Iterator[Callable[..., PluginManager]]:
     yield start
     for manager in managers:
         manager.stop()
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll `predicate` until it holds or `timeout` passes; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
 
 
 def registered(*names: str) -> Callable[[dict], bool]:

@@ -170,7 +170,7 @@ def test_metrics_port_in_use_is_a_clear_error(plugin_dir):
             capture_output=True, text=True, timeout=30,
         )
     assert proc.returncode == 1
-    assert f"gpu-share: error: cannot serve metrics on 0.0.0.0:{port}: Address already in use (choose another --metrics-port)" in proc.stderr
+    assert f"gpu-share: error: cannot serve metrics on 0.0.0.0:{port}: Address already in use (choose another --metrics-port or --metrics-bind-address)" in proc.stderr
 
 
 def test_discover_table_and_json():

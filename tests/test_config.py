@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from dataclasses import replace
+
 from deviceplugin.config import ConfigError, default_config, load_config, parse_config
+from deviceplugin.inventory import NodeInfo
 from deviceplugin.resources import LIST_BUDGET_BYTES, build_resources
 
 from .conftest import EXAMPLES, node
@@ -81,7 +84,7 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ),
         (pools({"name": "a", "mode": "shared", "gpus": {}}), "pools[0].gpus: selects no GPU"),
         (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [0, "1"]}}), "pools[0].gpus.indexes[1]: must be an integer, got string '1'"),
-        (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [-1]}}), "pools[0].gpus.indexes[0]: must be >= 0, got -1"),
+        (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [-1]}}), "pools[0].gpus.indexes[0]: must be 0-1023, got -1"),
         (pools({"name": "a", "mode": "shared", "gpus": {"names": ["x"]}}), "pools[0].gpus.names: unknown key"),
         (
             pools({"name": "a", "mode": "shared"}, {"name": "a", "mode": "exclusive"}),
@@ -136,11 +139,13 @@ def test_overlapping_selections_are_refused():
 
 
 def test_device_list_over_budget_is_refused():
-    config = parse_config(pools({"name": "a", "mode": "shared", "replicas": 5000}))
+    config = parse_config(pools({"name": "a", "mode": "shared", "replicas": 1024}))
+    assert len(build_resources(config, H100)[0].devices) == 8192
     with pytest.raises(ConfigError) as err:
-        build_resources(config, H100)
-    assert "40000 devices make a" in str(err.value) and f"over the {LIST_BUDGET_BYTES} byte budget" in str(err.value)
-    assert build_resources(parse_config(pools({"name": "a", "mode": "shared", "replicas": 2000})), H100)
+        build_resources(config, NodeInfo(gpus=tuple(replace(H100.gpus[0], index=i, uuid=f"{H100.gpus[0].uuid[:-3]}{i:03d}") for i in range(64))))
+    message = str(err.value)
+    assert "pools[0]: 65536 devices (64 GPUs, 1024 shares each) would make a ListAndWatch message of up to" in message
+    assert f"over the {LIST_BUDGET_BYTES} byte budget" in message and "at most about 3" in message and message.endswith("lower replicas")
 
 
 def test_unreadable_or_invalid_yaml_file(tmp_path):
