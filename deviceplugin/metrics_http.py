@@ -29,6 +29,7 @@ from .errors import StartupError
 log = logging.getLogger(__name__)
 
 TEXT = "text/plain; charset=utf-8"
+DROP_REASONS = ("busy", "evicted", "timeout", "too_large", "bad_request")
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Content Too Large", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
 
@@ -84,6 +85,8 @@ class MetricsServer:
             ["reason"],
             registry=registry,
         )
+        for reason in DROP_REASONS:
+            self.dropped.labels(reason)  # every series exists from the first scrape
         self._sock = _listen(host, port)
         self._connections: dict[asyncio.StreamWriter, _Connection] = {}  # oldest first
         self._refusing = 0  # connections answered 503, waiting for the client to close

@@ -80,6 +80,7 @@ def test_a_scrape_answers_under_200_idle_connections_with_bounded_threads(serve,
         for _ in range(5):
             status, body, seconds = scrape(server)
             assert status == 200 and "gpushare_test_events_total 7.0" in body
+            assert 'gpushare_metrics_connections_dropped_total{reason="busy"} 0.0' in body
             assert seconds < 1.0
         assert threading.active_count() <= threads  # one server thread, whatever the connections
         assert server.open_connections <= limits.max_connections
