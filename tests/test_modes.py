@@ -20,7 +20,7 @@ from deviceplugin.mps import MpsDaemon, MpsLiveness, control
 from deviceplugin.mps_paths import MpsPaths
 from deviceplugin.resources import build_resources
 
-from .conftest import EXAMPLES, GPU_CLI, ROOT, node, registered
+from .conftest import EXAMPLES, GPU_CLI, ROOT, node, registered, wait_until
 
 H100 = node("8xH100-80GB")
 A100 = node("8xA100-80GB-mig")
@@ -344,15 +344,6 @@ def _log(paths: MpsPaths) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def _wait(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
-
-
 def test_mps_strict_limits_supervision_and_clean_quit(fake_mps, tmp_path, kubelet, plugin_dir):
     from deviceplugin.manager import PluginManager
 
@@ -427,7 +418,7 @@ def test_mps_subcommand_runs_daemons_until_sigterm(fake_mps, tmp_path):
                              "--mps-control", str(fake_mps)], stderr=subprocess.PIPE, text=True)
     paths = MpsPaths.of(str(root), "mps")
     try:
-        assert _wait(paths.ready.exists, timeout=10)
+        assert wait_until(paths.ready.exists, timeout=10)
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
