@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import logging
 
+from deviceplugin.allocator import AllocationError, container_response
+from deviceplugin.config import parse_config
 from deviceplugin.health import HealthMonitor
 from deviceplugin.inventory import HealthEvent
 from deviceplugin.logs import RepeatLimiter, brief, safe_text
+from deviceplugin.resources import build_resources
 from deviceplugin.simulated import SimulatedInventory
 
-from .conftest import EXAMPLES
+from .conftest import EXAMPLES, node
 
 
 class Clock:
@@ -84,3 +87,14 @@ def test_an_xid_storm_writes_a_few_lines(caplog):
     assert len(ignored) == 2 * 2 + 2  # per GPU: 100 s of events -> first line, summary, first line of the next window
     assert f"ignoring application XID 13 on GPU {node.gpus[0].uuid} (repeated 2999 times in 60s)" in ignored
     assert monitor.unhealthy == {}
+
+
+def test_an_allocation_error_over_thousands_of_ids_stays_short():
+    resource = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}), node("2xT4"))[0]
+    for ids, shown in ((list(resource.devices), "and 1016 more"), ([f"bogus-{i}" for i in range(5000)] + ["x" * 4_000_000], "and 4993 more")):
+        try:
+            container_response(resource, ids)
+        except AllocationError as err:
+            assert shown in err.message and len(err.message) < 1500, err.message[:300]
+        else:
+            raise AssertionError("not refused")
