@@ -363,9 +363,10 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     if mode == "shared":
         fields.check(not (fields.has("replicas") and fields.has("memoryPerShare")), "memoryPerShare", "give replicas or memoryPerShare, not both")
         replicas = fields.get("replicas", DEFAULT_REPLICAS)
-        fields.check(replicas >= 1, "replicas", f"must be >= 1, got {replicas}")
-        most = max_replicas(backend)
-        fields.check(replicas <= most, "replicas", f"must be <= {most}{' for backend mps (' + MPS_LIMIT_REASON + ')' if backend == 'mps' else ''}, got {safe_text(str(replicas), 40)}")
+        shown = safe_text(str(replicas), 40)
+        fields.check(replicas >= 1, "replicas", f"must be >= 1, got {shown}")
+        most, why = max_replicas(backend), f" for backend mps ({MPS_LIMIT_REASON})" if backend == "mps" else ""
+        fields.check(replicas <= most, "replicas", f"must be <= {most}{why}, got {shown}")
         if fields.has("memoryPerShare"):
             try:
                 memory = parse_quantity_mib(fields.get("memoryPerShare", ""))
