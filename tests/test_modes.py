@@ -546,10 +546,10 @@ def test_mps_supervisor_removes_the_marker_while_its_daemon_does_not_answer(fake
     daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps), probe_interval=0.1)
     daemon.start()
     try:
-        assert _wait(daemon.paths.ready.exists)
+        assert wait_until(daemon.paths.ready.exists)
         with pytest.raises(Exception, match="no answer"):
             control(str(fake_mps), daemon.paths, ["hang"], timeout=0.2)  # PID alive, pipe unanswered
-        assert _wait(lambda: not daemon.paths.ready.exists(), timeout=3)
+        assert wait_until(lambda: not daemon.paths.ready.exists(), timeout=3)
         assert daemon.restarts == 0  # alive: not restarted behind its clients' backs
     finally:
         daemon.stop(timeout=0.5)
@@ -563,7 +563,7 @@ def test_a_second_supervisor_of_the_same_pool_starts_no_second_daemon(fake_mps, 
     second = MpsDaemon(pool, str(root), binary=str(fake_mps), start_timeout=0.5, backoff_initial=0.05, backoff_max=0.2)
     first.start()
     try:
-        assert _wait(first.paths.ready.exists)
+        assert wait_until(first.paths.ready.exists)
         second.start()
         time.sleep(1.0)
         assert second.restarts >= 1  # it tried, found a daemon answering, and backs off
