@@ -120,8 +120,8 @@ def container_response(resource: Resource, device_ids: Iterable[str], unhealthy:
     units = _units_of(resource, devices)
     if pool.shared and len(units) > 1 and not pool.allow_span:
         kind = "MIG instances" if units[0].mig else "GPUs"
-        per_unit = "; ".join(f"{u.uuid} shares {_few([str(d.share) for d in devices if d.unit is u])}" for u in units[:4])
-        per_unit += f"; and {len(units) - 4} more" if len(units) > 4 else ""
+        per_unit = "; ".join(f"{u.uuid} shares {brief([str(d.share) for d in devices if d.unit is u], 8)}" for u in units[:8])
+        per_unit += f"; and {len(units) - 8} more" if len(units) > 8 else ""
         raise AllocationError(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"shares of {resource.name} span {len(units)} {kind} ({per_unit}); all shares of a container must be on one {kind[:-1]}",
@@ -226,10 +226,6 @@ def mig_capability_devices(device_root: str, minor: int, gi: int, ci: int) -> tu
 def _units_of(resource: Resource, devices: list[Device]) -> list[Unit]:
     used = {d.unit.uuid for d in devices}
     return [u for u in resource.units if u.uuid in used]
-
-
-def _few(items: list[str], limit: int = 8) -> str:
-    return ",".join(items[:limit]) + (f",... ({len(items)} in all)" if len(items) > limit else "")
 
 
 def _dedupe(ids: Iterable[str]) -> list[str]:

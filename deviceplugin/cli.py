@@ -193,13 +193,14 @@ def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer
     from prometheus_client import CollectorRegistry
 
     from .inventory import NodeInfo
-    from .metrics import MetricSources, StateCollector, exposed_registry
+    from .metrics import MetricSources, StateCollector
     from .metrics_http import MetricsServer
 
     registry = CollectorRegistry()
     registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False)))  # every plugin metric, at 0
-    exposed = exposed_registry(registry, _node_name())
-    server = MetricsServer(exposed, lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port, args.metrics_bind_address)
+    server = MetricsServer(
+        registry, lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port, args.metrics_bind_address, node=_node_name()
+    )
     server.start()
     return server
 

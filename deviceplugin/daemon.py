@@ -13,7 +13,7 @@ from .config import Config
 from .health import HealthMonitor
 from .inventory import Gpu, Inventory, NodeInfo
 from .kube import NodeClient
-from .metrics import MetricSources, PluginMetrics, StateCollector, exposed_registry
+from .metrics import MetricSources, PluginMetrics, StateCollector
 from .metrics_http import MetricsServer
 from .nodelabels import NodePublisher
 from .podresources import PodResourcesClient
@@ -70,7 +70,9 @@ class PluginDaemon:
         sources = MetricSources(self.node, self.manager, self.agent, self.monitor, self.reloader, cdi_missing=lambda: self.cdi_missing)
         self.registry.register(StateCollector(sources))
         self.metrics_server = (
-            MetricsServer(exposed_registry(self.registry, options.node_name or self.node.name), self.manager.health, self.manager.readiness, options.metrics_port, options.metrics_host)
+            MetricsServer(
+                self.registry, self.manager.health, self.manager.readiness, options.metrics_port, options.metrics_host, node=options.node_name or self.node.name
+            )
             if options.metrics_port
             else None
         )

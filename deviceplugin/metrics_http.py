@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from . import defaults
+from .metrics import exposed_registry
 from .errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,8 @@ class _Answer:
 
 
 class MetricsServer:
-    """Serves `registry` at /metrics, and `healthz()` / `readyz()` (ok, text) at /healthz and /readyz."""
+    """Serves `registry` at /metrics (every series labelled `node` when one is given), and `healthz()` / `readyz()`
+    (ok, text) at /healthz and /readyz. The server's own counters are registered in `registry` too."""
 
     def __init__(
         self,
@@ -72,6 +74,7 @@ class MetricsServer:
         port: int = defaults.METRICS_PORT,
         host: str = "0.0.0.0",
         limits: HttpLimits = HttpLimits(),
+        node: str | None = None,
     ) -> None:
         self.registry = registry
         self.healthz = healthz
@@ -87,6 +90,7 @@ class MetricsServer:
         )
         for reason in DROP_REASONS:
             self.dropped.labels(reason)  # every series exists from the first scrape
+        self._exposed = exposed_registry(registry, node) if node else registry
         self._sock = _listen(host, port)
         self._connections: dict[asyncio.StreamWriter, _Connection] = {}  # oldest first
         self._refusing = 0  # connections answered 503, waiting for the client to close
@@ -228,7 +232,7 @@ class MetricsServer:
         path = target.split("?", 1)[0]
         if path == "/metrics":
             started = time.perf_counter()
-            body = generate_latest(self.registry)
+            body = generate_latest(self._exposed)
             self.last_scrape_seconds = time.perf_counter() - started
             return _Answer(200, body, CONTENT_TYPE_LATEST, keep_alive, method == "HEAD")
         if path in ("/healthz", "/readyz"):

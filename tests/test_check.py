@@ -56,7 +56,7 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
     bad.write_text("version: v1\npools:\n  - name: a\n   mode: shared\n")
     proc = check(str(bad))
     assert proc.returncode == 2
-    assert proc.stderr.startswith(f"gpu-share: error: {bad}: not valid YAML at line 4, column 4: "), proc.stderr
+    assert proc.stderr.startswith(f"gpu-share: error: {bad}: line 4, column 4: not valid YAML: "), proc.stderr
     assert "<unicode string>" not in proc.stderr
 
 

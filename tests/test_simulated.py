@@ -41,7 +41,7 @@ def test_bad_node_file_names_key_and_reason(data, message):
 
 
 def test_missing_node_file(tmp_path):
-    with pytest.raises(InventoryError, match="cannot read node file"):
+    with pytest.raises(InventoryError, match="node file .*nope.yaml: file: cannot read: no such file"):
         SimulatedInventory.from_file(tmp_path / "nope.yaml")
 
 

@@ -74,7 +74,7 @@ def test_missing_config_and_node_files(tmp_path, plugin_dir):
     missing = tmp_path / "nope.yaml"
     assert_one_line(run_plugin("--plugin-dir", str(plugin_dir), "--config", str(missing)), f"--config {missing}: No such file or directory")
     assert_one_line(run("run", "--node", str(missing), "--plugin-dir", str(plugin_dir)), f"--node {missing}: No such file or directory")
-    assert_one_line(run("config", "check", str(tmp_path)), f"{tmp_path}: cannot read: Is a directory")
+    assert_one_line(run("config", "check", str(tmp_path)), f"{tmp_path}: file: cannot read: is a directory")
 
 
 def test_explicit_bad_kubeconfig_is_fatal(tmp_path, plugin_dir):
