@@ -148,13 +148,14 @@ def test_unknown_policy_and_missing_shapes_are_clear_errors():
 # --- FGD -------------------------------------------------------------------------------------------
 
 def brute_force_fragmentation(node: Node, shapes: TaskShapes) -> float:
-    """The paper's definition, literally: for each shape, all idle milli if it cannot run, else the idle milli it cannot use."""
+    """The paper's definition: for each shape, all idle milli if it cannot run (or uses no GPU), else the idle milli it cannot use."""
     idle = sum(node.gpu_free)
     total = 0.0
     for shape, p in shapes.shapes:
         pod = Pod(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
         runs = node.cpu_free >= pod.cpu_milli and (pod.num_gpu == 0 or fits(pod, Node("x", node.cpu_milli, 1, node.model, node.gpu_free, node.cpu_free, 1)))
-        total += p * (sum(f for f in node.gpu_free if f < shape.gpu_milli) if runs else idle)
+        usable = runs and shape.num_gpu > 0  # a CPU-only shape can use no idle GPU
+        total += p * (sum(f for f in node.gpu_free if f < shape.gpu_milli) if usable else idle)
     return total
 
 

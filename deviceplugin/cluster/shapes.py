@@ -6,7 +6,9 @@ cover `coverage` (95 %) of the pods of the original, un-inflated list; CPU-only 
 
 Fragmentation of node n for shape m (Weng et al., ATC'23): all idle GPU milli of n when m cannot run
 there (CPU, model, or too few GPUs with room), else the idle milli on the GPUs whose free milli is below
-m's `gpu_milli`. F_n = sum over shapes of popularity(m) * F_n(m).
+m's `gpu_milli`. F_n = sum over shapes of popularity(m) * F_n(m). A CPU-only shape uses no GPU, so every
+idle GPU milli is a fragment for it, as in the authors' simulator (reading "below 0 milli" literally
+instead gives FGD about 0.4 points less on the default trace).
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class TaskShapes:
         )
         self._memo = lru_cache(maxsize=_CACHE_SIZE)(self._compute)
 
+    def __reduce__(self):  # the memo does not pickle: rebuild it
+        return (TaskShapes, (self.shapes,))
+
     @classmethod
     def from_pods(cls, pods: Iterable[Pod], coverage: float = DEFAULT_COVERAGE) -> TaskShapes:
         """The most frequent shapes covering `coverage` of `pods` (ties: the larger shape first)."""
@@ -86,9 +91,9 @@ class TaskShapes:
             return 0.0
         frag = 0.0
         for cpu_index, num_gpu, gpu_milli, models, p in self._rows:
-            if cpu_bracket <= cpu_index or (models and model not in models):
-                frag += p * idle  # cannot run here: every idle GPU is a fragment for this shape
-            elif num_gpu:
+            if num_gpu == 0 or cpu_bracket <= cpu_index or (models and model not in models):
+                frag += p * idle  # uses no GPU here: every idle GPU is a fragment for this shape
+            else:
                 room = bisect_left(gpus, gpu_milli)  # gpus[room:] each have gpu_milli free
                 frag += p * (idle if len(gpus) - room < num_gpu else prefix[room])
         return frag
