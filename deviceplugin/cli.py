@@ -1,4 +1,4 @@
-"""The `gpu-share` command: run (the daemon), mps, discover, config check, extender, demo."""
+"""The `gpu-share` command: run (the daemon), mps, discover, config check, extender, demo, simulate."""
 
 from __future__ import annotations
 
@@ -169,6 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", default=str(BUILTIN / "demo-config.yaml"), help="config file")
     demo.add_argument("--profile", help="config profile to serve (default: defaultProfile)")
     demo.set_defaults(func=cmd_demo)
+
+    from .cluster.report import add_arguments as add_simulate_arguments  # pure and light: no gRPC, no NVML
+
+    simulate = sub.add_parser("simulate", help="replay a GPU-sharing trace through the cluster packing policies (FGD paper's protocol)")
+    add_logging(simulate, level="warning")
+    add_simulate_arguments(simulate)
+    simulate.set_defaults(func=cmd_simulate)
     return parser
 
 
@@ -340,6 +347,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     return run_demo(args.node, args.config, profile=args.profile)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .cluster.report import run_simulate
+
+    return run_simulate(args)
 
 
 def main(argv: list[str] | None = None) -> int:
