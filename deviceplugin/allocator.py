@@ -10,6 +10,7 @@ import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import lru_cache
 from itertools import combinations
 from math import comb
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import grpc
 
 from .api import deviceplugin_pb2 as pb
+from .cluster import MILLI, Node, Pod, TaskShapes, make_policy
 from .logs import brief
 from .mps_paths import MpsPaths
 from .inventory import Gpu
@@ -73,12 +75,37 @@ def _unit_order(resource: Resource, free: dict[str, list[Device]], must: list[st
         return sorted(in_order, key=lambda u: u not in must_units)
     fitting = [u for u in in_order if len(free[u]) >= wanted]
     if fitting:
-        # binpack: the fullest unit (fewest free shares) that still fits; spread: the emptiest.
-        sign = 1 if resource.allocation_policy == "binpack" else -1
-        best = min(fitting, key=lambda u: (sign * len(free[u]), rank[u]))
+        if resource.allocation_policy in CLUSTER_POLICIES:
+            best = _cluster_choice(resource, free, fitting, wanted)
+        else:
+            # binpack: the fullest unit (fewest free shares) that still fits; spread: the emptiest.
+            sign = 1 if resource.allocation_policy == "binpack" else -1
+            best = min(fitting, key=lambda u: (sign * len(free[u]), rank[u]))
         return [best] + [u for u in in_order if u != best]
     # Nothing fits on one unit: the largest pieces first, so the refusal in Allocate names few units.
     return sorted(in_order, key=lambda u: -len(free[u]))
+
+
+CLUSTER_POLICIES = frozenset({"fgdstrand"})
+
+
+def _cluster_choice(resource: Resource, free: dict[str, list[Device]], fitting: list[str], wanted: int) -> str:
+    """The unit the cluster policy would pick on this node: each unit a GPU, k of N free shares = k/N of it free.
+
+    Units with unequal share counts (MIG instances of different sizes) have no common measure: binpack then.
+    """
+    replicas = {u.replicas for u in resource.units}
+    if len(replicas) != 1:
+        return min(fitting, key=lambda u: len(free[u]))
+    (n,) = replicas
+    node = Node(resource.name, 0, 0, "", [len(free.get(u.uuid, ())) * MILLI // n for u in resource.units])
+    choice = make_policy(resource.allocation_policy, shapes=share_shapes(n)).score(Pod(0, 0, 1, wanted * MILLI // n), node)
+    return resource.units[choice.gpus[0]].uuid if choice else fitting[0]
+
+
+@lru_cache(maxsize=64)
+def share_shapes(replicas: int) -> TaskShapes:
+    return TaskShapes.shares(replicas)
 
 
 _MAX_COMBINATIONS = 5000

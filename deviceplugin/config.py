@@ -4,7 +4,7 @@ Every key, its default and an example are in docs/configuration.md. In short::
 
     version: v1
     domain: example.com              # default: $GPU_SHARE_DOMAIN, else example.com
-    allocationPolicy: binpack        # binpack | spread
+    allocationPolicy: binpack        # binpack | spread | fgdstrand
     deviceListStrategy: envvar       # envvar | cdi
     cdiKind: nvidia.com/gpu          # CDI names are <cdiKind>=<UUID>
     deviceSpecs: false               # add /dev/nvidia* device specs to Allocate
@@ -46,7 +46,7 @@ MODES = ("exclusive", "shared", "mig")
 BACKENDS = ("timeSlicing", "mps")
 MPS_LIMITS = ("strict", "proportional")
 MIG_STRATEGIES = ("mixed", "single")
-ALLOCATION_POLICIES = ("binpack", "spread")
+ALLOCATION_POLICIES = ("binpack", "spread", "fgdstrand")  # fgdstrand: the cluster policy (deviceplugin.cluster)
 DEVICE_LIST_STRATEGIES = ("envvar", "cdi")
 DEFAULT_RESOURCE = {"exclusive": "gpu", "shared": "gpu-share", "mig": "gpu"}  # mig: only with strategy single
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from deviceplugin.cluster import MILLI, Choice, Node, Pod, TaskShapes, fits, make_policy, place
+from deviceplugin.cluster import MILLI, POLICIES, Choice, Node, Pod, TaskShapes, fits, make_policy, place
 from deviceplugin.cluster.policies import fgd_score
 from deviceplugin.cluster.shapes import Shape, shape_of
 
@@ -125,7 +125,7 @@ def test_binpack_and_spread_choose_opposite_gpus_and_nodes():
 def test_whole_and_multi_gpu_requests_take_the_first_free_gpus_by_index():
     node = gpu_node("n", [500, MILLI, 0, MILLI, MILLI])
     shapes = TaskShapes([(Shape(1000, 1, MILLI, frozenset()), 1.0)])
-    for name in ("bestfit", "dotproduct", "gpupacking", "fgd", "binpack", "spread", "random"):
+    for name in POLICIES:
         policy = make_policy(name, shapes=shapes, rng=random.Random(1))
         assert policy.score(Pod(1000, 1024, 2, MILLI), node).gpus == (1, 3), name
 
@@ -203,3 +203,35 @@ def test_task_shapes_cover_the_popular_pods_and_include_cpu_only_ones():
     assert [round(p, 4) for _, p in shapes.shapes] == [round(60 / 97, 4), round(30 / 97, 4), round(7 / 97, 4)]
     with pytest.raises(ValueError, match="coverage"):
         TaskShapes.from_pods(pods, coverage=0)
+
+
+# --- fgdstrand -------------------------------------------------------------------------------------
+
+def test_fgdstrand_keeps_cpu_where_idle_gpus_need_it():
+    pods = [Pod(8000, 32_000, 1, MILLI)] * 9 + [Pod(4000, 8000)]
+    shapes = TaskShapes.from_pods(pods)
+    assert shapes.cpu_per_gpu_milli == pytest.approx(76_000 / 9000)
+    gpu_hungry = gpu_node("idle-gpus", [MILLI] * 8, cpu=96_000, cpu_free=40_000)  # 8 idle GPUs want ~68 cores
+    gpus_full = gpu_node("gpus-full", [0] * 8, cpu=96_000, cpu_free=40_000)
+    cpu_only = Pod(8000, 1024)
+    # FGD sees no fragmentation change on either (its shapes still run): the tie goes to the first node.
+    assert best(make_policy("fgd", shapes=shapes), cpu_only, [gpu_hungry, gpus_full])[0] == "idle-gpus"
+    # fgdstrand sees the CPU-only pod strand GPUs on the first node.
+    assert best(make_policy("fgdstrand", shapes=shapes), cpu_only, [gpu_hungry, gpus_full])[0] == "gpus-full"
+    # Memory counts the same way.
+    assert make_policy("fgdstrand", shapes=shapes).measure("T4", [MILLI] * 8, 96_000, 1000) > make_policy("fgd", shapes=shapes).measure("T4", [MILLI] * 8, 96_000, 1000)
+
+
+def test_fgdstrand_without_stranding_scores_like_fgd():
+    shapes = TaskShapes([(Shape(1000, 1, MILLI, frozenset()), 0.7), (Shape(1000, 1, 500, frozenset()), 0.3)])
+    nodes = [gpu_node("a", [MILLI, 500]), gpu_node("b", [MILLI, MILLI]), gpu_node("c", [300, 700, 500])]
+    for pod in (Pod(1000, 1024, 1, 500), Pod(1000, 1024, 1, 200), Pod(1000, 1024, 1, MILLI), Pod(1000, 1024)):
+        for n in nodes:
+            assert make_policy("fgdstrand", shapes=shapes).score(pod, n) == make_policy("fgd", shapes=shapes).score(pod, n)
+
+
+def test_share_shapes_are_every_share_count_equally_popular():
+    shapes = TaskShapes.shares(4)
+    assert [(s.gpu_milli, p) for s, p in shapes.shapes] == [(250, 0.25), (500, 0.25), (750, 0.25), (1000, 0.25)]
+    with pytest.raises(ValueError, match="replicas"):
+        TaskShapes.shares(0)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.cluster import MILLI, Node, Pod
+from deviceplugin.cluster import MILLI, POLICIES, Node, Pod
 from deviceplugin.cluster.report import ProgressBar, parse_seeds
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, run_all, share_rounded
 from deviceplugin.cluster.traces import TraceError, find_trace_dir, load_nodes, load_pods, resolve
@@ -74,7 +74,7 @@ def test_every_policy_runs_on_the_toy_trace_and_respects_the_fit_rules():
     experiment = Experiment(TOY_NODES, TOY_PODS)
     by_name = {n.name: n for n in TOY_NODES}
     models = {p.name: p.gpu_models for p in TOY_PODS}
-    for policy in ("random", "bestfit", "dotproduct", "gpupacking", "fgd", "binpack", "spread"):
+    for policy in POLICIES:
         result = experiment.run(policy, 42)
         assert 0 < result.allocation <= 1 and result.arrived_pods > len(TOY_PODS)
         for pod, node, _ in result.placements:

@@ -61,7 +61,7 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ({"version": "v1"}, "pools: is required"),
         ({"version": "v1", "pools": []}, "pools: must list at least one pool"),
         ({"version": "v1", "pools": {"a": 1}}, "pools: must be a list, got a mapping"),
-        (pools({"name": "a", "mode": "shared"}, allocationPolicy="random"), "allocationPolicy: must be one of binpack, spread, got 'random'"),
+        (pools({"name": "a", "mode": "shared"}, allocationPolicy="random"), "allocationPolicy: must be one of binpack, spread, fgdstrand, got 'random'"),
         (pools({"mode": "shared"}), "pools[0].name: is required"),
         (pools({"name": "A_pool", "mode": "shared"}), "pools[0].name: must be 1-40 characters of [a-z0-9-]"),
         (pools({"name": "a", "mode": "timeslice"}), "pools[0].mode: must be one of exclusive, shared, mig, got 'timeslice'"),

@@ -136,18 +136,21 @@ class FgdPolicy:
     def __init__(self, shapes: TaskShapes) -> None:
         self.shapes = shapes
 
+    def measure(self, model: str, gpu_free: list[int], cpu_free: int, memory_free: int) -> float:
+        """What the policy descends: here the paper's fragmentation (CPU and GPUs only)."""
+        return self.shapes.fragmentation_of(model, gpu_free, cpu_free)
+
     def score(self, pod: Pod, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
-        shapes = self.shapes
-        before = shapes.fragmentation(node)
-        cpu_after = node.cpu_free - pod.cpu_milli
+        before = self.measure(node.model, node.gpu_free, node.cpu_free, node.memory_free)
+        cpu_after, memory_after = node.cpu_free - pod.cpu_milli, node.memory_free - pod.memory_mib
         if not pod.fractional:
             gpus = first_gpus(pod, node)
             after_free = list(node.gpu_free)
             for i in gpus:
                 after_free[i] -= pod.gpu_milli
-            return Choice(fgd_score(before, shapes.fragmentation_of(node.model, after_free, cpu_after)), gpus)
+            return Choice(fgd_score(before, self.measure(node.model, after_free, cpu_after, memory_after)), gpus)
         best: Choice | None = None
         tried: set[int] = set()
         for i in fitting_gpus(pod, node):
@@ -157,10 +160,39 @@ class FgdPolicy:
             tried.add(free)
             after_free = list(node.gpu_free)
             after_free[i] = free - pod.gpu_milli
-            score = fgd_score(before, shapes.fragmentation_of(node.model, after_free, cpu_after))
+            score = fgd_score(before, self.measure(node.model, after_free, cpu_after, memory_after))
             if best is None or score > best.score:
                 best = Choice(score, (i,))
         return best
+
+
+STRANDING_HEADROOM = 0.8  # count CPU (memory) as short only below 80 % of what the pods ask per milli-GPU
+
+
+class FgdStrandPolicy(FgdPolicy):
+    """FGD that also counts stranded GPUs: idle GPU milli that the node's free CPU (memory) cannot feed.
+
+    The paper's fragmentation sees CPU only as "this shape runs here or not". A node whose CPU or memory
+    runs out first strands its idle GPUs for every shape at once, and which node a CPU-only or CPU-heavy pod
+    lands on decides that. Stranded milli = max(0, idle milli - free CPU / (0.8 x CPU per milli-GPU the
+    pods ask)), the same for memory; it is added to the fragmentation the policy descends.
+    """
+
+    name = "fgdstrand"
+
+    def __init__(self, shapes: TaskShapes) -> None:
+        super().__init__(shapes)
+        self.cpu_need = (shapes.cpu_per_gpu_milli or 0) * STRANDING_HEADROOM
+        self.memory_need = (shapes.memory_per_gpu_milli or 0) * STRANDING_HEADROOM
+
+    def measure(self, model: str, gpu_free: list[int], cpu_free: int, memory_free: int) -> float:
+        frag = self.shapes.fragmentation_of(model, gpu_free, cpu_free)
+        idle = sum(gpu_free)
+        if self.cpu_need:
+            frag += max(0.0, idle - cpu_free / self.cpu_need)
+        if self.memory_need:
+            frag += max(0.0, idle - memory_free / self.memory_need)
+        return frag
 
 
 class BinpackPolicy:
@@ -196,8 +228,8 @@ def _used_after_percent(pod: Pod, node: Node) -> int:
     return _clamp(MAX_SCORE * (node.cpu_milli - node.cpu_free + pod.cpu_milli) / node.cpu_milli)
 
 
-POLICIES = ("random", "bestfit", "dotproduct", "gpupacking", "fgd", "binpack", "spread")
-NEEDS_SHAPES = frozenset({"fgd"})
+POLICIES = ("random", "bestfit", "dotproduct", "gpupacking", "fgd", "fgdstrand", "binpack", "spread")
+NEEDS_SHAPES = frozenset({"fgd", "fgdstrand"})
 
 
 def make_policy(name: str, shapes: TaskShapes | None = None, rng: random.Random | None = None) -> Policy:
@@ -206,9 +238,9 @@ def make_policy(name: str, shapes: TaskShapes | None = None, rng: random.Random 
         raise ValueError(f"policy {name} needs the task-shape distribution (TaskShapes)")
     if name == "random":
         return RandomPolicy(rng)
-    if name == "fgd":
+    if name in ("fgd", "fgdstrand"):
         assert shapes is not None
-        return FgdPolicy(shapes)
+        return FgdPolicy(shapes) if name == "fgd" else FgdStrandPolicy(shapes)
     simple: dict[str, type] = {"bestfit": BestFitPolicy, "dotproduct": DotProductPolicy, "gpupacking": GpuPackingPolicy,
                                "binpack": BinpackPolicy, "spread": SpreadPolicy}
     if name not in simple:

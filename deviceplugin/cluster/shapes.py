@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import NamedTuple
 
-from .model import Node, Pod
+from .model import MILLI, Node, Pod
 
 DEFAULT_COVERAGE = 0.95
 _CACHE_SIZE = 1 << 18  # distinct (model, free-GPU multiset, CPU bracket) states remembered
@@ -39,7 +39,10 @@ def shape_of(pod: Pod) -> Shape:
 class TaskShapes:
     """Popular task shapes with their popularity (summing to 1), and the fragmentation they imply."""
 
-    def __init__(self, shapes: Iterable[tuple[Shape, float]]) -> None:
+    def __init__(self, shapes: Iterable[tuple[Shape, float]], cpu_per_gpu_milli: float | None = None,
+                 memory_per_gpu_milli: float | None = None) -> None:
+        """`cpu_per_gpu_milli`, `memory_per_gpu_milli`: what the pods ask per milli-GPU they ask (default: CPU from
+        the shapes, memory unknown)."""
         self.shapes: tuple[tuple[Shape, float], ...] = tuple(shapes)
         if not self.shapes:
             raise ValueError("task shapes: need at least one shape")
@@ -53,15 +56,21 @@ class TaskShapes:
             (self._cpu_steps.index(s.cpu_milli), s.num_gpu, s.gpu_milli, s.gpu_models, p) for s, p in self.shapes
         )
         self._memo = lru_cache(maxsize=_CACHE_SIZE)(self._compute)
+        gpu_demand = sum(p * s.num_gpu * s.gpu_milli for s, p in self.shapes)
+        if cpu_per_gpu_milli is None and gpu_demand:
+            cpu_per_gpu_milli = sum(p * s.cpu_milli for s, p in self.shapes) / gpu_demand
+        self.cpu_per_gpu_milli = cpu_per_gpu_milli
+        self.memory_per_gpu_milli = memory_per_gpu_milli
 
     def __reduce__(self):  # the memo does not pickle: rebuild it
-        return (TaskShapes, (self.shapes,))
+        return (TaskShapes, (self.shapes, self.cpu_per_gpu_milli, self.memory_per_gpu_milli))
 
     @classmethod
     def from_pods(cls, pods: Iterable[Pod], coverage: float = DEFAULT_COVERAGE) -> TaskShapes:
         """The most frequent shapes covering `coverage` of `pods` (ties: the larger shape first)."""
         if not 0 < coverage <= 1:
             raise ValueError(f"task shapes: coverage must be in (0, 1], got {coverage}")
+        pods = list(pods)
         counts = Counter(shape_of(p) for p in pods)
         if not counts:
             raise ValueError("task shapes: no pods to learn shapes from")
@@ -72,7 +81,18 @@ class TaskShapes:
             covered += n
             if covered >= coverage * total:
                 break
-        return cls(chosen)
+        gpu_demand = sum(p.gpu_request for p in pods)
+        if not gpu_demand:
+            return cls(chosen)
+        return cls(chosen, sum(p.cpu_milli for p in pods) / gpu_demand, sum(p.memory_mib for p in pods) / gpu_demand)
+
+    @classmethod
+    def shares(cls, replicas: int) -> TaskShapes:
+        """Inside one node, where only GPU shares are known: every request of k of `replicas` shares
+        (k/replicas of a GPU), equally popular."""
+        if not 1 <= replicas <= MILLI:
+            raise ValueError(f"task shapes: replicas must be 1-{MILLI}, got {replicas}")
+        return cls([(Shape(0, 1, k * MILLI // replicas, frozenset()), 1.0) for k in range(1, replicas + 1)])
 
     def fragmentation(self, node: Node) -> float:
         """F_n of the node as it is now."""
