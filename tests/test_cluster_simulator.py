@@ -6,6 +6,7 @@ import io
 import json
 import random
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from deviceplugin.cluster.report import ProgressBar, parse_seeds
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, run_all, share_rounded
 from deviceplugin.cluster.traces import TraceError, find_trace_dir, load_nodes, load_pods, resolve
 
-from .conftest import GPU_CLI
+from .conftest import GPU_CLI, ROOT
 
 TRACES = Path(__file__).parent / "traces"
 TOY_NODES = load_nodes(TRACES / "toy_nodes.csv")
@@ -179,3 +180,13 @@ def test_simulate_command_plots(tmp_path: Path):
                            "--policy", "fgd,random", "--seeds", "1-2", "--plot", str(png)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_packing_benchmark_runs_on_the_toy_trace(tmp_path: Path):
+    out = tmp_path / "packing.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.packing", "--trace-dir", str(TRACES), "--nodes", "toy_nodes.csv", "--variants", "toy",
+                           "--policies", "fgd,fgdstrand,bestfit", "--seeds", "1-2", "--replicas", "4", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "| trace | fgd | fgdstrand | bestfit |" in done.stdout and "| toy | " in done.stdout and "| 4 | " in done.stdout
+    assert len(json.loads(out.read_text())["runs"]) == 12

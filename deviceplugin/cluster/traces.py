@@ -64,7 +64,8 @@ def resolve(name_or_path: str, trace_dir: str | None, template: str) -> Path:
     return path
 
 
-def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+def _rows(path: Path, required: tuple[str, ...], what: str) -> list[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV with these columns; at least one row of `what`."""
     try:
         with path.open(newline="") as handle:
             reader = csv.DictReader(handle)
@@ -76,9 +77,11 @@ def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, st
                 if len(rows) >= MAX_ROWS:
                     raise TraceError(f"{path}: more than {MAX_ROWS} rows")
                 rows.append((reader.line_num, row))
-            return rows
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise TraceError(f"{path}: cannot read: {err}") from None
+    if not rows:
+        raise TraceError(f"{path}: no {what}")
+    return rows
 
 
 def _int(path: Path, line: int, row: dict[str, str], column: str, low: int = 0, high: int | None = None) -> int:
@@ -96,18 +99,16 @@ def _int(path: Path, line: int, row: dict[str, str], column: str, low: int = 0, 
 def load_nodes(path: Path) -> list[Node]:
     """Nodes from `sn,cpu_milli,memory_mib,gpu,model`, every GPU free."""
     nodes = []
-    for line, row in _rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model")):
+    for line, row in _rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model"), "nodes"):
         gpus = _int(path, line, row, "gpu", 0, MAX_GPUS_PER_NODE)
         nodes.append(Node.empty(row["sn"], _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), gpus, row["model"].strip()))
-    if not nodes:
-        raise TraceError(f"{path}: no nodes")
     return nodes
 
 
 def load_pods(path: Path) -> list[Pod]:
     """Pods from `name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]`; `gpu_spec` lists accepted models, `|`-separated."""
     pods = []
-    for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")):
+    for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"), "pods"):
         num_gpu = _int(path, line, row, "num_gpu", 0, MAX_GPUS_PER_NODE)
         gpu_milli = _int(path, line, row, "gpu_milli", 0, MILLI)
         models = frozenset(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
@@ -115,6 +116,4 @@ def load_pods(path: Path) -> list[Pod]:
             pods.append(Pod(_int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), num_gpu, gpu_milli, models, row["name"]))
         except ValueError as err:
             raise TraceError(f"{path}:{line}: {err}") from None
-    if not pods:
-        raise TraceError(f"{path}: no pods")
     return pods
