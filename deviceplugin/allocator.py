@@ -10,7 +10,6 @@ import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterable
-from functools import lru_cache
 from itertools import combinations
 from math import comb
 from pathlib import Path
@@ -18,7 +17,8 @@ from pathlib import Path
 import grpc
 
 from .api import deviceplugin_pb2 as pb
-from .cluster import MILLI, Node, Pod, TaskShapes, make_policy
+from .cluster import MILLI, Node, Pod, make_policy
+from .cluster.shapes import share_shapes
 from .logs import brief
 from .mps_paths import MpsPaths
 from .inventory import Gpu
@@ -101,11 +101,6 @@ def _cluster_choice(resource: Resource, free: dict[str, list[Device]], fitting: 
     node = Node(resource.name, 0, 0, "", [len(free.get(u.uuid, ())) * MILLI // n for u in resource.units])
     choice = make_policy(resource.allocation_policy, shapes=share_shapes(n)).score(Pod(0, 0, 1, wanted * MILLI // n), node)
     return resource.units[choice.gpus[0]].uuid if choice else fitting[0]
-
-
-@lru_cache(maxsize=64)
-def share_shapes(replicas: int) -> TaskShapes:
-    return TaskShapes.shares(replicas)
 
 
 _MAX_COMBINATIONS = 5000

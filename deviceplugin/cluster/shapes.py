@@ -117,3 +117,9 @@ class TaskShapes:
                 room = bisect_left(gpus, gpu_milli)  # gpus[room:] each have gpu_milli free
                 frag += p * (idle if len(gpus) - room < num_gpu else prefix[room])
         return frag
+
+
+@lru_cache(maxsize=64)
+def share_shapes(replicas: int) -> TaskShapes:
+    """`TaskShapes.shares(replicas)`, built once per share count."""
+    return TaskShapes.shares(replicas)
