@@ -190,3 +190,11 @@ def test_packing_benchmark_runs_on_the_toy_trace(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     assert "| trace | fgd | fgdstrand | bestfit |" in done.stdout and "| toy | " in done.stdout and "| 4 | " in done.stdout
     assert len(json.loads(out.read_text())["runs"]) == 12
+
+
+def test_replicas_that_change_no_request_change_nothing():
+    # Every toy request is a multiple of 10 milli: 100 shares per GPU round nothing, so every choice is the same.
+    assert Experiment(TOY_NODES, TOY_PODS, replicas=100).shapes.shapes == Experiment(TOY_NODES, TOY_PODS).shapes.shapes
+    for policy in ("fgd", "fgdstrand", "bestfit"):
+        exact = Experiment(TOY_NODES, TOY_PODS).run(policy, 3)
+        assert Experiment(TOY_NODES, TOY_PODS, replicas=100).run(policy, 3).placements == exact.placements

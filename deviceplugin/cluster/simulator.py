@@ -98,7 +98,7 @@ class Experiment:
             raise ValueError("simulate: the nodes have no GPUs")
         # What the scheduler sees: requests rounded to shares; shapes learned from the original list.
         self.scheduled = {p: share_rounded(p, replicas) for p in self.pods}
-        self.shapes = TaskShapes.from_pods(self.scheduled.values() if replicas else self.pods)
+        self.shapes = TaskShapes.from_pods([self.scheduled[p] for p in self.pods])
 
     def run(self, policy_name: str, seed: int) -> RunResult:
         started = time.perf_counter()
