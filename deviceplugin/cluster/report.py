@@ -9,11 +9,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from .policies import POLICIES
-from .simulator import Experiment, RunResult, run_all
 from .traces import CITATION, DEFAULT_NODES, POD_FILE, TraceError, load_nodes, load_pods, resolve
+
+if TYPE_CHECKING:  # the simulator (and multiprocessing) load only when a simulation runs, not with the CLI parser
+    from .simulator import RunResult
 
 MAX_SEEDS = 1000
 
@@ -179,6 +181,8 @@ def plot(path: str, results: list[RunResult], title: str) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """The `gpu-share simulate` command."""
+    from .simulator import Experiment, run_all
+
     try:
         nodes_path = resolve(args.nodes, args.trace_dir, "openb_node_list_{}.csv")
         pods_path = resolve(args.pods, args.trace_dir, POD_FILE)
