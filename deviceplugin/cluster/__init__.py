@@ -10,8 +10,9 @@ Public API (stable):
 - `Node(name, cpu_milli, memory_mib, model, gpu_free, cpu_free=-1, memory_free=-1, max_pods=110, pods=0)`:
   one node's capacity and what is free now (`gpu_free[i]`: GPU i's free milli; -1: all free).
 - `fits(pod, node)`, `place(pod, node, gpus)`.
-- `TaskShapes.from_pods(pods)`: the popular task shapes (95 % of pods) that the
-  policies in `NEEDS_SHAPES` (FGD) need.
+- `TaskShapes.from_pods(pods)`: the popular task shapes (95 % of pods), and what pods ask per milli-GPU,
+  that the policies in `NEEDS_SHAPES` (fgd, fgdstrand) need; `TaskShapes.shares(n)` inside one node, where
+  only share counts are known (every k of n shares equally popular).
 - `make_policy(name, shapes=None, rng=None)` for a name in `POLICIES`; then
   `policy.score(pod, node) -> Choice(score, gpus) | None`: an integer score 0-100 (higher is better; a
   scheduler takes the highest, ties to the first node in its order) and the GPU indices the pod takes on
