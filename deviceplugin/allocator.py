@@ -17,8 +17,6 @@ from pathlib import Path
 import grpc
 
 from .api import deviceplugin_pb2 as pb
-from .cluster import MILLI, Node, Pod, make_policy
-from .cluster.shapes import share_shapes
 from .logs import brief
 from .mps_paths import MpsPaths
 from .inventory import Gpu
@@ -94,6 +92,9 @@ def _cluster_choice(resource: Resource, free: dict[str, list[Device]], fitting: 
 
     Units with unequal share counts (MIG instances of different sizes) have no common measure: binpack then.
     """
+    from .cluster import MILLI, Node, Pod, make_policy  # only nodes configured with a cluster policy load it
+    from .cluster.shapes import share_shapes
+
     replicas = {u.replicas for u in resource.units}
     if len(replicas) != 1:
         return min(fitting, key=lambda u: len(free[u]))
