@@ -143,7 +143,8 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
                     out(f"  {resource.name} {where}: {used[unit.uuid]}/{unit.replicas} shares used")
         daemon.agent.sync()
         _usage_table(f"http://127.0.0.1:{options.metrics_port}/metrics", out)
-        run_scheduler_step(resources, out)
+        too_big = next(s for s in samples if s.pod.name == "too-big")
+        run_scheduler_step(resources, out, (too_big.resource, too_big.count))
     finally:
         daemon.stop()
     out("\nDone: sockets removed, temporary directory cleaned up.")

@@ -46,15 +46,22 @@ def admission_refusal(containers: dict[str, dict[str, int]], limits: dict[str, i
 
 
 def admission_limits(resources: list[Resource]) -> dict[str, int]:
-    """The policy's params for these resources: per shared resource, the largest shares of one unit."""
-    return {r.name.split("/", 1)[1]: max(u.replicas for u in r.units) for r in resources if r.pool.shared}
+    """The policy's params for these resources: per shared resource whose container shares come from one unit
+    (not `allowSpanGPUs`), the largest shares of one unit."""
+    return {r.name.split("/", 1)[1]: max(u.replicas for u in r.units) for r in resources if r.pool.shared and not r.pool.allow_span}
 
 
-def run_scheduler_step(resources: list[Resource], out=print) -> None:
+def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Resource, int] | None = None) -> None:
+    """`too_big`: the demo's pod that cannot fit (its resource and count), answered here as the policy would."""
     out("\nWith the scheduler extender and the admission policy (daemonset/extender, daemonset/admission):")
-    limits = admission_limits(resources)
-    message = admission_refusal({"server": {SHARE: 12}}, limits)
-    out(f"  too-big (12 shares) is refused at creation: {message}")
+    if too_big is not None and too_big[0].pool.shared:
+        resource, count = too_big
+        domain = resource.name.split("/", 1)[0]
+        message = admission_refusal({"server": {resource.name: count}}, admission_limits([resource]), domain)
+        if message:
+            out(f"  too-big ({count} shares) is refused at creation: {message}")
+        else:
+            out(f"  too-big ({count} shares) passes the admission policy ({resource.name} may span GPUs); the node refuses it")
     config = parse_config({"version": "v1", "pools": [{"name": "inference", "mode": "shared", "resource": "gpu-share", "replicas": 6}]})
     cache = ClusterCache()
     # node-a: 3 + 3 free on two GPUs; node-b: GPU 0 full, GPU 1 with 6 free.

@@ -46,6 +46,9 @@ def test_demo_runs_on_every_shipped_node_and_config(node, config):
     requested = set(re.findall(r" (\S+/\S+): \d+ ", pods))
     assert requested and requested <= advertised, (requested, advertised)  # only resources the node really has
     assert re.search(r"^  too-big .* REFUSED: ", pods, flags=re.M), pods  # the pod that cannot fit
+    admission = re.search(r"^  too-big \((\d+) shares\) (.*)$", text, flags=re.M)  # the scheduler step, shared resources only
+    if admission:
+        assert f"more shares ({admission[1]}) than" in pods and "None" not in admission[2], text  # the same pod, a real answer
     if any(re.search(r"/mig-\d+g\.", r) for r in advertised):  # a mig-mode resource
         assert re.search(r"^  isolated +one MIG instance .* MIG instance +NVIDIA_VISIBLE_DEVICES=MIG-", pods, flags=re.M), pods
     assert "GPU memory use is simulated" in text
@@ -67,6 +70,7 @@ def test_default_demo_shows_every_kind_of_pod():
         "  chat-large  3 shares, using more memory than they allow  example.com/gpu-share: 3",
         "shares 3/10, 24576 MiB, 30% compute",
         "  too-big     more shares (11) than one GPU has",
+        "  too-big (11 shares) is refused at creation: container server asks for 11 example.com/gpu-share",  # the same pod
         "span 2 GPUs",
         "example.com/gpu-share GPU 2: 4/10 shares used",
     ):

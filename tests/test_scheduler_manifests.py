@@ -133,8 +133,10 @@ def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():
     builtin = ROOT / "deviceplugin" / "builtin"
     node = SimulatedInventory.from_file(builtin / "demo-node.yaml").discover()
     lines: list[str] = []
-    run_scheduler_step(build_resources(load_config(builtin / "demo-config.yaml"), node), lines.append)
+    resources = build_resources(load_config(builtin / "demo-config.yaml"), node)
+    shared = next(r for r in resources if r.pool.shared)
+    run_scheduler_step(resources, lines.append, too_big=(shared, 11))
     text = "\n".join(lines)
-    assert "too-big (12 shares) is refused at creation: container server asks for 12 example.com/gpu-share but no GPU has more than 10" in text
+    assert "too-big (11 shares) is refused at creation: container server asks for 11 example.com/gpu-share but no GPU has more than 10" in text
     assert "node-a: skipped: gpu-share: container server asks for 6 shares of example.com/gpu-share on one GPU; the most free on one GPU is 3 (free 3+3 on 2 GPUs)" in text
     assert "node-b: fits (score 10/10): bound there, its 6 shares land on GPU 1" in text
