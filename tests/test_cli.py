@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 
 import pytest
 
-from .conftest import EXAMPLES, GPU_CLI, registered
+from .conftest import EXAMPLES, GPU_CLI, ROOT, registered
 
 
 def start_run(plugin_dir, *extra: str) -> subprocess.Popen:
@@ -187,3 +188,15 @@ def test_discover_table_and_json():
     assert len(report["gpus"]) == 8 and report["gpus"][0]["health"] == "Healthy"
     assert [m["profile"] for m in report["gpus"][1]["mig"]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
     assert {"gpus": [5, 6], "nvlinks": 12, "pcie": "numa-node"} in report["links"]
+
+
+def test_every_run_flag_is_documented_and_every_documented_flag_exists(capsys):
+    from deviceplugin.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]+)", capsys.readouterr().out)) - {"--help"}
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    table = text.split("`gpu-share run`:")[1].split("\n\n")[1]
+    documented = set(re.findall(r"^\| `(--[a-z-]+)", table, flags=re.M))
+    assert flags == documented, (sorted(flags - documented), sorted(documented - flags))

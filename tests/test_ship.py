@@ -167,6 +167,14 @@ def test_dashboard_queries_only_exported_metrics():
     assert queried and queried <= exported, sorted(queried - exported)
 
 
+def test_metrics_doc_lists_exactly_the_exported_metrics():
+    """docs/metrics.md's node-plugin tables (the extender's section aside) against one real scrape."""
+    text = (ROOT / "docs" / "metrics.md").read_text().split("## Scheduler extender")[0]
+    documented = set(re.findall(r"^\| `(gpushare_[a-z_]+)`", text, flags=re.M))
+    exported = {re.sub(r"_(bucket|count|sum)$", "", n) for n in _exported_sample_names() if not n.endswith("_created")}
+    assert documented == exported, (sorted(documented - exported), sorted(exported - documented))
+
+
 def _exported_sample_names() -> set[str]:
     """Every sample name one real scrape of a running plugin shows (a pod with a GPU process included)."""
     import tempfile
