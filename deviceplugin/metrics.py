@@ -4,13 +4,14 @@ prefixed `gpushare_` and documented in docs/metrics.md; metrics_http serves them
 from __future__ import annotations
 
 import platform
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from . import __version__
+
 MIB = 1024 * 1024
 
 

@@ -1,11 +1,15 @@
-"""Shared fixtures: a short temp plugin dir, the built-in kubelet, and a plugin started in-process."""
+"""Shared fixtures and helpers: a short temp plugin dir, the built-in kubelet, a plugin started in-process, a free
+port, an HTTP GET, a container's cgroup line."""
 
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable
@@ -14,7 +18,7 @@ import pytest
 
 from deviceplugin.config import Config, default_config, parse_config
 from deviceplugin.inventory import NodeInfo
-from deviceplugin.kubelet_sim import KubeletSimulator
+from deviceplugin.kubelet_sim import KubeletSimulator, Pod
 from deviceplugin.manager import PluginManager
 from deviceplugin.resources import build_resources
 from deviceplugin.server import Timings
@@ -73,6 +77,28 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return predicate()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, str]:
+    """HTTP GET: (status, body), for error statuses too."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def cgroup(pod: Pod, container: str) -> str:
+    """The /proc/<pid>/cgroup line of a process in this container (cgroup v2, systemd driver, containerd)."""
+    cid = pod.container_ids[container].split("://")[1]
+    uid = pod.uid.replace("-", "_")
+    return f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope\n"
 
 
 def registered(*names: str) -> Callable[[dict], bool]:

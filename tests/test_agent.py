@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
@@ -32,33 +29,13 @@ from deviceplugin.procmap import cgroup_owner
 from deviceplugin.resources import build_resources
 from deviceplugin.simulated import SimulatedInventory
 
-from .conftest import EXAMPLES, FAST, node, registered
+from .conftest import EXAMPLES, FAST, cgroup, free_port, get, node, registered
 
 SHARE = "example.com/gpu-share"
 GPU = "example.com/gpu"
 T4 = node("2xT4")
 U0, U1 = T4.gpus[0].uuid, T4.gpus[1].uuid
 MIB = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cgroup(pod: Pod, container: str) -> str:
-    cid = pod.container_ids[container].split("://")[1]
-    uid = pod.uid.replace("-", "_")
-    return f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope\n"
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
 
 
 def samples(text: str) -> dict[tuple, float]:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .conftest import EXAMPLES, GPU_CLI, ROOT, registered
+from .conftest import EXAMPLES, GPU_CLI, ROOT, free_port, registered
 
 
 def start_run(plugin_dir, *extra: str) -> subprocess.Popen:
@@ -114,13 +114,10 @@ def test_run_without_driver_exits_at_once_with_a_hint(plugin_dir):
 
 @needs_no_driver
 def test_run_without_driver_can_stay_alive_advertising_nothing_and_not_ready(plugin_dir):
-    import socket
     import urllib.error
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [*GPU_CLI, "run", "--plugin-dir", str(plugin_dir), "--fail-on-init-error=false", "--metrics-port", str(port)],
         stderr=subprocess.PIPE,

@@ -23,7 +23,7 @@ from deviceplugin.extender.service import ExtenderOptions, ExtenderService
 from deviceplugin.extender.verbs import Extender
 from deviceplugin.extender.watch import WatchSettings
 
-from .conftest import GPU_CLI
+from .conftest import GPU_CLI, get
 from .fake_kube import FakeCluster
 
 FIXTURES = Path("/work/shared/fixtures/kube-scheduler-extender")
@@ -82,14 +82,6 @@ def post(url: str, body: bytes | dict, content_length: int | None = None) -> tup
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
 

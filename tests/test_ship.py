@@ -187,8 +187,7 @@ def _exported_sample_names() -> set[str]:
     from deviceplugin.kubelet_sim import Container, KubeletSimulator, Pod
     from deviceplugin.simulated import SimulatedInventory
 
-    from .conftest import EXAMPLES, FAST
-    from .test_agent import cgroup, free_port
+    from .conftest import EXAMPLES, FAST, cgroup, free_port
 
     with tempfile.TemporaryDirectory(prefix="gs-", dir="/tmp") as tmp:
         kubelet = KubeletSimulator(Path(tmp) / "dp")
