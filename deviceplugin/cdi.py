@@ -26,14 +26,17 @@ def read_specs(dirs: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
     """Every `<kind>=<device name>` defined in the spec files of `dirs`, and one problem per file that cannot be read."""
     names: set[str] = set()
     problems: list[str] = []
-    files = sorted(p for d in dirs if Path(d).is_dir() for p in Path(d).iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+    files: list[Path] = []
+    for directory in (Path(d) for d in dirs if Path(d).is_dir()):
+        try:
+            files += (p for p in directory.iterdir() if p.suffix in (".yaml", ".yml", ".json"))
+        except OSError as err:
+            problems.append(f"{directory}: cannot be listed: {err.strerror or err}")
+    files.sort()
     if len(files) > MAX_SPEC_FILES:
         problems.append(f"{len(files)} CDI spec files, only the first {MAX_SPEC_FILES} are read")
     for path in files[:MAX_SPEC_FILES]:
-        try:
-            if path.stat().st_size > MAX_SPEC_BYTES:
-                problems.append(f"{path}: larger than {MAX_SPEC_BYTES} bytes, skipped")
-                continue
+        try:  # read_bounded names every cause: too large, not a regular file, a dangling link, no permission
             spec, _ = load_yaml(decode(read_bounded(path, MAX_SPEC_BYTES)))
         except YamlProblem as err:
             problems.append(f"{path}: cannot be read: {err}")

@@ -7,7 +7,7 @@ import logging
 
 from prometheus_client import generate_latest
 
-from deviceplugin.cdi import check_specs, read_specs
+from deviceplugin.cdi import MAX_SPEC_BYTES, check_specs, read_specs
 from deviceplugin.config import parse_config
 from deviceplugin.daemon import DaemonOptions, PluginDaemon
 from deviceplugin.metrics import exposed_registry
@@ -37,6 +37,18 @@ def test_specs_from_both_directories_yaml_and_json(tmp_path):
     names, problems = read_specs((str(etc), str(run), str(tmp_path / "missing")))
     assert names == {f"nvidia.com/gpu={U0}", f"nvidia.com/gpu={U1}"}
     assert len(problems) == 1 and problems[0].startswith(f"{run / 'broken.yaml'}: cannot be read: line 2")
+
+
+def test_unreadable_spec_files_are_problems_not_crashes(tmp_path):
+    (tmp_path / "gone.yaml").symlink_to(tmp_path / "nowhere")  # a dangling link, as a removed spec leaves behind
+    (tmp_path / "huge.json").write_bytes(b" " * (MAX_SPEC_BYTES + 1))
+    (tmp_path / "nvidia.json").write_text(spec("nvidia.com/gpu", U0))
+    names, problems = read_specs((str(tmp_path),))
+    assert names == {f"nvidia.com/gpu={U0}"}
+    assert problems == [
+        f"{tmp_path / 'gone.yaml'}: cannot be read: file: cannot read: no such file (deleted, or not mounted)",
+        f"{tmp_path / 'huge.json'}: cannot be read: file: is {MAX_SPEC_BYTES + 1} bytes, over the limit of {MAX_SPEC_BYTES} bytes",
+    ]
 
 
 def test_missing_devices_are_reported_per_resource(tmp_path, caplog):
