@@ -8,7 +8,11 @@ import celpy
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from deviceplugin import __version__
+from deviceplugin.cli import build_parser
+
+from .conftest import ROOT
+
 EXTENDER = ROOT / "daemonset" / "extender"
 ADMISSION = ROOT / "daemonset" / "admission" / "gpu-share-admission.yaml"
 EXTENDER_KEYS = {"urlPrefix", "filterVerb", "prioritizeVerb", "weight", "httpTimeout", "nodeCacheCapable", "ignorable", "managedResources"}
@@ -48,7 +52,10 @@ def test_extender_rbac_only_reads():
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}]
     deployment = documents(EXTENDER / "01-deployment.yaml")[0]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"][0] == "extender" and container["ports"][0]["containerPort"] == 8888
+    assert container["command"] == ["gpu-share", "extender"] and container["ports"][0]["containerPort"] == 8888  # not the image's `run`
+    args = build_parser().parse_args(["extender", *container["args"]])  # every flag exists
+    assert args.port == container["ports"][0]["containerPort"]
+    assert container["image"] == f"ghcr.io/example/gpu-share:{__version__}"  # the kustomization's image and version
     assert {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]} == {"/readyz", "/healthz"}
 
 
