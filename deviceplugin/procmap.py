@@ -32,7 +32,7 @@ class Owner:
 
     key: tuple[str, str, str] | None = None  # (namespace, pod, container) of a container the API knows
     ended: str = ""  # non-empty: why the process is known to belong to an ended pod or container
-    unknown: str = ""  # non-empty: why it cannot be attributed (host process, no hostPID, unknown container)
+    unknown: str = ""  # non-empty: why it cannot be attributed (host process, no host /proc, unknown container)
 
 
 class PodDirectory(Protocol):
@@ -76,7 +76,7 @@ class ProcessMapper:
         """The evidence for one PID: a known container, an ended one, or why it is unknown."""
         found = cgroup_owner(pid, self.proc_root)
         if found is None:
-            return Owner(unknown="no pod cgroup: a host process, or the plugin cannot see the host's /proc (no hostPID)")
+            return Owner(unknown="no pod cgroup: a host process, or --proc-root is not the host's /proc")
         uid, container = found
         pod = self._by_uid.get(uid)
         if pod is None:

@@ -602,7 +602,7 @@ def test_process_owner_evidence(tmp_path):
     assert "has ended" in mapper.owner(2).ended  # an earlier instance of a restarted container
     assert "not (yet) in the status" in mapper.owner(3).unknown and not mapper.owner(3).ended
     assert "no longer exists" in mapper.owner(4).ended
-    assert "no hostPID" in mapper.owner(99).unknown
+    assert "--proc-root is not the host's /proc" in mapper.owner(99).unknown
 
 
 def test_missing_device_spec_nodes_warn_at_start_and_make_the_gpu_unhealthy(daemon, kubelet, tmp_path, caplog):
