@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between pod-resources polls (default 10)")
     run.add_argument("--cdi-spec-dirs", type=_dir_list, default=defaults.CDI_SPEC_DIRS, metavar="DIRS",
                      help="comma-separated CDI spec directories checked in CDI mode (default /etc/cdi,/var/run/cdi)")
-    run.add_argument("--proc-root", default="/proc", help="the host's /proc, for mapping GPU processes to containers (default /proc)")
+    run.add_argument("--proc-root", default=defaults.PROC_ROOT, help=f"the host's /proc, for mapping GPU processes to containers (default {defaults.PROC_ROOT})")
     run.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY,
                      help=f"control client asked whether each MPS pool's daemon answers (default {defaults.MPS_CONTROL_BINARY})")
     run.set_defaults(func=cmd_run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -99,6 +100,16 @@ def cgroup(pod: Pod, container: str) -> str:
     cid = pod.container_ids[container].split("://")[1]
     uid = pod.uid.replace("-", "_")
     return f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope\n"
+
+
+def start_run(plugin_dir: Path, *extra: str) -> subprocess.Popen:
+    """`gpu-share run` as a subprocess on the simulated 2xT4 node, with a short watch interval and no metrics port."""
+    return subprocess.Popen(
+        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--watch-interval", "0.05", "--metrics-port", "0", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def registered(*names: str) -> Callable[[dict], bool]:

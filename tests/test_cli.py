@@ -10,16 +10,7 @@ import time
 
 import pytest
 
-from .conftest import EXAMPLES, GPU_CLI, ROOT, free_port, registered
-
-
-def start_run(plugin_dir, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--watch-interval", "0.05", "--metrics-port", "0", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+from .conftest import EXAMPLES, GPU_CLI, ROOT, free_port, registered, start_run
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -19,8 +19,7 @@ from deviceplugin.resources import build_resources
 from deviceplugin.config import default_config
 from deviceplugin.server import MAX_OTHER_STREAMS, SocketPathError
 
-from .conftest import FAST, node, registered
-from .test_cli import start_run
+from .conftest import FAST, node, registered, start_run
 
 SHARE = "example.com/gpu-share"
 
