@@ -24,6 +24,11 @@ from .server import Timings
 from .simulated import SimulatedInventory
 
 MIB = 1024 * 1024
+POLICY_NOTES = {  # what each allocationPolicy does with the sample pods' shares
+    "binpack": "binpack keeps GPUs whole for larger requests",
+    "spread": "spread puts each container on the emptiest GPU",
+    "fgdstrand": "fgdstrand picks the GPU the cluster packing policy would",
+}
 
 @dataclass(frozen=True)
 class Sample:
@@ -132,15 +137,15 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
                     rows.append((sample.pod.name, sample.shows, request, ",".join(map(str, gpus)), _short(ids), _env_summary(envs)))
                     _run_process(inventory, sample, container, ids)
         _table(rows, out)
-        if any(r.pool.shared for r in resources):
-            out("\nShares in use per GPU (binpack keeps GPUs whole for larger requests):")
+        shared = [r for r in resources if r.pool.shared]
+        if shared:
+            out(f"\nShares in use per GPU ({POLICY_NOTES[shared[0].allocation_policy]}):")
         admitted = [s.pod for s in samples if kubelet.allocated(s.pod)]
         used = Counter(i.split(SHARE_SEPARATOR)[0] for pod in admitted for c in kubelet.allocated(pod).values() for ids in c.values() for i in ids if SHARE_SEPARATOR in i)
-        for resource in resources:
-            if resource.pool.shared:
-                for unit in resource.units:
-                    where = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} {unit.uuid}" if unit.mig else "")
-                    out(f"  {resource.name} {where}: {used[unit.uuid]}/{unit.replicas} shares used")
+        for resource in shared:
+            for unit in resource.units:
+                where = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} {unit.uuid}" if unit.mig else "")
+                out(f"  {resource.name} {where}: {used[unit.uuid]}/{unit.replicas} shares used")
         daemon.agent.sync()
         _usage_table(f"http://127.0.0.1:{options.metrics_port}/metrics", out)
         too_big = next(s for s in samples if s.pod.name == "too-big")

@@ -86,6 +86,12 @@ def test_demo_shows_the_plugins_warnings():
     assert "  warning: pool t4-shares has no usable GPU on this node; gpu.example.org/t4-share is not advertised" in lines
 
 
+def test_demo_names_the_configs_allocation_policy():
+    rc, lines = demo(EXAMPLES / "nodes" / "2xT4.yaml", EXAMPLES / "config" / "by-model.yaml")  # allocationPolicy: spread
+    assert rc == 0
+    assert "Shares in use per GPU (spread puts each container on the emptiest GPU):" in lines
+
+
 def test_demo_leaves_mps_pools_out_and_says_why():
     lines: list[str] = []
     rc = run_demo(str(EXAMPLES / "nodes" / "2xT4.yaml"), str(EXAMPLES / "config" / "profiles.yaml"), out=lines.append, profile="mps")
