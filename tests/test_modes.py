@@ -16,11 +16,12 @@ import yaml
 
 from deviceplugin.config import ConfigError, parse_config
 from deviceplugin.kubelet_sim import AdmissionError, Container, Pod
+from deviceplugin.manager import PluginManager
 from deviceplugin.mps import MpsDaemon, MpsLiveness, control
 from deviceplugin.mps_paths import MpsPaths
 from deviceplugin.resources import build_resources
 
-from .conftest import EXAMPLES, GPU_CLI, ROOT, node, registered, wait_until
+from .conftest import EXAMPLES, FAST, GPU_CLI, ROOT, node, registered, wait_until
 
 H100 = node("8xH100-80GB")
 A100 = node("8xA100-80GB-mig")
@@ -49,10 +50,7 @@ def test_exclusive_mode_multi_gpu_request_prefers_nvlink_then_numa(kubelet, star
         f"gpus:\n{gpus}\nlinks:\n  - {{gpus: [1, 2], nvlinks: 4}}\n  - {{gpus: [5, 6], nvlinks: 4}}\n"
         "  - {gpus: [6, 7], nvlinks: 4}\n  - {gpus: [5, 7], nvlinks: 4}\n"
     )
-    from deviceplugin.manager import PluginManager
     from deviceplugin.simulated import SimulatedInventory
-
-    from .conftest import FAST
 
     resources = build_resources(config({"name": "whole", "mode": "exclusive"}), SimulatedInventory.from_file(node_file).discover())
     manager = PluginManager(resources, kubelet.plugin_dir, FAST)
@@ -345,10 +343,6 @@ def _log(paths: MpsPaths) -> str:
 
 
 def test_mps_strict_limits_supervision_and_clean_quit(fake_mps, tmp_path, kubelet, plugin_dir):
-    from deviceplugin.manager import PluginManager
-
-    from .conftest import FAST
-
     root = tmp_path / "mps"
     resources = build_resources(mps_config(root, "strict"), T4)
     mps_resource = next(r for r in resources if r.pool.mps)
@@ -384,10 +378,6 @@ def test_mps_strict_limits_supervision_and_clean_quit(fake_mps, tmp_path, kubele
 
 
 def test_mps_proportional_limits_per_container(fake_mps, tmp_path, kubelet, plugin_dir):
-    from deviceplugin.manager import PluginManager
-
-    from .conftest import FAST
-
     root = tmp_path / "mps"
     resources = build_resources(mps_config(root, "proportional", replicas=10), T4)
     daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps))
@@ -465,10 +455,6 @@ def _daemons(paths: MpsPaths) -> list[int]:
 
 def test_mps_stale_marker_of_a_killed_pod_is_unhealthy_within_one_poll(fake_mps, tmp_path, kubelet, plugin_dir, caplog):
     """SIGKILL the whole `gpu-share mps` process group (an OOM-killed pod): marker and pipe stay behind."""
-    from deviceplugin.manager import PluginManager
-
-    from .conftest import FAST
-
     caplog.set_level(logging.INFO, logger="deviceplugin.manager")
     root = tmp_path / "mps"
     cfg = tmp_path / "mps.yaml"
@@ -499,10 +485,6 @@ def test_mps_stale_marker_of_a_killed_pod_is_unhealthy_within_one_poll(fake_mps,
 
 
 def test_mps_daemon_that_stops_answering_is_unhealthy(fake_mps, tmp_path, kubelet, plugin_dir):
-    from deviceplugin.manager import PluginManager
-
-    from .conftest import FAST
-
     root = tmp_path / "mps"
     resources = build_resources(mps_config(root, "proportional"), T4)
     daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps))
