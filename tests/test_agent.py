@@ -207,6 +207,14 @@ def daemon(kubelet, plugin_dir, tmp_path, fake_kube):
         d.stop()
 
 
+def serving(daemon, kubelet, **kw) -> PluginDaemon:
+    """A daemon (see the fixture) whose servers are registered with the kubelet; agent rounds are the test's."""
+    d = daemon(**kw)
+    d.manager.start()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    return d
+
+
 def test_every_metric_exists_from_the_start_with_the_node_label(daemon):
     d = daemon()
     d.metrics_server.start()
@@ -286,9 +294,7 @@ def test_metrics_healthz_readyz_and_per_container_use(daemon, kubelet):
 
 
 def test_watchdog_kill_policy_kills_a_real_process(daemon, kubelet):
-    d = daemon(policy="kill")
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet, policy="kill")
     pod = Pod("greedy", [Container("app", {SHARE: 1})])
     kubelet.admit(pod)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -304,9 +310,7 @@ def test_watchdog_kill_policy_kills_a_real_process(daemon, kubelet):
 
 
 def test_residue_guard_quarantines_free_devices_until_released(daemon, kubelet):
-    d = daemon(quarantine=True)
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet, quarantine=True)
     holder = Pod("holder", [Container("app", {SHARE: 1})])
     gone = Pod("gone", [Container("app", {SHARE: 1})])
     kubelet.admit(holder)
@@ -418,17 +422,13 @@ def test_gfd_label_values():
 
 
 def test_api_errors_do_not_stop_the_agent(daemon, kubelet):
-    d = daemon()
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet)
     d.api.fail_with = 403
     assert d.agent.sync().last_sync is not None  # labels fail, the round goes on
 
 
 def test_unreadable_pod_directory_never_quarantines(daemon, kubelet):
-    d = daemon(quarantine=True)
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet, quarantine=True)
     pod = Pod("busy", [Container("app", {SHARE: 1})])
     kubelet.admit(pod)
     d.inventory.add_process(301, U0, 1000, cgroup=cgroup(pod, "app"))
@@ -443,9 +443,7 @@ def test_unreadable_pod_directory_never_quarantines(daemon, kubelet):
 
 
 def test_watchdog_acts_once_per_process_while_nvml_still_lists_it(daemon, kubelet):
-    d = daemon(policy="kill")
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet, policy="kill")
     pod = Pod("greedy", [Container("app", {SHARE: 1})])
     kubelet.admit(pod)
     killed = []
@@ -463,9 +461,7 @@ def test_watchdog_acts_once_per_process_while_nvml_still_lists_it(daemon, kubele
 
 
 def test_watchdog_reports_a_failed_kill_with_the_reason(daemon, kubelet):
-    d = daemon(policy="kill")
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet, policy="kill")
     pod = Pod("greedy", [Container("app", {SHARE: 1})])
     kubelet.admit(pod)
 
@@ -497,10 +493,8 @@ def _quarantine_rounds(d, rounds: int = 3):
 
 
 def test_processes_without_a_readable_cgroup_never_quarantine(daemon, kubelet):
-    """Without hostPID the plugin cannot read a tenant's /proc/<pid>/cgroup: unknown, reported, not residue."""
-    d = daemon(quarantine=True)
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    """A tenant's /proc/<pid>/cgroup the plugin cannot read (the host's /proc not at --proc-root): unknown, reported, not residue."""
+    d = serving(daemon, kubelet, quarantine=True)
     pod = Pod("tenant", [Container("app", {SHARE: 3})])
     kubelet.admit(pod)
     d.inventory.add_process(601, U0, 1024)  # no /proc/601/cgroup visible
@@ -514,18 +508,14 @@ def test_processes_without_a_readable_cgroup_never_quarantine(daemon, kubelet):
 
 
 def test_a_host_process_never_quarantines(daemon, kubelet):
-    d = daemon(quarantine=True)
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet, quarantine=True)
     d.inventory.add_process(602, U0, 512, cgroup="0::/system.slice/dcgm-exporter.service\n")
     snapshot = _quarantine_rounds(d)
     assert snapshot.quarantined == frozenset() and snapshot.unattributed_mib == {U0: 512}
 
 
 def test_a_failed_pod_resources_list_never_quarantines_pods_started_since(daemon, kubelet):
-    d = daemon(quarantine=True)
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet, quarantine=True)
     d.agent.sync()
     kubelet.rate_limit = TokenBucket(rate=0.0001, burst=0)  # every List refused from now on
     late = Pod("late", [Container("app", {SHARE: 1})])
@@ -537,9 +527,7 @@ def test_a_failed_pod_resources_list_never_quarantines_pods_started_since(daemon
 
 def test_a_finished_pod_still_in_the_api_is_residue(daemon, kubelet):
     """Evidence: the cgroup names a pod the API reports finished and pod-resources no longer lists."""
-    d = daemon(quarantine=True)
-    d.manager.start()
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    d = serving(daemon, kubelet, quarantine=True)
     done = Pod("done", [Container("app", {SHARE: 1})])
     kubelet.admit(done)
     d.inventory.add_process(604, U0, 700, cgroup=cgroup(done, "app"))
