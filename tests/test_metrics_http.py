@@ -198,7 +198,7 @@ def test_a_client_that_never_reads_is_dropped_and_a_full_server_answers_503(serv
         stuck.close()
 
 
-def test_bind_address(serve):
+def test_bind_address():
     server = MetricsServer(CollectorRegistry(), lambda: (True, "ok"), lambda: (True, "ok"), port=0, host="127.0.0.1")
     server.start()
     try:
