@@ -262,6 +262,21 @@ def test_in_flight_reservation_until_the_binding_shows():
     assert ext.cache.counts() == {"nodes": 2, "nodes_with_inventory": 2, "assumed_pods": 1, "reservations": 0}
 
 
+def test_cached_views_and_scores_follow_the_annotation_and_assumed_pods():
+    ext = extender({"n": annotation((10, 2), (10, 8)), "m": annotation((10, 0), (10, 0))})
+    one = pod("one", {SHARE: 2})
+    first = {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))}
+    assert first["n"] > first["m"]  # binpack: the fuller node
+    ext.cache.set_node("n", annotation((10, 10), (10, 9)))  # republished: full, 1 free
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 0, "m": first["m"]}
+    assert ext.filter(args(one, "n", "m"))["NodeNames"] == ["m"]
+    # An assumed pod on m replaces m's view: 8 of 20 shares taken scores higher than none.
+    ext.cache.set_pod(pod_state(pod("big", {SHARE: 8}, node="m"), pod_request(pod("big", {SHARE: 8}), managed)))
+    assert ext.cache.node("m")[1] == {SHARE: [0, 10]}  # and the filter reserved `one` there
+    assert ext.cache.node("m", exclude="uid-one")[1] == {SHARE: [2, 10]}
+    assert ext.prioritize(args(one, "m"))[0]["Score"] > first["m"]
+
+
 def test_reservations_are_bounded():
     ext = extender({"n": annotation((100, 0))}, max_reservations=3, max_reservation_nodes=2)
     for i in range(10):

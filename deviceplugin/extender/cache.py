@@ -33,11 +33,31 @@ class PodState:
     digest: str  # as the node's annotation lists it
 
 
+class NodeView:
+    """One node as the verbs see it: inventory, free shares now, and what they need precomputed.
+
+    `room[resource]`: the most shares one container can take there (the largest free unit, or the sum with
+    allowSpanGPUs), so the common pod's fit is one comparison. `scores`: the scorer's memo for this state.
+    A cached view is replaced, never changed, when the node's annotation or assumed pods change.
+    """
+
+    __slots__ = ("name", "inventory", "free", "error", "room", "scores")
+
+    def __init__(self, name: str, inventory: NodeInventory | None, free: FreeShares, error: str = "") -> None:
+        self.name = name
+        self.inventory = inventory
+        self.free = free
+        self.error = error  # why there is no inventory
+        resources = inventory.resources if inventory is not None else {}
+        self.room = {r: sum(units) if resources[r].allow_span else max(units, default=0) for r, units in free.items()}
+        self.scores: dict[tuple, int] = {}
+
+
 @dataclass
 class _Node:
     inventory: NodeInventory | None
     error: str = ""  # why there is no inventory
-    free: FreeShares | None = None  # after assumed pods and reservations; None: to recompute
+    view: NodeView | None = None  # after assumed pods, before reservations; None: to recompute
 
 
 @dataclass
@@ -117,24 +137,27 @@ class ClusterCache:
 
     # --- read by the HTTP handlers ------------------------------------------------------------
     def node(self, name: str, exclude: str = "") -> tuple[NodeInventory | None, FreeShares | str]:
-        """(inventory, free shares now) of a node, without pod `exclude`'s own assumption; (None, why) without one.
-
-        The free shares after assumed pods are cached per node; reservations are applied on top, per call.
-        """
+        """(inventory, free shares now) of a node, without pod `exclude`'s own assumption; (None, why) without one."""
         with self._lock:
-            return self._view(name, exclude)
+            view = self._view(name, exclude)
+        return (view.inventory, view.free) if view.inventory is not None else (None, view.error)
 
-    def nodes(self, names: list[str], exclude: str = "") -> list[tuple[str, NodeInventory | None, FreeShares | str]]:
-        """node() for many nodes under one lock; the common case (cached, no reservation) inline."""
+    def views(self, names: list[str], exclude: str = "") -> list[NodeView]:
+        """Each node's view now, without pod `exclude`'s own assumption and reservation, under one lock.
+
+        Views after assumed pods are cached per node; a node with other pods' reservations gets a fresh one.
+        """
         out = []
+        only_own = {exclude}
         with self._lock:
             nodes, reserved_on, pods_on = self._nodes, self._reserved_on, self._pods_on
             for name in names:
                 entry = nodes.get(name)
-                if entry is not None and entry.free is not None and name not in reserved_on and not (exclude and exclude in pods_on.get(name, ())):
-                    out.append((name, entry.inventory, entry.free))
-                else:
-                    out.append((name, *self._view(name, exclude)))
+                view = entry.view if entry is not None else None
+                reserved = reserved_on.get(name)
+                if view is None or (reserved and reserved != only_own) or (exclude and exclude in pods_on.get(name, ())):
+                    view = self._view(name, exclude)
+                out.append(view)
         return out
 
     def reserve(self, request: PodRequest, nodes: list[str]) -> None:
@@ -179,25 +202,27 @@ class ClusterCache:
             }
 
     # --- internals ----------------------------------------------------------------------------
-    def _view(self, name: str, exclude: str) -> tuple[NodeInventory | None, FreeShares | str]:
+    def _view(self, name: str, exclude: str) -> NodeView:
         entry = self._nodes.get(name)
         if entry is None:
-            return None, "node is not known to the extender (not in its node cache)"
+            return NodeView(name, None, {}, "node is not known to the extender (not in its node cache)")
         if entry.inventory is None:
-            return None, entry.error
+            if entry.view is None:
+                entry.view = NodeView(name, None, {}, entry.error)
+            return entry.view
         if exclude and exclude in self._pods_on.get(name, ()):
-            free = self._free(name, entry.inventory, exclude)  # a nominated pod filtered again: rare
+            view = NodeView(name, entry.inventory, self._free(name, entry.inventory, exclude))  # a nominated pod filtered again: rare
         else:
-            if entry.free is None:
-                entry.free = self._free(name, entry.inventory, "")
-            free = entry.free
+            if entry.view is None:
+                entry.view = NodeView(name, entry.inventory, self._free(name, entry.inventory, ""))
+            view = entry.view
         reserved = self._reserved(name, exclude)
         if not reserved:
-            return entry.inventory, free
-        free = {r: list(units) for r, units in free.items()}
+            return view
+        free = {r: list(units) for r, units in view.free.items()}
         for request in reserved:
             place(request, entry.inventory, free)  # a pod that no longer fits takes nothing
-        return entry.inventory, free
+        return NodeView(name, entry.inventory, free)
 
     def _counted(self, pod: PodState) -> bool:
         entry = self._nodes.get(pod.node)
@@ -225,7 +250,7 @@ class ClusterCache:
     def _dirty(self, name: str) -> None:
         entry = self._nodes.get(name)
         if entry is not None:
-            entry.free = None
+            entry.view = None
 
     def _drop_reservation(self, uid: str) -> None:
         reservation = self._reservations.pop(uid, None)

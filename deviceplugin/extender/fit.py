@@ -70,16 +70,6 @@ def place(request: PodRequest, node: NodeInventory, free: FreeShares) -> Fit:
     return Fit(placements=tuple(placements))
 
 
-def fits_alone(node: NodeInventory, free: FreeShares, resource: str, count: int) -> bool:
-    """The fast path for the common pod (one container, one resource): some unit has `count` free."""
-    units = free.get(resource)
-    if not units:
-        return False
-    if node.resources[resource].allow_span:
-        return sum(units) >= count
-    return max(units) >= count
-
-
 def _check(node: NodeInventory, free: FreeShares, resource: str, count: int, container: str) -> Fit | None:
     info = node.resources.get(resource)
     if info is None or not info.units:

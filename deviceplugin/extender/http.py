@@ -44,6 +44,7 @@ class ExtenderHTTPServer:
         class Handler(BaseHTTPRequestHandler):
             timeout = read_timeout  # socket timeout for every read and write
             protocol_version = "HTTP/1.1"  # keep-alive: kube-scheduler reuses its connection
+            disable_nagle_algorithm = True  # headers and body are two writes: no delayed-ACK stall between them
 
             def log_message(self, *args) -> None:
                 pass

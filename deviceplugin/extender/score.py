@@ -14,10 +14,10 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from ..cluster import MILLI, NEEDS_SHAPES, POLICIES, Node, Pod, Policy, TaskShapes, make_policy
-from .fit import FreeShares
-from .model import NodeInventory, PodRequest
+from .cache import NodeView
 
 MAX_EXTENDER_SCORE = 10  # kube-scheduler's extenderv1.MaxExtenderPriority
+MAX_MEMO_SCORES = 32  # per node view: the (policy generation, resource, count) scores kept
 USABLE_POLICIES = tuple(p for p in POLICIES if p != "random")
 
 
@@ -49,6 +49,7 @@ class Scorer:
         self._fallback = make_policy("binpack")
         self._policy: Policy | None = None if policy in NEEDS_SHAPES else make_policy(policy)
         self._next_refresh = float("-inf")
+        self._generation = 0  # bumped when the policy is rebuilt: keys the views' memos
         self._score = lru_cache(maxsize=memo)(self._compute)
 
     @property
@@ -58,17 +59,28 @@ class Scorer:
             pods = [cluster_pod(count, total) for count, total in self.workload()]
             self._policy = make_policy(self.name, TaskShapes.from_pods(pods)) if pods else None
             self._score.cache_clear()
+            self._generation += 1
             self._next_refresh = self.clock() + self.refresh
         return self._policy or self._fallback
 
-    def score(self, request: PodRequest, node: NodeInventory, free: FreeShares, largest: tuple[str, int] | None = None) -> int:
-        """0-10 for a node the pod fits; 0 when the policy finds no room. `largest`: request.largest, precomputed."""
-        resource, count = largest or request.largest
-        info = node.resources.get(resource)
-        if info is None or not info.units:
-            return 0
+    def scores(self, resource: str, count: int, views: list[NodeView]) -> list[int]:
+        """0-10 on each node for the pod whose largest request is `count` shares of `resource` (0: no room).
+
+        Memoised on each node's view (replaced when the node changes) and across nodes in the same state.
+        """
         policy = self.policy
-        return self._score(policy, count, info.totals, tuple(free[resource]))
+        key = (self._generation, resource, count)
+        out = []
+        for view in views:
+            score = view.scores.get(key)
+            if score is None:
+                info = view.inventory.resources.get(resource) if view.inventory is not None else None
+                score = self._score(policy, count, info.totals, tuple(view.free[resource])) if info is not None and info.units else 0
+                if len(view.scores) >= MAX_MEMO_SCORES:
+                    view.scores.clear()
+                view.scores[key] = score
+            out.append(score)
+        return out
 
     @staticmethod
     def _compute(policy: Policy, count: int, totals: tuple[int, ...], free: tuple[int, ...]) -> int:

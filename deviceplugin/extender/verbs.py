@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .cache import ClusterCache
-from .fit import NO_INVENTORY, fits_alone, place
+from .cache import ClusterCache, NodeView
+from .fit import NO_INVENTORY, place
 from .metrics import ExtenderMetrics
 from .model import InputError, PodRequest, pod_request
 from .score import Scorer
@@ -37,20 +37,20 @@ class Extender:
         if request.empty:  # asks for none of our resources: nothing to judge
             return {"NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
         self.cache.forget_reservation(request.uid)  # filtered again: its old reservation is stale
-        single = _single(request)
-        for name, inventory, free in self.cache.nodes(names, exclude=request.uid):
-            if inventory is None:
-                unresolvable[name] = f"gpu-share: {free}"
+        resource, count = _single(request) or ("", 0)
+        for view in self.cache.views(names, exclude=request.uid):
+            if count and view.room.get(resource, -1) >= count:  # the common pod, the common case
+                passed.append(view.name)
+                continue
+            if view.inventory is None:
+                unresolvable[view.name] = f"gpu-share: {view.error}"
                 refused[NO_INVENTORY] = refused.get(NO_INVENTORY, 0) + 1
                 continue
-            if single and single[0] in inventory.resources and fits_alone(inventory, free, *single):
-                passed.append(name)
-                continue
-            fit = place(request, inventory, dict(free))  # a copy: filtering takes nothing
+            fit = place(request, view.inventory, dict(view.free))  # a copy: filtering takes nothing
             if fit.ok:
-                passed.append(name)
+                passed.append(view.name)
                 continue
-            (unresolvable if fit.unresolvable else failed)[name] = f"gpu-share: {fit.reason}"
+            (unresolvable if fit.unresolvable else failed)[view.name] = f"gpu-share: {fit.reason}"
             refused[fit.category] = refused.get(fit.category, 0) + 1
         self.cache.reserve(request, passed)
         if self.metrics is not None:
@@ -61,15 +61,12 @@ class Extender:
     def prioritize(self, args: dict) -> list[dict]:
         """Scores for the nodes the pod fits; nodes it does not fit score 0 (the filter already refused them)."""
         request, names = self._args(args)  # InputError: the HTTP layer answers 400
-        single = _single(request)
-        largest = request.largest if not request.empty else None
-        scores = []
-        for name, inventory, free in self.cache.nodes(names, exclude=request.uid):
-            fits = inventory is not None and not request.empty and (
-                fits_alone(inventory, free, *single) if single and single[0] in inventory.resources else place(request, inventory, dict(free)).ok
-            )
-            scores.append({"Host": name, "Score": self.scorer.score(request, inventory, free, largest) if fits else 0})
-        return scores
+        if request.empty:
+            return [{"Host": name, "Score": 0} for name in names]
+        views = self.cache.views(names, exclude=request.uid)
+        scores = self.scorer.scores(*request.largest, views)
+        resource, count = _single(request) or ("", 0)
+        return [{"Host": view.name, "Score": score if score and _fits(request, view, resource, count) else 0} for view, score in zip(views, scores)]
 
     def _args(self, args: dict) -> tuple[PodRequest, list[str]]:
         if not isinstance(args, dict):
@@ -80,6 +77,13 @@ class Extender:
         if not isinstance(names, list) or len(names) > MAX_NODE_NAMES or not all(isinstance(n, str) for n in names):
             raise InputError(f"ExtenderArgs.NodeNames: must be a list of at most {MAX_NODE_NAMES} node names")
         return pod_request(args.get("Pod"), self.managed), names
+
+
+def _fits(request: PodRequest, view: NodeView, resource: str, count: int) -> bool:
+    """Does the pod fit the node; (resource, count): the fast path's single request, count 0 if none."""
+    if count and view.room.get(resource, -1) >= count:
+        return True
+    return view.inventory is not None and place(request, view.inventory, dict(view.free)).ok
 
 
 def _single(request: PodRequest) -> tuple[str, int] | None:
