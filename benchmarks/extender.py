@@ -173,7 +173,7 @@ def agreement(trials: int, seed: int = 7) -> dict:
     gpus = tuple(Gpu(index=i, uuid=f"GPU-agree000-0000-4000-8000-{i:012d}", model="NVIDIA H100 80GB HBM3", memory_mib=81559) for i in range(8))
     node = NodeInfo(gpus=gpus, name="agree")
     out = {}
-    for policy in ("binpack", "spread"):
+    for policy in ("binpack", "spread", "fgdstrand"):
         config = parse_config({"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": 10}]})
         resource = build_resources(config, node)[0]
         same = placed = 0

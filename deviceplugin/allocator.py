@@ -92,16 +92,14 @@ def _cluster_choice(resource: Resource, free: dict[str, list[Device]], fitting: 
 
     Units with unequal share counts (MIG instances of different sizes) have no common measure: binpack then.
     """
-    from .cluster import MILLI, Node, Pod, make_policy  # only nodes configured with a cluster policy load it
-    from .cluster.shapes import share_shapes
+    from .cluster.policies import share_unit  # only nodes configured with a cluster policy load it
 
     replicas = {u.replicas for u in resource.units}
     if len(replicas) != 1:
         return min(fitting, key=lambda u: len(free[u]))
     (n,) = replicas
-    node = Node(resource.name, 0, 0, "", [len(free.get(u.uuid, ())) * MILLI // n for u in resource.units])
-    choice = make_policy(resource.allocation_policy, shapes=share_shapes(n)).score(Pod(0, 0, 1, wanted * MILLI // n), node)
-    return resource.units[choice.gpus[0]].uuid if choice else fitting[0]
+    best = share_unit(resource.allocation_policy, [len(free.get(u.uuid, ())) for u in resource.units], n, wanted)
+    return resource.units[best].uuid if best is not None else fitting[0]
 
 
 _MAX_COMBINATIONS = 5000

@@ -157,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_logging(extender)
     extender.add_argument("--domain", default="example.com", help="resources <domain>/* are managed; reads the <domain>/gpu-share.inventory annotation")
     extender.add_argument("--port", type=_port, default=8888, metavar="PORT", help="HTTP port of /filter, /prioritize, /metrics, /healthz, /readyz (default 8888)")
-    extender.add_argument("--policy", default="binpack", help="cluster placement policy scoring the nodes: binpack (default), bestfit, dotproduct, gpupacking, spread, fgd")
+    extender.add_argument("--policy", default="binpack", help="cluster placement policy scoring the nodes: binpack (default), bestfit, dotproduct, gpupacking, spread, fgd, fgdstrand")
     extender.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     extender.add_argument("--reservation-ttl", type=_positive_float, default=30.0, metavar="SECONDS",
                           help="how long a pod passed by the filter counts on its nodes before its binding shows (default 30)")

@@ -23,7 +23,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert results["scrape-smoke"]["containers"] == 20 and results["scrape-smoke"]["body_bytes"] > 0
     assert [r["nodes"] for r in results["extender-smoke"]["filter_prioritize"]] == [50, 200]
     assert results["extender-smoke"]["annotation"]["mig_instances"] == 56 and results["extender-smoke"]["memory"]["cache_mib"] > 0
-    assert set(results["extender-smoke"]["node_choice_agreement"]) == {"binpack", "spread"}
+    assert set(results["extender-smoke"]["node_choice_agreement"]) == {"binpack", "spread", "fgdstrand"}
     hostile = results["hostile-smoke"]
     assert all(row["refused_with"] not in ("", "not refused") for row in hostile["refusals"])
     abuse = hostile["metrics_abuse"]

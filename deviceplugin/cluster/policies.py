@@ -16,7 +16,7 @@ import random
 from typing import NamedTuple, Protocol
 
 from .model import MILLI, Node, Pod, first_gpus, fits, fitting_gpus
-from .shapes import TaskShapes
+from .shapes import TaskShapes, share_shapes
 
 MAX_SPEC_CPU = 128_000  # the largest node of the paper's cluster: BestFit and DotProduct normalise by it
 MAX_SPEC_GPU = 8 * MILLI
@@ -230,6 +230,17 @@ def _used_after_percent(pod: Pod, node: Node) -> int:
 
 POLICIES = ("random", "bestfit", "dotproduct", "gpupacking", "fgd", "fgdstrand", "binpack", "spread")
 NEEDS_SHAPES = frozenset({"fgd", "fgdstrand"})
+
+
+def share_unit(policy: str, free: list[int], replicas: int, wanted: int) -> int | None:
+    """The unit a node plugin with `allocationPolicy: <cluster policy>` gives `wanted` shares: each of its units
+    a GPU of `replicas` shares, `free[i]` of them free; the share shapes 1..replicas equally popular. None: no room.
+
+    The node plugin's GetPreferredAllocation and the scheduler extender's assumption both call this.
+    """
+    node = Node("", 0, 0, "", [f * MILLI // replicas for f in free])
+    choice = make_policy(policy, shapes=share_shapes(replicas)).score(Pod(0, 0, 1, wanted * MILLI // replicas), node)
+    return choice.gpus[0] if choice else None
 
 
 def make_policy(name: str, shapes: TaskShapes | None = None, rng: random.Random | None = None) -> Policy:

@@ -1,7 +1,7 @@
 """Does a pod fit a node: every container's shares of each resource on one GPU or MIG instance.
 
 The units are chosen the way the node plugin will choose them (its allocationPolicy: binpack takes the
-fullest unit that fits, spread the emptiest), so the extender's assumption for a pod it placed matches the
+fullest unit that fits, spread the emptiest, a cluster policy such as fgdstrand what it scores best), so the extender's assumption for a pod it placed matches the
 node. Pools with allowSpanGPUs may take a container's shares from several units, largest pieces first.
 Pure: works on the free shares of one node (FreeShares) that the cache keeps up to date.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..annotation import QUARANTINED, UNHEALTHY
+from ..cluster.policies import share_unit
 from .model import NodeInventory, NodeResource, PodRequest
 
 # Failure categories: the `reason` label of the filtered-out metric.
@@ -84,8 +85,7 @@ def _take(info: NodeResource, units: list[int], count: int) -> list[tuple[int, i
     """(unit index, shares) taken for one container, chosen as the node plugin chooses."""
     fitting = [i for i, n in enumerate(units) if n >= count]
     if fitting:
-        sign = 1 if info.policy == "binpack" else -1
-        best = min(fitting, key=lambda i: (sign * units[i], i))
+        best = _share_unit(info, units, fitting, count)
         units[best] -= count
         return [(best, count)]
     taken = []  # allowSpanGPUs: the largest pieces first
@@ -98,6 +98,15 @@ def _take(info: NodeResource, units: list[int], count: int) -> list[tuple[int, i
         if not count:
             break
     return taken
+
+
+def _share_unit(info: NodeResource, units: list[int], fitting: list[int], count: int) -> int:
+    """The unit the node plugin's GetPreferredAllocation picks (deviceplugin/allocator.py, per allocationPolicy)."""
+    if info.policy in ("binpack", "spread") or len(set(info.totals)) != 1:
+        sign = -1 if info.policy == "spread" else 1  # a cluster policy on units of unequal sizes: binpack
+        return min(fitting, key=lambda i: (sign * units[i], i))
+    best = share_unit(info.policy, units, info.totals[0], count)
+    return fitting[0] if best is None else best
 
 
 def _why(info: NodeResource, free: list[int], count: int, container: str) -> Fit:
