@@ -14,6 +14,30 @@ log = logging.getLogger(__name__)
 PROFILE_LABEL = "gpu-share.config"  # full key: <domain>/gpu-share.config
 
 
+class ApiAccessError(RuntimeError):
+    """No usable Kubernetes client configuration; str() is the reason."""
+
+
+def core_api(kubeconfig: str | None = None):
+    """A CoreV1Api from `kubeconfig` when given, else the in-cluster config, else ~/.kube/config.
+
+    The `kubernetes` package (~20 MiB and most of a second to import) loads only here, when it will be used.
+    """
+    from kubernetes import client, config
+
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+    except (config.ConfigException, OSError, TypeError, ValueError) as err:
+        raise ApiAccessError(str(err)) from None
+    return client.CoreV1Api()
+
+
 class NodeClient:
     """Reads and patches one Node. Built by connect(), which returns None without API access."""
 
@@ -30,22 +54,14 @@ class NodeClient:
         if not node_name:
             log.warning("NODE_NAME is not set: node labels, the profile label and node annotations are off")
             return None
-        from kubernetes import client, config  # ~20 MiB and most of a second: only when it will be used
-        if kubeconfig:
-            try:
-                config.load_kube_config(config_file=kubeconfig)
-            except (config.ConfigException, OSError, TypeError, ValueError) as err:
-                raise FlagError("--kubeconfig", kubeconfig, f"cannot be used: {err}") from None
-            return cls(client.CoreV1Api(), node_name)
         try:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-        except (config.ConfigException, OSError, TypeError) as err:
+            api = core_api(kubeconfig)
+        except ApiAccessError as err:
+            if kubeconfig:
+                raise FlagError("--kubeconfig", kubeconfig, f"cannot be used: {err}") from None
             log.warning("no Kubernetes API access (%s): node labels, the profile label and node annotations are off", err)
             return None
-        return cls(client.CoreV1Api(), node_name)
+        return cls(api, node_name)
 
     def labels(self) -> dict[str, str]:
         return self.metadata()[0]

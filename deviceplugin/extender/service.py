@@ -55,22 +55,16 @@ class ExtenderService:
 
 def run_extender(args, wait: Callable[[], None]) -> int:
     """`gpu-share extender`: serve until `wait()` returns (a signal); 2 for a bad option or no API access."""
-    from kubernetes import client, config
+    from ..kube import ApiAccessError, core_api
 
     try:
-        if args.kubeconfig:
-            config.load_kube_config(config_file=args.kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-    except (config.ConfigException, OSError, TypeError) as err:
+        api = core_api(args.kubeconfig)
+    except ApiAccessError as err:
         print(f"gpu-share: error: no Kubernetes API access: {err}", file=sys.stderr)
         return 2
     try:
         options = ExtenderOptions(domain=args.domain, port=args.port, policy=args.policy, reservation_ttl=args.reservation_ttl)
-        service = ExtenderService(client.CoreV1Api(), options)
+        service = ExtenderService(api, options)
     except ValueError as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 2
