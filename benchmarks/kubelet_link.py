@@ -133,15 +133,15 @@ def streams(smoke: bool) -> dict:
                 s.cancel()
         time.sleep(0.5)
         extra_registers = len(kubelet.register_requests) - registers
-    q, l = summary_ms(quiet), summary_ms(loaded)
+    q, after = summary_ms(quiet), summary_ms(loaded)
     floor = summary_ms(quiet_floor)
     return {
         "streams_dropped": dropped,
         "streams_held": held,
         "floor_empty_call": floor,
         "allocate_quiet": q,
-        "allocate_after_streams": l,
-        "p99_after_over_quiet": round(l["p99_ms"] / q["p99_ms"], 2),
+        "allocate_after_streams": after,
+        "p99_after_over_quiet": round(after["p99_ms"] / q["p99_ms"], 2),
         "allocate_p50_over_floor_p50": round(q["p50_ms"] / floor["p50_ms"], 2),
         "extra_register_calls": extra_registers,
     }

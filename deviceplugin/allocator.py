@@ -109,7 +109,7 @@ def _best_connected(resource: Resource, candidates: list[str], must: list[str], 
     """Whole GPUs for a multi-GPU request: the most NVLinks among them, then the fewest NUMA nodes, then low indexes."""
     gpus = {i: resource.devices[i].gpu for i in candidates + must}
 
-    def score(ids: tuple[str, ...]) -> tuple[int, int, int]:
+    def score(ids: Iterable[str]) -> tuple[int, int, int]:
         chosen = [gpus[i] for i in (*must, *ids)]
         nvlinks = sum(resource.link(a, b).nvlinks for a, b in combinations(chosen, 2))
         return (nvlinks, -len({g.numa_node for g in chosen}), -sum(g.index for g in chosen))

@@ -6,6 +6,7 @@ import socket
 import tempfile
 import urllib.request
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,8 +132,8 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
                 rows.append((sample.pod.name, sample.shows, request, "-", "-", f"REFUSED: {err}"))
                 continue
             for container, by_resource in kubelet.allocated(sample.pod).items():
-                for resource, ids in by_resource.items():
-                    envs = results[container][resource].envs
+                for resource_name, ids in by_resource.items():
+                    envs = results[container][resource_name].envs
                     gpus = sorted({index_of[i.split(SHARE_SEPARATOR)[0]] for i in ids})
                     rows.append((sample.pod.name, sample.shows, request, ",".join(map(str, gpus)), _short(ids), _env_summary(envs)))
                     _run_process(inventory, sample, container, ids)
@@ -217,7 +218,7 @@ def _short(ids: list[str]) -> str:
     return "MIG instance" if ids[0].startswith("MIG-") else "whole GPU"
 
 
-def _table(rows: list[tuple[str, ...]], out) -> None:
+def _table(rows: Sequence[Sequence[str]], out: Callable[[str], None]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         out("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])

@@ -67,8 +67,9 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
     # node-a: 3 + 3 free on two GPUs; node-b: GPU 0 full, GPU 1 with 6 free.
     for name, used in (("node-a", (3, 3)), ("node-b", (6, 0))):
         cache.set_node(name, json.dumps(_annotation(name, config, used)))
-    extender = Extender(cache, Scorer("binpack"), lambda r: r.startswith("example.com/"), ExtenderMetrics(CollectorRegistry(), cache.counts))
-    server = ExtenderHTTPServer(extender, extender.metrics, lambda: (True, "ready"), port=0, host="127.0.0.1")
+    metrics = ExtenderMetrics(CollectorRegistry(), cache.counts)
+    extender = Extender(cache, Scorer("binpack"), lambda r: r.startswith("example.com/"), metrics)
+    server = ExtenderHTTPServer(extender, metrics, lambda: (True, "ready"), port=0, host="127.0.0.1")
     server.start()
     try:
         pod = {"metadata": {"name": "six-shares", "namespace": "default", "uid": "demo-six"},
@@ -81,6 +82,7 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
         scores = _post(url + "/prioritize", {"Pod": pod, "Nodes": None, "NodeNames": result["NodeNames"]})
         for entry in scores:
             inventory, free = cache.node(entry["Host"], exclude="demo-six")  # without its own reservation
+            assert inventory is not None and not isinstance(free, str)  # both nodes were set just above
             (placement,) = place(pod_request(pod, extender.managed), inventory, dict(free)).placements
             gpu = inventory.resources[SHARE].units[placement.unit].gpu
             out(f"    {entry['Host']}: fits (score {entry['Score']}/10): bound there, its 6 shares land on GPU {gpu}, as the node plugin chooses")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from datetime import datetime, timezone
 
 from .procmap import PodRef, bare_container_id
@@ -71,7 +72,7 @@ class NodeClient:
         node = self.api.read_node(self.node_name, _request_timeout=self.timeout)
         return dict(node.metadata.labels or {}), dict(node.metadata.annotations or {})
 
-    def patch_metadata(self, labels: dict[str, str | None], annotations: dict[str, str | None]) -> None:
+    def patch_metadata(self, labels: Mapping[str, str | None], annotations: Mapping[str, str | None]) -> None:
         """Merge-patch labels and annotations (None removes a key)."""
         body = {"metadata": {k: v for k, v in (("labels", labels), ("annotations", annotations)) if v}}
         self.api.patch_node(self.node_name, body, _request_timeout=self.timeout)

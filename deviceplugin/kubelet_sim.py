@@ -428,6 +428,7 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
                 if pod.active and (pod.name, pod.namespace) == (request.pod_name, request.pod_namespace):
                     return pr.GetPodResourcesResponse(pod_resources=self._pod(pod))
         context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+        raise AssertionError("context.abort raises")
 
 
 def _rpc_text(err: grpc.RpcError) -> str:

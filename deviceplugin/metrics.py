@@ -60,7 +60,7 @@ class StateCollector(Collector):
         unhealthy = s.unhealthy()
         awaiting_reset = s.awaiting_reset()
         gpu_labels = ["gpu", "uuid", "model"]
-        families = {
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "memory_used": GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=gpu_labels),
             "memory_total": GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory in all.", labels=gpu_labels),
             "utilization": GaugeMetricFamily("gpushare_gpu_utilization_ratio", "GPU busy time over the last sample period (0-1).", labels=gpu_labels),
@@ -150,7 +150,7 @@ class StateCollector(Collector):
         info.add_metric([__version__, platform.python_version()], 1)
         yield info
         cdi = GaugeMetricFamily("gpushare_cdi_devices_missing", "Advertised devices no CDI spec on the node names (CDI mode).", labels=["resource"])
-        missing = s.cdi_missing()
+        missing: dict[str, list[str]] = s.cdi_missing()
         for resource in s.resources():
             cdi.add_metric([resource.name], len(missing.get(resource.name, ())))
         yield cdi

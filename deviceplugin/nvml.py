@@ -50,7 +50,7 @@ def _bits(words: Any) -> list[int]:
 
 def _cpu_list(text: str) -> list[int]:
     """`0-3,8-11` -> [0, 1, 2, 3, 8, 9, 10, 11]."""
-    cpus = []
+    cpus: list[int] = []
     for part in text.strip().split(","):
         if part:
             first, _, last = part.partition("-")
@@ -174,7 +174,7 @@ class NvmlInventory:
 
     def _cpu_nodes(self) -> dict[int, int]:
         """CPU -> NUMA node from /sys/devices/system/node/node*/cpulist."""
-        mapping = {}
+        mapping: dict[int, int] = {}
         for path in (self.sysfs_root / "devices" / "system" / "node").glob("node[0-9]*"):
             try:
                 cpus = _cpu_list(path.joinpath("cpulist").read_text())
@@ -240,7 +240,7 @@ class NvmlInventory:
 
     def _nvlink_peers(self, handle: Any, gpu: Gpu) -> list[str]:
         """PCI bus ids at the far end of each active NVLink (A100 has 12 links, H100 18: stop at the first unsupported)."""
-        peers = []
+        peers: list[str] = []
         if gpu.mig_enabled:
             return peers  # NVLink queries are not supported with MIG enabled
         for link in range(self.nvml.NVML_NVLINK_MAX_LINKS):

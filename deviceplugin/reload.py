@@ -95,7 +95,7 @@ class ConfigReloader(BackgroundLoop):
         self._pending = ""  # the digest seen in the previous round
         self._refused_digest: str | None = None  # content that does not parse
         self._refused: tuple[str, str | None] | None = None  # (digest, profile) that failed to build or apply
-        self._attempt = self._running  # the state this round tries to serve
+        self._attempt: tuple[str, str | None] = self._running  # the state this round tries to serve
         self._failures = RepeatLimiter(log, window=max(60.0, interval))
 
     def start(self, config: Config, data: bytes | None = None) -> None:

@@ -261,8 +261,8 @@ def _pool_resources(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, l
     for gpu in gpus:
         if not gpu.mig_enabled:
             log.warning("GPU %d (%s) does not have MIG enabled: pool %s (mig) does not advertise it", gpu.index, gpu.uuid, pool.name)
-        for unit in _mig_units(gpu):
-            by_profile.setdefault(unit.mig.profile, []).append(unit)
+        for device, unit in zip(gpu.mig_devices, _mig_units(gpu)):
+            by_profile.setdefault(device.profile, []).append(unit)
     if pool.mig_strategy == "single":
         if len(by_profile) > 1:
             found = "; ".join(f"{p} on GPU {', '.join(str(i) for i in sorted({u.gpu.index for u in units}))}" for p, units in sorted(by_profile.items()))

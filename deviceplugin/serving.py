@@ -36,7 +36,7 @@ def plan_serving(inventory: Inventory, options: DaemonOptions, connect: Callable
     """The node, its config and profile, and a manager for its resources (not started); ConfigError on a bad config."""
     node = inventory.discover()
     data = read_config_bytes(options.config_file) if options.config_file else None
-    config = parse_config_bytes(data, options.config_file) if data is not None else default_config()
+    config = parse_config_bytes(data, str(options.config_file)) if data is not None else default_config()
     label_decides = options.profile is None and len(config.profiles) > 1
     client = connect() if label_decides else None
     profiles = ProfileSource(options.profile, client, options.profile_label_interval)

@@ -67,14 +67,14 @@ def decode(data: bytes) -> str:
 
 
 if yaml.__with_libyaml__:
-    from yaml.cyaml import CParser
+    from yaml.cyaml import CParser  # type: ignore[attr-defined]  # not in the stubs
 
     class _Events(CParser):
         """libyaml's scanner and parser: about 100 times faster than pure Python, and iterative."""
 
 else:  # pragma: no cover - PyYAML built without libyaml
 
-    class _Events(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):
+    class _Events(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser):  # type: ignore[no-redef]
         def __init__(self, stream: str) -> None:
             yaml.reader.Reader.__init__(self, stream)
             yaml.scanner.Scanner.__init__(self)
@@ -119,9 +119,10 @@ class BoundedLoader(Composer, _Events, SafeConstructor, Resolver):
             raise YamlProblem(f"{_where(mark)}: more than {MAX_YAML_NODES} YAML nodes (values, lists, mappings and merged keys)")
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        self._count(1, self.peek_event().start_mark)
+        mark = self.peek_event().start_mark  # type: ignore[union-attr]  # the composer only asks while events remain
+        self._count(1, mark)
         if self._depth >= MAX_YAML_DEPTH:
-            raise YamlProblem(f"{_where(self.peek_event().start_mark)}: nested deeper than {MAX_YAML_DEPTH} levels")
+            raise YamlProblem(f"{_where(mark)}: nested deeper than {MAX_YAML_DEPTH} levels")
         self._depth += 1
         try:
             return super().compose_node(parent, index)

@@ -72,7 +72,7 @@ def _rows(path: Path, required: tuple[str, ...], what: str) -> list[tuple[int, d
             missing = [c for c in required if c not in (reader.fieldnames or [])]
             if missing:
                 raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (header: {','.join(reader.fieldnames or [])})")
-            rows = []
+            rows: list[tuple[int, dict[str, str]]] = []
             for row in reader:
                 if len(rows) >= MAX_ROWS:
                     raise TraceError(f"{path}: more than {MAX_ROWS} rows")

@@ -133,7 +133,7 @@ class PodRequest:
         return max(((r, n) for c in self.together + self.alone for r, n in c.shares), key=lambda rn: rn[1])
 
 
-def pod_request(pod: dict, managed) -> PodRequest:
+def pod_request(pod: object, managed) -> PodRequest:
     """A Pod object's requests of the resources `managed(name)` accepts; InputError names the bad field."""
     if not isinstance(pod, dict):
         raise InputError("Pod: missing or not an object")
@@ -141,7 +141,8 @@ def pod_request(pod: dict, managed) -> PodRequest:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         raise InputError("Pod.spec: missing or not an object")
-    together, alone = [], []
+    together: list[ContainerRequest] = []
+    alone: list[ContainerRequest] = []
     for field in ("initContainers", "containers"):
         containers = spec.get(field) or []
         if not isinstance(containers, list) or len(containers) > MAX_CONTAINERS:

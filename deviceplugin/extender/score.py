@@ -50,7 +50,7 @@ class Scorer:
         self._policy: Policy | None = None if policy in NEEDS_SHAPES else make_policy(policy)
         self._next_refresh = float("-inf")
         self._generation = 0  # bumped when the policy is rebuilt: keys the views' memos
-        self._score = lru_cache(maxsize=memo)(self._compute)
+        self._score = lru_cache(maxsize=memo)(self._compute)  # policies hash by identity
 
     @property
     def policy(self) -> Policy:
@@ -75,7 +75,7 @@ class Scorer:
             score = view.scores.get(key)
             if score is None:
                 info = view.inventory.resources.get(resource) if view.inventory is not None else None
-                score = self._score(policy, count, info.totals, tuple(view.free[resource])) if info is not None and info.units else 0
+                score = self._score(policy, count, info.totals, tuple(view.free[resource])) if info is not None and info.units else 0  # type: ignore[arg-type]
                 if len(view.scores) >= MAX_MEMO_SCORES:
                     view.scores.clear()
                 view.scores[key] = score

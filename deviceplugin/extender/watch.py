@@ -100,7 +100,8 @@ class ResourceWatch(BackgroundLoop):
         return kwargs
 
     def _list(self) -> str:
-        items, token = [], None
+        items: list[dict] = []
+        token: str | None = None
         while True:
             kwargs = self._kwargs(limit=PAGE, _request_timeout=self.settings.request_timeout)
             if token:
