@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from deviceplugin.kubelet_sim import KubeletSimulator
+from deviceplugin.sim.kubelet import KubeletSimulator
 
 
 def node_file(directory: Path, gpus: int = 8, memory_mib: int = 81559) -> Path:

@@ -21,17 +21,17 @@ import tracemalloc
 
 from prometheus_client import CollectorRegistry
 
-from deviceplugin.config import parse_config
+from deviceplugin.config.parse import parse_config
 from deviceplugin.extender.cache import ClusterCache
 from deviceplugin.extender.http import ExtenderHTTPServer
 from deviceplugin.extender.metrics import ExtenderMetrics
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
 from deviceplugin.extender.watch import settle_heap
-from deviceplugin.inventory import Gpu, MigDevice, NodeInfo
-from deviceplugin.nodelabels import InventoryAnnotation
-from deviceplugin.podresources import ContainerShare, Usage
-from deviceplugin.resources import build_resources
+from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
+from deviceplugin.kube.labels import InventoryAnnotation
+from deviceplugin.agent.usage import ContainerShare, Usage
+from deviceplugin.alloc.plan import build_resources
 
 from .common import rss_mib, summary_ms
 
@@ -165,7 +165,7 @@ def agreement(trials: int, seed: int = 7) -> dict:
     Random states of an 8-GPU node with 10 shares per GPU: the node plugin's annotation of that state, the
     extender's placement from it, and the plugin's own choice among the free device IDs, per allocationPolicy.
     """
-    from deviceplugin.allocator import preferred_allocation
+    from deviceplugin.alloc.allocator import preferred_allocation
     from deviceplugin.extender.fit import place
     from deviceplugin.extender.model import parse_annotation, pod_request
 

@@ -28,21 +28,21 @@ from functools import lru_cache
 
 from prometheus_client import CollectorRegistry
 
-from deviceplugin.allocator import preferred_allocation
+from deviceplugin.alloc.allocator import preferred_allocation
 from deviceplugin.cluster import MILLI, NEEDS_SHAPES, Node, Pod, make_policy, place
 from deviceplugin.cluster.model import host_fits
 from deviceplugin.cluster.report import parse_policies, parse_seeds
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order
 from deviceplugin.cluster.traces import DEFAULT_NODES, POD_FILE, load_nodes, load_pods, resolve
-from deviceplugin.config import parse_config
+from deviceplugin.config.parse import parse_config
 from deviceplugin.extender.cache import ClusterCache
 from deviceplugin.extender.fit import place as extender_place
 from deviceplugin.extender.metrics import ExtenderMetrics
 from deviceplugin.extender.model import pod_request
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
-from deviceplugin.inventory import Gpu, NodeInfo
-from deviceplugin.resources import Resource, build_resources
+from deviceplugin.model.node import Gpu, NodeInfo
+from deviceplugin.alloc.plan import Resource, build_resources
 
 SHARE = "example.com/gpu-share"
 # The node plugin's allocationPolicy beside each extender --policy: the GPU choice on the node closest to the

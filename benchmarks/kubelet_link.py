@@ -20,7 +20,7 @@ from pathlib import Path
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from deviceplugin.kubelet_sim import KubeletSimulator
+from deviceplugin.sim.kubelet import KubeletSimulator
 
 from .common import config_file, cpu_seconds, node_file, plugin_process, rss_mib, summary_ms, timed
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import statistics
 
-from deviceplugin.config import ConfigError, parse_config
-from deviceplugin.inventory import Gpu, NodeInfo
-from deviceplugin.resources import LIST_BUDGET_BYTES, build_resources
+from deviceplugin.config.types import ConfigError
+from deviceplugin.config.parse import parse_config
+from deviceplugin.model.node import Gpu, NodeInfo
+from deviceplugin.alloc.plan import LIST_BUDGET_BYTES, build_resources
 
 from .common import timed
 

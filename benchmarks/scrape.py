@@ -9,11 +9,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from deviceplugin.agent import AgentSettings
-from deviceplugin.daemon import DaemonOptions, PluginDaemon
-from deviceplugin.kubelet_sim import Container, KubeletSimulator, Pod
-from deviceplugin.server import Timings
-from deviceplugin.simulated import SimulatedInventory
+from deviceplugin.agent.loop import AgentSettings
+from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
+from deviceplugin.plugin.server import Timings
+from deviceplugin.discovery.simulated import SimulatedInventory
 
 from .common import config_file, node_file
 

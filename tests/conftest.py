@@ -17,13 +17,14 @@ from typing import Any, Callable
 
 import pytest
 
-from deviceplugin.config import Config, default_config, parse_config
-from deviceplugin.inventory import NodeInfo
-from deviceplugin.kubelet_sim import KubeletSimulator, Pod
-from deviceplugin.manager import PluginManager
-from deviceplugin.resources import build_resources
-from deviceplugin.server import Timings
-from deviceplugin.simulated import SimulatedInventory
+from deviceplugin.config.types import Config, default_config
+from deviceplugin.config.parse import parse_config
+from deviceplugin.model.node import NodeInfo
+from deviceplugin.sim.kubelet import KubeletSimulator, Pod
+from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.alloc.plan import build_resources
+from deviceplugin.plugin.server import Timings
+from deviceplugin.discovery.simulated import SimulatedInventory
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -12,22 +12,23 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin import __version__
-from deviceplugin.agent import AgentSettings, NodeAgent
-from deviceplugin.annotation import pod_digest
+from deviceplugin.agent.loop import AgentSettings, NodeAgent
+from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.api import podresources_pb2_grpc as pr_grpc
-from deviceplugin.config import default_config, parse_config
-from deviceplugin.daemon import DaemonOptions, PluginDaemon
-from deviceplugin.health import HealthSettings
-from deviceplugin.inventory import HealthEvent
-from deviceplugin.kube import NodeClient
-from deviceplugin.kubelet_sim import Container, KubeletSimulator, Pod, TokenBucket
-from deviceplugin.manager import PluginManager
-from deviceplugin.nodelabels import NodePublisher, label_value, node_labels
-from deviceplugin.podresources import PodResourcesClient
-from deviceplugin.procmap import cgroup_owner
-from deviceplugin.resources import build_resources
-from deviceplugin.simulated import SimulatedInventory
+from deviceplugin.config.types import default_config
+from deviceplugin.config.parse import parse_config
+from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.health.monitor import HealthSettings
+from deviceplugin.model.node import HealthEvent
+from deviceplugin.kube.client import NodeClient
+from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod, TokenBucket
+from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.kube.labels import NodePublisher, label_value, node_labels
+from deviceplugin.agent.usage import PodResourcesClient
+from deviceplugin.agent.procmap import cgroup_owner
+from deviceplugin.alloc.plan import build_resources
+from deviceplugin.discovery.simulated import SimulatedInventory
 
 from .conftest import EXAMPLES, FAST, cgroup, free_port, get, node, registered
 
@@ -572,7 +573,7 @@ def test_pod_listing_reads_the_api_cache_for_this_node_only(fake_kube):
 
 
 def test_process_owner_evidence(tmp_path):
-    from deviceplugin.procmap import PodRef, ProcessMapper
+    from deviceplugin.agent.procmap import PodRef, ProcessMapper
 
     uid, running, restarted = "0f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70", "a" * 64, "b" * 64
     gone_uid = "1f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70"
@@ -623,8 +624,8 @@ def increase(series: list[float]) -> float:
 
 
 def test_metering_counts_share_and_memory_seconds_and_survives_a_restart(kubelet, plugin_dir, tmp_path):
-    from deviceplugin.metering import Meter
-    from deviceplugin.procmap import ProcessMapper
+    from deviceplugin.agent.metering import Meter
+    from deviceplugin.agent.procmap import ProcessMapper
 
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
     config = {"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]}
@@ -684,7 +685,7 @@ def test_metering_counts_share_and_memory_seconds_and_survives_a_restart(kubelet
 
 
 def test_metering_drops_long_gaps_and_forgets_ended_pods():
-    from deviceplugin.metering import Holding, Meter
+    from deviceplugin.agent.metering import Holding, Meter
 
     clock = Clock()
     meter = Meter(clock=clock, max_gap=30, retention=100, max_series=2)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from deviceplugin.allocator import AllocationError, container_response, preferred_allocation
-from deviceplugin.config import parse_config
-from deviceplugin.resources import build_resources
+from deviceplugin.alloc.allocator import AllocationError, container_response, preferred_allocation
+from deviceplugin.config.parse import parse_config
+from deviceplugin.alloc.plan import build_resources
 
 from .conftest import node
 
@@ -70,7 +70,7 @@ def test_exclusive_completes_must_include_on_its_numa_node():
 
 
 def test_nvlink_decides_even_when_one_gpu_is_left_to_choose():
-    from deviceplugin.inventory import Gpu, Link, NodeInfo
+    from deviceplugin.model.node import Gpu, Link, NodeInfo
 
     gpus = tuple(Gpu(index=i, uuid=f"GPU-{i}", model="A100", memory_mib=40960, numa_node=0) for i in range(4))
     links = {(a.uuid, b.uuid): Link(nvlinks=4 if (a.index, b.index) == (1, 3) else 0, pcie="system") for a in gpus for b in gpus if a.index < b.index}
@@ -119,7 +119,7 @@ def test_shares_of_mig_instances_stay_on_one_instance():
 
 
 def test_mig_capability_read_failures_are_retried(tmp_path):
-    from deviceplugin.allocator import mig_capability_devices
+    from deviceplugin.alloc.allocator import mig_capability_devices
 
     root = str(tmp_path)
     assert mig_capability_devices(root, 3, 1, 0) == ()  # not readable (yet): nothing cached

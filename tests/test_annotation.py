@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from deviceplugin.annotation import pod_digest
-from deviceplugin.config import parse_config
-from deviceplugin.inventory import Gpu, MigDevice, NodeInfo
-from deviceplugin.nodelabels import InventoryAnnotation, inventory
-from deviceplugin.podresources import ContainerShare, Usage
-from deviceplugin.resources import build_resources
+from deviceplugin.kube.annotation import pod_digest
+from deviceplugin.config.parse import parse_config
+from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
+from deviceplugin.kube.labels import InventoryAnnotation, inventory
+from deviceplugin.agent.usage import ContainerShare, Usage
+from deviceplugin.alloc.plan import build_resources
 
 from .conftest import node
 

@@ -179,7 +179,7 @@ def test_discover_table_and_json():
 
 
 def test_every_run_flag_is_documented_and_every_documented_flag_exists(capsys):
-    from deviceplugin.cli import main
+    from deviceplugin.cli.main import main
 
     with pytest.raises(SystemExit):
         main(["run", "--help"])

@@ -6,10 +6,11 @@ import random
 
 import pytest
 
-from deviceplugin.allocator import preferred_allocation
+from deviceplugin.alloc.allocator import preferred_allocation
 from deviceplugin.cluster import MILLI, Node, Pod, TaskShapes, make_policy
-from deviceplugin.config import ConfigError, parse_config
-from deviceplugin.resources import build_resources
+from deviceplugin.config.types import ConfigError
+from deviceplugin.config.parse import parse_config
+from deviceplugin.alloc.plan import build_resources
 
 from .conftest import node
 

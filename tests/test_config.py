@@ -7,9 +7,10 @@ import yaml
 
 from dataclasses import replace
 
-from deviceplugin.config import ConfigError, default_config, load_config, parse_config
-from deviceplugin.inventory import NodeInfo
-from deviceplugin.resources import LIST_BUDGET_BYTES, build_resources
+from deviceplugin.config.types import ConfigError, default_config
+from deviceplugin.config.parse import load_config, parse_config
+from deviceplugin.model.node import NodeInfo
+from deviceplugin.alloc.plan import LIST_BUDGET_BYTES, build_resources
 
 from .conftest import EXAMPLES, node
 
@@ -187,7 +188,7 @@ def test_mig_pool_advertises_one_resource_per_profile():
 
 
 def test_mig_profile_plus_becomes_dot_and_exclusive_skips_mig_gpus(caplog):
-    from deviceplugin.resources import mig_resource_name
+    from deviceplugin.alloc.plan import mig_resource_name
 
     assert mig_resource_name("example.com", "1g.10gb+me") == "example.com/mig-1g.10gb.me"
     config = parse_config(pools({"name": "whole", "mode": "exclusive"}))

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from deviceplugin.check import check_config
-from deviceplugin.cli import BUILTIN
-from deviceplugin.config import ConfigError
-from deviceplugin.demo import run_demo
+from deviceplugin.alloc.check import check_config
+from deviceplugin.cli.main import BUILTIN
+from deviceplugin.config.types import ConfigError
+from deviceplugin.sim.demo import run_demo
 
 from .conftest import EXAMPLES
 

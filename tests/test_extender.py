@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from deviceplugin.annotation import pod_digest
+from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.extender.cache import ClusterCache, pod_state
 from deviceplugin.extender.http import ExtenderHTTPServer
 from deviceplugin.extender.metrics import ExtenderMetrics

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from deviceplugin.config import parse_config
-from deviceplugin.health import DEFAULT_RESET_XIDS, HealthMonitor, HealthSettings
-from deviceplugin.manager import PluginManager
-from deviceplugin.resources import build_resources
-from deviceplugin.simulated import SimulatedInventory
+from deviceplugin.config.parse import parse_config
+from deviceplugin.health.monitor import DEFAULT_RESET_XIDS, HealthMonitor, HealthSettings
+from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.alloc.plan import build_resources
+from deviceplugin.discovery.simulated import SimulatedInventory
 
 from .conftest import EXAMPLES, FAST, registered
 

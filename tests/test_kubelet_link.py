@@ -13,11 +13,11 @@ import pytest
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from deviceplugin.kubelet_sim import Container, Pod
-from deviceplugin.manager import PluginManager, remove_stale_sockets
-from deviceplugin.resources import build_resources
-from deviceplugin.config import default_config
-from deviceplugin.server import MAX_OTHER_STREAMS, SocketPathError
+from deviceplugin.sim.kubelet import Container, Pod
+from deviceplugin.plugin.manager import PluginManager, remove_stale_sockets
+from deviceplugin.alloc.plan import build_resources
+from deviceplugin.config.types import default_config
+from deviceplugin.plugin.server import MAX_OTHER_STREAMS, SocketPathError
 
 from .conftest import FAST, node, registered, start_run
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 
-from deviceplugin.allocator import AllocationError, container_response
-from deviceplugin.config import parse_config
-from deviceplugin.health import HealthMonitor
-from deviceplugin.inventory import HealthEvent
+from deviceplugin.alloc.allocator import AllocationError, container_response
+from deviceplugin.config.parse import parse_config
+from deviceplugin.health.monitor import HealthMonitor
+from deviceplugin.model.node import HealthEvent
 from deviceplugin.logs import RepeatLimiter, brief, safe_text
-from deviceplugin.resources import build_resources
-from deviceplugin.simulated import SimulatedInventory
+from deviceplugin.alloc.plan import build_resources
+from deviceplugin.discovery.simulated import SimulatedInventory
 
 from .conftest import EXAMPLES, node
 
@@ -79,7 +79,7 @@ def test_an_xid_storm_writes_a_few_lines(caplog):
     node = inventory.discover()
     clock = Clock()
     monitor = HealthMonitor(inventory, node, lambda unhealthy: None, clock=clock)
-    caplog.set_level(logging.INFO, "deviceplugin.health")
+    caplog.set_level(logging.INFO, "deviceplugin.health.monitor")
     for i in range(10_000):
         clock.now = i * 0.01
         assert not monitor.handle(HealthEvent(gpu_uuid=node.gpus[i % 2].uuid, xid=13, reason="XID 13"))

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily
 
-from deviceplugin.metrics_http import HttpLimits, MetricsError, MetricsServer
+from deviceplugin.obs.http import HttpLimits, MetricsError, MetricsServer
 
 from .conftest import GPU_CLI, wait_until
 

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deviceplugin.config import ConfigError, parse_config
-from deviceplugin.kubelet_sim import AdmissionError, Container, Pod
-from deviceplugin.manager import PluginManager
-from deviceplugin.mps import MpsDaemon, MpsLiveness, control
-from deviceplugin.mps_paths import MpsPaths
-from deviceplugin.resources import build_resources
+from deviceplugin.config.types import ConfigError
+from deviceplugin.config.parse import parse_config
+from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
+from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.mps.control import MpsDaemon, MpsLiveness, control
+from deviceplugin.mps.paths import MpsPaths
+from deviceplugin.alloc.plan import build_resources
 
 from .conftest import EXAMPLES, FAST, GPU_CLI, ROOT, node, registered, wait_until
 
@@ -50,7 +51,7 @@ def test_exclusive_mode_multi_gpu_request_prefers_nvlink_then_numa(kubelet, star
         f"gpus:\n{gpus}\nlinks:\n  - {{gpus: [1, 2], nvlinks: 4}}\n  - {{gpus: [5, 6], nvlinks: 4}}\n"
         "  - {gpus: [6, 7], nvlinks: 4}\n  - {gpus: [5, 7], nvlinks: 4}\n"
     )
-    from deviceplugin.simulated import SimulatedInventory
+    from deviceplugin.discovery.simulated import SimulatedInventory
 
     resources = build_resources(config({"name": "whole", "mode": "exclusive"}), SimulatedInventory.from_file(node_file).discover())
     manager = PluginManager(resources, kubelet.plugin_dir, FAST)
@@ -418,9 +419,9 @@ def test_mps_subcommand_runs_daemons_until_sigterm(fake_mps, tmp_path):
 
 
 def test_profile_label_survives_api_errors_and_is_read_at_most_every_interval(fake_kube):
-    from deviceplugin.config import default_config
-    from deviceplugin.kube import NodeClient
-    from deviceplugin.reload import ProfileSource
+    from deviceplugin.config.types import default_config
+    from deviceplugin.kube.client import NodeClient
+    from deviceplugin.runtime.reload import ProfileSource
 
     api, kubeconfig = fake_kube
     api.labels["example.com/gpu-share.config"] = "training"
@@ -455,7 +456,7 @@ def _daemons(paths: MpsPaths) -> list[int]:
 
 def test_mps_stale_marker_of_a_killed_pod_is_unhealthy_within_one_poll(fake_mps, tmp_path, kubelet, plugin_dir, caplog):
     """SIGKILL the whole `gpu-share mps` process group (an OOM-killed pod): marker and pipe stay behind."""
-    caplog.set_level(logging.INFO, logger="deviceplugin.manager")
+    caplog.set_level(logging.INFO, logger="deviceplugin.plugin.manager")
     root = tmp_path / "mps"
     cfg = tmp_path / "mps.yaml"
     cfg.write_text(f"version: v1\nmpsRoot: {root}\npools:\n  - {{name: mps, mode: shared, backend: mps, replicas: 2, gpus: {{indexes: [1]}}}}\n")

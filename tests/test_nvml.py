@@ -8,8 +8,8 @@ import time
 import pynvml as real
 import pytest
 
-from deviceplugin.inventory import InventoryError
-from deviceplugin.nvml import NvmlInventory, normalize_bus_id
+from deviceplugin.discovery.inventory import InventoryError
+from deviceplugin.discovery.nvml import NvmlInventory, normalize_bus_id
 
 from .fake_pynvml import FakeGpu, FakeMig, FakeNvml
 

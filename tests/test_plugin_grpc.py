@@ -9,8 +9,8 @@ import pytest
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from deviceplugin.kubelet_sim import AdmissionError, Container, Pod
-from deviceplugin.server import OPTIONS
+from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
+from deviceplugin.plugin.server import OPTIONS
 
 from .conftest import node, registered
 
@@ -210,7 +210,7 @@ def test_reregisters_when_its_own_socket_is_deleted(kubelet, start_plugin):
 
 
 def test_registration_retries_until_kubelet_appears(plugin_dir, start_plugin):
-    from deviceplugin.kubelet_sim import KubeletSimulator
+    from deviceplugin.sim.kubelet import KubeletSimulator
 
     manager = start_plugin()
     time.sleep(0.3)  # several failed attempts: kubelet.sock does not exist yet
@@ -252,7 +252,7 @@ def test_stop_ends_streams_and_removes_sockets(kubelet, start_plugin, plugin_dir
     ],
 )
 def test_kubelet_simulator_validates_register_like_the_kubelet(kubelet, request_kwargs, message, monkeypatch):
-    import deviceplugin.kubelet_sim as sim
+    import deviceplugin.sim.kubelet as sim
 
     monkeypatch.setattr(sim, "DIAL_TIMEOUT", 0.3)
     fields = {"version": "v1beta1", "endpoint": "missing.sock", "resource_name": "example.com/gpu", **request_kwargs}

@@ -7,9 +7,9 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from deviceplugin.config import load_config
-from deviceplugin.metrics import MetricSources, StateCollector
-from deviceplugin.reload import ConfigReloader, ProfileSource
+from deviceplugin.config.parse import load_config
+from deviceplugin.obs.metrics import MetricSources, StateCollector
+from deviceplugin.runtime.reload import ConfigReloader, ProfileSource
 
 from .conftest import node, registered, wait_until
 

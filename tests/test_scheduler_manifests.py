@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from deviceplugin import __version__
-from deviceplugin.cli import build_parser
+from deviceplugin.cli.main import build_parser
 
 from .conftest import ROOT
 
@@ -123,7 +123,7 @@ SAMPLES = [
 
 @pytest.mark.parametrize("containers", SAMPLES)
 def test_the_demo_answers_as_the_policy_does(containers):
-    from deviceplugin.demo_scheduler import admission_refusal
+    from deviceplugin.sim.scheduler import admission_refusal
 
     params = next(d for d in documents(ADMISSION) if d["kind"] == "ConfigMap")
     body = {"spec": {"containers": [{"name": n, "resources": {"limits": {r: str(c) for r, c in req.items()}}} for n, req in containers.items()]}}
@@ -132,10 +132,10 @@ def test_the_demo_answers_as_the_policy_does(containers):
 
 
 def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():
-    from deviceplugin.config import load_config
-    from deviceplugin.demo_scheduler import run_scheduler_step
-    from deviceplugin.resources import build_resources
-    from deviceplugin.simulated import SimulatedInventory
+    from deviceplugin.config.parse import load_config
+    from deviceplugin.sim.scheduler import run_scheduler_step
+    from deviceplugin.alloc.plan import build_resources
+    from deviceplugin.discovery.simulated import SimulatedInventory
 
     builtin = ROOT / "deviceplugin" / "builtin"
     node = SimulatedInventory.from_file(builtin / "demo-node.yaml").discover()

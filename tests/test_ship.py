@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from deviceplugin import __version__
-from deviceplugin.config import parse_config_text
+from deviceplugin.config.parse import parse_config_text
 
 from .conftest import ROOT
 
@@ -120,7 +120,7 @@ def test_daemonset_wiring():
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert {v["name"] for v in ds["volumes"]} == {m["name"] for m in container["volumeMounts"]}
     # Every flag the manifest passes exists.
-    from deviceplugin.cli import build_parser
+    from deviceplugin.cli.main import build_parser
 
     build_parser().parse_args(["run", *container["args"]])
 
@@ -182,10 +182,10 @@ def _exported_sample_names() -> set[str]:
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from deviceplugin.agent import AgentSettings
-    from deviceplugin.daemon import DaemonOptions, PluginDaemon
-    from deviceplugin.kubelet_sim import Container, KubeletSimulator, Pod
-    from deviceplugin.simulated import SimulatedInventory
+    from deviceplugin.agent.loop import AgentSettings
+    from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+    from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
+    from deviceplugin.discovery.simulated import SimulatedInventory
 
     from .conftest import EXAMPLES, FAST, cgroup, free_port
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from deviceplugin.inventory import InventoryError
-from deviceplugin.simulated import SimulatedInventory, parse_node
+from deviceplugin.discovery.inventory import InventoryError
+from deviceplugin.discovery.simulated import SimulatedInventory, parse_node
 
 from .conftest import node
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..annotation import pod_digest
+from ..kube.annotation import pod_digest
 from .fit import FreeShares, free_shares, place
 from .model import InputError, NodeInventory, PodRequest, parse_annotation
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..annotation import QUARANTINED, UNHEALTHY
+from ..kube.annotation import QUARANTINED, UNHEALTHY
 from ..cluster.policies import share_unit
 from .model import NodeInventory, NodeResource, PodRequest
 

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 
-from ..annotation import HEALTH_VALUES, VERSION
+from ..kube.annotation import HEALTH_VALUES, VERSION
 
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit for all annotations of an object
 MAX_UNITS = 4096  # per node

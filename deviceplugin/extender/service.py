@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from ..annotation import ANNOTATION
+from ..kube.annotation import ANNOTATION
 from .cache import ClusterCache
 from .http import ExtenderHTTPServer
 from .metrics import ExtenderMetrics
@@ -55,7 +55,7 @@ class ExtenderService:
 
 def run_extender(args, wait: Callable[[], None]) -> int:
     """`gpu-share extender`: serve until `wait()` returns (a signal); 2 for a bad option or no API access."""
-    from ..kube import ApiAccessError, core_api
+    from ..kube.client import ApiAccessError, core_api
 
     try:
         api = core_api(args.kubeconfig)

@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from deviceplugin.config import default_config
-from deviceplugin.inventory import InventoryError
-from deviceplugin.kubelet_sim import Container, Pod
-from deviceplugin.manager import PluginManager
-from deviceplugin.resources import build_resources
+from deviceplugin.config.types import default_config
+from deviceplugin.discovery.inventory import InventoryError
+from deviceplugin.sim.kubelet import Container, Pod
+from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.alloc.plan import build_resources
 
 from ..conftest import FAST, GPU_CLI, ROOT, registered
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def nvml():
-    from deviceplugin.nvml import NvmlInventory
+    from deviceplugin.discovery.nvml import NvmlInventory
 
     try:
         inventory = NvmlInventory()

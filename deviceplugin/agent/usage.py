@@ -1,0 +1,110 @@
+"""Who holds which device: the kubelet's pod-resources API, the only source of truth for usage.
+
+No bookkeeping happens in Allocate (the kubelet never says when a pod goes away); the usage map is rebuilt
+from `List` on every poll, so a plugin restart or a deleted pod can never leave a share miscounted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from .. import defaults
+from ..api import podresources_pb2 as pr
+from ..api import podresources_pb2_grpc as pr_grpc
+from ..alloc.plan import Resource
+
+DEFAULT_SOCKET = defaults.POD_RESOURCES_SOCKET
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the kubelet's server has no send cap; its own clients use 16 MiB
+
+
+@dataclass(frozen=True)
+class ContainerShare:
+    """One container's devices of one resource on one GPU or MIG instance."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    pool: str
+    unit_uuid: str  # GPU or MIG UUID
+    gpu_uuid: str
+    devices: tuple[str, ...]
+    shares: int  # devices held (1 per whole GPU or MIG instance)
+    memory_limit_mib: int
+    time_sliced: bool  # a shared pool without MPS: memory is not enforced, the watchdog watches it
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.namespace, self.pod, self.container)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The node's usage map, as of one pod-resources List."""
+
+    shares: tuple[ContainerShare, ...] = ()
+    active_containers: frozenset[tuple[str, str, str]] = frozenset()  # every container of every active pod
+
+    def allocated(self) -> frozenset[str]:
+        return frozenset(d for s in self.shares for d in s.devices)
+
+
+def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]) -> Usage:
+    """Map each active container's device IDs onto our resources' GPUs; IDs of other plugins are ignored."""
+    by_name = {r.name: r for r in resources}
+    shares, active = [], set()
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            active.add((pod.namespace, pod.name, container.name))
+            for devices in container.devices:
+                resource = by_name.get(devices.resource_name)
+                if resource is None:
+                    continue
+                per_unit: dict[str, list[str]] = {}
+                for device_id in devices.device_ids:
+                    device = resource.devices.get(device_id)
+                    if device is not None:
+                        per_unit.setdefault(device.unit.uuid, []).append(device_id)
+                for ids in per_unit.values():
+                    unit = resource.devices[ids[0]].unit
+                    shared = resource.pool.shared
+                    shares.append(
+                        ContainerShare(
+                            namespace=pod.namespace,
+                            pod=pod.name,
+                            container=container.name,
+                            resource=resource.name,
+                            pool=resource.pool.name,
+                            unit_uuid=unit.uuid,
+                            gpu_uuid=unit.gpu.uuid,
+                            devices=tuple(sorted(ids)),
+                            shares=len(ids),
+                            memory_limit_mib=unit.memory_mib * len(ids) // unit.replicas if shared else unit.memory_mib * len(ids),
+                            time_sliced=shared and not resource.pool.mps,
+                        )
+                    )
+    return Usage(shares=tuple(shares), active_containers=frozenset(active))
+
+
+class PodResourcesClient:
+    """A client of the kubelet's pod-resources socket (the channel reconnects when the kubelet restarts)."""
+
+    def __init__(self, socket: str | Path = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
+        self.socket = Path(socket)
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(
+            f"unix:{self.socket}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+        )
+        self._stub = pr_grpc.PodResourcesListerStub(self._channel)
+
+    def list(self) -> pr.ListPodResourcesResponse:
+        return self._stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
+
+    def allocatable(self) -> pr.AllocatableResourcesResponse:
+        return self._stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=self.timeout)
+
+    def close(self) -> None:
+        self._channel.close()

@@ -1,0 +1,7 @@
+"""`python -m deviceplugin.cli`: the `gpu-share` command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())

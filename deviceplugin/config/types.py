@@ -1,0 +1,144 @@
+"""The config's types: what a parsed, validated gpu-share config file is (parse.py builds it from YAML).
+
+Every key, its default and an example are in docs/configuration.md. In short::
+
+    version: v1
+    domain: example.com              # default: $GPU_SHARE_DOMAIN, else example.com
+    allocationPolicy: binpack        # binpack | spread | fgdstrand
+    deviceListStrategy: envvar       # envvar | cdi
+    cdiKind: nvidia.com/gpu          # CDI names are <cdiKind>=<UUID>
+    deviceSpecs: false               # add /dev/nvidia* device specs to Allocate
+    sharedProductSuffix: false       # gpu.product label gets GFD's -SHARED when GPUs are shared
+    deviceRoot: /                    # where /dev and /proc/driver/nvidia are found
+    mpsRoot: /run/gpu-share/mps      # MPS pipe, log and shm directories, per pool
+    memoryWatchdog: {policy: report, quarantine: false}
+    defaultProfile: default
+    pools: [...]                     # the `default` profile
+    profiles:                        # named profiles; a node picks one by label or --profile
+      inference:
+        pools: [...]
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+
+from .. import limits
+from ..model.node import Gpu
+
+SUPPORTED_VERSIONS = ("v1",)
+DEFAULT_DOMAIN = "example.com"
+DOMAIN_ENV = "GPU_SHARE_DOMAIN"  # the domain when the file has none (the kustomization sets it)
+DEFAULT_PROFILE = "default"
+DEFAULT_REPLICAS = 10
+DEFAULT_MPS_ROOT = "/run/gpu-share/mps"
+MODES = ("exclusive", "shared", "mig")
+BACKENDS = ("timeSlicing", "mps")
+MPS_LIMITS = ("strict", "proportional")
+MIG_STRATEGIES = ("mixed", "single")
+ALLOCATION_POLICIES = ("binpack", "spread", "fgdstrand")  # fgdstrand: the cluster policy (deviceplugin.cluster)
+DEVICE_LIST_STRATEGIES = ("envvar", "cdi")
+DEFAULT_RESOURCE = {"exclusive": "gpu", "shared": "gpu-share", "mig": "gpu"}  # mig: only with strategy single
+WATCHDOG_POLICIES = ("report", "kill")
+
+
+class ConfigError(ValueError):
+    """One or more problems in a config; each line is `key.path: reason` (at most MAX_REPORTED_PROBLEMS are shown)."""
+
+    def __init__(self, problems: list[str], source: str = "config") -> None:
+        self.problems = problems
+        self.source = source
+        shown = problems[: limits.MAX_REPORTED_PROBLEMS]
+        if len(problems) > len(shown):
+            shown = [*shown, f"... and {len(problems) - len(shown)} more problems"]
+        super().__init__(f"{source}: " + ("\n  ".join([""] + shown) if len(shown) > 1 else shown[0]))
+
+
+@dataclass(frozen=True)
+class GpuSelector:
+    indexes: tuple[int, ...] = ()
+    uuids: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+
+    @property
+    def selects_rest(self) -> bool:
+        """True when the pool takes every GPU that no other pool selects."""
+        return not (self.indexes or self.uuids or self.models)
+
+    def matches(self, gpu: Gpu) -> bool:
+        return (
+            gpu.index in self.indexes
+            or gpu.uuid in self.uuids
+            or any(fnmatch.fnmatchcase(gpu.model.lower(), p.lower()) for p in self.models)
+        )
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    mode: str
+    resource: str  # fully qualified <domain>/<name>; "" for mig pools with the mixed strategy
+    domain: str = DEFAULT_DOMAIN
+    replicas: int = 1  # shares per GPU or MIG instance (ignored when memory_per_share_mib is set)
+    memory_per_share_mib: int | None = None
+    backend: str = "timeSlicing"
+    mps_limits: str = "strict"
+    allow_span: bool = False
+    mig_strategy: str = "mixed"
+    gpus: GpuSelector = field(default_factory=GpuSelector)
+    path: str = "pools[0]"  # where the pool is in the file, for messages
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == "shared"
+
+    @property
+    def mps(self) -> bool:
+        return self.shared and self.backend == "mps"
+
+
+@dataclass(frozen=True)
+class Config:
+    version: str = "v1"
+    domain: str = DEFAULT_DOMAIN
+    allocation_policy: str = "binpack"
+    device_list_strategy: str = "envvar"
+    cdi_kind: str = "nvidia.com/gpu"
+    device_specs: bool = False
+    shared_product_suffix: bool = False  # GFD's -SHARED on the gpu.product label when GPUs are shared
+    device_root: str = "/"
+    mps_root: str = DEFAULT_MPS_ROOT
+    watchdog_policy: str = "report"
+    quarantine: bool = False
+    default_profile: str = DEFAULT_PROFILE
+    profiles: dict[str, tuple[PoolConfig, ...]] = field(default_factory=dict)
+    source: str = "built-in default"
+
+    def pools(self, profile: str | None = None) -> tuple[PoolConfig, ...]:
+        """The pools of `profile` (the default profile when None or empty)."""
+        name = profile or self.default_profile
+        if name not in self.profiles:
+            raise ConfigError([f"profile {name!r} is not in the config (profiles: {', '.join(sorted(self.profiles))})"], self.source)
+        return self.profiles[name]
+
+
+def default_config() -> Config:
+    """Every GPU in one shared pool with 10 shares per GPU."""
+    domain = default_domain()
+    pool = PoolConfig(name="default", mode="shared", resource=f"{domain}/gpu-share", domain=domain, replicas=DEFAULT_REPLICAS)
+    return Config(domain=domain, profiles={DEFAULT_PROFILE: (pool,)})
+
+
+def default_domain() -> str:
+    """$GPU_SHARE_DOMAIN, else example.com: the domain of a config without a `domain` key."""
+    return os.environ.get(DOMAIN_ENV) or DEFAULT_DOMAIN
+
+
+MPS_LIMIT_REASON = f"an MPS server takes {limits.MPS_MAX_CLIENTS} clients per GPU, and each needs at least 1 % of its threads"
+
+
+def max_replicas(backend: str) -> int:
+    """The most shares per GPU or MIG instance: MPS caps them at its client limit (which also keeps 100 % / N >= 1)."""
+    return min(limits.MPS_MAX_CLIENTS, 100) if backend == "mps" else limits.MAX_REPLICAS

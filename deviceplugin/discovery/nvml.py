@@ -1,0 +1,407 @@
+"""Real GPUs through NVML (nvidia-ml-py's `pynvml`): the same inventory interface as the simulated node.
+
+See ../shared/nvml-notes.md for the pynvml behaviours handled here (MIG index gaps, NotSupported on
+GPUs without MIG, lost GPUs, PCI bus-id formats, event sets that fail at once after a GPU is lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from ..model.node import Gpu, GpuProcess, GpuStats, HealthEvent, Link, MigDevice, NodeInfo
+from .inventory import InventoryError
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of an event or process on the whole GPU
+_MIG_PROFILE = re.compile(r"MIG (\d+g\.\d+gb(?:\+\w+)*)")
+NO_DRIVER_HINT = (
+    "is the NVIDIA driver installed and the container started with the NVIDIA runtime? "
+    "Without a GPU, run on a simulated node: gpu-share run --node examples/nodes/2xT4.yaml"
+)
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML's `00000000:3B:00.0` -> sysfs' `0000:3b:00.0`."""
+    domain, _, rest = bus_id.strip().rpartition(":")
+    domain, _, bus = domain.rpartition(":") if domain.count(":") else ("", "", domain)
+    if not domain:
+        return bus_id.strip().lower()
+    return f"{int(domain, 16):04x}:{bus}:{rest}".lower()
+
+
+_NODE_WORDS = 4  # 64-bit words of NUMA node mask: 256 nodes
+_MAX_CPU_WORDS = 64  # 4096 CPUs
+
+
+def _cpu_words() -> int:
+    return min(_MAX_CPU_WORDS, max(1, -(-(os.cpu_count() or 64) // 64)))
+
+
+def _bits(words: Any) -> list[int]:
+    """Set bit positions of NVML's affinity mask (a ctypes array of 64-bit words)."""
+    return [i * 64 + b for i, word in enumerate(words) for b in range(64) if int(word) >> b & 1]
+
+
+def _cpu_list(text: str) -> list[int]:
+    """`0-3,8-11` -> [0, 1, 2, 3, 8, 9, 10, 11]."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlInventory:
+    """Inventory over NVML. NVML is initialised here once and shut down by close()."""
+
+    def __init__(self, sysfs_root: str | Path = "/sys") -> None:
+        try:
+            import pynvml
+        except ImportError as err:  # nvidia-ml-py is a dependency; this is a broken install
+            raise InventoryError(f"NVML could not be loaded: cannot import pynvml ({err}); {NO_DRIVER_HINT}") from None
+        self.nvml = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            raise InventoryError(f"NVML could not be loaded: nvmlInit failed: {err}; {NO_DRIVER_HINT}") from None
+        self.sysfs_root = Path(sysfs_root)
+        self._open = True
+        self._event_set: Any = None
+        self._unwatched: frozenset[str] = frozenset()  # lost GPUs left out of the event set
+        self._event_failures = 0
+        self._node: NodeInfo | None = None
+
+    # --- calls -----------------------------------------------------------------------------
+    def _call(self, name: str, *args: Any, gpu: str = "") -> Any:
+        """Call pynvml.<name>; an NVML error becomes InventoryError naming the call and the GPU."""
+        try:
+            return getattr(self.nvml, name)(*args)
+        except self.nvml.NVMLError as err:
+            where = f" on GPU {gpu}" if gpu else ""
+            raise InventoryError(f"NVML {name} failed{where}: {err}") from err
+
+    def _optional(self, name: str, *args: Any, gpu: str = "", default: Any = None) -> Any:
+        """Like _call, but NOT_SUPPORTED means `default`."""
+        try:
+            return getattr(self.nvml, name)(*args)
+        except self.nvml.NVMLError_NotSupported:
+            return default
+        except self.nvml.NVMLError as err:
+            raise InventoryError(f"NVML {name} failed on GPU {gpu}: {err}") from err
+
+    # --- discovery -------------------------------------------------------------------------
+    def discover(self) -> NodeInfo:
+        gpus, handles = [], {}
+        for index in range(self._call("nvmlDeviceGetCount")):
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+            except self.nvml.NVMLError as err:  # a lost GPU still counts but has no handle
+                log.error("GPU %d is not usable and is not advertised: nvmlDeviceGetHandleByIndex: %s", index, err)
+                continue
+            gpu = self._gpu(index, handle)
+            gpus.append(gpu)
+            handles[gpu.uuid] = handle
+        cuda = self._optional("nvmlSystemGetCudaDriverVersion_v2", default=0) or 0
+        self._node = NodeInfo(
+            gpus=tuple(gpus),
+            driver_version=_text(self._call("nvmlSystemGetDriverVersion")),
+            cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "",
+            links=self._links(gpus, handles),
+            name="nvml",
+        )
+        return self._node
+
+    def _gpu(self, index: int, handle: Any) -> Gpu:
+        label = f"{index}"
+        uuid = _text(self._call("nvmlDeviceGetUUID", handle, gpu=label))
+        label = f"{index} ({uuid})"
+        capability = self._optional("nvmlDeviceGetCudaComputeCapability", handle, gpu=label)
+        bus_id = normalize_bus_id(_text(self._call("nvmlDeviceGetPciInfo", handle, gpu=label).busId))
+        mode = self._optional("nvmlDeviceGetMigMode", handle, gpu=label)
+        mig_enabled = bool(mode) and mode[0] == self.nvml.NVML_DEVICE_MIG_ENABLE
+        return Gpu(
+            index=index,
+            uuid=uuid,
+            model=_text(self._call("nvmlDeviceGetName", handle, gpu=label)),
+            memory_mib=self._call("nvmlDeviceGetMemoryInfo", handle, gpu=label).total // MIB,
+            numa_node=self._numa_node(bus_id, handle, label),
+            pci_bus_id=bus_id,
+            compute_capability=f"{capability[0]}.{capability[1]}" if capability else "",
+            minor_number=self._optional("nvmlDeviceGetMinorNumber", handle, gpu=label),
+            mig_enabled=mig_enabled,
+            mig_devices=self._mig_devices(handle, label) if mig_enabled else (),
+            mig_capable=mode is not None,  # NOT_SUPPORTED: no MIG on this GPU
+        )
+
+    def _numa_node(self, bus_id: str, handle: Any, label: str) -> int | None:
+        """sysfs' numa_node (-1: the platform says none); without that entry, NVML's memory, then CPU, affinity."""
+        try:
+            node = int((self.sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node").read_text())
+        except (OSError, ValueError):
+            return self._nvml_numa_node(handle, label)
+        return node if node >= 0 else None
+
+    def _nvml_numa_node(self, handle: Any, label: str) -> int | None:
+        scope = self.nvml.NVML_AFFINITY_SCOPE_NODE
+        try:
+            nodes = _bits(self.nvml.nvmlDeviceGetMemoryAffinity(handle, _NODE_WORDS, scope))
+        except self.nvml.NVMLError as err:
+            log.debug("GPU %s: nvmlDeviceGetMemoryAffinity: %s", label, err)
+            nodes = []
+        if nodes:
+            return nodes[0]
+        try:
+            cpus = _bits(self.nvml.nvmlDeviceGetCpuAffinityWithinScope(handle, _cpu_words(), scope))
+        except self.nvml.NVMLError as err:
+            log.debug("GPU %s: nvmlDeviceGetCpuAffinityWithinScope: %s", label, err)
+            return None
+        cpu_nodes = self._cpu_nodes()
+        found = sorted({cpu_nodes[c] for c in cpus if c in cpu_nodes})
+        if not found:
+            log.info("GPU %s: no NUMA node in sysfs or NVML: no topology hint for the kubelet", label)
+        return found[0] if found else None
+
+    def _cpu_nodes(self) -> dict[int, int]:
+        """CPU -> NUMA node from /sys/devices/system/node/node*/cpulist."""
+        mapping: dict[int, int] = {}
+        for path in (self.sysfs_root / "devices" / "system" / "node").glob("node[0-9]*"):
+            try:
+                cpus = _cpu_list(path.joinpath("cpulist").read_text())
+            except (OSError, ValueError):
+                continue
+            mapping.update((cpu, int(path.name[4:])) for cpu in cpus)
+        return mapping
+
+    def _mig_devices(self, handle: Any, label: str) -> tuple[MigDevice, ...]:
+        devices = []
+        for index in range(self._call("nvmlDeviceGetMaxMigDeviceCount", handle, gpu=label)):
+            try:
+                mig = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except self.nvml.NVMLError_NotFound:
+                continue  # indices can have gaps
+            except self.nvml.NVMLError as err:
+                raise InventoryError(f"NVML nvmlDeviceGetMigDeviceHandleByIndex({index}) failed on GPU {label}: {err}") from err
+            name = _text(self._call("nvmlDeviceGetName", mig, gpu=label))
+            match = _MIG_PROFILE.search(name)
+            if not match:
+                log.warning("MIG device %d on GPU %s has no profile in its name %r; skipped", index, label, name)
+                continue
+            devices.append(
+                MigDevice(
+                    uuid=_text(self._call("nvmlDeviceGetUUID", mig, gpu=label)),
+                    profile=match.group(1),
+                    memory_mib=self._call("nvmlDeviceGetMemoryInfo", mig, gpu=label).total // MIB,
+                    gi_id=self._call("nvmlDeviceGetGpuInstanceId", mig, gpu=label),
+                    ci_id=self._call("nvmlDeviceGetComputeInstanceId", mig, gpu=label),
+                    index=index,
+                )
+            )
+        return tuple(devices)
+
+    def _links(self, gpus: list[Gpu], handles: dict[str, Any]) -> dict[tuple[str, str], Link]:
+        by_bus = {g.pci_bus_id: g.uuid for g in gpus}
+        direct: dict[tuple[str, str], int] = {}  # (from, to) -> active links seen from `from`
+        to_switch: dict[str, int] = {}  # NVLinks that end at an NVSwitch (or anything but a GPU here)
+        for gpu in gpus:
+            for peer in self._nvlink_peers(handles[gpu.uuid], gpu):
+                if peer in by_bus and by_bus[peer] != gpu.uuid:
+                    key = (gpu.uuid, by_bus[peer])
+                    direct[key] = direct.get(key, 0) + 1
+                else:
+                    to_switch[gpu.uuid] = to_switch.get(gpu.uuid, 0) + 1
+        levels = {
+            self.nvml.NVML_TOPOLOGY_INTERNAL: "board",
+            self.nvml.NVML_TOPOLOGY_SINGLE: "switch",
+            self.nvml.NVML_TOPOLOGY_MULTIPLE: "multi-switch",
+            self.nvml.NVML_TOPOLOGY_HOSTBRIDGE: "host-bridge",
+            self.nvml.NVML_TOPOLOGY_NODE: "numa-node",
+            self.nvml.NVML_TOPOLOGY_SYSTEM: "system",
+        }
+        links = {}
+        for i, a in enumerate(gpus):
+            for b in gpus[i + 1 :]:
+                level = self._optional("nvmlDeviceGetTopologyCommonAncestor", handles[a.uuid], handles[b.uuid], gpu=f"{a.index}/{b.index}")
+                nvlinks = max(direct.get((a.uuid, b.uuid), 0), direct.get((b.uuid, a.uuid), 0))
+                if not nvlinks and a.uuid in to_switch and b.uuid in to_switch:
+                    nvlinks = min(to_switch[a.uuid], to_switch[b.uuid])
+                links[(a.uuid, b.uuid)] = Link(nvlinks=nvlinks, pcie=levels.get(level, ""))
+        return links
+
+    def _nvlink_peers(self, handle: Any, gpu: Gpu) -> list[str]:
+        """PCI bus ids at the far end of each active NVLink (A100 has 12 links, H100 18: stop at the first unsupported)."""
+        peers: list[str] = []
+        if gpu.mig_enabled:
+            return peers  # NVLink queries are not supported with MIG enabled
+        for link in range(self.nvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = self.nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_InvalidArgument):
+                break
+            except self.nvml.NVMLError as err:
+                log.warning("NVML nvmlDeviceGetNvLinkState(%d) failed on GPU %d: %s", link, gpu.index, err)
+                break
+            if state == self.nvml.NVML_FEATURE_ENABLED:
+                remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, gpu=str(gpu.index))
+                peers.append(normalize_bus_id(_text(remote.busId)))
+        return peers
+
+    # --- health ----------------------------------------------------------------------------
+    def _register_events(self, skip: frozenset[str] = frozenset()) -> None:
+        """A new event set on every GPU but `skip` (lost ones: with one in the set, every wait fails at once)."""
+        wanted = self.nvml.nvmlEventTypeXidCriticalError | self.nvml.nvmlEventTypeDoubleBitEccError
+        if self._event_set is not None:
+            self._free_events()
+        self._event_set = self._call("nvmlEventSetCreate")
+        self._unwatched = skip
+        for gpu in (self._node or self.discover()).gpus:
+            if gpu.uuid in skip:
+                continue
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                supported = self.nvml.nvmlDeviceGetSupportedEventTypes(handle)
+                # One unsupported bit rejects the whole registration: ask only for what the GPU has.
+                self.nvml.nvmlDeviceRegisterEvents(handle, wanted & supported, self._event_set)
+            except self.nvml.NVMLError as err:
+                log.warning("GPU %d (%s): no health events (%s); relying on query checks", gpu.index, gpu.uuid, err)
+
+    def wait_for_event(self, timeout: float) -> HealthEvent | None:
+        if self._event_set is None:
+            self._register_events()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                data = self.nvml.nvmlEventSetWait_v2(self._event_set, int(max(0.0, deadline - time.monotonic()) * 1000))
+                break
+            except self.nvml.NVMLError_Timeout:
+                self._event_failures = 0
+                return None
+            except self.nvml.NVMLError as err:
+                # After a GPU is lost every wait on a set holding it fails at once: watch the other GPUs without it,
+                # so their events are not delayed; with nothing to leave out, wait out the interval, never spin.
+                lost = frozenset(g.uuid for g in (self._node.gpus if self._node else ()) if self.check(g.uuid))
+                if lost - self._unwatched:
+                    log.error("NVML nvmlEventSetWait_v2 failed (%s): watching events without lost GPU(s) %s", err, ", ".join(sorted(lost)))
+                    self._register_events(skip=lost)
+                    continue
+                self._event_failures += 1
+                if self._event_failures == 1:
+                    log.error("NVML nvmlEventSetWait_v2 failed: %s; query checks find the GPU", err)
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return None
+        self._event_failures = 0
+        try:
+            uuid = _text(self.nvml.nvmlDeviceGetUUID(data.device))
+        except self.nvml.NVMLError as err:
+            log.error("health event on a GPU whose UUID cannot be read: %s", err)
+            return None
+        if data.eventType == self.nvml.nvmlEventTypeXidCriticalError:
+            xid, reason = int(data.eventData), f"XID {int(data.eventData)}"
+        else:
+            xid, reason = None, "double-bit ECC error"
+        mig = self._mig_of(uuid, data.gpuInstanceId, data.computeInstanceId)
+        return HealthEvent(gpu_uuid=uuid, reason=reason, xid=xid, mig_uuid=mig, reset_required=xid is None)  # DBE: reset-class
+
+    def _mig_of(self, gpu_uuid: str, gi: int, ci: int) -> str | None:
+        if gi == NO_INSTANCE or self._node is None:
+            return None
+        for gpu in self._node.gpus:
+            if gpu.uuid == gpu_uuid:
+                for mig in gpu.mig_devices:
+                    if mig.gi_id == gi and (ci == NO_INSTANCE or mig.ci_id == ci):
+                        return mig.uuid
+        return None  # cannot be attributed: the whole GPU
+
+    def check(self, gpu_uuid: str) -> str | None:
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            self.nvml.nvmlDeviceGetMemoryInfo(handle)
+        except self.nvml.NVMLError as err:
+            return f"NVML query on GPU {gpu_uuid} failed: {err}"
+        return None
+
+    def reset_required(self, gpu_uuid: str) -> bool | None:
+        """NVML's GPU recovery action (drivers R550+): anything but NONE means the GPU needs a reset or more."""
+        field = getattr(self.nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field is None:
+            return None
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+            (value,) = self.nvml.nvmlDeviceGetFieldValues(handle, [field])
+        except self.nvml.NVMLError:
+            return None
+        if value.nvmlReturn != self.nvml.NVML_SUCCESS:
+            return None
+        return value.value.uiVal != self.nvml.NVML_GPU_RECOVERY_ACTION_NONE
+
+    def _reading(self, name: str, *args: Any) -> Any:
+        """A live reading; None when unsupported or failing (a failing GPU is the health monitor's business)."""
+        try:
+            return getattr(self.nvml, name)(*args)
+        except self.nvml.NVMLError:
+            return None
+
+    def stats(self, gpu_uuid: str) -> GpuStats:
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        except self.nvml.NVMLError:
+            return GpuStats()
+        memory = self._reading("nvmlDeviceGetMemoryInfo", handle)
+        rates = self._reading("nvmlDeviceGetUtilizationRates", handle)
+        temperature = self._reading("nvmlDeviceGetTemperature", handle, self.nvml.NVML_TEMPERATURE_GPU)
+        power = self._reading("nvmlDeviceGetPowerUsage", handle)
+        return GpuStats(
+            memory_used_mib=memory.used // MIB if memory else None,
+            utilization_percent=float(rates.gpu) if rates else None,
+            temperature_celsius=float(temperature) if temperature is not None else None,
+            power_watts=power / 1000 if power is not None else None,
+        )
+
+    def processes(self, gpu_uuid: str) -> list[GpuProcess]:
+        """Compute and MPS-client processes. MIG processes are attributed by their GPU/compute instance ids."""
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
+        except self.nvml.NVMLError:
+            return []
+        found: dict[int, GpuProcess] = {}
+        for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
+            try:
+                entries = getattr(self.nvml, call)(handle)
+            except Exception as err:  # NVMLLibraryMismatchError is a plain Exception, not NVMLError
+                log.debug("%s on GPU %s: %s", call, gpu_uuid, err)
+                continue
+            for entry in entries:
+                used = (entry.usedGpuMemory or 0) // MIB  # None when the driver cannot tell
+                mig = self._mig_of(gpu_uuid, getattr(entry, "gpuInstanceId", NO_INSTANCE), getattr(entry, "computeInstanceId", NO_INSTANCE))
+                found[entry.pid] = GpuProcess(pid=entry.pid, gpu_uuid=gpu_uuid, used_mib=used, mig_uuid=mig)
+        return list(found.values())
+
+    def _free_events(self) -> None:
+        try:
+            self.nvml.nvmlEventSetFree(self._event_set)
+        except self.nvml.NVMLError as err:
+            log.warning("NVML nvmlEventSetFree failed: %s", err)
+        self._event_set = None
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        if self._event_set is not None:
+            self._free_events()
+        try:
+            self.nvml.nvmlShutdown()
+        except self.nvml.NVMLError as err:
+            log.warning("NVML nvmlShutdown failed: %s", err)
+

@@ -1,0 +1,179 @@
+"""GPU health: critical XIDs, lost GPUs and failing queries make devices Unhealthy, by XID class.
+
+Unlike a plugin that marks one replica per XID and never recovers, an event marks the GPU (or the one MIG
+instance it names) and so every share and MIG instance on it. What happens next depends on the class:
+
+- application XIDs (`ignored_xids`): the process is at fault, not the GPU; nothing is marked;
+- reset-class XIDs (`reset_xids`), double-bit ECC events, lost GPUs, and any GPU whose driver reports a recovery
+  action (NVML's GPU recovery action is not NONE): only a GPU reset clears them, so the devices stay Unhealthy until
+  the driver shows the GPU was reset (or the plugin restarts), never after a quiet period;
+- every other critical XID and failing query: Healthy again after `recovery_period` seconds without a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..model.node import Gpu, HealthEvent, NodeInfo
+from ..discovery.inventory import Inventory
+from ..logs import RepeatLimiter
+from ..loop import BackgroundLoop
+
+log = logging.getLogger(__name__)
+
+# Application errors (illegal address, page fault, graphics exception, ...): the process is at fault, not the GPU.
+DEFAULT_IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+# XIDs that need a GPU reset before the GPU takes new work, documented one by one in docs/operations.md
+# (GPU health): 48 double-bit ECC, 64 row remapping failed, 74 NVLink, 79 fallen off the bus, 95 uncontained
+# ECC, 154 recovery action changed. Not here, following NVIDIA's memory-error guide: 63 (row remap pending) and
+# 94 (contained ECC), after which new work may start without a reset; those, GSP errors (119/120) and the rest
+# recover after the quiet period unless the driver's recovery action asks for a reset.
+DEFAULT_RESET_XIDS = frozenset({48, 64, 74, 79, 95, 154})
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    enabled: bool = True
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    reset_xids: frozenset[int] = DEFAULT_RESET_XIDS
+    recovery_period: float = 300.0  # seconds of quiet before devices are Healthy again (not for reset-class faults)
+    check_interval: float = 1.0  # seconds between query checks; also the longest event wait
+
+
+@dataclass
+class _ResetWait:
+    """A reset-class fault on a GPU or MIG instance: cleared once the driver has required a reset and no longer does."""
+
+    gpu_uuid: str
+    required_seen: bool = False  # the driver said "reset", or the GPU stopped answering queries
+
+
+class HealthMonitor(BackgroundLoop):
+    """Follows the backend's health events and checks; publishes the set of unhealthy GPU/MIG UUIDs."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        node: NodeInfo,
+        publish: Callable[[frozenset[str]], None],
+        settings: HealthSettings = HealthSettings(),
+        clock: Callable[[], float] = time.monotonic,
+        node_check: Callable[[Gpu], str | None] | None = None,
+    ) -> None:
+        super().__init__("health")
+        self.inventory = inventory
+        self.node = node
+        self.publish = publish
+        self.settings = settings
+        self.clock = clock
+        self.node_check = node_check  # beyond NVML: e.g. the device nodes deviceSpecs hands out exist
+        self.xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
+        self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
+        self._reasons: dict[str, str] = {}
+        self._reset_waits: dict[str, _ResetWait] = {}  # uuid -> waiting for a GPU reset
+        self._ignored = RepeatLimiter(log, clock=clock)  # an XID storm: one line and a summary per minute
+
+    @property
+    def unhealthy(self) -> dict[str, str]:
+        """Unhealthy GPU or MIG UUID -> the reason."""
+        return dict(self._reasons)
+
+    @property
+    def awaiting_reset(self) -> frozenset[str]:
+        """GPU or MIG UUIDs that stay Unhealthy until their GPU is reset."""
+        return frozenset(self._reset_waits)
+
+    def start(self) -> None:
+        if not self.settings.enabled:
+            log.warning("health checks are disabled: failed GPUs stay advertised as Healthy")
+            return
+        self._start_thread()
+
+    def stop(self) -> None:
+        self._stop_thread()
+
+    def _run(self) -> None:
+        next_check = 0.0
+        while not self._stop.is_set():
+            try:
+                event = self.inventory.wait_for_event(self.settings.check_interval)
+            except Exception as err:  # a backend failure must never end health monitoring
+                log.error("health event wait failed: %s", err)
+                self._stop.wait(self.settings.check_interval)
+                event = None
+            changed = self.handle(event) if event else False
+            now = self.clock()
+            if now >= next_check:
+                changed |= self._check_all(now)
+                next_check = now + self.settings.check_interval
+            if changed:
+                self.publish(frozenset(self._reasons))
+
+    def handle(self, event: HealthEvent) -> bool:
+        """Apply one event; True when the unhealthy set changed."""
+        if event.xid is not None:
+            if event.xid in self.settings.ignored_xids:
+                self._ignored.log(logging.INFO, (event.xid, event.gpu_uuid), "ignoring application XID %d on GPU %s", event.xid, event.gpu_uuid)
+                return False
+            self.xid_counts[event.gpu_uuid] = self.xid_counts.get(event.gpu_uuid, 0) + 1
+        target = event.mig_uuid or event.gpu_uuid
+        if (event.reset_required or event.xid in self.settings.reset_xids) and target not in self._reset_waits:
+            self._reset_waits[target] = _ResetWait(event.gpu_uuid)
+            log.warning("%s needs a GPU reset (%s): its devices stay Unhealthy until the driver shows it was reset", target, event.reason)
+        return self._mark(target, event.reason, self.clock())
+
+    def _check_all(self, now: float) -> bool:
+        self._ignored.flush()
+        changed = False
+        failing = set()
+        required: dict[str, bool | None] = {}  # GPU uuid -> the driver says it needs a reset (None: cannot tell)
+        for gpu in self.node.gpus:
+            try:
+                problem = self.inventory.check(gpu.uuid) or (self.node_check(gpu) if self.node_check else None)
+            except Exception as err:  # a check that raises counts as a failing query
+                problem = f"health check raised {err}"
+            if problem:
+                failing.add(gpu.uuid)
+                changed |= self._mark(gpu.uuid, problem, now)
+            try:
+                required[gpu.uuid] = self.inventory.reset_required(gpu.uuid)
+            except Exception as err:
+                log.debug("reset state of GPU %s unknown: %s", gpu.uuid, err)
+                required[gpu.uuid] = None
+            if required[gpu.uuid] and gpu.uuid not in self._reset_waits:
+                self._reset_waits[gpu.uuid] = _ResetWait(gpu.uuid, required_seen=True)
+                log.warning("GPU %s: the driver requires a GPU reset (NVML GPU recovery action)", gpu.uuid)
+                changed |= self._mark(gpu.uuid, "the driver requires a GPU reset", now)
+        changed |= self._check_resets(failing, required)
+        for uuid, last in list(self._last_bad.items()):
+            if uuid not in self._reset_waits and now - last >= self.settings.recovery_period:
+                del self._last_bad[uuid]
+                log.info("%s is healthy again after %.0fs without errors (was: %s)", uuid, now - last, self._reasons.pop(uuid))
+                changed = True
+        return changed
+
+    def _check_resets(self, failing: set[str], required: dict[str, bool | None]) -> bool:
+        """Clear a reset-class fault once the driver shows the reset: it required one (or the GPU was lost) and now
+        answers queries without requiring one. A driver that cannot tell keeps the devices Unhealthy until restart."""
+        changed = False
+        for uuid, wait in list(self._reset_waits.items()):
+            if wait.gpu_uuid in failing or required.get(wait.gpu_uuid):
+                wait.required_seen = True
+            elif wait.required_seen:
+                del self._reset_waits[uuid]
+                self._last_bad.pop(uuid, None)
+                log.info("%s was reset: its devices are Healthy again (was: %s)", uuid, self._reasons.pop(uuid, "?"))
+                changed = True
+        return changed
+
+    def _mark(self, uuid: str, reason: str, now: float) -> bool:
+        new = uuid not in self._reasons
+        self._last_bad[uuid] = now
+        self._reasons[uuid] = reason
+        if new:
+            log.warning("marking %s and every device on it Unhealthy: %s", uuid, reason)
+        return new

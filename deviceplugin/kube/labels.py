@@ -1,0 +1,230 @@
+"""Node labels and the inventory annotation, published through the Kubernetes API.
+
+Labels use GPU feature discovery's names and meanings under the configured domain (docs/operations.md lists
+them); the annotation `<domain>/gpu-share.inventory` (format: annotation.py) holds per GPU and per unit the shares
+total, used and free and their health, for the scheduler extender and humans. Patches are debounced (at most one
+per `min_interval`) and carry only what changed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+
+from .annotation import ANNOTATION, HEALTHY, QUARANTINED, UNHEALTHY, VERSION, pod_digest
+from ..model.node import NodeInfo
+from .client import NodeClient
+from ..agent.usage import Usage
+from ..alloc.plan import Resource, Unit
+
+log = logging.getLogger(__name__)
+
+OWNED_ANNOTATION = "gpu-share.labels"  # JSON list of the label keys the publisher wrote
+
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def label_value(text: str) -> str:
+    """A valid label value: [A-Za-z0-9_.-], at most 63 characters, alphanumeric at both ends."""
+    return _LABEL_VALUE.sub("-", text)[:63].strip("-_.")
+
+
+def node_labels(domain: str, node: NodeInfo, resources: list[Resource], shared_product_suffix: bool = False) -> dict[str, str]:
+    """GPU feature discovery's labels where the concept is the same (names and meanings), per-pool details as
+    `<domain>/gpu-share.<pool>.*`. Every key is documented in docs/operations.md."""
+    labels = {"gpu.count": str(len(node.gpus)), "gpu.present": str(bool(node.gpus)).lower()}
+    shared = [r for r in resources if r.pool.shared]
+    if node.gpus:
+        first = node.gpus[0]  # GFD describes the node by its first GPU too
+        labels["gpu.product"] = label_value(first.model + ("-SHARED" if shared and shared_product_suffix else ""))
+        labels["gpu.memory"] = str(first.memory_mib)
+        labels.update(_compute_labels(first.compute_capability))
+    labels.update(_version_labels("cuda.driver", node.driver_version, ("major", "minor", "rev")))
+    labels.update(_version_labels("cuda.runtime", node.cuda_driver_version, ("major", "minor")))
+    # Node-wide sharing as GFD has it: the shared pool over the most GPUs decides.
+    widest = max(shared, key=lambda r: len(r.gpus), default=None)
+    labels["gpu.sharing-strategy"] = _strategy(widest) if widest else "none"
+    labels["gpu.replicas"] = str(max(u.replicas for u in widest.units)) if widest else "1"
+    labels["mig.capable"] = str(any(g.mig_capable for g in node.gpus)).lower()
+    strategies = {r.pool.mig_strategy for r in resources if r.pool.mode == "mig"}
+    labels["mig.strategy"] = "none" if not strategies else strategies.pop() if len(strategies) == 1 else "mixed"
+    for gpu in node.gpus:
+        for mig in gpu.mig_devices:
+            key = f"mig-{mig.profile.replace('+', '.')}"
+            labels[f"{key}.count"] = str(int(labels.get(f"{key}.count", "0")) + 1)
+            labels[f"{key}.memory"] = str(mig.memory_mib)
+    for resource in resources:
+        labels[f"gpu-share.{resource.label}.sharing-strategy"] = _strategy(resource)
+        labels[f"gpu-share.{resource.label}.replicas"] = str(max(u.replicas for u in resource.units))
+        labels[f"gpu-share.{resource.label}.gpus"] = str(len(resource.gpus))
+    return {f"{domain}/{key}": value for key, value in labels.items() if len(key) <= 63}  # the API's limit on a key's name
+
+
+def _strategy(resource: Resource) -> str:
+    if resource.pool.mode != "shared":
+        return "none"
+    return "mps" if resource.pool.mps else "time-slicing"
+
+
+def _compute_labels(capability: str) -> dict[str, str]:
+    """gpu.compute.major/minor and gpu.family from a compute capability such as "8.0" (GFD's family names)."""
+    match = re.fullmatch(r"(\d+)\.(\d+)", capability)
+    if not match:
+        return {}
+    major, minor = int(match.group(1)), int(match.group(2))
+    return {"gpu.compute.major": str(major), "gpu.compute.minor": str(minor), "gpu.family": _family(major, minor)}
+
+
+def _family(major: int, minor: int) -> str:
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell", 12: "blackwell"}.get(major, "undefined")
+
+
+def _version_labels(prefix: str, version: str, parts: tuple[str, ...]) -> dict[str, str]:
+    """`550.54.15` -> cuda.driver.major=550, .minor=54, .rev=15 (only the numeric parts present)."""
+    numbers = version.split(".")
+    return {f"{prefix}.{part}": number for part, number in zip(parts, numbers) if number.isdigit()}
+
+
+def inventory(
+    node: NodeInfo, resources: list[Resource], usage: Usage, unhealthy: frozenset[str], quarantined: frozenset[str] = frozenset()
+) -> dict:
+    """The annotation's content (version 2, without the generation): per GPU, per resource and unit, the pods.
+
+    `unhealthy` holds GPU or MIG UUIDs, `quarantined` GPU UUIDs whose free devices the residue guard holds back.
+    """
+    used: dict[tuple[str, str], int] = {}
+    for share in usage.shares:
+        used[(share.resource, share.unit_uuid)] = used.get((share.resource, share.unit_uuid), 0) + share.shares
+
+    def health(*uuids: str) -> str:
+        if any(u in unhealthy for u in uuids):
+            return UNHEALTHY
+        return QUARANTINED if any(u in quarantined for u in uuids) else HEALTHY
+
+    def unit_entry(resource: Resource, unit: Unit) -> dict:
+        taken = used.get((resource.name, unit.uuid), 0)
+        state = health(unit.uuid, unit.gpu.uuid)
+        entry = {"uuid": unit.uuid, "gpu": unit.gpu.index}
+        if unit.mig:
+            entry["profile"] = unit.mig.profile
+        free = max(unit.replicas - taken, 0) if state == HEALTHY else 0
+        return entry | {"total": unit.replicas, "used": taken, "free": free, "health": state}
+
+    return {
+        "version": VERSION,
+        "gpus": [
+            {"index": g.index, "uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib, "health": health(g.uuid)} for g in node.gpus
+        ],
+        "resources": {
+            r.name: {
+                "pool": r.pool.name,
+                "allowSpanGPUs": r.pool.allow_span,
+                "allocationPolicy": r.allocation_policy,
+                "units": [unit_entry(r, u) for u in r.units],
+            }
+            for r in resources
+        },
+        "pods": sorted({pod_digest(s.namespace, s.pod) for s in usage.shares}),
+    }
+
+
+class InventoryAnnotation:
+    """Builds the annotation and keeps its generation: +1 whenever the content changes.
+
+    The counter starts from the clock in milliseconds, so it keeps increasing across plugin restarts
+    (the content changes at most once per agent round, far slower than once per millisecond).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.generation = int(clock() * 1000)
+        self._content: dict | None = None
+
+    def build(
+        self, node: NodeInfo, resources: list[Resource], usage: Usage, unhealthy: frozenset[str], quarantined: frozenset[str] = frozenset()
+    ) -> dict:
+        content = inventory(node, resources, usage, unhealthy, quarantined)
+        if content != self._content:
+            if self._content is not None:
+                self.generation += 1
+            self._content = content
+        return {"version": VERSION, "generation": self.generation} | {k: v for k, v in content.items() if k != "version"}
+
+
+class NodePublisher:
+    """Keeps the Node's labels and annotations in step; debounced, minimal patches.
+
+    The publisher owns exactly the label keys it wrote, listed in the annotation `<domain>/gpu-share.labels`
+    (so a restart knows them): it removes only those, and never writes a key someone else set first (GPU
+    feature discovery with `domain: nvidia.com`, a person) — that key is left alone, said once in the log.
+    """
+
+    def __init__(self, client: NodeClient, domain: str, min_interval: float = 5.0, shared_product_suffix: bool = False) -> None:
+        self.client = client
+        self.domain = domain
+        self.shared_product_suffix = shared_product_suffix  # gpu.product gets GFD's -SHARED when a pool shares GPUs
+        self.min_interval = min_interval
+        self._labels: dict[str, str] | None = None  # ours, as last published
+        self._foreign: frozenset[str] = frozenset()  # keys set by others when we started
+        self._told: set[str] = set()
+        self._owned_text: str | None = None
+        self._annotation: str | None = None
+        self._last_patch = float("-inf")
+
+    @property
+    def owned_key(self) -> str:
+        return f"{self.domain}/{OWNED_ANNOTATION}"
+
+    def publish(self, labels: dict[str, str], annotation: dict) -> bool:
+        """Patch what changed since the last patch; False when nothing changed or the debounce holds it back."""
+        if self._labels is None and not self._read_node():
+            return False
+        ours = self._labels or {}
+        for key in sorted(set(labels) & self._foreign - self._told):
+            log.info("node label %s was set by someone else (GPU feature discovery?): left alone", key)
+            self._told.add(key)
+        wanted = {k: v for k, v in labels.items() if k not in self._foreign}
+        label_patch: dict[str, str | None] = {k: v for k, v in wanted.items() if ours.get(k) != v}
+        label_patch.update({k: None for k in ours if k not in wanted})
+        owned_text = json.dumps(sorted(wanted), separators=(",", ":"))
+        text = json.dumps(annotation, separators=(",", ":"), sort_keys=True)
+        annotation_patch = {f"{self.domain}/{ANNOTATION}": text} if text != self._annotation else {}
+        if owned_text != self._owned_text:
+            annotation_patch[self.owned_key] = owned_text
+        if not label_patch and not annotation_patch:
+            return False
+        if time.monotonic() - self._last_patch < self.min_interval:
+            return False
+        try:
+            self.client.patch_metadata(label_patch, annotation_patch)
+        except Exception as err:
+            log.warning("cannot patch node %s labels/annotation: %s", self.client.node_name, err)
+            return False
+        self._last_patch = time.monotonic()
+        self._labels = wanted
+        self._owned_text = owned_text
+        self._annotation = text
+        return True
+
+    def _read_node(self) -> bool:
+        """Which labels are ours (listed in our annotation by an earlier run) and which belong to others."""
+        try:
+            labels, annotations = self.client.metadata()
+        except Exception as err:
+            log.warning("cannot read node %s labels: %s", self.client.node_name, err)
+            return False
+        self._owned_text = annotations.get(self.owned_key)
+        try:
+            listed = json.loads(self._owned_text or "[]")
+        except ValueError:
+            listed = []
+        owned = {k for k in listed if isinstance(k, str)} if isinstance(listed, list) else set()
+        self._labels = {k: v for k, v in labels.items() if k in owned}
+        self._foreign = frozenset(k for k in labels if k not in owned)
+        return True

@@ -1,0 +1,237 @@
+"""The Prometheus metrics (prometheus-client): GPUs, pools, containers and the plugin's own health. Every metric is
+prefixed `gpushare_` and documented in docs/metrics.md; metrics_http serves them with /healthz and /readyz."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .. import __version__
+
+MIB = 1024 * 1024
+
+
+class PluginMetrics:
+    """Counters the gRPC layer feeds as things happen."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.allocations = Counter(
+            "gpushare_allocate_requests", "Allocate calls by resource and result (ok, refused).", ["resource", "result"], registry=registry
+        )
+        self.allocate_seconds = Histogram(
+            "gpushare_allocate_duration_seconds",
+            "Time to answer Allocate.",
+            ["resource"],
+            buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0),
+            registry=registry,
+        )
+        self.registrations = Counter("gpushare_registrations", "Successful registrations with the kubelet.", ["resource"], registry=registry)
+
+    def declare(self, resources: Iterable[str]) -> None:
+        """Create every child series of these resources at 0, so they exist before the first Allocate."""
+        for name in resources:
+            self.allocate_seconds.labels(name)
+            self.allocations.labels(name, "ok")
+            self.allocations.labels(name, "refused")
+            self.registrations.labels(name)
+
+    def allocated(self, resource: str, ok: bool, seconds: float) -> None:
+        self.allocations.labels(resource, "ok" if ok else "refused").inc()
+        self.allocate_seconds.labels(resource).observe(seconds)
+
+    def registered(self, resource: str) -> None:
+        self.registrations.labels(resource).inc()
+
+
+class StateCollector(Collector):
+    """Reads the current state on every scrape: nothing to keep in step, nothing stale."""
+
+    def __init__(self, sources: "MetricSources") -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.sources
+        node = s.node
+        snapshot = s.agent.snapshot if s.agent else None
+        unhealthy = s.unhealthy()
+        awaiting_reset = s.awaiting_reset()
+        gpu_labels = ["gpu", "uuid", "model"]
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "memory_used": GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=gpu_labels),
+            "memory_total": GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory in all.", labels=gpu_labels),
+            "utilization": GaugeMetricFamily("gpushare_gpu_utilization_ratio", "GPU busy time over the last sample period (0-1).", labels=gpu_labels),
+            "temperature": GaugeMetricFamily("gpushare_gpu_temperature_celsius", "GPU temperature.", labels=gpu_labels),
+            "power": GaugeMetricFamily("gpushare_gpu_power_watts", "GPU power draw.", labels=gpu_labels),
+            "healthy": GaugeMetricFamily("gpushare_gpu_healthy", "1 when the GPU is Healthy, 0 when its devices are advertised Unhealthy.", labels=gpu_labels),
+            "reset": GaugeMetricFamily(
+                "gpushare_gpu_reset_required", "1 while a reset-class fault keeps the GPU (or a MIG instance on it) Unhealthy until a GPU reset.", labels=gpu_labels
+            ),
+            "xid": CounterMetricFamily("gpushare_gpu_xid_errors", "Critical XID errors seen (ignored XIDs excluded).", labels=gpu_labels),
+            "residue": GaugeMetricFamily("gpushare_gpu_residue_memory_bytes", "GPU memory held by processes of containers known to have ended.", labels=gpu_labels),
+            "unattributed": GaugeMetricFamily(
+                "gpushare_gpu_unattributed_memory_bytes", "GPU memory of processes not attributed to an active container (reported, never quarantined).", labels=gpu_labels
+            ),
+            "quarantined": GaugeMetricFamily("gpushare_gpu_quarantined", "1 while the residue guard holds the GPU's free devices back.", labels=gpu_labels),
+        }
+        for gpu in node.gpus:
+            labels = [str(gpu.index), gpu.uuid, gpu.model]
+            stats = snapshot.stats.get(gpu.uuid) if snapshot else None
+            families["memory_total"].add_metric(labels, gpu.memory_mib * MIB)
+            if stats and stats.memory_used_mib is not None:
+                families["memory_used"].add_metric(labels, stats.memory_used_mib * MIB)
+            if stats and stats.utilization_percent is not None:
+                families["utilization"].add_metric(labels, stats.utilization_percent / 100)
+            if stats and stats.temperature_celsius is not None:
+                families["temperature"].add_metric(labels, stats.temperature_celsius)
+            if stats and stats.power_watts is not None:
+                families["power"].add_metric(labels, stats.power_watts)
+            families["healthy"].add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
+            families["reset"].add_metric(labels, 1 if {gpu.uuid, *(m.uuid for m in gpu.mig_devices)} & awaiting_reset else 0)
+            families["xid"].add_metric(labels, s.xid_counts().get(gpu.uuid, 0))
+            # 0 before the first agent round, like every other state series
+            families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
+            families["unattributed"].add_metric(labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
+            families["quarantined"].add_metric(labels, 1 if snapshot and gpu.uuid in snapshot.quarantined else 0)
+        yield from families.values()
+
+        total = GaugeMetricFamily("gpushare_shares", "Devices (shares, whole GPUs or MIG instances) advertised, per resource and GPU.", labels=["resource", "pool", "gpu", "uuid"])
+        allocated = GaugeMetricFamily("gpushare_shares_allocated", "Devices held by active containers (from pod-resources).", labels=["resource", "pool", "gpu", "uuid"])
+        held: dict[tuple[str, str], int] = {}
+        for share in snapshot.usage.shares if snapshot else ():
+            held[(share.resource, share.gpu_uuid)] = held.get((share.resource, share.gpu_uuid), 0) + share.shares
+        for resource in s.resources():
+            per_gpu: dict[str, int] = {}
+            for device in resource.devices.values():
+                per_gpu[device.gpu.uuid] = per_gpu.get(device.gpu.uuid, 0) + 1
+            for gpu in resource.gpus:
+                labels = [resource.name, resource.pool.name, str(gpu.index), gpu.uuid]
+                total.add_metric(labels, per_gpu.get(gpu.uuid, 0))
+                allocated.add_metric(labels, held.get((resource.name, gpu.uuid), 0))
+        yield total
+        yield allocated
+
+        container_labels = ["namespace", "pod", "container", "resource", "uuid"]
+        shares = GaugeMetricFamily("gpushare_container_shares", "Devices a container holds on one GPU or MIG instance.", labels=container_labels)
+        limit = GaugeMetricFamily("gpushare_container_memory_limit_bytes", "GPU memory a container's shares allow.", labels=container_labels)
+        used = GaugeMetricFamily("gpushare_container_memory_used_bytes", "GPU memory a container's processes really use (NVML).", labels=container_labels)
+        over = GaugeMetricFamily("gpushare_container_over_limit", "1 when a time-sliced container uses more GPU memory than its shares allow.", labels=container_labels)
+        measured = {(c.share.key, c.share.unit_uuid): c for c in snapshot.containers} if snapshot else {}
+        for share in snapshot.usage.shares if snapshot else ():
+            labels = [share.namespace, share.pod, share.container, share.resource, share.unit_uuid]
+            shares.add_metric(labels, share.shares)
+            limit.add_metric(labels, share.memory_limit_mib * MIB)
+            item = measured.get((share.key, share.unit_uuid))
+            if item is not None:
+                used.add_metric(labels, item.used_mib * MIB)
+                over.add_metric(labels, 1 if item.over_limit else 0)
+        yield from (shares, limit, used, over)
+
+        yield CounterMetricFamily("gpushare_kubelet_restarts", "Kubelet restarts seen (kubelet.sock recreated).", value=s.kubelet_restarts())
+        reloads = CounterMetricFamily("gpushare_config_reloads", "Config reloads by result.", labels=["result"])
+        ok, failed = s.reloads()
+        reloads.add_metric(["success"], ok)
+        reloads.add_metric(["error"], failed)
+        yield reloads
+        agent = s.agent
+        if agent:
+            yield from _metering(agent.meter)
+        yield CounterMetricFamily("gpushare_pod_resources_rate_limited", "pod-resources calls refused by the kubelet's rate limit.", value=agent.rate_limited if agent else 0)
+        yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=agent.watchdog.violations if agent else 0)
+        yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=agent.watchdog.kills if agent else 0)
+        yield CounterMetricFamily("gpushare_memory_kill_failures", "Processes the memory watchdog failed to kill (once per PID).", value=agent.watchdog.kill_failures if agent else 0)
+        last_sync = snapshot.last_sync if snapshot and snapshot.last_sync is not None else 0
+        yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List; 0 before the first.", value=last_sync)
+        yield GaugeMetricFamily("gpushare_nvml_up", "1 when the GPUs were discovered (NVML loaded); 0 while the plugin runs without devices.", value=1 if s.nvml_up else 0)
+        info = GaugeMetricFamily("gpushare_build_info", "Always 1; the labels say which gpu-share runs.", labels=["version", "python"])
+        info.add_metric([__version__, platform.python_version()], 1)
+        yield info
+        cdi = GaugeMetricFamily("gpushare_cdi_devices_missing", "Advertised devices no CDI spec on the node names (CDI mode).", labels=["resource"])
+        missing: dict[str, list[str]] = s.cdi_missing()
+        for resource in s.resources():
+            cdi.add_metric([resource.name], len(missing.get(resource.name, ())))
+        yield cdi
+        yield GaugeMetricFamily("gpushare_config_in_sync", "1 when the running config is the config file's current content.", value=1 if s.config_in_sync() else 0)
+        registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
+        for name, is_registered in s.registration():
+            registered.add_metric([name], 1 if is_registered else 0)
+        yield registered
+
+
+def _metering(meter) -> Iterator[Metric]:
+    """The meter's totals as counters (no `_created` series: they would double the per-pod series)."""
+    labels = ["namespace", "pod", "resource"]
+    families = [
+        (CounterMetricFamily("gpushare_share_seconds", "Devices (shares, whole GPUs, MIG instances) held x seconds, per pod.", labels=labels), "share_seconds"),
+        (CounterMetricFamily("gpushare_gpu_seconds", "GPU-equivalents held x seconds (a share of a 4-way GPU is 0.25), per pod.", labels=labels), "gpu_seconds"),
+        (
+            CounterMetricFamily("gpushare_memory_used_byte_seconds", "GPU memory really used (NVML) x seconds, per pod.", labels=labels),
+            "memory_byte_seconds",
+        ),
+    ]
+    totals = meter.totals()
+    for family, field in families:
+        for key, total in totals.items():
+            family.add_metric(list(key), getattr(total, field))
+        yield family
+
+
+class NodeLabel(Collector):
+    """Every series of `inner` with a `node` label (the node's name), so dashboards need no relabeling."""
+
+    def __init__(self, inner: CollectorRegistry, node: str) -> None:
+        self.inner = inner
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.inner.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            labelled.samples = [sample._replace(labels={**sample.labels, "node": self.node}) for sample in family.samples]
+            yield labelled
+
+
+def exposed_registry(inner: CollectorRegistry, node: str) -> CollectorRegistry:
+    """What /metrics serves: `inner` with the node label."""
+    registry = CollectorRegistry()
+    registry.register(NodeLabel(inner, node))
+    return registry
+
+
+class MetricSources:
+    """Where the collector reads from; each part is optional so the endpoint also serves a partial plugin."""
+
+    def __init__(self, node, manager=None, agent=None, monitor=None, reloader=None, nvml_up: bool = True, cdi_missing=None) -> None:
+        self.node = node
+        self.nvml_up = nvml_up
+        self.cdi_missing = cdi_missing or dict  # () -> {resource: [CDI names no spec defines]}
+        self.manager = manager
+        self.agent = agent
+        self.monitor = monitor
+        self.reloader = reloader
+
+    def resources(self) -> list:
+        return self.manager.resources if self.manager else []
+
+    def unhealthy(self) -> frozenset[str]:
+        return frozenset(self.monitor.unhealthy) if self.monitor else frozenset()
+
+    def awaiting_reset(self) -> frozenset[str]:
+        return self.monitor.awaiting_reset if self.monitor else frozenset()
+
+    def xid_counts(self) -> dict[str, int]:
+        return dict(self.monitor.xid_counts) if self.monitor else {}
+
+    def kubelet_restarts(self) -> int:
+        return self.manager.kubelet_restarts if self.manager else 0
+
+    def reloads(self) -> tuple[int, int]:
+        return (self.reloader.reloads, self.reloader.errors) if self.reloader else (0, 0)
+
+    def config_in_sync(self) -> bool:
+        return self.reloader.in_sync if self.reloader else True
+
+    def registration(self) -> list[tuple[str, bool]]:
+        return [(srv.resource.name, srv.registered.is_set()) for srv in self.manager.servers] if self.manager else []

@@ -1,0 +1,319 @@
+"""Runs every resource's server and follows the kubelet's lifecycle (restarts, deleted sockets).
+
+Kubelet restart signals (kubelet-contract §2.6): kubelet.sock is recreated, or a server's own socket
+disappears. The device-plugin directory is watched with inotify, so a new kubelet.sock is answered with
+a Register within milliseconds; a poll every `watch_interval` is the safety net (and the only signal
+where inotify is unavailable). The same poll follows MPS pools: a pool is served once its control daemon
+is alive (MpsLiveness: the ready marker and an answer on the control pipe, asked off the loop), and its
+devices are Unhealthy while it is not. Everything runs on the one gRPC event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import logging
+import socket
+import stat
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .aioloop import EventLoopThread, shared_loop
+from .inotify import DirectoryWatch
+from ..mps.control import MpsLiveness
+from ..mps.paths import MpsPaths
+from ..alloc.plan import Resource
+from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
+
+if TYPE_CHECKING:
+    from ..obs.metrics import PluginMetrics
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT = 0.5
+
+
+def signature(resource: Resource) -> tuple:
+    """What decides a resource's devices and Allocate answers: equal signatures need no restart on reload."""
+    config = resource.config
+    return (
+        resource.name,
+        dataclasses.replace(resource.pool, path=""),
+        resource.units,
+        tuple(resource.devices),
+        (config.allocation_policy, config.device_list_strategy, config.cdi_kind, config.device_specs, config.device_root, config.mps_root),
+    )
+
+
+def socket_is_live(path: Path) -> bool:
+    """True when something accepts connections on the Unix socket at `path` (another live plugin process)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(PROBE_TIMEOUT)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError as err:
+        if err.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+            log.debug("probing %s: %s", path, err)
+        return err.errno not in (errno.ECONNREFUSED, errno.ENOENT)
+    finally:
+        probe.close()
+
+
+def remove_stale_sockets(plugin_dir: Path) -> None:
+    """Delete our sockets that nobody serves; leave those a live process answers on (a rolling-update overlap)."""
+    for path in plugin_dir.glob(f"{SOCKET_PREFIX}*.sock"):
+        try:
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                continue
+        except FileNotFoundError:
+            continue
+        if socket_is_live(path):
+            log.info("leaving %s alone: a live process serves it", path.name)
+        else:
+            log.info("removing stale socket %s", path.name)
+            path.unlink(missing_ok=True)
+
+
+class PluginManager:
+    """Owns the per-resource servers and re-registers them when the kubelet restarts."""
+
+    def __init__(
+        self,
+        resources: list[Resource],
+        plugin_dir: Path,
+        timings: Timings = Timings(),
+        metrics: "PluginMetrics | None" = None,
+        loop: EventLoopThread | None = None,
+        mps: MpsLiveness | None = None,
+    ) -> None:
+        self.plugin_dir = Path(plugin_dir)
+        self.mps = mps or MpsLiveness()
+        self.timings = timings
+        self.metrics = metrics  # may be attached after start: registration comes first
+        self.kubelet_restarts = 0
+        self._loop = loop or shared_loop()
+        self.servers = [self._new_server(r) for r in resources]
+        self._unhealthy: frozenset[str] = frozenset()
+        self._quarantined: frozenset[str] = frozenset()
+        self._state = threading.Lock()  # servers list + health handed to new servers
+        self._lifecycle = asyncio.Lock()  # serialises start/stop/apply/check on the loop
+        self._nudge = asyncio.Event()  # set by inotify: check now
+        self._kubelet: tuple[int, int] | None = None
+        self._watch: DirectoryWatch | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._serve_failures: dict[str, int] = {}
+
+    @property
+    def resources(self) -> list[Resource]:
+        return [s.resource for s in self.servers]
+
+    @property
+    def register_calls(self) -> int:
+        """Register calls made by every server so far (benchmarks and tests count them)."""
+        return sum(s.register_calls for s in self.servers)
+
+    @property
+    def started(self) -> bool:
+        return self._poller is not None and not self._stopping
+
+    def attach_metrics(self, metrics: "PluginMetrics") -> None:
+        """Count from now on, with the registrations that happened before the exporter loaded."""
+        for server in self.servers:
+            for _ in range(server.registrations):
+                metrics.registered(server.resource.name)
+        self.metrics = metrics
+
+    def _new_server(self, resource: Resource) -> DevicePluginServer:
+        return DevicePluginServer(resource, self.plugin_dir, self.timings, lambda: self.metrics)
+
+    # --- public, from any thread but the loop ---------------------------------------------------
+    def start(self) -> None:
+        remove_stale_sockets(self.plugin_dir)
+        self._loop.run(self._start())
+
+    def stop(self) -> None:
+        self._loop.run(self._stop())
+        log.info("stopped; sockets removed")
+
+    def apply(self, resources: list[Resource]) -> list[str]:
+        """Serve a new set of resources, restarting only those whose signature changed; returns what changed."""
+        return self._loop.run(self._apply(resources))
+
+    def health(self) -> tuple[bool, str]:
+        """/healthz: every server is serving on its socket (MPS pools waiting for their daemon excepted)."""
+        broken = [
+            s.resource.name
+            for s in self.servers
+            if (s.socket_path is None and not self._waits_for_mps(s)) or (s.socket_path is not None and not s.socket_path.exists())
+        ]
+        return (not broken, "ok" if not broken else f"not serving: {', '.join(broken)}")
+
+    def readiness(self) -> tuple[bool, str]:
+        """/readyz: every resource is registered with the kubelet."""
+        waiting = [s.resource.name for s in self.servers if not s.registered.is_set()]
+        return (not waiting, "ready" if not waiting else f"not registered: {', '.join(waiting)}")
+
+    def set_unhealthy(self, uuids: frozenset[str]) -> None:
+        with self._state:
+            self._unhealthy = uuids
+            servers = list(self.servers)
+        for server in servers:
+            server.set_unhealthy(uuids)
+
+    def set_quarantined(self, device_ids: frozenset[str]) -> None:
+        with self._state:
+            self._quarantined = device_ids
+            servers = list(self.servers)
+        for server in servers:
+            server.set_quarantined(device_ids)
+
+    # --- on the loop -----------------------------------------------------------------------------
+    async def _start(self) -> None:
+        self._stopping = False
+        async with self._lifecycle:
+            self._kubelet = kubelet_identity(self.plugin_dir / KUBELET_SOCKET)
+            self._watch = DirectoryWatch.open(self.plugin_dir)
+            if self._watch is not None:
+                asyncio.get_running_loop().add_reader(self._watch.fd, self._on_directory_event)
+            for server in self.servers:
+                await self._start_server(server, retry=False)
+        self._poller = asyncio.get_running_loop().create_task(self._poll(), name="kubelet-watch")
+
+    async def _stop(self) -> None:
+        self._stopping = True
+        async with self._lifecycle:  # a check in progress finishes first: no restart is cut in half
+            if self._poller is not None:
+                self._poller.cancel()
+                self._poller = None
+            if self._watch is not None:
+                asyncio.get_running_loop().remove_reader(self._watch.fd)
+                self._watch.close()
+                self._watch = None
+            await asyncio.gather(*(s.shutdown() for s in self.servers))
+
+    async def _apply(self, resources: list[Resource]) -> list[str]:
+        for resource in resources:  # refuse a plan whose sockets cannot exist before anything is stopped
+            socket_path_for(self.plugin_dir, resource, serial=0)
+        changes = []
+        async with self._lifecycle:
+            current = {s.resource.name: s for s in self.servers}
+            wanted = {r.name: r for r in resources}
+            kept, started = [], []
+            for name, server in current.items():
+                if name not in wanted or signature(wanted[name]) != signature(server.resource):
+                    await server.shutdown()
+                    changes.append(f"{'changed' if name in wanted else 'removed'} {name}")
+                else:
+                    kept.append(server)
+            with self._state:
+                for name, resource in wanted.items():
+                    if name in current and current[name] in kept:
+                        continue
+                    server = self._new_server(resource)
+                    server.set_unhealthy(self._unhealthy)
+                    server.set_quarantined(self._quarantined)
+                    kept.append(server)
+                    started.append(server)
+                    if name not in current:
+                        changes.append(f"added {name}")
+                self.servers = kept
+            for server in started:
+                await self._start_server(server)
+        return changes
+
+    async def _start_server(self, server: DevicePluginServer, retry: bool = True) -> None:
+        """Serve unless an MPS pool's daemon is not ready. With `retry`, a failure (a socket that cannot be bound)
+        is logged and left to the next check, which tries again; without, it is raised (start-up)."""
+        if self._waits_for_mps(server):
+            log.info("%s: waiting for the control daemon of MPS pool %s (%s)", server.resource.name, server.resource.pool.name, self._mps_paths(server).root)
+            return
+        try:
+            await server.serve()
+        except (OSError, RuntimeError) as err:  # grpc raises RuntimeError("Failed to bind ...")
+            if not retry:
+                raise
+            failures = self._serve_failures[server.resource.name] = self._serve_failures.get(server.resource.name, 0) + 1
+            if failures == 1 or failures % 50 == 0:
+                log.error("cannot serve %s (%s); retrying every %.1fs (failure %d)", server.resource.name, err, self.timings.watch_interval, failures)
+        else:
+            self._serve_failures.pop(server.resource.name, None)
+
+    def _waits_for_mps(self, server: DevicePluginServer) -> bool:
+        return server.resource.pool.mps and not self._mps_ready(server)
+
+    def _mps_paths(self, server: DevicePluginServer) -> MpsPaths:
+        return MpsPaths.of(server.resource.config.mps_root, server.resource.pool.name)
+
+    def _mps_ready(self, server: DevicePluginServer) -> bool:
+        return self.mps.ready(self._mps_paths(server))
+
+    def _on_directory_event(self) -> None:
+        """inotify says entries of the plugin directory changed: check at once (not at the next poll)."""
+        if self._watch is None:
+            return
+        try:
+            names = self._watch.read()
+        except OSError as err:
+            log.warning("reading inotify events failed (%s); relying on polling", err)
+            return
+        ours = {s.socket_path.name for s in self.servers if s.socket_path is not None}
+        if names is None or KUBELET_SOCKET in names or ours.intersection(names):
+            self._nudge.set()
+
+    async def _poll(self) -> None:
+        """Check at every inotify nudge, and every `watch_interval` in any case."""
+        while True:
+            try:
+                await asyncio.wait_for(self._nudge.wait(), self.timings.watch_interval)
+            except TimeoutError:
+                pass
+            self._nudge.clear()
+            try:
+                await self._check()
+            except Exception:  # never let the watch die: log and go on with the next round
+                log.exception("kubelet watch round failed")
+
+    async def _check(self) -> None:
+        """One look at the kubelet, our sockets and the MPS daemons; restarts and re-registers as needed."""
+        async with self._lifecycle:
+            if self._stopping:
+                return
+            for server in self.servers:
+                if server.resource.pool.mps:
+                    ready = self._mps_ready(server)
+                    if not server.serving and ready:
+                        log.info("MPS control daemon of pool %s is ready", server.resource.pool.name)
+                        await self._start_server(server)
+                    elif server.serving and ready != server.available:
+                        log.warning("MPS control daemon of pool %s is %s", server.resource.pool.name, "back" if ready else "down: devices Unhealthy")
+                    server.set_available(ready)
+            current = kubelet_identity(self.plugin_dir / KUBELET_SOCKET)
+            restarted = current is not None and current != self._kubelet
+            if restarted and self._kubelet is not None:
+                self.kubelet_restarts += 1
+                log.info("kubelet.sock was recreated: the kubelet restarted")
+            if current is not None:
+                self._kubelet = current
+            restarts = []
+            for server in self.servers:
+                path = server.socket_path
+                if path is None:
+                    if not self._waits_for_mps(server):
+                        restarts.append(self._serve_again(server, "it is not serving"))
+                elif not path.exists():
+                    restarts.append(self._serve_again(server, f"its socket {path.name} was deleted"))
+                elif restarted and server.registered_with is not None and server.registered_with != current:
+                    restarts.append(self._serve_again(server, "the kubelet restarted"))
+                elif restarted:
+                    server.wake()
+            await asyncio.gather(*restarts)  # resources restart side by side, not one grace period after another
+
+    async def _serve_again(self, server: DevicePluginServer, reason: str) -> None:
+        if server.resource.name not in self._serve_failures:
+            log.info("restarting %s: %s", server.resource.name, reason)
+        await server.shutdown()
+        await self._start_server(server)

@@ -1,0 +1,130 @@
+"""The composition root of `gpu-share run`: every part of the plugin, wired and started in order."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry
+
+from ..agent.loop import AgentSettings, NodeAgent
+from ..alloc.allocator import missing_device_nodes
+from ..alloc.cdi import check_specs
+from ..config.types import Config
+from ..health.monitor import HealthMonitor
+from ..model.node import Gpu, NodeInfo
+from ..discovery.inventory import Inventory
+from ..kube.client import NodeClient
+from ..obs.metrics import MetricSources, PluginMetrics, StateCollector
+from ..obs.http import MetricsServer
+from ..kube.labels import NodePublisher
+from ..agent.usage import PodResourcesClient
+from ..agent.procmap import PodDirectory, ProcessMapper
+from .options import DaemonOptions
+from .reload import ConfigReloader
+from .serving import Serving, plan_serving
+from ..agent.watchdog import MemoryWatchdog
+
+log = logging.getLogger(__name__)
+
+
+class PluginDaemon:
+    """Discovery -> config -> servers <-> kubelet; health; node agent -> labels and metrics."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        options: DaemonOptions,
+        client: NodeClient | None = None,
+        pod_directory: PodDirectory | None = None,
+        serving: Serving | None = None,
+    ) -> None:
+        """With `serving`, take over its (possibly started) manager and plan; else plan here with `client`."""
+        self.inventory = inventory
+        self.options = options
+        serving = serving or plan_serving(inventory, options, lambda: client)
+        if serving.profiles.client is None:
+            serving.profiles.client = client  # the profile label follows reloads from now on
+        self.node: NodeInfo = serving.node
+        self.config: Config = serving.config
+        self._config_data = serving.config_data
+        self.cdi_missing: dict[str, list[str]] = self._check_cdi(self.config, serving.manager.resources)
+        self.registry = CollectorRegistry()
+        self.manager = serving.manager
+        self.plugin_metrics = PluginMetrics(self.registry)
+        self.plugin_metrics.declare(r.name for r in self.manager.resources)
+        self.manager.attach_metrics(self.plugin_metrics)
+        profiles = serving.profiles
+        self.monitor = HealthMonitor(inventory, self.node, self.manager.set_unhealthy, options.health, node_check=self._device_nodes)
+        self.reloader = ConfigReloader(options.config_file, self.node, self.manager, profiles, options.reload_interval, self._reloaded)
+        directory = pod_directory or client
+        self.agent = NodeAgent(
+            inventory,
+            self.node,
+            self.manager,
+            PodResourcesClient(options.pod_resources_socket),
+            AgentSettings(options.agent.interval, options.agent.backoff_max, quarantine=self.config.quarantine),
+            mapper=ProcessMapper(directory, options.proc_root) if directory else None,
+            watchdog=MemoryWatchdog(self.config.watchdog_policy, events=self._event_sink(client)),
+            publisher=NodePublisher(client, self.config.domain, options.label_interval, self.config.shared_product_suffix) if client else None,
+            unhealthy=lambda: frozenset(self.monitor.unhealthy),
+        )
+        sources = MetricSources(self.node, self.manager, self.agent, self.monitor, self.reloader, cdi_missing=lambda: self.cdi_missing)
+        self.registry.register(StateCollector(sources))
+        self.metrics_server = (
+            MetricsServer(
+                self.registry, self.manager.health, self.manager.readiness, options.metrics_port, options.metrics_host, node=options.node_name or self.node.name
+            )
+            if options.metrics_port
+            else None
+        )
+
+    def _device_nodes(self, gpu: Gpu) -> str | None:
+        """With deviceSpecs, a GPU whose device nodes are missing on the host cannot be handed out: Unhealthy."""
+        if not self.config.device_specs:
+            return None
+        missing = missing_device_nodes(self.config.device_root, gpu)
+        return f"deviceSpecs: device node(s) missing under deviceRoot {self.config.device_root}: {', '.join(missing)}" if missing else None
+
+    def _reloaded(self, config: Config) -> None:
+        """Settings outside the resources follow the new config too."""
+        self.config = config
+        self.plugin_metrics.declare(r.name for r in self.manager.resources)
+        self.cdi_missing = self._check_cdi(config, self.manager.resources)
+        self.agent.watchdog.policy = config.watchdog_policy
+        self.agent.quarantine = config.quarantine
+
+    def _check_cdi(self, config: Config, resources) -> dict[str, list[str]]:
+        """In CDI mode, the advertised devices that no CDI spec on the node names (logged), per resource."""
+        if config.device_list_strategy != "cdi":
+            return {}
+        return check_specs(resources, config.cdi_kind, self.options.cdi_spec_dirs)
+
+    @staticmethod
+    def _event_sink(client: NodeClient | None):
+        if client is None:
+            return None
+        return lambda namespace, pod, reason, message: client.pod_event(namespace, pod, None, reason, message)
+
+    def start(self) -> None:
+        if self.config.device_specs:
+            missing = sorted({p for gpu in self.node.gpus for p in missing_device_nodes(self.config.device_root, gpu)})
+            if missing:
+                log.warning("deviceSpecs: device nodes not found: %s; the GPUs that need them are Unhealthy until they exist", ", ".join(missing))
+        if self.metrics_server:
+            self.metrics_server.start()
+        if not self.manager.started:
+            self.manager.start()
+        self.monitor.start()
+        self.reloader.start(self.config, self._config_data)  # the config plan_serving already parsed
+        self.agent.start()
+        for resource in self.manager.resources:
+            log.info("%s: %d devices on %d GPUs", resource.name, len(resource.devices), len(resource.gpus))
+
+    def stop(self) -> None:
+        self.agent.stop()
+        self.reloader.stop()
+        self.monitor.stop()
+        self.manager.stop()
+        if self.metrics_server:
+            self.metrics_server.stop()
+        self.inventory.close()
