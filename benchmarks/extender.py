@@ -165,7 +165,7 @@ def agreement(trials: int, seed: int = 7) -> dict:
     Random states of an 8-GPU node with 10 shares per GPU: the node plugin's annotation of that state, the
     extender's placement from it, and the plugin's own choice among the free device IDs, per allocationPolicy.
     """
-    from deviceplugin.alloc.allocator import preferred_allocation
+    from deviceplugin.alloc.placement import preferred_allocation
     from deviceplugin.extender.fit import place
     from deviceplugin.extender.model import parse_annotation, pod_request
 

@@ -7,7 +7,7 @@ The simulator's protocol (deviceplugin/cluster/simulator.py: the same arrivals, 
 each GPU pod is placed as kube-scheduler with the extender would place it: kube-scheduler's own filters (CPU,
 memory, pod count, GPU model), then the extender's `filter` and `prioritize` verbs on its cache, the node with the
 highest extender score (ties to the first in node order), and on that node the units the kubelet gets from the
-node plugin's GetPreferredAllocation (deviceplugin/allocator.py) on a built Resource. After each binding the
+node plugin's GetPreferredAllocation (deviceplugin/alloc/placement.py) on a built Resource. After each binding the
 node republishes its annotation. A fractional pod asks for its request rounded up to shares of 1/`replicas`
 GPU; a pod of k whole GPUs has k containers of `replicas` shares each. CPU-only pods never reach the extender:
 they are placed by the cluster policy alone, as in the simulator.
@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from prometheus_client import CollectorRegistry
 
-from deviceplugin.alloc.allocator import preferred_allocation
+from deviceplugin.alloc.placement import preferred_allocation
 from deviceplugin.cluster import MILLI, NEEDS_SHAPES, Node, Pod, make_policy, place
 from deviceplugin.cluster.model import host_fits
 from deviceplugin.cluster.report import parse_policies, parse_seeds
@@ -42,7 +42,8 @@ from deviceplugin.extender.model import pod_request
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
 from deviceplugin.model.node import Gpu, NodeInfo
-from deviceplugin.alloc.plan import Resource, build_resources
+from deviceplugin.alloc.plan import build_resources
+from deviceplugin.model.devices import Resource
 
 SHARE = "example.com/gpu-share"
 # The node plugin's allocationPolicy beside each extender --policy: the GPU choice on the node closest to the

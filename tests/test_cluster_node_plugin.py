@@ -6,31 +6,20 @@ import random
 
 import pytest
 
-from deviceplugin.alloc.allocator import preferred_allocation
+from deviceplugin.alloc.placement import preferred_allocation
 from deviceplugin.cluster import MILLI, Node, Pod, TaskShapes, make_policy
 from deviceplugin.config.types import ConfigError
 from deviceplugin.config.parse import parse_config
-from deviceplugin.alloc.plan import build_resources
 
 from .conftest import node
+from .support.resources import free_shares, gpus_of, shared
 
 H100 = node("8xH100-80GB")
-U = [g.uuid for g in H100.gpus]
-
-
-def shared(policy: str, replicas: int):
-    config = parse_config({"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": replicas}]})
-    return build_resources(config, H100)[0]
-
-
-def available(free: list[int], replicas: int) -> list[str]:
-    """IDs with free[i] free shares on GPU i (the highest share numbers)."""
-    return [f"{U[i]}::{k}" for i, n in enumerate(free) for k in range(replicas - n, replicas)]
 
 
 def plugin_gpu(policy: str, free: list[int], replicas: int, wanted: int) -> int:
-    ids = preferred_allocation(shared(policy, replicas), available(free, replicas), [], wanted)
-    gpus = {U.index(i.split("::")[0]) for i in ids}
+    ids = preferred_allocation(shared(H100, policy, replicas), free_shares(H100, dict(enumerate(free)), replicas), [], wanted)
+    gpus = gpus_of(H100, ids)
     assert len(gpus) == 1 and len(ids) == wanted
     return gpus.pop()
 
@@ -64,6 +53,6 @@ def test_a_whole_gpu_of_shares_takes_the_first_fully_free_gpu():
 
 
 def test_the_policy_is_a_valid_allocation_policy_and_others_are_refused():
-    assert shared("fgdstrand", 4).allocation_policy == "fgdstrand"
+    assert shared(H100, "fgdstrand", 4).allocation_policy == "fgdstrand"
     with pytest.raises(ConfigError, match="allocationPolicy"):
         parse_config({"version": "v1", "allocationPolicy": "fgd", "pools": [{"name": "s", "mode": "shared"}]})

@@ -23,6 +23,7 @@ from deviceplugin.model.node import NodeInfo
 from deviceplugin.mps.paths import MpsPaths
 from deviceplugin.config.paths import mps_root_problem, path_problem, pool_dir
 from deviceplugin.alloc.plan import build_resources
+from deviceplugin.plugin.wire import EncodedDeviceList
 
 from .conftest import EXAMPLES, GPU_CLI, node
 
@@ -203,9 +204,9 @@ def test_computed_size_is_the_real_worst_case_size(node_info, pool):
     """The budget admits a list exactly as large as its all-Unhealthy message, and refuses it one byte below."""
     config = parse_config(pools(pool))
     for resource in build_resources(config, node_info):
-        size = resource.list_response(all_unhealthy=True).ByteSize()
+        size = EncodedDeviceList(resource).response(all_unhealthy=True).ByteSize()
         single = replace(config, profiles={"default": (replace(resource.pool),)})
-        sizes = {r.name: r.list_response(all_unhealthy=True).ByteSize() for r in build_resources(single, node_info)}
+        sizes = {r.name: EncodedDeviceList(r).response(all_unhealthy=True).ByteSize() for r in build_resources(single, node_info)}
         assert sizes[resource.name] == size
         assert build_resources(single, node_info, budget_bytes=max(sizes.values()))
         if len(sizes) == 1:

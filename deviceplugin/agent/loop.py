@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ..model.node import GpuProcess, GpuStats, NodeInfo
+from ..model.shares import share_gpu_fraction
 from ..discovery.inventory import Inventory
 from ..loop import BackgroundLoop
 from ..plugin.manager import PluginManager
@@ -154,12 +155,11 @@ class NodeAgent(BackgroundLoop):
             if device is None:  # changed by a config reload since this round's List
                 continue
             unit = device.unit
-            of_gpu = unit.memory_mib / unit.gpu.memory_mib if unit.mig else 1.0  # a MIG instance: its part of the GPU
             key = (share.namespace, share.pod, share.resource)
             held = holdings.get(key, Holding())
             holdings[key] = Holding(
                 shares=held.shares + share.shares,
-                gpus=held.gpus + share.shares / unit.replicas * of_gpu,
+                gpus=held.gpus + share_gpu_fraction(unit, share.shares),
                 memory_bytes=held.memory_bytes + used.get((share.key, share.unit_uuid), 0) * 1024 * 1024,
             )
         return holdings

@@ -14,7 +14,8 @@ import grpc
 from .. import defaults
 from ..api import podresources_pb2 as pr
 from ..api import podresources_pb2_grpc as pr_grpc
-from ..alloc.plan import Resource
+from ..model.devices import Resource
+from ..model.shares import share_memory_mib
 
 DEFAULT_SOCKET = defaults.POD_RESOURCES_SOCKET
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the kubelet's server has no send cap; its own clients use 16 MiB
@@ -82,7 +83,7 @@ def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]
                             gpu_uuid=unit.gpu.uuid,
                             devices=tuple(sorted(ids)),
                             shares=len(ids),
-                            memory_limit_mib=unit.memory_mib * len(ids) // unit.replicas if shared else unit.memory_mib * len(ids),
+                            memory_limit_mib=share_memory_mib(unit, len(ids)),  # a whole device is one replica
                             time_sliced=shared and not resource.pool.mps,
                         )
                     )

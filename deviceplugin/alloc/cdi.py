@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
 
 if TYPE_CHECKING:
-    from .plan import Resource
+    from ..model.devices import Resource
 
 log = logging.getLogger(__name__)
 

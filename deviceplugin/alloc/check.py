@@ -15,7 +15,9 @@ from ..config.types import Config, ConfigError
 from ..config.parse import load_config
 from ..discovery.backend import open_inventory
 from ..model.node import NodeInfo
-from .plan import Resource, build_resources
+from ..model.devices import Resource
+from ..model.shares import share_memory_mib
+from .plan import build_resources
 
 Out = Callable[[str], None]
 
@@ -95,6 +97,6 @@ def _show(resources: list[Resource], out: Out) -> None:
         for unit in resource.units:
             what = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} ({unit.uuid})" if unit.mig else f" ({unit.gpu.model})")
             if resource.pool.shared:
-                out(f"    {what}: {unit.replicas} shares of {unit.memory_mib // unit.replicas} MiB")
+                out(f"    {what}: {unit.replicas} shares of {share_memory_mib(unit)} MiB")
             else:
                 out(f"    {what}: 1 device, {unit.memory_mib} MiB")

@@ -3,118 +3,14 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
-from functools import cached_property
+from dataclasses import replace
 
-from ..api import deviceplugin_pb2 as pb
 from ..config.types import MPS_LIMIT_REASON, Config, ConfigError, PoolConfig, max_replicas
-from ..model.node import Gpu, Link, MigDevice, NodeInfo
 from ..limits import LIST_BUDGET_BYTES
+from ..model.devices import UNHEALTHY, Device, Resource, Unit, share_id
+from ..model.node import Gpu, NodeInfo
 
 log = logging.getLogger(__name__)
-
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
-SHARE_SEPARATOR = "::"
-
-
-@dataclass(frozen=True)
-class Unit:
-    """What a container is given: a whole GPU or one MIG instance of it."""
-
-    uuid: str
-    gpu: Gpu
-    memory_mib: int
-    mig: MigDevice | None = None
-    replicas: int = 1  # shares of this unit (1 for a whole device)
-
-
-@dataclass(frozen=True)
-class Device:
-    """One advertised device: a whole unit or one share of it."""
-
-    id: str
-    unit: Unit
-    share: int | None = None  # k of `<uuid>::<k>`; None for a whole unit
-
-    @property
-    def gpu(self) -> Gpu:
-        return self.unit.gpu
-
-
-@dataclass(frozen=True)
-class Resource:
-    """One extended resource served by one DevicePlugin server."""
-
-    pool: PoolConfig
-    name: str
-    label: str  # unique per resource, [a-z0-9.-]: used in socket and thread names
-    units: tuple[Unit, ...]
-    devices: dict[str, Device]  # in advertising order
-    config: Config = field(default_factory=Config)
-    links: dict[tuple[str, str], Link] = field(default_factory=dict)
-
-    @property
-    def gpus(self) -> tuple[Gpu, ...]:
-        return tuple({u.gpu.uuid: u.gpu for u in self.units}.values())
-
-    @property
-    def allocation_policy(self) -> str:
-        return self.config.allocation_policy
-
-    @property
-    def with_topology(self) -> bool:
-        """Devices carry NUMA topology only when every GPU reports it (the kubelet's hints need all or none)."""
-        return bool(self.units) and all(u.gpu.numa_node is not None for u in self.units)
-
-    def link(self, a: Gpu, b: Gpu) -> Link:
-        first, second = sorted((a, b), key=lambda g: g.index)
-        return self.links.get((first.uuid, second.uuid), Link())
-
-    def health_keys(self) -> frozenset[str]:
-        """The UUIDs whose health concerns this resource: its GPUs and its MIG instances."""
-        return frozenset(u.uuid for u in self.units) | frozenset(u.gpu.uuid for u in self.units)
-
-    def list_response(
-        self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False, unhealthy_ids: frozenset[str] = frozenset()
-    ) -> pb.ListAndWatchResponse:
-        """The full device list as ListAndWatch sends it; a device is unhealthy when its unit or GPU is, or its ID is listed.
-
-        Built from each device's encoded entry (a repeated field encodes as the concatenation of its
-        elements), cached per health: a 10k-device list takes milliseconds instead of building 10k messages.
-        """
-        healthy = self._encoded_healthy
-        if not (unhealthy or all_unhealthy or unhealthy_ids):
-            return pb.ListAndWatchResponse.FromString(b"".join(healthy))
-        sick = self._encoded_unhealthy
-        parts = [
-            sick[i] if all_unhealthy or d.unit.uuid in unhealthy or d.gpu.uuid in unhealthy or d.id in unhealthy_ids else healthy[i]
-            for i, d in enumerate(self.devices.values())
-        ]
-        return pb.ListAndWatchResponse.FromString(b"".join(parts))
-
-    @cached_property
-    def _encoded_healthy(self) -> list[bytes]:
-        return self._encode(HEALTHY)
-
-    @cached_property
-    def _encoded_unhealthy(self) -> list[bytes]:  # built on the first health problem only
-        return self._encode(UNHEALTHY)
-
-    def _encode(self, health: str) -> list[bytes]:
-        """Per device, its encoded ListAndWatchResponse entry with this health."""
-        topology = self.with_topology
-        encoded = []
-        for device in self.devices.values():
-            item = pb.Device(ID=device.id, health=health)
-            if topology:
-                item.topology.nodes.add(ID=device.gpu.numa_node)
-            encoded.append(pb.ListAndWatchResponse(devices=[item]).SerializeToString())
-        return encoded
-
-
-def share_id(unit_uuid: str, k: int) -> str:
-    return f"{unit_uuid}{SHARE_SEPARATOR}{k}"
 
 
 def build_resources(config: Config, node: NodeInfo, profile: str | None = None, budget_bytes: int = LIST_BUDGET_BYTES) -> list[Resource]:
@@ -149,6 +45,7 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
         raise ConfigError(problems, config.source)
 
     resources: list[Resource] = []
+    settings = config.allocation_settings()
     for pool in pools:
         try:
             pool_resources = _pool_resources(pool, selected[pool.path])
@@ -161,7 +58,7 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
             problem = _over_budget(pool, units, budget_bytes)
             if problem:
                 raise ConfigError([problem], config.source)
-            resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=_devices(pool, units), config=config, links=node.links)
+            resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=_devices(pool, units), settings=settings, links=node.links)
             if any(r.name == name for r in resources):
                 raise ConfigError([f"{pool.path}: resource {name} is also advertised by another pool"], config.source)
             resources.append(resource)
@@ -208,7 +105,7 @@ def _over_budget(pool: PoolConfig, units: list[Unit], budget_bytes: int) -> str 
     for unit in units:
         for device_id, n in _id_lengths(pool, unit):
             count += n
-            size += n * _entry_bytes(device_id, unit.gpu.numa_node if topology else None)
+            size += n * list_entry_bytes(device_id, unit.gpu.numa_node if topology else None)
     if size <= budget_bytes:
         return None
     if pool.shared:
@@ -236,11 +133,34 @@ def _id_lengths(pool: PoolConfig, unit: Unit) -> list[tuple[str, int]]:
     return shapes
 
 
-def _entry_bytes(device_id: str, numa_node: int | None) -> int:
-    item = pb.Device(ID=device_id, health=UNHEALTHY)
+def list_entry_bytes(device_id: str, numa_node: int | None, health: str = UNHEALTHY) -> int:
+    """The encoded size of a ListAndWatchResponse holding this one device, from the protobuf wire format:
+
+        ListAndWatchResponse { repeated Device devices = 1 }   Device { string ID = 1; string health = 2; TopologyInfo topology = 3 }
+        TopologyInfo { repeated NUMANode nodes = 1 }            NUMANode { int64 ID = 1 }
+
+    Every field number is below 16 (a one-byte tag); a length-delimited field is tag + varint(length) + payload;
+    proto3 leaves out an empty string and a zero integer.
+    """
+    device = _string_field(device_id) + _string_field(health)
     if numa_node is not None:
-        item.topology.nodes.add(ID=numa_node)
-    return pb.ListAndWatchResponse(devices=[item]).ByteSize()
+        numa = 0 if numa_node == 0 else 1 + _varint_bytes(numa_node)
+        device += _field(_field(numa))  # topology { nodes { ID } }
+    return _field(device)
+
+
+def _string_field(text: str) -> int:
+    return _field(len(text.encode())) if text else 0
+
+
+def _field(payload: int) -> int:
+    """A length-delimited field with a one-byte tag and `payload` bytes."""
+    return 1 + _varint_bytes(payload) + payload
+
+
+def _varint_bytes(value: int) -> int:
+    """A negative int64 is encoded as ten bytes (two's complement)."""
+    return 10 if value < 0 else max(1, (value.bit_length() + 6) // 7)
 
 
 def _pool_resources(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, list[Unit]]]:

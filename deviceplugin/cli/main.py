@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..model.node import NodeInfo
     from ..obs.http import MetricsServer
     from ..runtime.options import DaemonOptions
-    from ..alloc.plan import Resource
+    from ..model.devices import Resource
 
 
 def _positive_float(text: str) -> float:
@@ -306,7 +306,7 @@ def cmd_mps(args: argparse.Namespace) -> int:
     finally:
         inventory.close()
     daemons = [
-        MpsDaemon(r, r.config.mps_root, binary=args.mps_control, backoff_max=args.backoff_max) for r in resources if r.pool.mps
+        MpsDaemon(r, r.settings.mps_root, binary=args.mps_control, backoff_max=args.backoff_max) for r in resources if r.pool.mps
     ]
     if not daemons:
         log.warning("the config has no pool with backend mps on this node; nothing to run")

@@ -100,6 +100,18 @@ class PoolConfig:
 
 
 @dataclass(frozen=True)
+class AllocationSettings:
+    """The node-wide settings that decide Allocate answers: every resource carries them (a change restarts its server)."""
+
+    allocation_policy: str
+    device_list_strategy: str
+    cdi_kind: str
+    device_specs: bool
+    device_root: str
+    mps_root: str
+
+
+@dataclass(frozen=True)
 class Config:
     version: str = "v1"
     domain: str = DEFAULT_DOMAIN
@@ -122,6 +134,16 @@ class Config:
         if name not in self.profiles:
             raise ConfigError([f"profile {name!r} is not in the config (profiles: {', '.join(sorted(self.profiles))})"], self.source)
         return self.profiles[name]
+
+    def allocation_settings(self) -> AllocationSettings:
+        return AllocationSettings(
+            allocation_policy=self.allocation_policy,
+            device_list_strategy=self.device_list_strategy,
+            cdi_kind=self.cdi_kind,
+            device_specs=self.device_specs,
+            device_root=self.device_root,
+            mps_root=self.mps_root,
+        )
 
 
 def default_config() -> Config:

@@ -18,7 +18,7 @@ from .annotation import ANNOTATION, HEALTHY, QUARANTINED, UNHEALTHY, VERSION, po
 from ..model.node import NodeInfo
 from .client import NodeClient
 from ..agent.usage import Usage
-from ..alloc.plan import Resource, Unit
+from ..model.devices import Resource, Unit
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,8 @@ from pathlib import Path
 from .. import defaults
 from .paths import MpsPaths
 from ..runtime.signals import child_signal_mask
-from ..alloc.plan import Resource
+from ..model.devices import Resource
+from ..model.shares import share_compute_percent, share_memory_mib
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +134,9 @@ class MpsDaemon:
         if self.resource.pool.mps_limits != "strict":
             return []
         units = list({u.gpu.uuid: u for u in self.resource.units}.values())
-        replicas = max(u.replicas for u in units)
-        commands = [f"set_default_active_thread_percentage {100 // replicas}"]
+        commands = [f"set_default_active_thread_percentage {min(share_compute_percent(u) for u in units)}"]
         for ordinal, unit in enumerate(units):  # ordinals within the daemon's CUDA_VISIBLE_DEVICES
-            commands.append(f"set_default_device_pinned_mem_limit {ordinal} {unit.memory_mib // unit.replicas}M")
+            commands.append(f"set_default_device_pinned_mem_limit {ordinal} {share_memory_mib(unit)}M")
         return commands
 
     def start(self) -> None:

@@ -24,7 +24,7 @@ from .aioloop import EventLoopThread, shared_loop
 from .inotify import DirectoryWatch
 from ..mps.control import MpsLiveness
 from ..mps.paths import MpsPaths
-from ..alloc.plan import Resource
+from ..model.devices import Resource
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
 if TYPE_CHECKING:
@@ -37,14 +37,7 @@ PROBE_TIMEOUT = 0.5
 
 def signature(resource: Resource) -> tuple:
     """What decides a resource's devices and Allocate answers: equal signatures need no restart on reload."""
-    config = resource.config
-    return (
-        resource.name,
-        dataclasses.replace(resource.pool, path=""),
-        resource.units,
-        tuple(resource.devices),
-        (config.allocation_policy, config.device_list_strategy, config.cdi_kind, config.device_specs, config.device_root, config.mps_root),
-    )
+    return (resource.name, dataclasses.replace(resource.pool, path=""), resource.units, tuple(resource.devices), resource.settings)
 
 
 def socket_is_live(path: Path) -> bool:
@@ -246,7 +239,7 @@ class PluginManager:
         return server.resource.pool.mps and not self._mps_ready(server)
 
     def _mps_paths(self, server: DevicePluginServer) -> MpsPaths:
-        return MpsPaths.of(server.resource.config.mps_root, server.resource.pool.name)
+        return MpsPaths.of(server.resource.settings.mps_root, server.resource.pool.name)
 
     def _mps_ready(self, server: DevicePluginServer) -> bool:
         return self.mps.ready(self._mps_paths(server))

@@ -22,12 +22,14 @@ import grpc
 import grpc.aio
 
 from .. import defaults
-from ..alloc.allocator import AllocationError, container_response, preferred_allocation
+from ..alloc.container import AllocationError, Refusal, container_grant
+from ..alloc.placement import preferred_allocation
 from ..api import deviceplugin_pb2 as pb
 from ..api import deviceplugin_pb2_grpc as pb_grpc
 from ..errors import StartupError
 from ..logs import brief, safe_text
-from ..alloc.plan import Resource
+from ..model.devices import Resource
+from . import wire
 
 if TYPE_CHECKING:
     from ..obs.metrics import PluginMetrics
@@ -114,6 +116,7 @@ class DevicePluginServer:
         metrics: Callable[[], "PluginMetrics | None"] = lambda: None,
     ) -> None:
         self.resource = resource
+        self.device_list = wire.EncodedDeviceList(resource)
         self.metrics = metrics
         self.plugin_dir = Path(plugin_dir)
         self.timings = timings
@@ -325,7 +328,7 @@ def _check_ids(ids: list[str], what: str) -> None:
     for device_id in ids:
         if len(device_id) > MAX_DEVICE_ID_BYTES:
             raise AllocationError(
-                grpc.StatusCode.INVALID_ARGUMENT, f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}"
+                Refusal.INVALID, f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}"
             )
 
 
@@ -334,12 +337,12 @@ def _check_preferred(req: pb.ContainerPreferredAllocationRequest) -> None:
     _check_ids(available, "available_deviceIDs")
     _check_ids(must, "must_include_deviceIDs")
     if req.allocation_size < 1:
-        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"allocation_size must be at least 1, got {req.allocation_size}")
+        raise AllocationError(Refusal.INVALID, f"allocation_size must be at least 1, got {req.allocation_size}")
     if len(set(must)) > req.allocation_size:
-        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"must_include_deviceIDs has {len(set(must))} IDs, more than allocation_size {req.allocation_size}")
+        raise AllocationError(Refusal.INVALID, f"must_include_deviceIDs has {len(set(must))} IDs, more than allocation_size {req.allocation_size}")
     missing = set(must) - set(available)
     if missing:
-        raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"must_include_deviceIDs not in available_deviceIDs: {brief(sorted(missing))}")
+        raise AllocationError(Refusal.INVALID, f"must_include_deviceIDs not in available_deviceIDs: {brief(sorted(missing))}")
 
 
 class _Servicer(pb_grpc.DevicePluginServicer):
@@ -375,7 +378,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                 version, unhealthy, available, held = plugin._snapshot()
                 if version != sent:
                     sent = version
-                    yield self.resource.list_response(unhealthy, all_unhealthy=not available, unhealthy_ids=held)
+                    yield plugin.device_list.response(unhealthy, all_unhealthy=not available, unhealthy_ids=held)
                     log.debug("sent %d devices of %s (%d GPUs unhealthy)", len(self.resource.devices), self.resource.name, len(unhealthy))
                 elif changed is not None:
                     await changed.wait()
@@ -389,9 +392,9 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     def _check_request_size(self, containers: int, ids: int) -> None:
         """Refuse what no kubelet sends before building anything from it: the loop serves every resource."""
         if containers > MAX_CONTAINER_REQUESTS:
-            raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{containers} container requests in one call (at most {MAX_CONTAINER_REQUESTS})")
+            raise AllocationError(Refusal.INVALID, f"{containers} container requests in one call (at most {MAX_CONTAINER_REQUESTS})")
         if ids > len(self.resource.devices):
-            raise AllocationError(grpc.StatusCode.INVALID_ARGUMENT, f"{ids} device IDs, more than the {len(self.resource.devices)} devices of {self.resource.name}")
+            raise AllocationError(Refusal.INVALID, f"{ids} device IDs, more than the {len(self.resource.devices)} devices of {self.resource.name}")
 
     async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
         responses = []
@@ -400,7 +403,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
                 self._check_request_size(len(request.container_requests), len(req.available_deviceIDs))
                 _check_preferred(req)
             except AllocationError as err:
-                await self._abort(context, err.code, err.message)
+                await self._abort(context, wire.status_code(err.code), err.message)
             ids = preferred_allocation(self.resource, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
@@ -415,23 +418,23 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         metrics = plugin.metrics()
         _, unhealthy, _, held = plugin._snapshot()
         try:
-            responses = []
+            grants = []
             for req in request.container_requests:
                 self._check_request_size(len(request.container_requests), len(req.devices_ids))
                 _check_ids(list(req.devices_ids), "devices_ids")
-                responses.append(container_response(self.resource, req.devices_ids, unhealthy | held))
+                grants.append(container_grant(self.resource, req.devices_ids, unhealthy, held))
         except AllocationError as err:
             log.warning("refused Allocate of %s: %s", self.resource.name, err.message)
             if metrics:
                 metrics.allocated(self.resource.name, False, time.perf_counter() - started)
-            await self._abort(context, err.code, err.message)
+            await self._abort(context, wire.status_code(err.code), err.message)
         if metrics:
             metrics.allocated(self.resource.name, True, time.perf_counter() - started)
         if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
             ids = [i for req in request.container_requests for i in req.devices_ids]
-            gpus = sorted({g for resp in responses for g in resp.envs.get("CUDA_VISIBLE_DEVICES", "").split(",") if g})
+            gpus = sorted({g for grant in grants for g in grant.envs.get("CUDA_VISIBLE_DEVICES", "").split(",") if g})
             log.info("allocated %s: %s -> %s", self.resource.name, brief(ids), brief(gpus, 3))
-        return pb.AllocateResponse(container_responses=responses)
+        return pb.AllocateResponse(container_responses=[wire.container_response(g) for g in grants])
 
     async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()

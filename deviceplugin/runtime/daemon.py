@@ -7,7 +7,7 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from ..agent.loop import AgentSettings, NodeAgent
-from ..alloc.allocator import missing_device_nodes
+from ..alloc.devicenodes import missing_device_nodes
 from ..alloc.cdi import check_specs
 from ..config.types import Config
 from ..health.monitor import HealthMonitor

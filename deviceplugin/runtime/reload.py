@@ -19,7 +19,8 @@ from ..kube.client import NodeClient, profile_label
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from ..plugin.manager import PluginManager
-from ..alloc.plan import Resource, build_resources
+from ..alloc.plan import build_resources
+from ..model.devices import Resource
 
 log = logging.getLogger(__name__)
 

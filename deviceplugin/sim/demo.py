@@ -15,12 +15,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..agent.loop import AgentSettings
 from ..alloc.check import collect_warnings
 from ..config.types import ConfigError
-from ..alloc.allocator import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
+from ..alloc.container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
 from ..runtime.daemon import DaemonOptions, PluginDaemon
 from ..health.monitor import HealthSettings
 from .scheduler import run_scheduler_step
 from .kubelet import AdmissionError, Container, KubeletSimulator, Pod
-from ..alloc.plan import SHARE_SEPARATOR, Resource
+from ..model.devices import SHARE_SEPARATOR, Resource
+from ..model.shares import share_memory_mib
 from ..plugin.server import Timings
 from ..discovery.simulated import SimulatedInventory
 
@@ -165,7 +166,7 @@ def _run_process(inventory: SimulatedInventory, sample: Sample, container: str, 
     cgroup for the process mapper."""
     unit_uuid = ids[0].split(SHARE_SEPARATOR)[0]
     unit = next(u for u in sample.resource.units if u.uuid == unit_uuid)
-    given = unit.memory_mib * len(ids) // unit.replicas
+    given = share_memory_mib(unit, len(ids))
     pod = sample.pod
     container_id = pod.container_ids[container].split("://")[1]
     cgroup = f"0::/kubepods.slice/kubepods-pod{pod.uid.replace('-', '_')}.slice/cri-containerd-{container_id}.scope\n"

@@ -23,7 +23,8 @@ from ..extender.verbs import Extender
 from ..model.node import Gpu, NodeInfo
 from ..kube.labels import InventoryAnnotation
 from ..agent.usage import ContainerShare, Usage
-from ..alloc.plan import Resource, build_resources
+from ..alloc.plan import build_resources
+from ..model.devices import Resource
 
 SHARE = "example.com/gpu-share"
 

@@ -1,0 +1,100 @@
+"""Where shares land (GetPreferredAllocation): plain functions of a resource and device IDs, no transport.
+
+The node plugin's server calls `preferred_allocation`; the cluster layer can call the same function. Repeated
+calls with the same IDs give the same answer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from itertools import combinations
+from math import comb
+
+from ..model.devices import Device, Resource
+
+CLUSTER_POLICIES = frozenset({"fgdstrand"})
+_MAX_COMBINATIONS = 5000
+
+
+def preferred_allocation(resource: Resource, available: Iterable[str], must_include: Iterable[str], size: int) -> list[str]:
+    """Pick `size` devices from `available`, keeping `must_include`; all shares on one unit (GPU or MIG) when possible."""
+    known = _dedupe(i for i in available if i in resource.devices)
+    must = _dedupe(i for i in must_include if i in resource.devices)
+    if size <= len(must):
+        return must
+    if resource.pool.mode == "exclusive":  # whenever there is a choice (size > len(must)), topology decides
+        return must + best_connected(resource, [i for i in known if i not in must], must, size - len(must))
+    free: dict[str, list[Device]] = defaultdict(list)  # unit uuid -> its free devices
+    for device_id in known:
+        if device_id not in must:
+            free[resource.devices[device_id].unit.uuid].append(resource.devices[device_id])
+    chosen = list(must)
+    for uuid in unit_order(resource, free, must, size - len(must)):
+        for device in sorted(free[uuid], key=lambda d: d.share or 0):
+            if len(chosen) == size:
+                return chosen
+            chosen.append(device.id)
+    return chosen
+
+
+def unit_order(resource: Resource, free: dict[str, list[Device]], must: list[str], wanted: int) -> list[str]:
+    """Units (their UUIDs, keys of `free`: unit -> its free devices) in the order to take devices from."""
+    rank = {u.uuid: i for i, u in enumerate(resource.units)}  # GPU index order, MIG instances in order
+    in_order = sorted(free, key=rank.__getitem__)
+    if not resource.pool.shared:
+        return in_order
+    must_units = {resource.devices[i].unit.uuid for i in must}
+    if must_units:
+        # Complete the unit(s) already holding must_include first.
+        return sorted(in_order, key=lambda u: u not in must_units)
+    fitting = [u for u in in_order if len(free[u]) >= wanted]
+    if fitting:
+        if resource.allocation_policy in CLUSTER_POLICIES:
+            best = cluster_choice(resource, free, fitting, wanted)
+        else:
+            # binpack: the fullest unit (fewest free shares) that still fits; spread: the emptiest.
+            sign = 1 if resource.allocation_policy == "binpack" else -1
+            best = min(fitting, key=lambda u: (sign * len(free[u]), rank[u]))
+        return [best] + [u for u in in_order if u != best]
+    # Nothing fits on one unit: the largest pieces first, so the refusal in Allocate names few units.
+    return sorted(in_order, key=lambda u: -len(free[u]))
+
+
+def cluster_choice(resource: Resource, free: dict[str, list[Device]], fitting: list[str], wanted: int) -> str:
+    """The unit the cluster policy would pick on this node: each unit a GPU, k of N free shares = k/N of it free.
+
+    Units with unequal share counts (MIG instances of different sizes) have no common measure: binpack then.
+    """
+    from ..cluster.policies import share_unit
+
+    replicas = {u.replicas for u in resource.units}
+    if len(replicas) != 1:
+        return min(fitting, key=lambda u: len(free[u]))
+    (n,) = replicas
+    best = share_unit(resource.allocation_policy, [len(free.get(u.uuid, ())) for u in resource.units], n, wanted)
+    return resource.units[best].uuid if best is not None else fitting[0]
+
+
+def best_connected(resource: Resource, candidates: list[str], must: list[str], wanted: int) -> list[str]:
+    """Whole GPUs for a multi-GPU request: the most NVLinks among them, then the fewest NUMA nodes, then low indexes."""
+    gpus = {i: resource.devices[i].gpu for i in candidates + must}
+
+    def score(ids: Iterable[str]) -> tuple[int, int, int]:
+        chosen = [gpus[i] for i in (*must, *ids)]
+        nvlinks = sum(resource.link(a, b).nvlinks for a, b in combinations(chosen, 2))
+        return (nvlinks, -len({g.numa_node for g in chosen}), -sum(g.index for g in chosen))
+
+    candidates = sorted(candidates, key=lambda i: gpus[i].index)
+    if len(candidates) <= wanted:
+        return candidates
+    if comb(len(candidates), wanted) <= _MAX_COMBINATIONS:
+        return list(max(combinations(candidates, wanted), key=score))
+    chosen: tuple[str, ...] = ()
+    for _ in range(wanted):  # greedy on large nodes
+        chosen += (max((i for i in candidates if i not in chosen), key=lambda i: score(chosen + (i,))),)
+    return list(chosen)
+
+
+def _dedupe(ids: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(ids))

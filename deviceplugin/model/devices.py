@@ -1,0 +1,83 @@
+"""The devices a node advertises: units (a whole GPU or one MIG instance), their shares, and the resources that hold them.
+
+Plain data, no transport: the plugin's wire module encodes these for the kubelet, the cluster layer reads them as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from ..config.types import AllocationSettings, PoolConfig
+from .node import Gpu, Link, MigDevice
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+SHARE_SEPARATOR = "::"
+
+
+def share_id(unit_uuid: str, k: int) -> str:
+    """The device ID of share k of a unit: `<uuid>::<k>`."""
+    return f"{unit_uuid}{SHARE_SEPARATOR}{k}"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What a container is given: a whole GPU or one MIG instance of it."""
+
+    uuid: str
+    gpu: Gpu
+    memory_mib: int
+    mig: MigDevice | None = None
+    replicas: int = 1  # shares of this unit (1 for a whole device)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One advertised device: a whole unit or one share of it."""
+
+    id: str
+    unit: Unit
+    share: int | None = None  # k of `<uuid>::<k>`; None for a whole unit
+
+    @property
+    def gpu(self) -> Gpu:
+        return self.unit.gpu
+
+    def is_unhealthy(self, unhealthy_uuids: Collection[str], unhealthy_ids: Collection[str] = ()) -> bool:
+        """Unhealthy when its unit (MIG instance) or its GPU is among `unhealthy_uuids`, or its own ID among `unhealthy_ids`."""
+        return self.unit.uuid in unhealthy_uuids or self.gpu.uuid in unhealthy_uuids or self.id in unhealthy_ids
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One extended resource served by one DevicePlugin server."""
+
+    pool: PoolConfig
+    name: str
+    label: str  # unique per resource, [a-z0-9.-]: used in socket and thread names
+    units: tuple[Unit, ...]
+    devices: dict[str, Device]  # in advertising order
+    settings: AllocationSettings  # the node-wide settings that decide Allocate answers
+    links: dict[tuple[str, str], Link] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        return tuple({u.gpu.uuid: u.gpu for u in self.units}.values())
+
+    @property
+    def allocation_policy(self) -> str:
+        return self.settings.allocation_policy
+
+    @property
+    def with_topology(self) -> bool:
+        """Devices carry NUMA topology only when every GPU reports it (the kubelet's hints need all or none)."""
+        return bool(self.units) and all(u.gpu.numa_node is not None for u in self.units)
+
+    def link(self, a: Gpu, b: Gpu) -> Link:
+        first, second = sorted((a, b), key=lambda g: g.index)
+        return self.links.get((first.uuid, second.uuid), Link())
+
+    def health_keys(self) -> frozenset[str]:
+        """The UUIDs whose health concerns this resource: its GPUs and its MIG instances."""
+        return frozenset(u.uuid for u in self.units) | frozenset(u.gpu.uuid for u in self.units)

@@ -1,0 +1,73 @@
+"""The model on the wire: device lists, container grants and refusals as the kubelet's protobuf messages and gRPC codes.
+
+The one place that knows how a `Resource`, a `ContainerGrant` and a `Refusal` are encoded; alloc/ and model/
+stay transport-free.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import grpc
+
+from ..alloc.container import ContainerGrant, Refusal
+from ..api import deviceplugin_pb2 as pb
+from ..model.devices import HEALTHY, UNHEALTHY, Resource
+
+STATUS_CODES = {Refusal.INVALID: grpc.StatusCode.INVALID_ARGUMENT, Refusal.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION}
+
+
+def status_code(refusal: Refusal) -> grpc.StatusCode:
+    return STATUS_CODES[refusal]
+
+
+class EncodedDeviceList:
+    """A resource's ListAndWatch message, built from each device's encoded entry (a repeated field encodes as the
+    concatenation of its elements), cached per health: a 10k-device list takes milliseconds instead of building
+    10k messages. One per resource, held by its server."""
+
+    def __init__(self, resource: Resource) -> None:
+        self.resource = resource
+
+    def response(
+        self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False, unhealthy_ids: frozenset[str] = frozenset()
+    ) -> pb.ListAndWatchResponse:
+        """The full device list; a device is unhealthy when its unit or GPU is in `unhealthy`, or its ID in `unhealthy_ids`."""
+        healthy = self._healthy
+        if not (unhealthy or all_unhealthy or unhealthy_ids):
+            return pb.ListAndWatchResponse.FromString(b"".join(healthy))
+        sick = self._unhealthy
+        parts = [
+            sick[i] if all_unhealthy or d.is_unhealthy(unhealthy, unhealthy_ids) else healthy[i]
+            for i, d in enumerate(self.resource.devices.values())
+        ]
+        return pb.ListAndWatchResponse.FromString(b"".join(parts))
+
+    @cached_property
+    def _healthy(self) -> list[bytes]:
+        return self._encode(HEALTHY)
+
+    @cached_property
+    def _unhealthy(self) -> list[bytes]:  # built on the first health problem only
+        return self._encode(UNHEALTHY)
+
+    def _encode(self, health: str) -> list[bytes]:
+        """Per device, its encoded ListAndWatchResponse entry with this health."""
+        topology = self.resource.with_topology
+        encoded = []
+        for device in self.resource.devices.values():
+            item = pb.Device(ID=device.id, health=health)
+            if topology:
+                item.topology.nodes.add(ID=device.gpu.numa_node)
+            encoded.append(pb.ListAndWatchResponse(devices=[item]).SerializeToString())
+        return encoded
+
+
+def container_response(grant: ContainerGrant) -> pb.ContainerAllocateResponse:
+    """The kubelet's message for what one container receives."""
+    return pb.ContainerAllocateResponse(
+        envs=grant.envs,
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in grant.mounts],
+        devices=[pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions) for d in grant.device_specs],
+        cdi_devices=[pb.CDIDevice(name=name) for name in grant.cdi_devices],
+    )
