@@ -418,11 +418,11 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         metrics = plugin.metrics()
         _, unhealthy, _, held = plugin._snapshot()
         try:
-            grants = []
+            responses = []
             for req in request.container_requests:
                 self._check_request_size(len(request.container_requests), len(req.devices_ids))
                 _check_ids(list(req.devices_ids), "devices_ids")
-                grants.append(container_grant(self.resource, req.devices_ids, unhealthy, held))
+                responses.append(wire.container_response(container_grant(self.resource, req.devices_ids, unhealthy, held)))
         except AllocationError as err:
             log.warning("refused Allocate of %s: %s", self.resource.name, err.message)
             if metrics:
@@ -432,9 +432,9 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             metrics.allocated(self.resource.name, True, time.perf_counter() - started)
         if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
             ids = [i for req in request.container_requests for i in req.devices_ids]
-            gpus = sorted({g for grant in grants for g in grant.envs.get("CUDA_VISIBLE_DEVICES", "").split(",") if g})
+            gpus = sorted({g for resp in responses for g in resp.envs.get("CUDA_VISIBLE_DEVICES", "").split(",") if g})
             log.info("allocated %s: %s -> %s", self.resource.name, brief(ids), brief(gpus, 3))
-        return pb.AllocateResponse(container_responses=[wire.container_response(g) for g in grants])
+        return pb.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()

@@ -65,9 +65,11 @@ class EncodedDeviceList:
 
 def container_response(grant: ContainerGrant) -> pb.ContainerAllocateResponse:
     """The kubelet's message for what one container receives."""
-    return pb.ContainerAllocateResponse(
-        envs=grant.envs,
-        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only) for m in grant.mounts],
-        devices=[pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions) for d in grant.device_specs],
-        cdi_devices=[pb.CDIDevice(name=name) for name in grant.cdi_devices],
-    )
+    response = pb.ContainerAllocateResponse(envs=grant.envs)
+    for mount in grant.mounts:
+        response.mounts.add(container_path=mount.container_path, host_path=mount.host_path, read_only=mount.read_only)
+    for node in grant.device_specs:
+        response.devices.add(container_path=node.container_path, host_path=node.host_path, permissions=node.permissions)
+    for name in grant.cdi_devices:
+        response.cdi_devices.add(name=name)
+    return response
