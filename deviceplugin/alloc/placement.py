@@ -7,7 +7,7 @@ calls with the same IDs give the same answer.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import combinations
 from math import comb
 
@@ -48,32 +48,33 @@ def unit_order(resource: Resource, free: dict[str, list[Device]], must: list[str
     if must_units:
         # Complete the unit(s) already holding must_include first.
         return sorted(in_order, key=lambda u: u not in must_units)
-    fitting = [u for u in in_order if len(free[u]) >= wanted]
-    if fitting:
-        if resource.allocation_policy in CLUSTER_POLICIES:
-            best = cluster_choice(resource, free, fitting, wanted)
-        else:
-            # binpack: the fullest unit (fewest free shares) that still fits; spread: the emptiest.
-            sign = 1 if resource.allocation_policy == "binpack" else -1
-            best = min(fitting, key=lambda u: (sign * len(free[u]), rank[u]))
-        return [best] + [u for u in in_order if u != best]
+    counts = [len(free.get(u.uuid, ())) for u in resource.units]
+    best = choose_unit(resource.allocation_policy, counts, [u.replicas for u in resource.units], wanted)
+    if best is not None:
+        chosen = resource.units[best].uuid
+        return [chosen] + [u for u in in_order if u != chosen]
     # Nothing fits on one unit: the largest pieces first, so the refusal in Allocate names few units.
     return sorted(in_order, key=lambda u: -len(free[u]))
 
 
-def cluster_choice(resource: Resource, free: dict[str, list[Device]], fitting: list[str], wanted: int) -> str:
-    """The unit the cluster policy would pick on this node: each unit a GPU, k of N free shares = k/N of it free.
+def choose_unit(policy: str, free: Sequence[int], totals: Sequence[int], wanted: int) -> int | None:
+    """The unit (its index) that takes `wanted` shares, from each unit's free and total shares; None when none has room.
 
-    Units with unequal share counts (MIG instances of different sizes) have no common measure: binpack then.
+    binpack: the fullest unit that fits (fewest free shares); spread: the emptiest; a cluster policy (fgdstrand): the
+    unit it scores best, each unit a GPU with k of N free shares k/N of it free. Units of unequal share counts (MIG
+    instances of different sizes) have no common measure: binpack then. Ties go to the lowest index.
+    The node plugin's GetPreferredAllocation and the scheduler extender's assumption of where shares land both call it.
     """
-    from ..cluster.policies import share_unit
+    fitting = [i for i, n in enumerate(free) if n >= wanted]
+    if not fitting:
+        return None
+    if policy in CLUSTER_POLICIES and len(set(totals)) == 1:
+        from ..cluster.policies import share_unit
 
-    replicas = {u.replicas for u in resource.units}
-    if len(replicas) != 1:
-        return min(fitting, key=lambda u: len(free[u]))
-    (n,) = replicas
-    best = share_unit(resource.allocation_policy, [len(free.get(u.uuid, ())) for u in resource.units], n, wanted)
-    return resource.units[best].uuid if best is not None else fitting[0]
+        best = share_unit(policy, list(free), totals[0], wanted)
+        return fitting[0] if best is None else best
+    sign = -1 if policy == "spread" else 1
+    return min(fitting, key=lambda i: (sign * free[i], i))
 
 
 def best_connected(resource: Resource, candidates: list[str], must: list[str], wanted: int) -> list[str]:

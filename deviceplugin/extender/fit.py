@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..kube.annotation import QUARANTINED, UNHEALTHY
-from ..cluster.policies import share_unit
+from ..alloc.placement import choose_unit
 from .model import NodeInventory, NodeResource, PodRequest
 
 # Failure categories: the `reason` label of the filtered-out metric.
@@ -83,9 +83,8 @@ def _check(node: NodeInventory, free: FreeShares, resource: str, count: int, con
 
 def _take(info: NodeResource, units: list[int], count: int) -> list[tuple[int, int]]:
     """(unit index, shares) taken for one container, chosen as the node plugin chooses."""
-    fitting = [i for i, n in enumerate(units) if n >= count]
-    if fitting:
-        best = _share_unit(info, units, fitting, count)
+    best = choose_unit(info.policy, units, info.totals, count)
+    if best is not None:
         units[best] -= count
         return [(best, count)]
     taken = []  # allowSpanGPUs: the largest pieces first
@@ -98,15 +97,6 @@ def _take(info: NodeResource, units: list[int], count: int) -> list[tuple[int, i
         if not count:
             break
     return taken
-
-
-def _share_unit(info: NodeResource, units: list[int], fitting: list[int], count: int) -> int:
-    """The unit the node plugin's GetPreferredAllocation picks (deviceplugin/allocator.py, per allocationPolicy)."""
-    if info.policy in ("binpack", "spread") or len(set(info.totals)) != 1:
-        sign = -1 if info.policy == "spread" else 1  # a cluster policy on units of unequal sizes: binpack
-        return min(fitting, key=lambda i: (sign * units[i], i))
-    best = share_unit(info.policy, units, info.totals[0], count)
-    return fitting[0] if best is None else best
 
 
 def _why(info: NodeResource, free: list[int], count: int, container: str) -> Fit:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deviceplugin.alloc.placement import preferred_allocation
+from deviceplugin.alloc.placement import choose_unit, preferred_allocation
 from deviceplugin.model.node import Gpu, Link, NodeInfo
 
 from ..conftest import node
@@ -38,6 +38,25 @@ U = [g.uuid for g in H100.gpus]
 def test_shares_go_to_the_policys_gpu(policy, replicas, free, size, gpus):
     ids = preferred_allocation(shared(H100, policy, replicas), free_shares(H100, free, replicas), [], size)
     assert gpus_of(H100, ids) == gpus and len(ids) == size == len(set(ids))
+
+
+@pytest.mark.parametrize(
+    "policy, free, totals, wanted, unit",
+    [
+        ("binpack", [4, 1, 2, 3], [4] * 4, 2, 2),
+        ("binpack", [4, 1, 2, 3], [4] * 4, 5, None),  # no unit has room
+        ("binpack", [0, 2, 2], [4] * 3, 2, 1),  # a tie: the lowest index
+        ("spread", [2, 4, 3], [4] * 3, 1, 1),
+        ("spread", [4, 2, 4], [4] * 3, 1, 0),
+        ("fgdstrand", [0, 3, 2, 0, 0, 0, 0, 0], [8] * 8, 1, 1),  # where binpack takes 2
+        ("binpack", [0, 3, 2, 0, 0, 0, 0, 0], [8] * 8, 1, 2),
+        ("fgdstrand", [4, 2, 1], [4, 2, 1], 1, 2),  # unequal share counts: binpack
+        ("fgdstrand", [0, 0], [4, 4], 1, None),
+    ],
+)
+def test_choose_unit(policy, free, totals, wanted, unit):
+    """On plain counts: what the node plugin and the scheduler extender both call."""
+    assert choose_unit(policy, free, totals, wanted) == unit
 
 
 @pytest.mark.parametrize(
