@@ -101,7 +101,8 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class AllocationSettings:
-    """The node-wide settings that decide Allocate answers: every resource carries them (a change restarts its server)."""
+    """The node-wide settings that decide GetPreferredAllocation and Allocate answers: every resource carries them (a
+    change restarts its server on reload)."""
 
     allocation_policy: str
     device_list_strategy: str

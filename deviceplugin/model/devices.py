@@ -9,7 +9,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ..config.types import AllocationSettings, PoolConfig
-from .node import Gpu, Link, MigDevice
+from .node import Gpu, Link, MigDevice, link_between
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -58,7 +58,7 @@ class Resource:
     label: str  # unique per resource, [a-z0-9.-]: used in socket and thread names
     units: tuple[Unit, ...]
     devices: dict[str, Device]  # in advertising order
-    settings: AllocationSettings  # the node-wide settings that decide Allocate answers
+    settings: AllocationSettings  # the node-wide settings that decide its placement and Allocate answers
     links: dict[tuple[str, str], Link] = field(default_factory=dict)
 
     @property
@@ -75,8 +75,7 @@ class Resource:
         return bool(self.units) and all(u.gpu.numa_node is not None for u in self.units)
 
     def link(self, a: Gpu, b: Gpu) -> Link:
-        first, second = sorted((a, b), key=lambda g: g.index)
-        return self.links.get((first.uuid, second.uuid), Link())
+        return link_between(self.links, a, b)
 
     def health_keys(self) -> frozenset[str]:
         """The UUIDs whose health concerns this resource: its GPUs and its MIG instances."""

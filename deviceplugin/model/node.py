@@ -90,5 +90,10 @@ class NodeInfo:
     name: str = ""
 
     def link(self, a: Gpu, b: Gpu) -> Link:
-        first, second = sorted((a, b), key=lambda g: g.index)
-        return self.links.get((first.uuid, second.uuid), Link())
+        return link_between(self.links, a, b)
+
+
+def link_between(links: dict[tuple[str, str], Link], a: Gpu, b: Gpu) -> Link:
+    """How `a` and `b` are connected, from links keyed (uuid, uuid) with the lower index first; Link() when unknown."""
+    first, second = sorted((a, b), key=lambda g: g.index)
+    return links.get((first.uuid, second.uuid), Link())
