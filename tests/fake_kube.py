@@ -41,6 +41,8 @@ class FakeKube:
         self.pod_queries: list[dict[str, list[str]]] = []
         self.requests = 0
         self.fail_with: int | None = None  # answer every request with this status
+        self.delay = 0.0  # seconds every request hangs before it is answered (a slow API server)
+        self.in_flight = 0  # requests being answered now
         self.lock = threading.Lock()
         fake = self
 
@@ -49,6 +51,16 @@ class FakeKube:
                 return json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
 
             def _route(self, method: str) -> None:
+                with fake.lock:
+                    fake.in_flight += 1
+                try:
+                    time.sleep(fake.delay)
+                    self._answer(method)
+                finally:
+                    with fake.lock:
+                        fake.in_flight -= 1
+
+            def _answer(self, method: str) -> None:
                 with fake.lock:
                     fake.requests += 1
                     if fake.fail_with:
@@ -147,7 +159,7 @@ class FakeCluster:
         self.watches = 0  # watch requests served
         self.lists = 0
         self.cond = threading.Condition()
-        self._generation = 0  # bumped by drop_watches()
+        self.generation = 0  # bumped by drop_watches()
         fake = self
 
         class Handler(JsonHandler):
@@ -178,7 +190,7 @@ class FakeCluster:
                 """Events as the API server streams them: chunked JSON lines; a drop ends without the last chunk."""
                 with fake.cond:
                     fake.watches += 1
-                    generation = fake._generation
+                    generation = fake.generation
                     gone = since < fake.oldest
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -193,8 +205,8 @@ class FakeCluster:
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
                     with fake.cond:
-                        fake.cond.wait_for(lambda: fake._generation != generation or fake.version > since, timeout=0.05)
-                        if fake._generation != generation:
+                        fake.cond.wait_for(lambda: fake.generation != generation or fake.version > since, timeout=0.05)
+                        if fake.generation != generation:
                             self.connection.shutdown(socket.SHUT_RDWR)  # dropped mid-stream
                             return
                         new = [e for e in fake.events if e[0] > since and e[1] == kind]
@@ -230,7 +242,7 @@ class FakeCluster:
 
     def drop_watches(self) -> None:
         with self.cond:
-            self._generation += 1
+            self.generation += 1
             self.cond.notify_all()
 
     def compact(self) -> None:

@@ -30,7 +30,7 @@ from deviceplugin.agent.procmap import cgroup_owner
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.discovery.simulated import SimulatedInventory
 
-from .conftest import EXAMPLES, FAST, cgroup, free_port, get, node, registered
+from .conftest import EXAMPLES, FAST, cgroup, free_port, get, node, registered, wait_until
 
 SHARE = "example.com/gpu-share"
 GPU = "example.com/gpu"
@@ -97,7 +97,10 @@ def test_pod_resources_serves_active_pods_only_and_rate_limits(plugin_dir, start
 
 
 def _agent(kubelet, manager, inventory, **kw) -> NodeAgent:
-    return NodeAgent(inventory, inventory.discover(), manager, PodResourcesClient(kubelet.pod_resources_socket), AgentSettings(interval=0.05, backoff_max=0.4), **kw)
+    return NodeAgent(
+        inventory, inventory.discover(), manager.state, lambda: manager.resources, PodResourcesClient(kubelet.pod_resources_socket),
+        AgentSettings(interval=0.05, backoff_max=0.4), **kw,
+    )
 
 
 def test_usage_follows_pods_and_survives_a_plugin_restart(kubelet, plugin_dir):
@@ -111,20 +114,20 @@ def test_usage_follows_pods_and_survives_a_plugin_restart(kubelet, plugin_dir):
     b = Pod("b", [Container("c", {SHARE: 1})])
     kubelet.admit(a)
     kubelet.admit(b)
-    usage = agent.sync().usage
+    usage = agent.sync().observation.usage
     assert sorted((s.pod, s.gpu_uuid, s.shares) for s in usage.shares) == [("a", U0, 3), ("b", U0, 1)]
     assert {s.memory_limit_mib for s in usage.shares} == {15360 * 3 // 4, 15360 // 4}
     kubelet.delete_pod(a.uid)
-    assert [(s.pod, s.shares) for s in agent.sync().usage.shares] == [("b", 1)]
+    assert [(s.pod, s.shares) for s in agent.sync().observation.usage.shares] == [("b", 1)]
     # The plugin restarts: a new manager and agent rebuild the same map from pod-resources, nothing doubled.
     manager.stop()
-    agent.client.close()
+    agent.observer.client.close()
     manager = PluginManager(resources, plugin_dir, FAST)
     manager.start()
     try:
         assert kubelet.wait_for(registered(SHARE), timeout=5)
         kubelet.admit(Pod("c", [Container("c", {SHARE: 2})]))
-        again = _agent(kubelet, manager, inventory).sync().usage
+        again = _agent(kubelet, manager, inventory).sync().observation.usage
         assert sorted((s.pod, s.shares) for s in again.shares) == [("b", 1), ("c", 2)]
         assert len(again.allocated()) == 3
     finally:
@@ -139,13 +142,13 @@ def test_agent_backs_off_on_rate_limit(plugin_dir, start_plugin):
         assert kubelet.wait_for(registered(SHARE), timeout=5)
         agent = _agent(kubelet, manager, SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"))
         first = agent.sync()
-        assert first.last_sync is not None and agent._delay == 0.05
+        assert first.observation.last_sync is not None and agent.delay == 0.05
         second = agent.sync()
-        assert agent.rate_limited == 1 and agent._delay == 0.1 and second.last_sync == first.last_sync
+        assert agent.rate_limited == 1 and agent.delay == 0.1 and second.observation.last_sync == first.observation.last_sync
         agent.sync()
         agent.sync()
         agent.sync()
-        assert agent._delay == 0.4  # capped at backoff_max
+        assert agent.delay == 0.4  # capped at backoff_max
     finally:
         kubelet.stop()
 
@@ -318,18 +321,18 @@ def test_residue_guard_quarantines_free_devices_until_released(daemon, kubelet):
     kubelet.admit(gone)
     d.inventory.add_process(201, U0, 1000, cgroup=cgroup(holder, "app"))
     d.inventory.add_process(202, U0, 2000, cgroup=cgroup(gone, "app"))
-    assert d.agent.sync().residue_mib == {}
+    assert d.agent.sync().observation.residue_mib == {}
     kubelet.delete_pod(gone.uid)  # the pod is gone, its process's memory is not
     first = d.agent.sync()
-    assert first.residue_mib == {U0: 2000} and first.quarantined == frozenset()  # reported, not yet confirmed
+    assert first.observation.residue_mib == {U0: 2000} and first.quarantined_gpus == frozenset()  # reported, not yet confirmed
     snapshot = d.agent.sync()
-    assert snapshot.residue_mib == {U0: 2000} and snapshot.quarantined == {U0}
+    assert snapshot.observation.residue_mib == {U0: 2000} and snapshot.quarantined_gpus == {U0}
     assert snapshot.quarantined_devices == {f"{U0}::{k}" for k in range(4)} - set(kubelet.allocated(holder)["app"][SHARE])
     # The three free shares of GPU 0 are Unhealthy; the one held by `holder` stays Healthy.
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 1, timeout=2)
     assert kubelet.allocated(holder)["app"][SHARE] == kubelet.resources()[SHARE].healthy
     d.inventory.remove_process(202)
-    assert d.agent.sync().quarantined == frozenset()
+    assert d.agent.sync().quarantined_gpus == frozenset()
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 4, timeout=2)
 
 
@@ -340,6 +343,7 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     kubelet.admit(Pod("p", [Container("c", {SHARE: 3})]))
     d.monitor.handle(HealthEvent(gpu_uuid=U1, reason="XID 79", xid=79))
     d.agent.sync()
+    d.publisher.publish_now()  # the publisher runs on its own thread; the test drives it
     labels = d.api.labels
     assert labels["example.com/gpu.product"] == "Tesla-T4" and labels["example.com/gpu.count"] == "2"
     assert labels["example.com/gpu.memory"] == "15360" and labels["example.com/gpu.present"] == "true"
@@ -366,9 +370,11 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     assert value(scrape, "gpushare_gpu_reset_required", gpu="1") == 1 and value(scrape, "gpushare_gpu_reset_required", gpu="0") == 0
     patches, generation = len(d.api.patches), annotation["generation"]
     d.agent.sync()
+    assert not d.publisher.publish_now()
     assert len(d.api.patches) == patches  # nothing changed: no patch
     kubelet.admit(Pod("q", [Container("c", {SHARE: 1})]))
     d.agent.sync()
+    assert d.publisher.publish_now()
     assert len(d.api.patches) == patches + 1
     assert json.loads(d.api.annotations["example.com/gpu-share.inventory"])["generation"] == generation + 1
     assert "labels" not in d.api.patches[-1]["metadata"]  # only the annotation changed
@@ -425,7 +431,7 @@ def test_gfd_label_values():
 def test_api_errors_do_not_stop_the_agent(daemon, kubelet):
     d = serving(daemon, kubelet)
     d.api.fail_with = 403
-    assert d.agent.sync().last_sync is not None  # labels fail, the round goes on
+    assert d.agent.sync().observation.last_sync is not None and not d.publisher.publish_now()  # labels fail, the round goes on
 
 
 def test_unreadable_pod_directory_never_quarantines(daemon, kubelet):
@@ -437,10 +443,10 @@ def test_unreadable_pod_directory_never_quarantines(daemon, kubelet):
     def broken():
         raise RuntimeError("API unreachable")
 
-    d.agent.mapper.directory.pods = broken
+    d.agent.observer.mapper.directory.pods = broken
     for _ in range(3):
         snapshot = d.agent.sync()
-    assert snapshot.quarantined == frozenset() and snapshot.residue_mib == {}
+    assert snapshot.quarantined_gpus == frozenset() and snapshot.observation.residue_mib == {}
 
 
 def test_watchdog_acts_once_per_process_while_nvml_still_lists_it(daemon, kubelet):
@@ -500,8 +506,8 @@ def test_processes_without_a_readable_cgroup_never_quarantine(daemon, kubelet):
     kubelet.admit(pod)
     d.inventory.add_process(601, U0, 1024)  # no /proc/601/cgroup visible
     snapshot = _quarantine_rounds(d)
-    assert snapshot.quarantined == frozenset() and snapshot.residue_mib == {}
-    assert snapshot.unattributed_mib == {U0: 1024}
+    assert snapshot.quarantined_gpus == frozenset() and snapshot.observation.residue_mib == {}
+    assert snapshot.observation.unattributed_mib == {U0: 1024}
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 4, timeout=2)
     base = f"http://127.0.0.1:{d.options.metrics_port}"
     d.metrics_server.start()
@@ -512,7 +518,7 @@ def test_a_host_process_never_quarantines(daemon, kubelet):
     d = serving(daemon, kubelet, quarantine=True)
     d.inventory.add_process(602, U0, 512, cgroup="0::/system.slice/dcgm-exporter.service\n")
     snapshot = _quarantine_rounds(d)
-    assert snapshot.quarantined == frozenset() and snapshot.unattributed_mib == {U0: 512}
+    assert snapshot.quarantined_gpus == frozenset() and snapshot.observation.unattributed_mib == {U0: 512}
 
 
 def test_a_failed_pod_resources_list_never_quarantines_pods_started_since(daemon, kubelet):
@@ -523,7 +529,7 @@ def test_a_failed_pod_resources_list_never_quarantines_pods_started_since(daemon
     kubelet.admit(late)
     d.inventory.add_process(603, U0, 2048, cgroup=cgroup(late, "app"))
     snapshot = _quarantine_rounds(d)
-    assert snapshot.quarantined == frozenset() and snapshot.residue_mib == {}
+    assert snapshot.quarantined_gpus == frozenset() and snapshot.observation.residue_mib == {}
 
 
 def test_a_finished_pod_still_in_the_api_is_residue(daemon, kubelet):
@@ -532,10 +538,10 @@ def test_a_finished_pod_still_in_the_api_is_residue(daemon, kubelet):
     done = Pod("done", [Container("app", {SHARE: 1})])
     kubelet.admit(done)
     d.inventory.add_process(604, U0, 700, cgroup=cgroup(done, "app"))
-    assert d.agent.sync().residue_mib == {}
+    assert d.agent.sync().observation.residue_mib == {}
     kubelet.finish_pod(done.uid)
     snapshot = _quarantine_rounds(d, 2)
-    assert snapshot.residue_mib == {U0: 700} and snapshot.quarantined == {U0} and snapshot.unattributed_mib == {}
+    assert snapshot.observation.residue_mib == {U0: 700} and snapshot.quarantined_gpus == {U0} and snapshot.observation.unattributed_mib == {}
 
 
 def _api_pod(name: str, uid: str, node_name: str, phase: str = "Running", statuses: list | None = None) -> dict:
@@ -604,7 +610,7 @@ def test_missing_device_spec_nodes_warn_at_start_and_make_the_gpu_unhealthy(daem
     assert any("device nodes not found" in r.message and f"{root}/dev/nvidia1" in r.message for r in caplog.records)
     assert kubelet.wait_for(lambda st: GPU in st and st[GPU].registered and list(st[GPU].unhealthy) == [U1], timeout=5)
     assert kubelet.wait_for(registered(SHARE), timeout=2)  # GPU 0 has its nodes
-    assert "device node(s) missing" in d.monitor.unhealthy[U1]
+    assert "device node(s) missing" in d.state.snapshot().reasons[U1]
 
 
 # --- metering ---------------------------------------------------------------------------------------
@@ -665,7 +671,7 @@ def test_metering_counts_share_and_memory_seconds_and_survives_a_restart(kubelet
     samples_before.append(120)
     # The plugin restarts at t = 40 and is back at t = 50: the counters start again from 0, rebuilt from pod-resources.
     manager.stop()
-    agent.client.close()
+    agent.observer.client.close()
     clock.now += 10
     manager = PluginManager(resources, plugin_dir, FAST)
     manager.start()
@@ -705,3 +711,66 @@ def test_metering_drops_long_gaps_and_forgets_ended_pods():
     clock.now += 101
     meter.observe({})
     assert meter.totals() == {}  # ended longer ago than retention
+
+
+# --- publishing runs on its own thread ------------------------------------------------------------------
+
+
+def test_a_hanging_api_call_never_delays_the_watchdog(kubelet, start_plugin, fake_kube, tmp_path):
+    """The publisher waits seconds on every API request; meanwhile the agent's watchdog acts within an interval or two."""
+    from deviceplugin.agent.procmap import ProcessMapper
+    from deviceplugin.agent.publish import PublishLoop
+    from deviceplugin.agent.watchdog import MemoryWatchdog
+
+    api, kubeconfig = fake_kube
+    manager = start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]})
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
+    killed: list[int] = []
+    interval = 0.1
+    agent = NodeAgent(
+        inventory, inventory.discover(), manager.state, lambda: manager.resources, PodResourcesClient(kubelet.pod_resources_socket),
+        AgentSettings(interval=interval), mapper=ProcessMapper(kubelet.pod_directory(), tmp_path / "proc"),
+        watchdog=MemoryWatchdog("kill", kill=killed.append),
+    )
+    client = NodeClient.connect(api.node_name, str(kubeconfig))
+    publisher = PublishLoop(NodePublisher(client, "example.com", min_interval=0), manager.state, agent.observer.node, lambda: manager.resources, interval)
+    api.delay = 2.0
+    publisher.start()
+    agent.start()
+    try:
+        assert wait_until(lambda: api.in_flight == 1, timeout=2)  # the publisher is stuck in its first API call
+        pod = Pod("greedy", [Container("app", {SHARE: 1})])
+        kubelet.admit(pod)
+        started = time.monotonic()
+        inventory.add_process(801, U0, 5000, cgroup=cgroup(pod, "app"))  # over its 3840 MiB
+        assert wait_until(lambda: killed == [801], timeout=1.5)
+        took = time.monotonic() - started
+        assert took < 3 * interval + 0.3, took  # an interval or two (and slack for a busy machine), not the API's 2 s
+        assert api.in_flight == 1 and not api.patches  # the publisher is still waiting
+        api.delay = 0.0
+        assert wait_until(lambda: "example.com/gpu.count" in api.labels, timeout=8)  # and publishes once the API answers
+    finally:
+        api.delay = 0.0
+        agent.stop()
+        publisher.stop()
+
+
+def test_a_failing_publish_round_is_logged_and_the_loop_goes_on(daemon, kubelet, caplog):
+    d = serving(daemon, kubelet)
+    d.agent.sync()
+    calls = []
+
+    def resources():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("resources unavailable")
+        return d.manager.resources
+
+    d.publisher.resources = resources
+    d.publisher.interval = 0.05
+    d.publisher.start()
+    assert wait_until(lambda: "example.com/gpu.count" in d.api.labels, timeout=5)
+    assert d.publisher.running
+    failed = [r for r in caplog.records if "node-publisher: round failed" in r.getMessage()]
+    assert len(failed) == 1 and "resources unavailable" in str(failed[0].exc_info[1])

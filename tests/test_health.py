@@ -11,6 +11,7 @@ from deviceplugin.health.monitor import DEFAULT_RESET_XIDS, HealthMonitor, Healt
 from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.state import NodeState
 
 from .conftest import EXAMPLES, FAST, registered
 
@@ -35,7 +36,7 @@ def stack(plugin_dir, kubelet):
         }
     )
     manager = PluginManager(build_resources(config, node), plugin_dir, FAST)
-    monitor = HealthMonitor(inventory, node, manager.set_unhealthy, FAST_HEALTH)
+    monitor = HealthMonitor(inventory, node, manager.state, FAST_HEALTH)
     manager.start()
     monitor.start()
     assert kubelet.wait_for(registered(SHARES, "example.com/gpu"), timeout=5)
@@ -53,7 +54,7 @@ def test_xid_marks_every_share_and_mig_instance_of_the_gpu_within_1s_then_recove
     assert kubelet.wait_for(lambda st: st[SHARES].allocatable == 0 and st[SHARES].capacity == 10, timeout=1.0)
     assert time.monotonic() - started < 1.0
     assert kubelet.resources()["example.com/gpu"].allocatable == 1  # other GPUs untouched
-    assert monitor.xid_counts[gpu.uuid] == 1
+    assert monitor.state.snapshot().xid_counts[gpu.uuid] == 1
     # Quiet for the (shortened) recovery period: every share comes back.
     assert kubelet.wait_for(lambda st: st[SHARES].allocatable == 10, timeout=3)
 
@@ -85,7 +86,7 @@ def test_ignored_xid_changes_nothing(stack, kubelet):
     inventory.inject_xid(node.gpus[5].uuid, 79)  # a real one elsewhere, to know the first was processed
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     assert kubelet.resources()[SHARES].messages == messages and kubelet.resources()[SHARES].allocatable == 10
-    assert monitor.xid_counts[node.gpus[2].uuid] == 0
+    assert monitor.state.snapshot().xid_counts[node.gpus[2].uuid] == 0
 
 
 def test_lost_gpu_stays_unhealthy_while_queries_fail_and_never_crashes(stack, kubelet):
@@ -95,7 +96,7 @@ def test_lost_gpu_stays_unhealthy_while_queries_fail_and_never_crashes(stack, ku
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     time.sleep(FAST_HEALTH.recovery_period * 2)  # longer than the quiet period: still failing, still Unhealthy
     assert kubelet.resources()["example.com/gpu"].allocatable == 0
-    assert "GPU is lost" in monitor.unhealthy[gpu.uuid]
+    assert "GPU is lost" in monitor.state.snapshot().reasons[gpu.uuid]
     inventory.restore(gpu.uuid)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=3)
     assert kubelet.resources()[SHARES].allocatable == 10
@@ -110,9 +111,9 @@ def test_scheduled_failure_from_the_node_file(plugin_dir, kubelet, tmp_path):
     node = inventory.discover()
     events = [inventory.wait_for_event(0.5)]
     assert events[0].gpu_uuid == "GPU-x" and events[0].xid == 79
-    monitor = HealthMonitor(inventory, node, lambda s: None, HealthSettings(enabled=False))
+    monitor = HealthMonitor(inventory, node, NodeState(), HealthSettings(enabled=False))
     monitor.start()  # disabled: returns without a thread
-    assert monitor._thread is None
+    assert not monitor.running
 
 
 @pytest.mark.parametrize("xid", [48, 79, 95])
@@ -122,7 +123,7 @@ def test_reset_class_xid_stays_unhealthy_until_the_driver_shows_a_reset(stack, k
     inventory.inject_xid(gpu.uuid, xid)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     time.sleep(FAST_HEALTH.recovery_period * 2)  # the quiet period passes: no recovery
-    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.awaiting_reset == {gpu.uuid}
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.state.snapshot().awaiting_reset == {gpu.uuid}
     inventory.set_reset_required(gpu.uuid, False)  # the driver says "no reset needed", but it never asked for one
     time.sleep(FAST_HEALTH.check_interval * 4)
     assert kubelet.resources()["example.com/gpu"].allocatable == 0
@@ -130,7 +131,7 @@ def test_reset_class_xid_stays_unhealthy_until_the_driver_shows_a_reset(stack, k
     time.sleep(FAST_HEALTH.check_interval * 4)
     inventory.set_reset_required(gpu.uuid, False)  # ... and after `nvidia-smi -r` it is clear
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=2)
-    assert monitor.awaiting_reset == frozenset() and gpu.uuid not in monitor.unhealthy
+    assert monitor.state.snapshot().awaiting_reset == frozenset() and gpu.uuid not in monitor.state.snapshot().reasons
 
 
 def test_reset_class_xid_on_a_driver_that_cannot_tell_waits_for_a_plugin_restart(stack, kubelet):
@@ -139,7 +140,7 @@ def test_reset_class_xid_on_a_driver_that_cannot_tell_waits_for_a_plugin_restart
     inventory.inject_xid(gpu.uuid, 95)  # reset_required() is None: no recovery-action field
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     time.sleep(FAST_HEALTH.recovery_period * 3)
-    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and "XID 95" in monitor.unhealthy[gpu.uuid]
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and "XID 95" in monitor.state.snapshot().reasons[gpu.uuid]
 
 
 def test_every_reset_xid_is_documented():
@@ -159,7 +160,7 @@ def test_the_drivers_recovery_action_holds_any_gpu_until_reset(stack, kubelet):
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     inventory.set_reset_required(gpu.uuid, True)  # ... but this time the driver says "GPU Reset Required"
     time.sleep(FAST_HEALTH.recovery_period * 2)
-    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.awaiting_reset == {gpu.uuid}
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.state.snapshot().awaiting_reset == {gpu.uuid}
     inventory.set_reset_required(gpu.uuid, False)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=2)
 
@@ -169,5 +170,5 @@ def test_contained_ecc_error_recovers_after_the_quiet_period(stack, kubelet):
     gpu = node.gpus[5]
     inventory.inject_xid(gpu.uuid, 94)  # NVIDIA: new work may start without a reset
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
-    assert monitor.awaiting_reset == frozenset()
+    assert monitor.state.snapshot().awaiting_reset == frozenset()
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=3)

@@ -74,7 +74,7 @@ def test_held_open_streams_all_get_lists_and_updates_up_to_the_cap(kubelet, star
         device = next(iter(manager.resources[0].devices))
         for _ in range(20):
             assert allocate_one(stub, device).container_responses
-        manager.set_unhealthy(frozenset({manager.resources[0].units[0].uuid}))
+        manager.state.set_health({manager.resources[0].units[0].uuid: "test"})
         updates = [next(s) for s in streams]
         assert all(sum(d.health == "Unhealthy" for d in u.devices) == 10 for u in updates)
         for s in streams:

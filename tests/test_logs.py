@@ -12,6 +12,7 @@ from deviceplugin.model.node import HealthEvent
 from deviceplugin.logs import RepeatLimiter, brief, safe_text
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.state import NodeState
 
 from .conftest import EXAMPLES, node
 
@@ -78,7 +79,7 @@ def test_an_xid_storm_writes_a_few_lines(caplog):
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml")
     node = inventory.discover()
     clock = Clock()
-    monitor = HealthMonitor(inventory, node, lambda unhealthy: None, clock=clock)
+    monitor = HealthMonitor(inventory, node, NodeState(), clock=clock)
     caplog.set_level(logging.INFO, "deviceplugin.health.monitor")
     for i in range(10_000):
         clock.now = i * 0.01
@@ -86,7 +87,7 @@ def test_an_xid_storm_writes_a_few_lines(caplog):
     ignored = [r.getMessage() for r in caplog.records if "ignoring application XID 13" in r.getMessage()]
     assert len(ignored) == 2 * 2 + 2  # per GPU: 100 s of events -> first line, summary, first line of the next window
     assert f"ignoring application XID 13 on GPU {node.gpus[0].uuid} (repeated 2999 times in 60s)" in ignored
-    assert monitor.unhealthy == {}
+    assert monitor.state.snapshot().reasons == {}
 
 
 def test_an_allocation_error_over_thousands_of_ids_stays_short():

@@ -62,21 +62,21 @@ def test_list_and_watch_sends_full_list_then_only_changes(kubelet, start_plugin)
     manager = start_plugin()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     assert kubelet.resources()[SHARE].messages == 1
-    manager.set_unhealthy(frozenset())  # no change: nothing sent
-    manager.set_unhealthy(frozenset({UUID1}))
+    manager.state.set_health({})  # no change: nothing sent
+    manager.state.set_health({UUID1: "test"})
     assert kubelet.wait_for(lambda st: st[SHARE].messages == 2, timeout=2)
     status = kubelet.resources()[SHARE]
     assert status.capacity == 20 and status.allocatable == 10
     assert sorted(status.unhealthy) == [f"{UUID1}::{k}" for k in range(10)]
-    manager.set_unhealthy(frozenset({UUID1}))  # unchanged again
-    manager.set_unhealthy(frozenset())
+    manager.state.set_health({UUID1: "test"})  # unchanged again
+    manager.state.set_health({})
     assert kubelet.wait_for(lambda st: st[SHARE].messages == 3 and st[SHARE].allocatable == 20, timeout=2)
 
 
 def test_stream_health_strings_are_exact(kubelet, start_plugin):
     manager = start_plugin()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
-    manager.set_unhealthy(frozenset({UUID0}))
+    manager.state.set_health({UUID0: "test"})
     stream = kubelet.stub(SHARE).ListAndWatch(pb.Empty(), timeout=5)
     first = next(stream)
     stream.cancel()
@@ -161,7 +161,7 @@ def test_empty_allocate_request_and_unhealthy_devices_are_refused(kubelet, start
     with pytest.raises(grpc.RpcError) as err:
         kubelet.stub(SHARE).Allocate(pb.AllocateRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no container requests" in err.value.details()
-    manager.set_unhealthy(frozenset({UUID0}))
+    manager.state.set_health({UUID0: "test"})
     with pytest.raises(grpc.RpcError) as err:
         allocate(kubelet, SHARE, [f"{UUID0}::1"])
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -228,8 +228,7 @@ def test_reregisters_when_the_kubelet_drops_the_stream(kubelet, start_plugin):
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     before = len(kubelet.register_requests)
     old_socket = manager.servers[0].socket_path
-    with kubelet._cond:  # the kubelet closing its connection (e.g. a broken transport)
-        kubelet._endpoints[SHARE].channel.close()
+    kubelet.drop_connection(SHARE)  # the kubelet closing its connection (e.g. a broken transport)
     assert kubelet.wait_for(lambda st: len(kubelet.register_requests) > before and registered(SHARE)(st), timeout=2)
     assert manager.servers[0].socket_path == old_socket  # same socket, registered again
 

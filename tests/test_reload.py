@@ -60,7 +60,7 @@ def by_hand(tmp_path, kubelet, start_plugin):
 def gauge(reloader, manager, sample: str) -> float:
     """The value of one sample (`name` or `name{labels}`) as the metrics endpoint renders it."""
     registry = CollectorRegistry()
-    registry.register(StateCollector(MetricSources(T4, manager, reloader=reloader)))
+    registry.register(StateCollector(MetricSources(T4, manager.state, manager, reloader=reloader)))
     for line in generate_latest(registry).decode().splitlines():
         if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])

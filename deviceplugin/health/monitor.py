@@ -21,6 +21,7 @@ from ..model.node import Gpu, HealthEvent, NodeInfo
 from ..discovery.inventory import Inventory
 from ..logs import RepeatLimiter
 from ..loop import BackgroundLoop
+from ..state import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,14 @@ class _ResetWait:
 
 
 class HealthMonitor(BackgroundLoop):
-    """Follows the backend's health events and checks; publishes the set of unhealthy GPU/MIG UUIDs."""
+    """Follows the backend's health events and checks; writes its verdict (unhealthy GPU/MIG UUIDs with the reasons,
+    those awaiting a reset, XID counts) to the NodeState after every change."""
 
     def __init__(
         self,
         inventory: Inventory,
         node: NodeInfo,
-        publish: Callable[[frozenset[str]], None],
+        state: NodeState,
         settings: HealthSettings = HealthSettings(),
         clock: Callable[[], float] = time.monotonic,
         node_check: Callable[[Gpu], str | None] | None = None,
@@ -67,25 +69,17 @@ class HealthMonitor(BackgroundLoop):
         super().__init__("health")
         self.inventory = inventory
         self.node = node
-        self.publish = publish
+        self.state = state
         self.settings = settings
         self.clock = clock
         self.node_check = node_check  # beyond NVML: e.g. the device nodes deviceSpecs hands out exist
-        self.xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
+        self._xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
         self._reset_waits: dict[str, _ResetWait] = {}  # uuid -> waiting for a GPU reset
         self._ignored = RepeatLimiter(log, clock=clock)  # an XID storm: one line and a summary per minute
-
-    @property
-    def unhealthy(self) -> dict[str, str]:
-        """Unhealthy GPU or MIG UUID -> the reason."""
-        return dict(self._reasons)
-
-    @property
-    def awaiting_reset(self) -> frozenset[str]:
-        """GPU or MIG UUIDs that stay Unhealthy until their GPU is reset."""
-        return frozenset(self._reset_waits)
+        self._next_check = 0.0
+        self._publish()
 
     def start(self) -> None:
         if not self.settings.enabled:
@@ -97,34 +91,46 @@ class HealthMonitor(BackgroundLoop):
         self._stop_thread()
 
     def _run(self) -> None:
-        next_check = 0.0
-        while not self._stop.is_set():
-            try:
-                event = self.inventory.wait_for_event(self.settings.check_interval)
-            except Exception as err:  # a backend failure must never end health monitoring
-                log.error("health event wait failed: %s", err)
-                self._stop.wait(self.settings.check_interval)
-                event = None
-            changed = self.handle(event) if event else False
-            now = self.clock()
-            if now >= next_check:
-                changed |= self._check_all(now)
-                next_check = now + self.settings.check_interval
-            if changed:
-                self.publish(frozenset(self._reasons))
+        self._repeat(self._round, self.settings.check_interval)
+
+    def _round(self) -> float:
+        """Wait for one event (at most a check interval), apply it, and check every GPU when a check is due."""
+        try:
+            event = self.inventory.wait_for_event(self.settings.check_interval)
+        except Exception as err:  # a backend failure must never end health monitoring
+            log.error("health event wait failed: %s", err)
+            return self.settings.check_interval
+        if event:
+            self.handle(event)
+        now = self.clock()
+        if now >= self._next_check:
+            self.check(now)
+            self._next_check = now + self.settings.check_interval
+        return 0.0
 
     def handle(self, event: HealthEvent) -> bool:
-        """Apply one event; True when the unhealthy set changed."""
+        """Apply one event (and write the verdict); True when the unhealthy set changed."""
         if event.xid is not None:
             if event.xid in self.settings.ignored_xids:
                 self._ignored.log(logging.INFO, (event.xid, event.gpu_uuid), "ignoring application XID %d on GPU %s", event.xid, event.gpu_uuid)
                 return False
-            self.xid_counts[event.gpu_uuid] = self.xid_counts.get(event.gpu_uuid, 0) + 1
+            self._xid_counts[event.gpu_uuid] = self._xid_counts.get(event.gpu_uuid, 0) + 1
         target = event.mig_uuid or event.gpu_uuid
         if (event.reset_required or event.xid in self.settings.reset_xids) and target not in self._reset_waits:
             self._reset_waits[target] = _ResetWait(event.gpu_uuid)
             log.warning("%s needs a GPU reset (%s): its devices stay Unhealthy until the driver shows it was reset", target, event.reason)
-        return self._mark(target, event.reason, self.clock())
+        changed = self._mark(target, event.reason, self.clock())
+        self._publish()
+        return changed
+
+    def check(self, now: float) -> bool:
+        """Query every GPU, clear what recovered (and write the verdict); True when the unhealthy set changed."""
+        changed = self._check_all(now)
+        self._publish()
+        return changed
+
+    def _publish(self) -> None:
+        self.state.set_health(self._reasons, frozenset(self._reset_waits), self._xid_counts)
 
     def _check_all(self, now: float) -> bool:
         self._ignored.flush()

@@ -4,13 +4,22 @@ prefixed `gpushare_` and documented in docs/metrics.md; metrics_http serves them
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..model.node import NodeInfo
+from ..state import NodeState
+
+if TYPE_CHECKING:  # annotations only: the exporter must not import the plugin it observes
+    from ..agent.loop import NodeAgent
+    from ..model.devices import Resource
+    from ..plugin.manager import PluginManager
+    from ..runtime.reload import ConfigReloader
 
 MIB = 1024 * 1024
 
@@ -56,9 +65,9 @@ class StateCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self.sources
         node = s.node
-        snapshot = s.agent.snapshot if s.agent else None
-        unhealthy = s.unhealthy()
-        awaiting_reset = s.awaiting_reset()
+        view = s.state.snapshot()
+        snapshot = view.observation
+        unhealthy, awaiting_reset = view.unhealthy, view.awaiting_reset
         gpu_labels = ["gpu", "uuid", "model"]
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "memory_used": GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=gpu_labels),
@@ -91,11 +100,11 @@ class StateCollector(Collector):
                 families["power"].add_metric(labels, stats.power_watts)
             families["healthy"].add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
             families["reset"].add_metric(labels, 1 if {gpu.uuid, *(m.uuid for m in gpu.mig_devices)} & awaiting_reset else 0)
-            families["xid"].add_metric(labels, s.xid_counts().get(gpu.uuid, 0))
+            families["xid"].add_metric(labels, view.xid_counts.get(gpu.uuid, 0))
             # 0 before the first agent round, like every other state series
             families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
             families["unattributed"].add_metric(labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
-            families["quarantined"].add_metric(labels, 1 if snapshot and gpu.uuid in snapshot.quarantined else 0)
+            families["quarantined"].add_metric(labels, 1 if gpu.uuid in view.quarantined_gpus else 0)
         yield from families.values()
 
         total = GaugeMetricFamily("gpushare_shares", "Devices (shares, whole GPUs or MIG instances) advertised, per resource and GPU.", labels=["resource", "pool", "gpu", "uuid"])
@@ -201,28 +210,29 @@ def exposed_registry(inner: CollectorRegistry, node: str) -> CollectorRegistry:
 
 
 class MetricSources:
-    """Where the collector reads from; each part is optional so the endpoint also serves a partial plugin."""
+    """Where the collector reads from: the node state, and the public counters of the parts that keep them; each
+    part is optional so the endpoint also serves a partial plugin."""
 
-    def __init__(self, node, manager=None, agent=None, monitor=None, reloader=None, nvml_up: bool = True, cdi_missing=None) -> None:
+    def __init__(
+        self,
+        node: NodeInfo,
+        state: NodeState | None = None,
+        manager: PluginManager | None = None,
+        agent: NodeAgent | None = None,
+        reloader: ConfigReloader | None = None,
+        nvml_up: bool = True,
+        cdi_missing: Callable[[], dict[str, list[str]]] | None = None,
+    ) -> None:
         self.node = node
+        self.state = state or NodeState()
         self.nvml_up = nvml_up
         self.cdi_missing = cdi_missing or dict  # () -> {resource: [CDI names no spec defines]}
         self.manager = manager
         self.agent = agent
-        self.monitor = monitor
         self.reloader = reloader
 
-    def resources(self) -> list:
+    def resources(self) -> list[Resource]:
         return self.manager.resources if self.manager else []
-
-    def unhealthy(self) -> frozenset[str]:
-        return frozenset(self.monitor.unhealthy) if self.monitor else frozenset()
-
-    def awaiting_reset(self) -> frozenset[str]:
-        return self.monitor.awaiting_reset if self.monitor else frozenset()
-
-    def xid_counts(self) -> dict[str, int]:
-        return dict(self.monitor.xid_counts) if self.monitor else {}
 
     def kubelet_restarts(self) -> int:
         return self.manager.kubelet_restarts if self.manager else 0
@@ -234,4 +244,4 @@ class MetricSources:
         return self.reloader.in_sync if self.reloader else True
 
     def registration(self) -> list[tuple[str, bool]]:
-        return [(srv.resource.name, srv.registered.is_set()) for srv in self.manager.servers] if self.manager else []
+        return self.manager.registration() if self.manager else []

@@ -5,7 +5,8 @@ disappears. The device-plugin directory is watched with inotify, so a new kubele
 a Register within milliseconds; a poll every `watch_interval` is the safety net (and the only signal
 where inotify is unavailable). The same poll follows MPS pools: a pool is served once its control daemon
 is alive (MpsLiveness: the ready marker and an answer on the control pipe, asked off the loop), and its
-devices are Unhealthy while it is not. Everything runs on the one gRPC event loop.
+devices are Unhealthy while it is not (written to the NodeState the servers follow). Everything runs on the
+one gRPC event loop.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import errno
 import logging
 import socket
 import stat
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +25,7 @@ from .inotify import DirectoryWatch
 from ..mps.control import MpsLiveness
 from ..mps.paths import MpsPaths
 from ..model.devices import Resource
+from ..state import NodeState
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
 if TYPE_CHECKING:
@@ -81,17 +82,16 @@ class PluginManager:
         metrics: "PluginMetrics | None" = None,
         loop: EventLoopThread | None = None,
         mps: MpsLiveness | None = None,
+        state: NodeState | None = None,
     ) -> None:
         self.plugin_dir = Path(plugin_dir)
+        self.state = state or NodeState()  # what the servers advertise follows it
         self.mps = mps or MpsLiveness()
         self.timings = timings
         self.metrics = metrics  # may be attached after start: registration comes first
         self.kubelet_restarts = 0
         self._loop = loop or shared_loop()
         self.servers = [self._new_server(r) for r in resources]
-        self._unhealthy: frozenset[str] = frozenset()
-        self._quarantined: frozenset[str] = frozenset()
-        self._state = threading.Lock()  # servers list + health handed to new servers
         self._lifecycle = asyncio.Lock()  # serialises start/stop/apply/check on the loop
         self._nudge = asyncio.Event()  # set by inotify: check now
         self._kubelet: tuple[int, int] | None = None
@@ -121,7 +121,7 @@ class PluginManager:
         self.metrics = metrics
 
     def _new_server(self, resource: Resource) -> DevicePluginServer:
-        return DevicePluginServer(resource, self.plugin_dir, self.timings, lambda: self.metrics)
+        return DevicePluginServer(resource, self.plugin_dir, self.timings, lambda: self.metrics, self.state)
 
     # --- public, from any thread but the loop ---------------------------------------------------
     def start(self) -> None:
@@ -145,24 +145,14 @@ class PluginManager:
         ]
         return (not broken, "ok" if not broken else f"not serving: {', '.join(broken)}")
 
+    def registration(self) -> list[tuple[str, bool]]:
+        """(resource, registered with the kubelet now) per server."""
+        return [(s.resource.name, s.registered.is_set()) for s in self.servers]
+
     def readiness(self) -> tuple[bool, str]:
         """/readyz: every resource is registered with the kubelet."""
         waiting = [s.resource.name for s in self.servers if not s.registered.is_set()]
         return (not waiting, "ready" if not waiting else f"not registered: {', '.join(waiting)}")
-
-    def set_unhealthy(self, uuids: frozenset[str]) -> None:
-        with self._state:
-            self._unhealthy = uuids
-            servers = list(self.servers)
-        for server in servers:
-            server.set_unhealthy(uuids)
-
-    def set_quarantined(self, device_ids: frozenset[str]) -> None:
-        with self._state:
-            self._quarantined = device_ids
-            servers = list(self.servers)
-        for server in servers:
-            server.set_quarantined(device_ids)
 
     # --- on the loop -----------------------------------------------------------------------------
     async def _start(self) -> None:
@@ -202,18 +192,15 @@ class PluginManager:
                     changes.append(f"{'changed' if name in wanted else 'removed'} {name}")
                 else:
                     kept.append(server)
-            with self._state:
-                for name, resource in wanted.items():
-                    if name in current and current[name] in kept:
-                        continue
-                    server = self._new_server(resource)
-                    server.set_unhealthy(self._unhealthy)
-                    server.set_quarantined(self._quarantined)
-                    kept.append(server)
-                    started.append(server)
-                    if name not in current:
-                        changes.append(f"added {name}")
-                self.servers = kept
+            for name, resource in wanted.items():
+                if name in current and current[name] in kept:
+                    continue
+                server = self._new_server(resource)
+                kept.append(server)
+                started.append(server)
+                if name not in current:
+                    changes.append(f"added {name}")
+            self.servers = kept
             for server in started:
                 await self._start_server(server)
         return changes
@@ -277,13 +264,14 @@ class PluginManager:
                 return
             for server in self.servers:
                 if server.resource.pool.mps:
+                    pool = server.resource.pool.name
                     ready = self._mps_ready(server)
+                    if server.serving and ready == (pool in self.state.snapshot().unavailable_pools):
+                        log.warning("MPS control daemon of pool %s is %s", pool, "back" if ready else "down: devices Unhealthy")
+                    self.state.set_pool_available(pool, ready)
                     if not server.serving and ready:
-                        log.info("MPS control daemon of pool %s is ready", server.resource.pool.name)
+                        log.info("MPS control daemon of pool %s is ready", pool)
                         await self._start_server(server)
-                    elif server.serving and ready != server.available:
-                        log.warning("MPS control daemon of pool %s is %s", server.resource.pool.name, "back" if ready else "down: devices Unhealthy")
-                    server.set_available(ready)
             current = kubelet_identity(self.plugin_dir / KUBELET_SOCKET)
             restarted = current is not None and current != self._kubelet
             if restarted and self._kubelet is not None:

@@ -2,8 +2,8 @@
 
 Everything here runs on the plugin's one asyncio loop (`aioloop.shared_loop()`) with `grpc.aio`: a
 ListAndWatch stream is a coroutine, so any number of open streams costs Allocate nothing. The manager
-drives the lifecycle (`serve`, `shutdown`, `request_registration`); health changes arrive from other
-threads through the thread-safe `set_*` methods.
+drives the lifecycle (`serve`, `shutdown`, `request_registration`); while serving, a server follows the
+node's runtime state (state.NodeState, written from other threads) and keeps its resource's part of it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable, NamedTuple
 
 import grpc
 import grpc.aio
@@ -30,6 +30,7 @@ from ..errors import StartupError
 from ..logs import brief, safe_text
 from ..model.devices import Resource
 from . import wire
+from ..state import NodeState, NodeView
 
 if TYPE_CHECKING:
     from ..obs.metrics import PluginMetrics
@@ -86,6 +87,15 @@ def socket_path_for(plugin_dir: Path, resource: Resource, serial: int | None = N
     return path
 
 
+class DeviceHealth(NamedTuple):
+    """One resource's part of the node state, as its ListAndWatch and Allocate use it."""
+
+    version: int  # +1 whenever the rest changes: a stream sends a new list only then
+    unhealthy: frozenset[str]  # GPU or MIG UUIDs of this resource's devices
+    available: bool  # False: every device Unhealthy (an MPS pool whose daemon is down)
+    held_back: frozenset[str]  # device IDs quarantined by the residue guard
+
+
 class _Instance:
     """One serving instance: its own socket, gRPC server and registration. A restart makes a new one."""
 
@@ -114,9 +124,11 @@ class DevicePluginServer:
         plugin_dir: Path,
         timings: Timings = Timings(),
         metrics: Callable[[], "PluginMetrics | None"] = lambda: None,
+        state: NodeState | None = None,
     ) -> None:
         self.resource = resource
         self.device_list = wire.EncodedDeviceList(resource)
+        self.state = state or NodeState()
         self.metrics = metrics
         self.plugin_dir = Path(plugin_dir)
         self.timings = timings
@@ -125,11 +137,10 @@ class DevicePluginServer:
         self.register_calls = 0
         self.registrations = 0  # accepted by the kubelet
         self._state = threading.Lock()
-        self._unhealthy: frozenset[str] = frozenset()
-        self._available = True  # False: every device Unhealthy (an MPS pool whose daemon is down)
-        self._quarantined: frozenset[str] = frozenset()  # device IDs held back by the residue guard
+        self._health = DeviceHealth(0, frozenset(), True, frozenset())
+        self._followed = 0  # the NodeState version the health was taken from
+        self._unsubscribe: Callable[[], None] | None = None
         self._health_keys = resource.health_keys()
-        self._version = 0
         self._changed: asyncio.Event | None = None  # replaced on every change; streams wait on it
         self._loop: asyncio.AbstractEventLoop | None = None
         self._instance: _Instance | None = None
@@ -149,48 +160,36 @@ class DevicePluginServer:
     def serving(self) -> bool:
         return self._instance is not None
 
-    @property
-    def unhealthy(self) -> frozenset[str]:
-        return self._unhealthy
-
-    @property
-    def available(self) -> bool:
-        return self._available
-
-    def held_back(self) -> frozenset[str]:
-        """Devices Allocate refuses: those on unhealthy GPUs are checked by unit; these are quarantined IDs."""
-        return self._quarantined
-
-    def set_unhealthy(self, uuids: frozenset[str]) -> None:
-        """Mark GPUs or MIG instances unhealthy (with every device on them); streams get a new list only on change."""
-        self._update(unhealthy=uuids & self._health_keys)
-
-    def set_available(self, available: bool) -> None:
-        """Mark every device Unhealthy (False) or back to its own health (True)."""
-        self._update(available=available)
-
-    def set_quarantined(self, device_ids: frozenset[str]) -> None:
-        """Advertise these devices Unhealthy (free devices on a GPU that holds a finished tenant's memory)."""
-        self._update(quarantined=device_ids & self.resource.devices.keys())
-
-    def _update(self, unhealthy: frozenset[str] | None = None, available: bool | None = None, quarantined: frozenset[str] | None = None) -> None:
+    def health(self) -> DeviceHealth:
+        """This resource's health now (any thread)."""
         with self._state:
-            new = (
-                self._unhealthy if unhealthy is None else unhealthy,
-                self._available if available is None else available,
-                self._quarantined if quarantined is None else quarantined,
-            )
-            if new == (self._unhealthy, self._available, self._quarantined):
+            return self._health
+
+    async def health_changed(self, version: int) -> None:
+        """On the loop: return once the health is newer than `version`, or the serving instance stops."""
+        changed = self._changed
+        if self._health.version == version and changed is not None:
+            await changed.wait()
+
+    def _follow(self, view: NodeView) -> None:
+        """A NodeState subscriber: keep this resource's part; streams get a new list only when that part changed."""
+        with self._state:
+            if view.version <= self._followed:
                 return
-            self._unhealthy, self._available, self._quarantined = new
-            self._version += 1
+            self._followed = view.version
+            current = self._health
+            new = DeviceHealth(
+                current.version,
+                view.unhealthy & self._health_keys,
+                self.resource.pool.name not in view.unavailable_pools,
+                frozenset(view.quarantined_devices & self.resource.devices.keys()),
+            )
+            if new == current:
+                return
+            self._health = new._replace(version=current.version + 1)
             loop = self._loop
         if loop is not None:
             loop.call_soon_threadsafe(self._wake_streams)
-
-    def _snapshot(self) -> tuple[int, frozenset[str], bool, frozenset[str]]:
-        with self._state:
-            return self._version, self._unhealthy, self._available, self._quarantined
 
     def _wake_streams(self) -> None:
         """On the loop: every waiting ListAndWatch looks at the state again."""
@@ -204,6 +203,9 @@ class DevicePluginServer:
         self._loop = asyncio.get_running_loop()
         if self._changed is None:
             self._changed = asyncio.Event()
+        if self._unsubscribe is None:
+            self._unsubscribe = self.state.subscribe(self._follow)
+            self._follow(self.state.snapshot())
         instance = _Instance(socket_path_for(self.plugin_dir, self.resource))
         instance.server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes(self.resource))])
         pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self, instance), instance.server)
@@ -216,6 +218,9 @@ class DevicePluginServer:
     async def shutdown(self) -> None:
         """End the streams, cancel any Register in flight, stop serving and remove the socket."""
         instance, self._instance = self._instance, None
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
         if instance is None:
             return
         self.registered.clear()
@@ -374,14 +379,13 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         sent = None
         try:
             while not instance.stopped.is_set():
-                changed = plugin._changed
-                version, unhealthy, available, held = plugin._snapshot()
+                version, unhealthy, available, held = plugin.health()
                 if version != sent:
                     sent = version
                     yield plugin.device_list.response(unhealthy, all_unhealthy=not available, unhealthy_ids=held)
                     log.debug("sent %d devices of %s (%d GPUs unhealthy)", len(self.resource.devices), self.resource.name, len(unhealthy))
-                elif changed is not None:
-                    await changed.wait()
+                else:
+                    await plugin.health_changed(version)
         finally:
             if from_kubelet:
                 if instance.kubelet_stream is token:
@@ -412,11 +416,11 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         plugin = self.plugin
         if not request.container_requests:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
-        if not plugin.available:
+        _, unhealthy, available, held = plugin.health()
+        if not available:
             await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
         started = time.perf_counter()
         metrics = plugin.metrics()
-        _, unhealthy, _, held = plugin._snapshot()
         try:
             responses = []
             for req in request.container_requests:

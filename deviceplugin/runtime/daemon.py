@@ -7,6 +7,7 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from ..agent.loop import AgentSettings, NodeAgent
+from ..agent.publish import PublishLoop
 from ..alloc.devicenodes import missing_device_nodes
 from ..alloc.cdi import check_specs
 from ..config.types import Config
@@ -23,12 +24,14 @@ from .options import DaemonOptions
 from .reload import ConfigReloader
 from .serving import Serving, plan_serving
 from ..agent.watchdog import MemoryWatchdog
+from ..state import NodeState
 
 log = logging.getLogger(__name__)
 
 
 class PluginDaemon:
-    """Discovery -> config -> servers <-> kubelet; health; node agent -> labels and metrics."""
+    """Discovery -> config -> servers <-> kubelet; health monitor and node agent -> node state -> servers, labels,
+    metrics."""
 
     def __init__(
         self,
@@ -50,25 +53,30 @@ class PluginDaemon:
         self.cdi_missing: dict[str, list[str]] = self._check_cdi(self.config, serving.manager.resources)
         self.registry = CollectorRegistry()
         self.manager = serving.manager
+        self.state: NodeState = self.manager.state  # the node's runtime state: health, quarantine, MPS pools, usage
         self.plugin_metrics = PluginMetrics(self.registry)
         self.plugin_metrics.declare(r.name for r in self.manager.resources)
         self.manager.attach_metrics(self.plugin_metrics)
         profiles = serving.profiles
-        self.monitor = HealthMonitor(inventory, self.node, self.manager.set_unhealthy, options.health, node_check=self._device_nodes)
+        self.monitor = HealthMonitor(inventory, self.node, self.state, options.health, node_check=self._device_nodes)
         self.reloader = ConfigReloader(options.config_file, self.node, self.manager, profiles, options.reload_interval, self._reloaded)
         directory = pod_directory or client
         self.agent = NodeAgent(
             inventory,
             self.node,
-            self.manager,
+            self.state,
+            lambda: self.manager.resources,  # the served resources, which follow reloads
             PodResourcesClient(options.pod_resources_socket),
             AgentSettings(options.agent.interval, options.agent.backoff_max, quarantine=self.config.quarantine),
             mapper=ProcessMapper(directory, options.proc_root) if directory else None,
             watchdog=MemoryWatchdog(self.config.watchdog_policy, events=self._event_sink(client)),
-            publisher=NodePublisher(client, self.config.domain, options.label_interval, self.config.shared_product_suffix) if client else None,
-            unhealthy=lambda: frozenset(self.monitor.unhealthy),
         )
-        sources = MetricSources(self.node, self.manager, self.agent, self.monitor, self.reloader, cdi_missing=lambda: self.cdi_missing)
+        self.publisher = (
+            PublishLoop(NodePublisher(client, self.config.domain, options.label_interval, self.config.shared_product_suffix), self.state, self.node, lambda: self.manager.resources, options.agent.interval)
+            if client
+            else None
+        )
+        sources = MetricSources(self.node, self.state, self.manager, self.agent, self.reloader, cdi_missing=lambda: self.cdi_missing)
         self.registry.register(StateCollector(sources))
         self.metrics_server = (
             MetricsServer(
@@ -117,10 +125,14 @@ class PluginDaemon:
         self.monitor.start()
         self.reloader.start(self.config, self._config_data)  # the config plan_serving already parsed
         self.agent.start()
+        if self.publisher:
+            self.publisher.start()
         for resource in self.manager.resources:
             log.info("%s: %d devices on %d GPUs", resource.name, len(resource.devices), len(resource.gpus))
 
     def stop(self) -> None:
+        if self.publisher:
+            self.publisher.stop()
         self.agent.stop()
         self.reloader.stop()
         self.monitor.stop()

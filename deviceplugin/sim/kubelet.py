@@ -258,6 +258,11 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         with self._cond:
             return self._endpoints[resource].options
 
+    def drop_connection(self, resource: str) -> None:
+        """Close the kubelet's connection to a registered resource's plugin (a broken transport, as tests make it)."""
+        with self._cond:
+            self._endpoints[resource].channel.close()
+
     def stub(self, resource: str) -> pb_grpc.DevicePluginStub:
         """The kubelet's client for a registered resource (tests call it directly)."""
         with self._cond:
@@ -299,6 +304,40 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         """Pods the kubelet knows (for the simulated pod directory)."""
         with self._cond:
             return list(self._pods.values())
+
+    def pod_resources(self, name: str | None = None, namespace: str | None = None) -> list[pr.PodResources]:
+        """What pod-resources lists: the active pods (those named, when given) with their devices."""
+        with self._cond:
+            return [
+                self._pod_resources(p)
+                for p in self._pods.values()
+                if p.active and (name is None or (p.name, p.namespace) == (name, namespace))
+            ]
+
+    def allocatable_devices(self) -> list[pr.ContainerDevices]:
+        """What pod-resources' GetAllocatableResources lists: every healthy device, one entry each."""
+        with self._cond:
+            return [
+                pr.ContainerDevices(resource_name=name, device_ids=[i], topology=self._topology(name, [i]))
+                for name, endpoint in self._endpoints.items()
+                for i in self._status(endpoint).healthy
+            ]
+
+    def _pod_resources(self, pod: Pod) -> pr.PodResources:
+        containers = []
+        for container in pod.containers:
+            devices = []
+            for resource in container.requests:
+                ids = self._allocated.get((pod.uid, container.name, resource))
+                if ids:
+                    devices.append(pr.ContainerDevices(resource_name=resource, device_ids=ids, topology=self._topology(resource, ids)))
+            containers.append(pr.ContainerResources(name=container.name, devices=devices))
+        return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
+
+    def _topology(self, resource: str, ids: list[str]) -> pr.TopologyInfo:
+        endpoint = self._endpoints.get(resource)
+        nodes = sorted({n.ID for i in ids if endpoint and i in endpoint.devices for n in endpoint.devices[i].topology.nodes})
+        return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes])
 
     def pod_directory(self) -> "SimulatedPodDirectory":
         return SimulatedPodDirectory(self)
@@ -389,44 +428,19 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
         if not self.kubelet.rate_limit.take():
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
 
-    def _pod(self, pod: Pod) -> pr.PodResources:
-        kubelet = self.kubelet
-        containers = []
-        for container in pod.containers:
-            devices = []
-            for resource in container.requests:
-                ids = kubelet._allocated.get((pod.uid, container.name, resource))
-                if ids:
-                    devices.append(pr.ContainerDevices(resource_name=resource, device_ids=ids, topology=self._topology(resource, ids)))
-            containers.append(pr.ContainerResources(name=container.name, devices=devices))
-        return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
-
-    def _topology(self, resource: str, ids: list[str]) -> pr.TopologyInfo:
-        endpoint = self.kubelet._endpoints.get(resource)
-        nodes = sorted({n.ID for i in ids if endpoint and i in endpoint.devices for n in endpoint.devices[i].topology.nodes})
-        return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes])
-
     def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
         self._limit(context)
-        with self.kubelet._cond:
-            return pr.ListPodResourcesResponse(pod_resources=[self._pod(p) for p in self.kubelet._pods.values() if p.active])
+        return pr.ListPodResourcesResponse(pod_resources=self.kubelet.pod_resources())
 
     def GetAllocatableResources(self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext) -> pr.AllocatableResourcesResponse:
         self._limit(context)
-        with self.kubelet._cond:
-            devices = [
-                pr.ContainerDevices(resource_name=name, device_ids=[i], topology=self._topology(name, [i]))
-                for name, endpoint in self.kubelet._endpoints.items()
-                for i in self.kubelet._status(endpoint).healthy
-            ]
-        return pr.AllocatableResourcesResponse(devices=devices)
+        return pr.AllocatableResourcesResponse(devices=self.kubelet.allocatable_devices())
 
     def Get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
         self._limit(context)
-        with self.kubelet._cond:
-            for pod in self.kubelet._pods.values():
-                if pod.active and (pod.name, pod.namespace) == (request.pod_name, request.pod_namespace):
-                    return pr.GetPodResourcesResponse(pod_resources=self._pod(pod))
+        found = self.kubelet.pod_resources(name=request.pod_name, namespace=request.pod_namespace)
+        if found:
+            return pr.GetPodResourcesResponse(pod_resources=found[0])
         context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
         raise AssertionError("context.abort raises")
 

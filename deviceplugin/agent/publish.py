@@ -1,0 +1,64 @@
+"""Node labels and the inventory annotation, kept in step with the NodeState on a thread of their own.
+
+A change of the node state (health, quarantine, the agent's usage) wakes the loop at once; it also goes round every
+`interval` (a patch the debounce held back, resources changed by a reload). A Kubernetes API call that hangs delays
+only this loop: the agent's watchdog and the servers never wait for it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ..model.devices import Resource
+from ..kube.labels import InventoryAnnotation, NodePublisher, node_labels
+from ..loop import BackgroundLoop
+from ..model.node import NodeInfo
+from ..state import NodeState, NodeView
+
+log = logging.getLogger(__name__)
+
+
+class PublishLoop(BackgroundLoop):
+    def __init__(self, publisher: NodePublisher, state: NodeState, node: NodeInfo, resources: Callable[[], list[Resource]], interval: float) -> None:
+        super().__init__("node-publisher")
+        self.publisher = publisher
+        self.state = state
+        self.node = node
+        self.resources = resources
+        self.interval = interval
+        self.annotation = InventoryAnnotation()
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        self._unsubscribe = self.state.subscribe(self._changed)
+        self._start_thread()
+
+    def stop(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self._stop_thread()
+
+    def _changed(self, view: NodeView) -> None:
+        self.nudge()
+
+    def _run(self) -> None:
+        self._repeat(self._round, self.interval)
+
+    def _round(self) -> float:
+        self.publish_now()
+        return self.interval
+
+    def publish_now(self) -> bool:
+        """Patch the Node with the current labels and annotation; False when nothing was patched (nothing changed,
+        the debounce, an API error) or nothing is known yet (before the agent's first round)."""
+        view = self.state.snapshot()
+        if view.observation is None:
+            return False
+        resources = self.resources()
+        publisher = self.publisher
+        return publisher.publish(
+            node_labels(publisher.domain, self.node, resources, publisher.shared_product_suffix),
+            self.annotation.build(self.node, resources, view.observation.usage, view.unhealthy, view.quarantined_gpus),
+        )

@@ -1,0 +1,126 @@
+"""NodeState: the one owner of the node's runtime state, what the plugin's parts tell each other while it runs.
+
+Writers: the health monitor (unhealthy GPUs and MIG instances with the reasons, those awaiting a GPU reset, XID
+counts), the node agent (the GPUs the residue guard quarantines and the free devices it holds back; its latest
+observation), the plugin manager (MPS pools whose control daemon is not ready). Readers: the DevicePlugin servers
+(ListAndWatch and Allocate), the label and annotation publisher, the metrics.
+
+Every write replaces a part under one lock and makes a new immutable `NodeView`; readers take `snapshot()`, or
+`subscribe()` to be called with each new view. Callbacks run on the writer's thread, outside the lock, one view
+at a time and in order; they must be quick (wake a stream, set an event). A callback that raises is logged and
+the others still run: a reader never breaks a writer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .agent.observe import Observation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """The node's runtime state at one moment; `version` grows with every change."""
+
+    version: int = 0
+    unhealthy: frozenset[str] = frozenset()  # GPU or MIG UUIDs whose devices are Unhealthy
+    reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # each of them -> why
+    awaiting_reset: frozenset[str] = frozenset()  # GPU or MIG UUIDs Unhealthy until their GPU is reset
+    xid_counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # GPU UUID -> critical XIDs seen
+    quarantined_gpus: frozenset[str] = frozenset()  # GPUs holding a finished tenant's memory (residue guard)
+    quarantined_devices: frozenset[str] = frozenset()  # their free device IDs, advertised Unhealthy
+    unavailable_pools: frozenset[str] = frozenset()  # MPS pools whose control daemon is not ready: all devices Unhealthy
+    observation: Observation | None = None  # the node agent's latest round; None before the first
+
+
+Subscriber = Callable[[NodeView], None]
+
+
+class NodeState:
+    """Thread-safe; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._view = NodeView()
+        self._subscribers: tuple[Subscriber, ...] = ()
+        self._delivery = threading.Lock()  # one delivery round at a time: subscribers see views in order
+        self._delivered = 0
+        self._delivering = threading.local()
+
+    def snapshot(self) -> NodeView:
+        with self._lock:
+            return self._view
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback(view)` after every change from now on; returns the function that ends the subscription.
+        The current view is not delivered: read `snapshot()` after subscribing (a newer view may arrive first)."""
+        with self._lock:
+            self._subscribers = (*self._subscribers, callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._subscribers = tuple(s for s in self._subscribers if s is not callback)
+
+        return unsubscribe
+
+    # --- writers ---------------------------------------------------------------------------------
+    def set_health(self, reasons: Mapping[str, str], awaiting_reset: frozenset[str] = frozenset(), xid_counts: Mapping[str, int] | None = None) -> None:
+        """The health monitor's verdict: unhealthy UUIDs with their reasons, those awaiting a reset, XID counts
+        (None: unchanged)."""
+        reasons, awaiting_reset = MappingProxyType(dict(reasons)), frozenset(awaiting_reset)
+        counts = None if xid_counts is None else MappingProxyType(dict(xid_counts))
+        self._update(lambda v: replace(v, unhealthy=frozenset(reasons), reasons=reasons, awaiting_reset=awaiting_reset, xid_counts=v.xid_counts if counts is None else counts))
+
+    def set_quarantine(self, gpus: frozenset[str], devices: frozenset[str]) -> None:
+        """The residue guard's verdict: quarantined GPUs and the free devices on them held back."""
+        gpus, devices = frozenset(gpus), frozenset(devices)
+        self._update(lambda v: replace(v, quarantined_gpus=gpus, quarantined_devices=devices))
+
+    def set_pool_available(self, pool: str, available: bool) -> None:
+        """Whether an MPS pool's control daemon is ready (False: every device of the pool Unhealthy)."""
+        self._update(lambda v: replace(v, unavailable_pools=v.unavailable_pools - {pool} if available else v.unavailable_pools | {pool}))
+
+    def set_observation(self, observation: Observation) -> None:
+        """The node agent's latest round (usage, GPU stats, per-container memory, residue)."""
+        self._update(lambda v: replace(v, observation=observation))
+
+    # --- inside ------------------------------------------------------------------------------------
+    def _update(self, change: Callable[[NodeView], NodeView]) -> None:
+        """Apply `change` to the current view; a new version (and a delivery) only when something differs."""
+        with self._lock:
+            current = self._view
+            new = change(current)
+            if new == current:
+                return
+            self._view = replace(new, version=current.version + 1)
+        self._deliver()
+
+    def _deliver(self) -> None:
+        """Hand the newest view to every subscriber, outside the state lock, in version order. A write made by a
+        subscriber is delivered by the round already running on this thread, after the current one."""
+        if getattr(self._delivering, "active", False):
+            return
+        with self._delivery:
+            self._delivering.active = True
+            try:
+                while True:
+                    with self._lock:
+                        view, subscribers = self._view, self._subscribers
+                    if view.version <= self._delivered:
+                        return
+                    self._delivered = view.version
+                    for callback in subscribers:
+                        try:
+                            callback(view)
+                        except Exception:
+                            log.exception("a NodeState subscriber failed on version %d (the others still run)", view.version)
+            finally:
+                self._delivering.active = False
