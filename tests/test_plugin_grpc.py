@@ -73,6 +73,26 @@ def test_list_and_watch_sends_full_list_then_only_changes(kubelet, start_plugin)
     assert kubelet.wait_for(lambda st: st[SHARE].messages == 3 and st[SHARE].allocatable == 20, timeout=2)
 
 
+def test_each_resource_sends_a_new_list_only_when_its_own_part_of_the_node_state_changes(kubelet, start_plugin):
+    """One NodeState, many servers: a change elsewhere on the node (another resource's GPU, the agent's usage, an MPS
+    pool it is not in) wakes no stream of this resource."""
+    from deviceplugin.agent.observe import Observation
+
+    manager = start_plugin(MIXED)  # GPU 0 whole (GPU), GPU 1 in 4 shares (SHARE)
+    assert kubelet.wait_for(registered(SHARE, GPU), timeout=5)
+    state = manager.state
+    state.set_health({UUID0: "XID 79"})
+    assert kubelet.wait_for(lambda st: st[GPU].allocatable == 0 and st[GPU].messages == 2, timeout=2)
+    state.set_observation(Observation(last_sync=1.0))
+    state.set_pool_available("mps-pool", False)
+    state.set_quarantine(frozenset({UUID0}), frozenset({UUID0}))  # GPU 0's free device: GPU's part only
+    state.set_health({UUID0: "XID 79"}, xid_counts={UUID0: 1})
+    state.set_quarantine(frozenset({UUID0, UUID1}), frozenset({UUID0, f"{UUID1}::3"}))  # the first change of SHARE's part
+    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 3 and st[GPU].messages == 3, timeout=2)
+    assert kubelet.resources()[SHARE].messages == 2  # the full list, then this one change
+    assert kubelet.resources()[GPU].messages == 3  # its health, then its quarantined device (already Unhealthy)
+
+
 def test_stream_health_strings_are_exact(kubelet, start_plugin):
     manager = start_plugin()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
