@@ -774,3 +774,27 @@ def test_a_failing_publish_round_is_logged_and_the_loop_goes_on(daemon, kubelet,
     assert d.publisher.running
     failed = [r for r in caplog.records if "node-publisher: round failed" in r.getMessage()]
     assert len(failed) == 1 and "resources unavailable" in str(failed[0].exc_info[1])
+
+
+def test_the_publisher_patches_at_once_on_a_health_change_and_makes_no_round_for_an_xid_count_or_same_usage(daemon, kubelet):
+    d = serving(daemon, kubelet)
+    d.publisher.interval = 3600  # only a change of what it publishes wakes it
+    rounds = []
+    d.publisher.resources = lambda: rounds.append(1) or d.manager.resources  # counts the publisher's rounds
+    d.agent.sync()
+    d.publisher.start()
+    assert wait_until(lambda: "example.com/gpu-share.inventory" in d.api.annotations)
+
+    def gpu1_health() -> str:
+        return {g["uuid"]: g["health"] for g in json.loads(d.api.annotations["example.com/gpu-share.inventory"])["gpus"]}[U1]
+
+    assert gpu1_health() == "Healthy"
+    d.monitor.handle(HealthEvent(gpu_uuid=U1, reason="XID 79", xid=79))
+    assert wait_until(lambda: gpu1_health() == "Unhealthy", timeout=2)
+    time.sleep(0.1)
+    before = len(rounds)
+    d.monitor.handle(HealthEvent(gpu_uuid=U1, reason="XID 79", xid=79))  # the count grows, the set does not
+    d.agent.sync()  # a new observation with the same usage
+    assert d.state.snapshot().xid_counts[U1] == 2
+    time.sleep(0.3)
+    assert len(rounds) == before  # nothing it publishes changed: no round

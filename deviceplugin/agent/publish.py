@@ -1,7 +1,8 @@
 """Node labels and the inventory annotation, kept in step with the NodeState on a thread of their own.
 
-A change of the node state (health, quarantine, the agent's usage) wakes the loop at once; it also goes round every
-`interval` (a patch the debounce held back, resources changed by a reload). A Kubernetes API call that hangs delays
+A change of what it publishes (unhealthy GPUs, quarantine, the agent's usage) wakes the loop at once; other changes
+of the node state (an XID count, the agent's timestamps) do not. It also goes round every `interval` (a patch the
+debounce held back, resources changed by a reload). A Kubernetes API call that hangs delays
 only this loop: the agent's watchdog and the servers never wait for it.
 """
 
@@ -29,6 +30,7 @@ class PublishLoop(BackgroundLoop):
         self.interval = interval
         self.annotation = InventoryAnnotation()
         self._unsubscribe: Callable[[], None] | None = None
+        self._woken_for: tuple | None = None  # what the last wake-up was for
 
     def start(self) -> None:
         self._unsubscribe = self.state.subscribe(self._changed)
@@ -41,7 +43,11 @@ class PublishLoop(BackgroundLoop):
         self._stop_thread()
 
     def _changed(self, view: NodeView) -> None:
-        self.nudge()
+        """A NodeState subscriber: wake the loop when what it publishes changed."""
+        published = (view.unhealthy, view.quarantined_gpus, view.observation.usage if view.observation else None)
+        if published != self._woken_for:
+            self._woken_for = published
+            self.nudge()
 
     def _run(self) -> None:
         self._repeat(self._round, self.interval)
