@@ -1,4 +1,4 @@
-"""Every default location and port of the node plugin, defined once."""
+"""Every default location, port and interval of the `gpu-share` commands, defined once (the settings and the CLI read them)."""
 
 from __future__ import annotations
 
@@ -13,3 +13,16 @@ MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 REGISTER_TIMEOUT = 30.0  # above the kubelet's own 10 s dial timeout
 BACKOFF_MAX = 5.0
 WATCH_INTERVAL = 0.2  # the polling safety net beside inotify
+# `gpu-share run`
+METRICS_HOST = "0.0.0.0"  # every IPv4 interface, as exporters do
+RELOAD_INTERVAL = 10.0  # seconds between checks of the config file (and the profile label, at most every PROFILE_LABEL_INTERVAL)
+PROFILE_LABEL_INTERVAL = 60.0  # seconds between reads of the node's profile label
+LABEL_INTERVAL = 5.0  # at most one patch of the node's labels and annotations per this many seconds
+POD_RESOURCES_BACKOFF_MAX = 80.0  # longest poll interval after RESOURCE_EXHAUSTED
+SHUTDOWN_GRACE = 20.0  # seconds from SIGTERM/SIGINT to a forced exit, inside the pod's default 30 s
+# `gpu-share mps`
+MPS_BACKOFF_MAX = 30.0  # longest wait before restarting a control daemon
+# `gpu-share extender`
+EXTENDER_PORT = 8888
+EXTENDER_POLICY = "binpack"
+RESERVATION_TTL = 30.0  # seconds a pod passed by the filter counts on its nodes before its binding shows

@@ -798,3 +798,78 @@ def test_the_publisher_patches_at_once_on_a_health_change_and_makes_no_round_for
     assert d.state.snapshot().xid_counts[U1] == 2
     time.sleep(0.3)
     assert len(rounds) == before  # nothing it publishes changed: no round
+
+
+# --- a config reload reaches every consumer ----------------------------------------------------------------
+
+
+def rewrite(d: PluginDaemon, **changes) -> None:
+    """Change the running daemon's config file and let its reloader apply it (a change applies once it has settled)."""
+    path = d.options.config_file
+    with open(path) as f:
+        content = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**content, **changes}, f)
+    assert not d.reloader.check()  # seen, not yet settled
+    assert d.reloader.check() and d.reloader.in_sync
+
+
+def test_a_domain_change_removes_the_old_labels_and_publishes_the_new_ones(daemon, kubelet):
+    d = serving(daemon, kubelet)
+    d.api.labels["team"] = "ml"
+    d.start()  # the agent's first round wakes the publisher: labels under example.com
+    assert wait_until(lambda: "example.com/gpu.count" in d.api.labels)
+    old = {k for k in d.api.labels if k.startswith("example.com/")}
+    assert {"example.com/gpu.count", "example.com/gpu-share.s.replicas"} <= old
+    assert {"example.com/gpu-share.inventory", "example.com/gpu-share.labels"} <= set(d.api.annotations)
+
+    rewrite(d, domain="acme.io", sharedProductSuffix=True)  # the reload wakes the publisher
+    assert kubelet.wait_for(registered("acme.io/gpu-share", "acme.io/gpu"), timeout=5)  # the manager follows too
+    assert wait_until(lambda: "acme.io/gpu-share.labels" in d.api.annotations)
+    assert not [k for k in {**d.api.labels, **d.api.annotations} if k.startswith("example.com/")]  # nothing left behind
+    expected = node_labels("acme.io", d.node, d.manager.resources, shared_product_suffix=True)
+    assert expected["acme.io/gpu.product"] == "Tesla-T4-SHARED"  # sharedProductSuffix followed the reload too
+    assert {k: v for k, v in d.api.labels.items() if k != "team"} == expected and d.api.labels["team"] == "ml"
+    assert json.loads(d.api.annotations["acme.io/gpu-share.labels"]) == sorted(expected)
+    inventory = json.loads(d.api.annotations["acme.io/gpu-share.inventory"])
+    assert set(inventory["resources"]) == {"acme.io/gpu-share", "acme.io/gpu"}
+    patches = len(d.api.patches)
+    assert not d.publisher.publish_now() and len(d.api.patches) == patches  # settled: nothing more to patch
+
+
+def test_a_domain_change_before_the_first_publish_removes_what_an_earlier_run_owned(fake_kube):
+    """The old domain's keys are read from its annotation first, then retired in the same patch as the new labels."""
+    api, kubeconfig = fake_kube
+    api.labels = {"example.com/gpu.count": "2", "example.com/foreign": "x"}
+    api.annotations = {"example.com/gpu-share.labels": '["example.com/gpu.count"]', "example.com/gpu-share.inventory": "{}"}
+    publisher = NodePublisher(NodeClient.connect(api.node_name, str(kubeconfig)), "example.com", min_interval=0)
+    publisher.on_config(parse_config({"version": "v1", "domain": "acme.io", "pools": [{"name": "w", "mode": "exclusive"}]}), [])
+    assert publisher.publish_node(T4, [], {"version": 2})
+    assert len(api.patches) == 1
+    assert api.labels["example.com/foreign"] == "x" and "example.com/gpu.count" not in api.labels  # only ours removed
+    assert api.labels["acme.io/gpu.count"] == "2" and set(api.annotations) == {"acme.io/gpu-share.labels", "acme.io/gpu-share.inventory"}
+
+
+def test_a_reload_reaches_the_watchdog_quarantine_metrics_and_cdi_check(daemon, kubelet):
+    d = serving(daemon, kubelet)
+    assert d.agent.watchdog.policy == "report" and not d.agent.quarantine and d.cdi.missing == {}
+    pools = [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "t", "mode": "shared", "replicas": 2, "resource": "gpu-share-t", "gpus": {"indexes": [1]}}]
+    rewrite(d, memoryWatchdog={"policy": "kill", "quarantine": True}, pools=pools, deviceListStrategy="cdi")
+    assert d.agent.watchdog.policy == "kill" and d.agent.quarantine
+    assert set(d.cdi.missing) == {SHARE, "example.com/gpu-share-t"} and len(d.cdi.missing["example.com/gpu-share-t"]) == 1  # no spec dir
+    d.metrics_server.start()
+    m = samples(get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1])
+    assert value(m, "gpushare_allocate_requests_total", resource="example.com/gpu-share-t", result="ok") == 0  # declared at 0
+    assert value(m, "gpushare_cdi_devices_missing", resource="example.com/gpu-share-t") == 1
+
+
+def test_device_specs_turned_on_by_a_reload_make_a_gpu_without_nodes_unhealthy(daemon, kubelet, tmp_path):
+    root = tmp_path / "host"
+    (root / "dev").mkdir(parents=True)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0"):  # no /dev/nvidia1
+        (root / "dev" / name).touch()
+    d = daemon()
+    d.start()
+    assert kubelet.wait_for(lambda st: GPU in st and st[GPU].registered and st[GPU].allocatable == 1, timeout=5)
+    rewrite(d, deviceSpecs=True, deviceRoot=str(root))  # the health check follows the new deviceSpecs and deviceRoot
+    assert kubelet.wait_for(lambda st: GPU in st and st[GPU].registered and list(st[GPU].unhealthy) == [U1], timeout=5)

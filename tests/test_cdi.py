@@ -80,4 +80,4 @@ def test_envvar_mode_reads_no_specs(tmp_path, plugin_dir, caplog):
     options = DaemonOptions(plugin_dir=plugin_dir, metrics_port=0, timings=FAST, cdi_spec_dirs=(str(tmp_path / "none"),))
     with caplog.at_level(logging.WARNING):
         daemon = PluginDaemon(SimulatedInventory.from_file(T4), options)
-    assert daemon.cdi_missing == {} and "CDI" not in caplog.text
+    assert daemon.cdi.missing == {} and "CDI" not in caplog.text

@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -188,3 +189,57 @@ def test_every_run_flag_is_documented_and_every_documented_flag_exists(capsys):
     table = text.split("`gpu-share run`:")[1].split("\n\n")[1]
     documented = set(re.findall(r"^\| `(--[a-z-]+)", table, flags=re.M))
     assert flags == documented, (sorted(flags - documented), sorted(documented - flags))
+
+
+# Runs one `gpu-share` command in this interpreter, then names the heavy packages it loaded (on stderr, last line):
+# grpc, protobuf (google), prometheus_client, kubernetes.
+LOADED = """
+import sys
+from deviceplugin.cli.main import main
+code = main(sys.argv[1:])
+print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'google', 'prometheus_client', 'kubernetes'}), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["config", "check", str(EXAMPLES / "config" / "profiles.yaml")],
+        ["config", "check", str(EXAMPLES / "config" / "profiles.yaml"), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--all-profiles"],
+        ["discover", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--json"],
+    ],
+)
+def test_config_check_and_discover_load_no_grpc_protobuf_prometheus_or_kubernetes(command):
+    proc = subprocess.run([sys.executable, "-c", LOADED, *command], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout and proc.stderr.splitlines()[-1] == "[]"
+
+
+def test_the_import_probe_sees_what_the_daemon_loads():
+    probe = LOADED.replace("code = main(sys.argv[1:])", "from deviceplugin.runtime import daemon; code = 0")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stderr.splitlines()[-1] == "['google', 'grpc', 'prometheus_client']", proc.stderr
+
+
+def test_the_documented_run_defaults_are_the_parser_defaults():
+    """The table in docs/configuration.md shows the defaults the code defines (defaults.py and the settings), once."""
+    from deviceplugin.cli.main import build_parser
+
+    defaults = vars(build_parser().parse_args(["run"]))  # every flag at its default
+    table = (ROOT / "docs" / "configuration.md").read_text().split("`gpu-share run`:")[1].split("\n\n")[1]
+    checked = 0
+    for flag, shown in re.findall(r"^\| `(--[a-z-]+)[^`]*` \| `([^`]+)` \|", table, flags=re.M):
+        value = defaults[flag[2:].replace("-", "_")]
+        if isinstance(value, bool):
+            assert shown == str(value).lower(), flag
+        elif isinstance(value, (int, float)):
+            assert float(shown) == value, flag
+        elif isinstance(value, frozenset):
+            assert {int(x) for x in shown.split(",")} == value, flag
+        elif isinstance(value, tuple):
+            assert shown == ",".join(value), flag
+        else:
+            assert shown == value, flag
+        checked += 1
+    assert checked >= 20

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from deviceplugin.alloc.check import check_config
-from deviceplugin.cli.main import BUILTIN
+from deviceplugin.cli.config_check import check_config
+from deviceplugin.cli.demo import BUILTIN
 from deviceplugin.config.types import ConfigError
 from deviceplugin.sim.demo import run_demo
 

@@ -20,6 +20,7 @@ from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
 from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.mps.control import MpsDaemon, MpsLiveness, control
 from deviceplugin.mps.paths import MpsPaths
+from deviceplugin.mps.supervisor import MpsSupervisor
 from deviceplugin.alloc.plan import build_resources
 
 from .conftest import EXAMPLES, FAST, GPU_CLI, ROOT, node, registered, wait_until
@@ -416,6 +417,71 @@ def test_mps_subcommand_runs_daemons_until_sigterm(fake_mps, tmp_path):
     assert proc.returncode == 0, err
     assert "set_default_active_thread_percentage 50" in _log(paths) and _log(paths).rstrip().endswith("quit")
     assert not paths.ready.exists()
+
+
+def _pid(paths: MpsPaths) -> int:
+    return int((paths.log / "daemon.pid").read_text())
+
+
+def test_mps_supervisor_follows_config_reloads(fake_mps, tmp_path):
+    """Added pools start a daemon, removed ones stop theirs, changed limits or mpsRoot restart it; others are untouched."""
+    root, other_root = tmp_path / "mps", tmp_path / "mps2"
+    a = {"name": "a", "mode": "shared", "backend": "mps", "mpsLimits": "strict", "replicas": 4, "gpus": {"indexes": [1]}}
+    b = {"name": "b", "mode": "shared", "backend": "mps", "resource": "b-share", "replicas": 2, "gpus": {"indexes": [0]}}
+    supervisor = MpsSupervisor(str(fake_mps), backoff_max=0.2, backoff_initial=0.05)
+
+    def reload(*pools, mps_root=root):
+        cfg = config(*pools, mpsRoot=str(mps_root))
+        supervisor.on_config(cfg, build_resources(cfg, T4))
+
+    pa, pb = MpsPaths.of(str(root), "a"), MpsPaths.of(str(root), "b")
+    try:
+        reload(a)
+        assert wait_until(pa.ready.exists) and set(supervisor.daemons) == {"a"}
+        first = _pid(pa)
+        reload(a, b)  # added: b starts, a is left alone
+        assert wait_until(pb.ready.exists) and _pid(pa) == first and "quit" not in _log(pa)
+        reload({**a, "replicas": 2}, b)  # a's strict limits change: a restarts with them
+        assert wait_until(lambda: pa.ready.exists() and _pid(pa) != first)
+        assert _log(pa).split("quit")[1].count("set_default_active_thread_percentage 50") == 1
+        b_pid = _pid(pb)
+        reload({**a, "replicas": 2})  # removed: b's daemon quits and its marker goes
+        assert not pb.ready.exists() and _log(pb).rstrip().endswith("quit") and not _alive(b_pid)
+        reload({**a, "replicas": 2}, mps_root=other_root)  # a new mpsRoot: the daemon moves there
+        moved = MpsPaths.of(str(other_root), "a")
+        assert wait_until(moved.ready.exists) and not pa.ready.exists() and set(supervisor.daemons) == {"a"}
+        reload({"name": "ts", "mode": "shared"})  # no MPS pool left: nothing runs
+        assert supervisor.daemons == {} and not moved.ready.exists()
+    finally:
+        supervisor.stop()
+    reload(a)  # after stop, a late reload starts nothing
+    assert supervisor.daemons == {} and not pa.ready.exists()
+
+
+def test_mps_subcommand_follows_the_config_file(fake_mps, tmp_path):
+    root = tmp_path / "mps"
+    cfg = tmp_path / "mps.yaml"
+
+    def write(*pools: str) -> None:
+        cfg.write_text(f"version: v1\nmpsRoot: {root}\npools:\n" + "".join(f"  - {p}\n" for p in pools))
+
+    a = "{name: a, mode: shared, backend: mps, replicas: 2, gpus: {indexes: [1]}}"
+    b = "{name: b, mode: shared, backend: mps, resource: b-share, replicas: 2, gpus: {indexes: [0]}}"
+    write(a)
+    proc = subprocess.Popen([*GPU_CLI, "mps", "--config", str(cfg), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--profile", "default",
+                             "--mps-control", str(fake_mps), "--reload-interval", "0.05"], stderr=subprocess.PIPE, text=True)
+    pa, pb = MpsPaths.of(str(root), "a"), MpsPaths.of(str(root), "b")
+    try:
+        assert wait_until(pa.ready.exists, timeout=10)
+        write(a, b)
+        assert wait_until(pb.ready.exists, timeout=10)
+        write(b)
+        assert wait_until(lambda: not pa.ready.exists(), timeout=10) and pb.ready.exists()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert _log(pa).rstrip().endswith("quit") and _log(pb).rstrip().endswith("quit") and not pb.ready.exists()
 
 
 def test_profile_label_survives_api_errors_and_is_read_at_most_every_interval(fake_kube):

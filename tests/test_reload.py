@@ -36,7 +36,7 @@ def _started(path, kubelet, start_plugin, profiles: ProfileSource, interval: flo
     write(path, 2)
     manager = start_plugin(load_config(path))
     assert kubelet.wait_for(registered(RESOURCE), timeout=10)
-    reloader = ConfigReloader(str(path), T4, manager, profiles, interval=interval)
+    reloader = ConfigReloader(str(path), T4, profiles, interval, [manager])
     reloader.start(load_config(path))
     return reloader
 
@@ -45,7 +45,7 @@ def _started(path, kubelet, start_plugin, profiles: ProfileSource, interval: flo
 def served(tmp_path, kubelet, start_plugin):
     """(config path, started reloader, manager) for 2 shares per GPU on the 2xT4 node."""
     reloader = _started(tmp_path / "config.yaml", kubelet, start_plugin, FlakyProfiles(None, None), interval=0.02)
-    yield tmp_path / "config.yaml", reloader, reloader.manager
+    yield tmp_path / "config.yaml", reloader, reloader.consumers[0]
     reloader.stop()
 
 
@@ -125,7 +125,7 @@ def test_a_broken_file_names_its_cause_and_keeps_serving(tmp_path, kubelet, star
     link.symlink_to(target)
     manager = start_plugin(load_config(link))
     assert kubelet.wait_for(registered(RESOURCE), timeout=10)
-    reloader = ConfigReloader(str(link), T4, manager, ProfileSource(None, None), interval=0.02)
+    reloader = ConfigReloader(str(link), T4, ProfileSource(None, None), 0.02, [manager])
     reloader.start(load_config(link))
     try:
         break_it(target, link)
@@ -138,5 +138,39 @@ def test_a_broken_file_names_its_cause_and_keeps_serving(tmp_path, kubelet, star
         write(target, 3)
         assert kubelet.wait_for(lambda st: st[RESOURCE].capacity == 6 and st[RESOURCE].registered, timeout=5)
         assert wait_until(lambda: reloader.in_sync) and reloader.errors == 1
+    finally:
+        reloader.stop()
+
+
+class Recorder:
+    """A reload consumer that keeps the replicas and resource names it was given, or fails while `fail` is set."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.seen: list[tuple[int, list[str]]] = []
+
+    def on_config(self, config, resources) -> None:
+        if self.fail:
+            raise RuntimeError("injected: a consumer failed")
+        self.seen.append((resources[0].units[0].replicas, [r.name for r in resources]))
+
+
+def test_a_reload_reaches_the_consumers_in_order_and_a_failing_one_fails_the_round(tmp_path, kubelet, start_plugin):
+    path = tmp_path / "config.yaml"
+    write(path, 2)
+    manager = start_plugin(load_config(path))
+    assert kubelet.wait_for(registered(RESOURCE), timeout=10)
+    first, failing, last = Recorder(), Recorder(fail=True), Recorder()
+    reloader = ConfigReloader(str(path), T4, ProfileSource(None, None), 3600, [manager, first, failing, last])
+    reloader.start(load_config(path))
+    try:
+        write(path, 3)
+        assert not reloader.check() and not reloader.check()  # seen; then applied up to the failing consumer
+        assert first.seen == [(3, [RESOURCE])] and last.seen == [] and reloader.errors == 1 and not reloader.in_sync
+        assert kubelet.wait_for(lambda st: st[RESOURCE].allocatable == 6, timeout=5)  # the manager, first, served it
+        failing.fail = False
+        write(path, 4)
+        assert not reloader.check() and reloader.check()
+        assert first.seen[-1] == last.seen[-1] == (4, [RESOURCE]) and reloader.in_sync and reloader.reloads == 1
     finally:
         reloader.stop()

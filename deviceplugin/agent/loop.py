@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..model.devices import Resource
 from ..model.shares import share_gpu_fraction
@@ -20,6 +21,9 @@ from .observe import Observation, Observer
 from .procmap import ProcessMapper
 from .usage import PodResourcesClient, Usage
 from .watchdog import ContainerMemory, MemoryWatchdog
+
+if TYPE_CHECKING:
+    from ..config.types import Config
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +51,10 @@ class NodeAgent(BackgroundLoop):
         self.quarantine = settings.quarantine  # follows config reloads
         if mapper is None:
             log.warning("no pod directory (Kubernetes API): per-container memory, the watchdog and the residue guard are off")
+
+    def on_config(self, config: "Config", resources: list[Resource]) -> None:
+        """A config reload (runtime.reload): the residue guard quarantines, or not, from the next round on."""
+        self.quarantine = config.quarantine
 
     @property
     def rate_limited(self) -> int:

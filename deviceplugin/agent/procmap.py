@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from .. import defaults
+
 log = logging.getLogger(__name__)
 
 # kubepods[-burstable|-besteffort]/pod<uid>/<id> (cgroupfs) or kubepods-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope (systemd)
@@ -46,7 +48,7 @@ def bare_container_id(container_id: str) -> str:
     return container_id.split("://", 1)[-1]
 
 
-def cgroup_owner(pid: int, proc_root: str | Path = "/proc") -> tuple[str, str] | None:
+def cgroup_owner(pid: int, proc_root: str | Path = defaults.PROC_ROOT) -> tuple[str, str] | None:
     """(pod UID, container ID) of a process, or None for a process outside any pod."""
     try:
         text = (Path(proc_root) / str(pid) / "cgroup").read_text()
@@ -64,7 +66,7 @@ def cgroup_owner(pid: int, proc_root: str | Path = "/proc") -> tuple[str, str] |
 class ProcessMapper:
     """Maps PIDs to (namespace, pod, container) through cgroups and the pod directory."""
 
-    def __init__(self, directory: PodDirectory, proc_root: str | Path = "/proc") -> None:
+    def __init__(self, directory: PodDirectory, proc_root: str | Path = defaults.PROC_ROOT) -> None:
         self.directory = directory
         self.proc_root = proc_root
         self._by_uid: dict[str, PodRef] = {}

@@ -2,7 +2,7 @@
 
 A change of what it publishes (unhealthy GPUs, quarantine, the agent's usage) wakes the loop at once; other changes
 of the node state (an XID count, the agent's timestamps) do not. It also goes round every `interval` (a patch the
-debounce held back, resources changed by a reload). A Kubernetes API call that hangs delays
+debounce held back); a config reload wakes it too. A Kubernetes API call that hangs delays
 only this loop: the agent's watchdog and the servers never wait for it.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from ..config.types import Config
 from ..model.devices import Resource
-from ..kube.labels import InventoryAnnotation, NodePublisher, node_labels
+from ..kube.labels import InventoryAnnotation, NodePublisher
 from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
 from ..state import NodeState, NodeView
@@ -42,6 +43,11 @@ class PublishLoop(BackgroundLoop):
             self._unsubscribe = None
         self._stop_thread()
 
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
+        """A config reload (runtime.reload): the publisher takes its domain and product suffix, published at once."""
+        self.publisher.on_config(config, resources)
+        self.nudge()
+
     def _changed(self, view: NodeView) -> None:
         """A NodeState subscriber: wake the loop when what it publishes changed."""
         published = (view.unhealthy, view.quarantined_gpus, view.observation.usage if view.observation else None)
@@ -63,8 +69,5 @@ class PublishLoop(BackgroundLoop):
         if view.observation is None:
             return False
         resources = self.resources()
-        publisher = self.publisher
-        return publisher.publish(
-            node_labels(publisher.domain, self.node, resources, publisher.shared_product_suffix),
-            self.annotation.build(self.node, resources, view.observation.usage, view.unhealthy, view.quarantined_gpus),
-        )
+        annotation = self.annotation.build(self.node, resources, view.observation.usage, view.unhealthy, view.quarantined_gpus)
+        return self.publisher.publish_node(self.node, resources, annotation)

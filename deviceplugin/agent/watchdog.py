@@ -14,8 +14,13 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .usage import ContainerShare
+
+if TYPE_CHECKING:
+    from ..model.devices import Resource
+    from ..config.types import Config
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,10 @@ class MemoryWatchdog:
         self.kill_failures = 0  # processes the watchdog tried and failed to kill
         self._over: set[tuple] = set()
         self._handled: set[int] = set()  # PIDs already killed (or tried): never acted on twice
+
+    def on_config(self, config: "Config", resources: list["Resource"]) -> None:
+        """A config reload (runtime.reload): follow its memoryWatchdog policy."""
+        self.policy = config.watchdog_policy
 
     def review(self, containers: list[ContainerMemory]) -> None:
         """Act on every container over its limit: report each episode once; under `kill`, each new PID once."""

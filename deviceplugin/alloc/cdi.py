@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
 
 if TYPE_CHECKING:
+    from ..config.types import Config
     from ..model.devices import Resource
 
 log = logging.getLogger(__name__)
@@ -66,3 +67,15 @@ def check_specs(resources: "list[Resource]", kind: str, dirs: tuple[str, ...]) -
                 resource.name, len(missing), len(wanted), ", ".join(dirs), ", ".join(missing),
             )
     return missing_by_resource
+
+
+class CdiCheck:
+    """`missing`: in CDI mode, per resource, its devices that no spec in `dirs` names (logged); follows config reloads."""
+
+    def __init__(self, dirs: tuple[str, ...]) -> None:
+        self.dirs = dirs
+        self.missing: dict[str, list[str]] = {}
+
+    def on_config(self, config: "Config", resources: "list[Resource]") -> None:
+        """Check the devices of `resources` (at start-up and after each config reload)."""
+        self.missing = check_specs(resources, config.cdi_kind, self.dirs) if config.device_list_strategy == "cdi" else {}

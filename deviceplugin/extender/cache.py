@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from .. import defaults
 from ..kube.annotation import pod_digest
 from .fit import FreeShares, free_shares, place
 from .model import InputError, NodeInventory, PodRequest, parse_annotation
@@ -70,7 +71,7 @@ class _Reservation:
 
 class ClusterCache:
     def __init__(
-        self, reservation_ttl: float = 30.0, max_reservations: int = 256, max_reservation_nodes: int = 256, clock: Callable[[], float] = time.monotonic
+        self, reservation_ttl: float = defaults.RESERVATION_TTL, max_reservations: int = 256, max_reservation_nodes: int = 256, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.reservation_ttl = reservation_ttl
         self.max_reservations = max_reservations

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
+from .. import defaults
+from ..config.types import DEFAULT_DOMAIN
 from ..kube.annotation import ANNOTATION
 from .cache import ClusterCache
 from .http import ExtenderHTTPServer
@@ -19,13 +21,13 @@ from .watch import ClusterWatch, WatchSettings
 
 @dataclass(frozen=True)
 class ExtenderOptions:
-    domain: str = "example.com"  # resources <domain>/* are managed; the annotation is <domain>/gpu-share.inventory
-    port: int = 8888
+    domain: str = DEFAULT_DOMAIN  # resources <domain>/* are managed; the annotation is <domain>/gpu-share.inventory
+    port: int = defaults.EXTENDER_PORT
     host: str = "0.0.0.0"
-    policy: str = "binpack"
+    policy: str = defaults.EXTENDER_POLICY
     workers: int = 8
     read_timeout: float = 10.0
-    reservation_ttl: float = 30.0
+    reservation_ttl: float = defaults.RESERVATION_TTL
     watch: WatchSettings = field(default_factory=WatchSettings)
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 
+from .. import defaults
+from ..config.types import Config
 from .annotation import ANNOTATION, HEALTHY, QUARANTINED, UNHEALTHY, VERSION, pod_digest
 from ..model.node import NodeInfo
 from .client import NodeClient
@@ -163,13 +166,22 @@ class NodePublisher:
     The publisher owns exactly the label keys it wrote, listed in the annotation `<domain>/gpu-share.labels`
     (so a restart knows them): it removes only those, and never writes a key someone else set first (GPU
     feature discovery with `domain: nvidia.com`, a person) — that key is left alone, said once in the log.
+
+    A config reload (`on_config`) that changes the domain retires everything published under the old one: the
+    next patch removes the old domain's owned labels and both of its annotations, and publishes under the new
+    one, in one request (retried with the next round while it fails).
     """
 
-    def __init__(self, client: NodeClient, domain: str, min_interval: float = 5.0, shared_product_suffix: bool = False) -> None:
+    def __init__(self, client: NodeClient, domain: str, min_interval: float = defaults.LABEL_INTERVAL, shared_product_suffix: bool = False) -> None:
         self.client = client
         self.domain = domain
         self.shared_product_suffix = shared_product_suffix  # gpu.product gets GFD's -SHARED when a pool shares GPUs
         self.min_interval = min_interval
+        self._lock = threading.Lock()  # one publish at a time
+        self._wanted_lock = threading.Lock()  # held only to hand over `_wanted`: a reload never waits on the API
+        self._wanted = (domain, shared_product_suffix)  # from the latest config; adopted by the next publish
+        self._retired_labels: dict[str, None] = {}  # keys owned under earlier domains, to remove
+        self._retired_annotations: dict[str, None] = {}
         self._labels: dict[str, str] | None = None  # ours, as last published
         self._foreign: frozenset[str] = frozenset()  # keys set by others when we started
         self._told: set[str] = set()
@@ -181,8 +193,42 @@ class NodePublisher:
     def owned_key(self) -> str:
         return f"{self.domain}/{OWNED_ANNOTATION}"
 
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
+        """A config reload (runtime.reload): its domain and product suffix apply from the next publish on."""
+        with self._wanted_lock:
+            self._wanted = (config.domain, config.shared_product_suffix)
+
+    def publish_node(self, node: NodeInfo, resources: list[Resource], annotation: dict) -> bool:
+        """Publish the labels of `node` serving `resources`, under the domain of the latest config, and `annotation`."""
+        with self._lock:
+            if not self._adopt_config():
+                return False
+            return self._publish(node_labels(self.domain, node, resources, self.shared_product_suffix), annotation)
+
     def publish(self, labels: dict[str, str], annotation: dict) -> bool:
         """Patch what changed since the last patch; False when nothing changed or the debounce holds it back."""
+        with self._lock:
+            return self._publish(labels, annotation)
+
+    def _adopt_config(self) -> bool:
+        """Take the latest config's settings; a new domain retires the old one's keys (False: its keys are unknown yet)."""
+        with self._wanted_lock:
+            domain, self.shared_product_suffix = self._wanted
+        if domain == self.domain:
+            return True
+        if self._labels is None and not self._read_node():  # which labels the old domain owns
+            return False
+        log.info("label domain %s -> %s: removing what was published under %s", self.domain, domain, self.domain)
+        self._retired_labels.update(dict.fromkeys(self._labels or {}))
+        self._retired_annotations.update(dict.fromkeys((f"{self.domain}/{ANNOTATION}", self.owned_key)))
+        self.domain = domain
+        prefix = f"{domain}/"
+        self._retired_labels = {k: None for k in self._retired_labels if not k.startswith(prefix)}  # back to a domain
+        self._retired_annotations = {k: None for k in self._retired_annotations if not k.startswith(prefix)}
+        self._labels, self._owned_text, self._annotation, self._told = None, None, None, set()
+        return True
+
+    def _publish(self, labels: dict[str, str], annotation: dict) -> bool:
         if self._labels is None and not self._read_node():
             return False
         ours = self._labels or {}
@@ -190,11 +236,14 @@ class NodePublisher:
             log.info("node label %s was set by someone else (GPU feature discovery?): left alone", key)
             self._told.add(key)
         wanted = {k: v for k, v in labels.items() if k not in self._foreign}
-        label_patch: dict[str, str | None] = {k: v for k, v in wanted.items() if ours.get(k) != v}
+        label_patch: dict[str, str | None] = dict(self._retired_labels)
+        label_patch.update({k: v for k, v in wanted.items() if ours.get(k) != v})
         label_patch.update({k: None for k in ours if k not in wanted})
         owned_text = json.dumps(sorted(wanted), separators=(",", ":"))
         text = json.dumps(annotation, separators=(",", ":"), sort_keys=True)
-        annotation_patch = {f"{self.domain}/{ANNOTATION}": text} if text != self._annotation else {}
+        annotation_patch: dict[str, str | None] = dict(self._retired_annotations)
+        if text != self._annotation:
+            annotation_patch[f"{self.domain}/{ANNOTATION}"] = text
         if owned_text != self._owned_text:
             annotation_patch[self.owned_key] = owned_text
         if not label_patch and not annotation_patch:
@@ -210,6 +259,7 @@ class NodePublisher:
         self._labels = wanted
         self._owned_text = owned_text
         self._annotation = text
+        self._retired_labels, self._retired_annotations = {}, {}
         return True
 
     def _read_node(self) -> bool:

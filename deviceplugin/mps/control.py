@@ -103,7 +103,7 @@ class MpsDaemon:
         binary: str = DEFAULT_CONTROL_BINARY,
         start_timeout: float = 10.0,
         backoff_initial: float = 1.0,
-        backoff_max: float = 30.0,
+        backoff_max: float = defaults.MPS_BACKOFF_MAX,
         probe_interval: float = 5.0,
     ) -> None:
         self.resource = resource
@@ -120,13 +120,22 @@ class MpsDaemon:
         self._thread: threading.Thread | None = None
 
     @property
+    def gpus(self) -> str:
+        """The pool's GPU UUIDs, as the daemon's CUDA_VISIBLE_DEVICES."""
+        return ",".join(dict.fromkeys(u.gpu.uuid for u in self.resource.units))
+
+    @property
+    def spec(self) -> tuple:
+        """What the daemon is started with (directories, GPUs, limits): a daemon of another spec is another daemon."""
+        return (self.paths, self.gpus, tuple(self.limit_commands()))
+
+    @property
     def env(self) -> dict[str, str]:
-        gpus = ",".join(dict.fromkeys(u.gpu.uuid for u in self.resource.units))
         return {
             **os.environ,
             "CUDA_MPS_PIPE_DIRECTORY": str(self.paths.pipe),
             "CUDA_MPS_LOG_DIRECTORY": str(self.paths.log),
-            "CUDA_VISIBLE_DEVICES": gpus,
+            "CUDA_VISIBLE_DEVICES": self.gpus,
         }
 
     def limit_commands(self) -> list[str]:

@@ -17,6 +17,7 @@ from ..state import NodeState
 
 if TYPE_CHECKING:  # annotations only: the exporter must not import the plugin it observes
     from ..agent.loop import NodeAgent
+    from ..config.types import Config
     from ..model.devices import Resource
     from ..plugin.manager import PluginManager
     from ..runtime.reload import ConfigReloader
@@ -47,6 +48,10 @@ class PluginMetrics:
             self.allocations.labels(name, "ok")
             self.allocations.labels(name, "refused")
             self.registrations.labels(name)
+
+    def on_config(self, config: "Config", resources: list["Resource"]) -> None:
+        """A config reload (runtime.reload): the series of new resources exist at 0 from now on."""
+        self.declare(r.name for r in resources)
 
     def allocated(self, resource: str, ok: bool, seconds: float) -> None:
         self.allocations.labels(resource, "ok" if ok else "refused").inc()

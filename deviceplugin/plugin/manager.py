@@ -29,6 +29,7 @@ from ..state import NodeState
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
 if TYPE_CHECKING:
+    from ..config.types import Config
     from ..obs.metrics import PluginMetrics
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,11 @@ class PluginManager:
     def apply(self, resources: list[Resource]) -> list[str]:
         """Serve a new set of resources, restarting only those whose signature changed; returns what changed."""
         return self._loop.run(self._apply(resources))
+
+    def on_config(self, config: "Config", resources: list[Resource]) -> None:
+        """A config reload (runtime.reload): serve these resources from now on."""
+        changes = self.apply(resources)
+        log.info("resources: %s", "; ".join(changes) or "no resource changed")
 
     def health(self) -> tuple[bool, str]:
         """/healthz: every server is serving on its socket (MPS pools waiting for their daemon excepted)."""

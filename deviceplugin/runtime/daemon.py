@@ -9,9 +9,10 @@ from prometheus_client import CollectorRegistry
 from ..agent.loop import AgentSettings, NodeAgent
 from ..agent.publish import PublishLoop
 from ..alloc.devicenodes import missing_device_nodes
-from ..alloc.cdi import check_specs
+from ..alloc.cdi import CdiCheck
 from ..config.types import Config
 from ..health.monitor import HealthMonitor
+from ..model.devices import Resource
 from ..model.node import Gpu, NodeInfo
 from ..discovery.inventory import Inventory
 from ..kube.client import NodeClient
@@ -21,7 +22,7 @@ from ..kube.labels import NodePublisher
 from ..agent.usage import PodResourcesClient
 from ..agent.procmap import PodDirectory, ProcessMapper
 from .options import DaemonOptions
-from .reload import ConfigReloader
+from .reload import ConfigConsumer, ConfigReloader
 from .serving import Serving, plan_serving
 from ..agent.watchdog import MemoryWatchdog
 from ..state import NodeState
@@ -50,16 +51,16 @@ class PluginDaemon:
         self.node: NodeInfo = serving.node
         self.config: Config = serving.config
         self._config_data = serving.config_data
-        self.cdi_missing: dict[str, list[str]] = self._check_cdi(self.config, serving.manager.resources)
+        self.cdi = CdiCheck(options.cdi_spec_dirs)
+        self.cdi.on_config(self.config, serving.manager.resources)
         self.registry = CollectorRegistry()
         self.manager = serving.manager
         self.state: NodeState = self.manager.state  # the node's runtime state: health, quarantine, MPS pools, usage
         self.plugin_metrics = PluginMetrics(self.registry)
-        self.plugin_metrics.declare(r.name for r in self.manager.resources)
+        self.plugin_metrics.on_config(self.config, self.manager.resources)
         self.manager.attach_metrics(self.plugin_metrics)
         profiles = serving.profiles
         self.monitor = HealthMonitor(inventory, self.node, self.state, options.health, node_check=self._device_nodes)
-        self.reloader = ConfigReloader(options.config_file, self.node, self.manager, profiles, options.reload_interval, self._reloaded)
         directory = pod_directory or client
         self.agent = NodeAgent(
             inventory,
@@ -76,7 +77,12 @@ class PluginDaemon:
             if client
             else None
         )
-        sources = MetricSources(self.node, self.state, self.manager, self.agent, self.reloader, cdi_missing=lambda: self.cdi_missing)
+        # A reload reaches every part that follows the config, the manager first (see ConfigReloader).
+        consumers: list[ConfigConsumer] = [self.manager, self.plugin_metrics, self.cdi, self.agent.watchdog, self.agent, self]
+        if self.publisher is not None:
+            consumers.append(self.publisher)
+        self.reloader = ConfigReloader(options.config_file, self.node, profiles, options.reload_interval, consumers)
+        sources = MetricSources(self.node, self.state, self.manager, self.agent, self.reloader, cdi_missing=lambda: self.cdi.missing)
         self.registry.register(StateCollector(sources))
         self.metrics_server = (
             MetricsServer(
@@ -93,19 +99,9 @@ class PluginDaemon:
         missing = missing_device_nodes(self.config.device_root, gpu)
         return f"deviceSpecs: device node(s) missing under deviceRoot {self.config.device_root}: {', '.join(missing)}" if missing else None
 
-    def _reloaded(self, config: Config) -> None:
-        """Settings outside the resources follow the new config too."""
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
+        """A config reload: the device-node health check follows its deviceSpecs and deviceRoot."""
         self.config = config
-        self.plugin_metrics.declare(r.name for r in self.manager.resources)
-        self.cdi_missing = self._check_cdi(config, self.manager.resources)
-        self.agent.watchdog.policy = config.watchdog_policy
-        self.agent.quarantine = config.quarantine
-
-    def _check_cdi(self, config: Config, resources) -> dict[str, list[str]]:
-        """In CDI mode, the advertised devices that no CDI spec on the node names (logged), per resource."""
-        if config.device_list_strategy != "cdi":
-            return {}
-        return check_specs(resources, config.cdi_kind, self.options.cdi_spec_dirs)
 
     @staticmethod
     def _event_sink(client: NodeClient | None):

@@ -13,7 +13,7 @@ from ..plugin.server import Timings
 @dataclass(frozen=True)
 class AgentSettings:
     interval: float = defaults.POD_RESOURCES_INTERVAL
-    backoff_max: float = 80.0  # longest poll interval after RESOURCE_EXHAUSTED
+    backoff_max: float = defaults.POD_RESOURCES_BACKOFF_MAX  # longest poll interval after RESOURCE_EXHAUSTED
     quarantine: bool = False
 
 
@@ -24,13 +24,13 @@ class DaemonOptions:
     plugin_dir: Path = Path(defaults.PLUGIN_DIR)
     pod_resources_socket: Path = Path(defaults.POD_RESOURCES_SOCKET)
     metrics_port: int = defaults.METRICS_PORT  # 0: no endpoint
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = defaults.METRICS_HOST
     node_name: str = ""  # the `node` label of every metric (default: the discovered node's name)
     proc_root: str = defaults.PROC_ROOT
     cdi_spec_dirs: tuple[str, ...] = defaults.CDI_SPEC_DIRS  # read in CDI mode to check every device has a spec
-    reload_interval: float = 10.0
-    profile_label_interval: float = 60.0
-    label_interval: float = 5.0
+    reload_interval: float = defaults.RELOAD_INTERVAL
+    profile_label_interval: float = defaults.PROFILE_LABEL_INTERVAL
+    label_interval: float = defaults.LABEL_INTERVAL
     timings: Timings = Timings()
     health: HealthSettings = HealthSettings()
     agent: AgentSettings = AgentSettings()

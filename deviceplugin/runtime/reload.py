@@ -1,7 +1,9 @@
 """Hot reload: follow the config file (a mounted ConfigMap) and the node's profile label.
 
-A valid change restarts only the resources whose devices or answers changed; an invalid one keeps the
-last good config serving, and is logged and counted.
+A valid change is handed to every consumer (`ConfigConsumer.on_config`) in one fan-out: the plugin manager
+restarts only the resources whose devices or answers changed, the others (label publisher, watchdog, quarantine,
+CDI check, metrics, MPS supervisor) take the settings they follow. An invalid change keeps the last good config
+serving, and is logged and counted.
 """
 
 from __future__ import annotations
@@ -10,15 +12,16 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
+from typing import Protocol
 
+from .. import defaults
 from ..config.types import Config, ConfigError, default_config
-from ..config.parse import load_config, parse_config_bytes, read_config_bytes
+from ..config.parse import parse_config_bytes, read_config_bytes
 from ..model.node import NodeInfo
 from ..kube.client import NodeClient, profile_label
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
-from ..plugin.manager import PluginManager
 from ..alloc.plan import build_resources
 from ..model.devices import Resource
 
@@ -32,7 +35,7 @@ class ProfileSource:
     fleets), and an API error keeps the last value read, so a blip never moves a node to another profile.
     """
 
-    def __init__(self, flag: str | None, client: NodeClient | None, interval: float = 60.0) -> None:
+    def __init__(self, flag: str | None, client: NodeClient | None, interval: float = defaults.PROFILE_LABEL_INTERVAL) -> None:
         self.flag = flag
         self.client = client
         self.interval = interval
@@ -51,11 +54,11 @@ class ProfileSource:
         return self._label
 
 
-def load_plan(path: str | None, node: NodeInfo, profiles: ProfileSource) -> tuple[Config, str | None, list[Resource]]:
-    """Config, chosen profile and resources for this node; ConfigError on any problem."""
-    config = load_config(path) if path else default_config()
-    profile = profiles.current(config)
-    return config, profile, build_resources(config, node, profile)
+class ConfigConsumer(Protocol):
+    """A part of the process that follows config reloads."""
+
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
+        """Serve or use this config and the resources it yields on the node from now on."""
 
 
 class ConfigReloader(BackgroundLoop):
@@ -66,22 +69,24 @@ class ConfigReloader(BackgroundLoop):
     half-written file is not applied. A refused change is logged and counted once and not retried until the file
     or the label changes again; any other exception in a round is caught, logged with its cause (repeats summarised)
     and counted the same way. `in_sync` tells whether the running config is the file's current content.
+
+    A new config goes to `consumers` in their order; the first that raises ends the round (a failed reload). Put
+    the plugin manager first: it refuses a plan whose sockets cannot exist before anything changed, so a refused
+    plan reaches no other consumer.
     """
 
     def __init__(
         self,
         path: str | None,
         node: NodeInfo,
-        manager: PluginManager,
         profiles: ProfileSource,
         interval: float,
-        on_reload: Callable[[Config], None] | None = None,
+        consumers: Sequence[ConfigConsumer],
     ) -> None:
         super().__init__("config-reload")
         self.path = path
-        self.on_reload = on_reload
+        self.consumers = tuple(consumers)
         self.node = node
-        self.manager = manager
         self.profiles = profiles
         self.interval = interval
         self.reloads = 0
@@ -161,12 +166,11 @@ class ConfigReloader(BackgroundLoop):
             self._refuse(err)
             self._refused = state
             return False
-        changes = self.manager.apply(resources)
-        if self.on_reload:
-            self.on_reload(config)
+        for consumer in self.consumers:
+            consumer.on_config(config, resources)
         self._config, self._running = config, state
         self.reloads += 1
-        log.info("config reloaded (profile %s): %s", state[1] or config.default_profile, "; ".join(changes) or "no resource changed")
+        log.info("config reloaded (profile %s)", state[1] or config.default_profile)
         return True
 
     def _observe(self) -> str:

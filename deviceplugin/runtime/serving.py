@@ -6,45 +6,28 @@ after registration (`daemon.PluginDaemon`). The API is needed first only when a 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..config.types import Config, default_config
-from ..config.parse import parse_config_bytes, read_config_bytes
 from ..discovery.inventory import Inventory
-from ..model.node import NodeInfo
 from ..kube.client import NodeClient
-from ..plugin.manager import PluginManager
 from ..mps.control import MpsLiveness
+from ..plugin.manager import PluginManager
 from .options import DaemonOptions
-from .reload import ProfileSource
-from ..alloc.plan import build_resources
-
-log = logging.getLogger(__name__)
+from .plan import ConfigFile, Plan, plan_node, read_config
 
 
 @dataclass
-class Serving:
-    node: NodeInfo
-    config: Config
-    profiles: ProfileSource
-    manager: PluginManager
-    client: NodeClient | None
-    config_data: bytes | None  # the file the config was parsed from: a change after it is reloaded, never missed
+class Serving(Plan):
+    manager: PluginManager  # serving plan.resources, not started
 
 
-def plan_serving(inventory: Inventory, options: DaemonOptions, connect: Callable[[], NodeClient | None]) -> Serving:
-    """The node, its config and profile, and a manager for its resources (not started); ConfigError on a bad config."""
-    node = inventory.discover()
-    data = read_config_bytes(options.config_file) if options.config_file else None
-    config = parse_config_bytes(data, str(options.config_file)) if data is not None else default_config()
-    label_decides = options.profile is None and len(config.profiles) > 1
-    client = connect() if label_decides else None
-    profiles = ProfileSource(options.profile, client, options.profile_label_interval)
-    profile = profiles.current(config)
-    resources = build_resources(config, node, profile)
-    log.info("serving profile %s", profile or config.default_profile)
-    manager = PluginManager(resources, options.plugin_dir, options.timings, mps=MpsLiveness(options.mps_control))
-    return Serving(node, config, profiles, manager, client, data)
-
+def plan_serving(
+    inventory: Inventory, options: DaemonOptions, connect: Callable[[], NodeClient | None], start: ConfigFile | None = None
+) -> Serving:
+    """The node's plan (runtime.plan) from `start` (else options.config_file, read now) and a manager for its
+    resources (not started); ConfigError on a bad config."""
+    start = start or read_config(options.config_file)
+    plan = plan_node(inventory, start, options.profile, options.profile_label_interval, connect)
+    manager = PluginManager(plan.resources, options.plugin_dir, options.timings, mps=MpsLiveness(options.mps_control))
+    return Serving(plan.node, plan.config, plan.profiles, plan.resources, plan.client, plan.config_data, manager)

@@ -12,10 +12,11 @@ import os
 import signal
 import threading
 
+from ..defaults import SHUTDOWN_GRACE
+
 log = logging.getLogger("gpu-share")
 
 SIGNALS = {signal.SIGTERM, signal.SIGINT}
-SHUTDOWN_GRACE = 20.0  # seconds from the signal to a forced exit, inside the pod's default 30 s
 
 _stop = threading.Event()
 _grace = SHUTDOWN_GRACE

@@ -6,6 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
+from .. import defaults
+
 _PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"))
 
 
@@ -20,7 +22,7 @@ def check_plugin_dir(value: str, flag: str = "--plugin-dir") -> None:
     """The kubelet's device-plugin directory: it must exist (the kubelet creates it), be a directory we may write to."""
     path = Path(value)
     if _under_pseudo_filesystem(path):
-        raise FlagError(flag, value, "is on a kernel pseudo-filesystem", "give the kubelet's device-plugins directory, default /var/lib/kubelet/device-plugins")
+        raise FlagError(flag, value, "is on a kernel pseudo-filesystem", f"give the kubelet's device-plugins directory, default {defaults.PLUGIN_DIR}")
     if not path.exists():
         raise FlagError(flag, value, "does not exist", "the kubelet creates it when it starts: is the kubelet running, and is the host path mounted here?")
     if not path.is_dir():

@@ -1,0 +1,86 @@
+"""`gpu-share config check`: validate a config, then show what it yields on a node.
+
+"valid" is printed last, only when everything passed: the file, and on `--node` the profile that would
+run there (or, with `--all-profiles`, every profile), each yielding at least one resource. The plan check itself
+is alloc/check.py; this module reads the files and renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from ..alloc.check import check_profile
+from ..model.devices import Resource
+from ..model.shares import share_memory_mib
+from ..config.parse import load_config
+from ..config.types import ConfigError
+from . import flags
+
+Out = Callable[[str], None]
+
+HELP = "validate a config and show what it yields on a node"
+
+
+def add_arguments(check: argparse.ArgumentParser) -> None:
+    flags.add_logging(check, level="error")  # the plugin's warnings are shown under each profile
+    check.add_argument("file", help="config file")
+    check.add_argument("--node", help="node description file, or `discover --json` output (default: only validate)")
+    which = check.add_mutually_exclusive_group()
+    which.add_argument("--profile", help="profile to check on the node (default: defaultProfile, as `run --profile` would serve)")
+    which.add_argument("--all-profiles", action="store_true", help="check every profile on the node and report each one's result")
+
+
+def run(args: argparse.Namespace) -> int:
+    return check_config(args.file, args.node, args.profile, args.all_profiles)
+
+
+def check_config(file: str, node_file: str | None, profile: str | None, all_profiles: bool, out: Out = print) -> int:
+    """0 when the config is valid (on the node, when given); ConfigError otherwise (with --all-profiles, after every profile's report)."""
+    config = load_config(file)
+    if profile:
+        config.pools(profile)  # an unknown profile is an error even without a node
+    names = sorted(config.profiles) if all_profiles or not node_file else [profile or config.default_profile]
+    if not node_file:
+        for name in names:
+            for pool in config.pools(name):
+                out(f"  {name}: {pool.path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}")
+        out(f"{file}: valid; profiles {', '.join(names)} (default {config.default_profile}); give --node to check one on a node")
+        return 0
+    from ..discovery.backend import open_inventory
+
+    inventory = open_inventory(node_file)
+    try:
+        node = inventory.discover()
+    finally:
+        inventory.close()
+    failed: list[str] = []
+    for name in names:
+        default = " (defaultProfile)" if name == config.default_profile else ""
+        out(f"Profile {name}{default} on {node.name}:")
+        result = check_profile(config, node, name)
+        for warning in result.warnings:
+            out(f"  warning: {warning}")
+        if result.error is None:
+            _show(result.resources, out)
+        elif not all_profiles:
+            raise result.error
+        else:
+            failed.append(name)
+            out("  FAILED: " + "\n          ".join(result.error.problems))
+    if failed:
+        raise ConfigError([f"{len(failed)} of {len(names)} profiles fail on {node.name}: {', '.join(failed)}"], file)
+    out(f"{file}: valid on {node.name} ({'every profile' if all_profiles else 'profile ' + names[0]})")
+    return 0
+
+
+def _show(resources: list[Resource], out: Out) -> None:
+    for resource in resources:
+        backend = f", {resource.pool.backend}" if resource.pool.shared else ""
+        out(f"  {resource.name} ({resource.pool.mode}{backend}): {len(resource.devices)} devices")
+        for unit in resource.units:
+            what = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} ({unit.uuid})" if unit.mig else f" ({unit.gpu.model})")
+            if resource.pool.shared:
+                out(f"    {what}: {unit.replicas} shares of {share_memory_mib(unit)} MiB")
+            else:
+                out(f"    {what}: 1 device, {unit.memory_mib} MiB")

@@ -1,0 +1,31 @@
+"""`gpu-share extender`: the kube-scheduler extender (filter, prioritize) for share pods."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import defaults
+from ..config.types import DEFAULT_DOMAIN
+from ..runtime.signals import catch_signals, wait_for_signal
+from . import flags
+
+HELP = "run the kube-scheduler extender (filter, prioritize) for share pods"
+
+
+def add_arguments(extender: argparse.ArgumentParser) -> None:
+    flags.add_logging(extender)
+    extender.add_argument("--domain", default=DEFAULT_DOMAIN, help="resources <domain>/* are managed; reads the <domain>/gpu-share.inventory annotation")
+    extender.add_argument("--port", type=flags.port, default=defaults.EXTENDER_PORT, metavar="PORT",
+                          help="HTTP port of /filter, /prioritize, /metrics, /healthz, /readyz (default %(default)s)")
+    extender.add_argument("--policy", default=defaults.EXTENDER_POLICY,
+                          help="cluster placement policy scoring the nodes (default %(default)s): binpack, bestfit, dotproduct, gpupacking, spread, fgd, fgdstrand")
+    extender.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
+    extender.add_argument("--reservation-ttl", type=flags.positive_float, default=defaults.RESERVATION_TTL, metavar="SECONDS",
+                          help="how long a pod passed by the filter counts on its nodes before its binding shows (default %(default)g)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..extender.service import run_extender
+
+    catch_signals()
+    return run_extender(args, wait_for_signal)

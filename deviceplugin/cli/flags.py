@@ -1,0 +1,72 @@
+"""Flag types and the flag groups several subcommands share (logging, the node's plan)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+
+from ..runtime.startup import check_readable_file
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def boolean(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false, got {text!r}")
+
+
+def port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0-65535 (0 disables), got {text!r}")
+    return int(text)
+
+
+def ip_address(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an IP address such as 0.0.0.0, :: or 10.1.2.3, got {text!r}") from None
+
+
+def xid_list(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated XID numbers, got {text!r}") from None
+
+
+def dir_list(text: str) -> tuple[str, ...]:
+    dirs = tuple(d.strip() for d in text.split(",") if d.strip())
+    if not dirs or not all(d.startswith("/") for d in dirs):
+        raise argparse.ArgumentTypeError(f"must be comma-separated absolute directories, got {text!r}")
+    return dirs
+
+
+def add_logging(command: argparse.ArgumentParser, level: str = "info") -> None:
+    command.add_argument("--log-level", default=level, choices=["debug", "info", "warning", "error"])
+    command.add_argument("--log-format", default="text", choices=["text", "json"])
+
+
+def add_plan(command: argparse.ArgumentParser) -> None:
+    """What `run` and `mps` plan from: the config, the node, the profile (and the API, for the profile label)."""
+    command.add_argument("--config", help="config file (default: every GPU shared, 10 shares each)")
+    command.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
+    command.add_argument("--profile", help="config profile to serve (default: the node label <domain>/gpu-share.config, else defaultProfile)")
+    command.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
+
+
+def check_plan_flags(args: argparse.Namespace) -> None:
+    for flag, value in (("--config", args.config), ("--node", args.node), ("--kubeconfig", args.kubeconfig)):
+        if value:
+            check_readable_file(flag, value)

@@ -1,0 +1,161 @@
+"""`gpu-share run`: the device plugin daemon (serve and register first; the API client, exporter and agent after)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .. import defaults
+from ..discovery.inventory import InventoryError
+from ..health.monitor import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
+from ..runtime.signals import catch_signals, raise_fd_limit, wait_for_signal
+from ..runtime.startup import check_directory, check_plugin_dir
+from . import flags
+
+if TYPE_CHECKING:
+    from ..obs.http import MetricsServer
+    from ..runtime.options import DaemonOptions
+
+log = logging.getLogger("gpu-share")
+
+HELP = "run the device plugin daemon"
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    flags.add_logging(run)
+    flags.add_plan(run)
+    seconds = flags.positive_float
+    run.add_argument("--reload-interval", type=seconds, default=defaults.RELOAD_INTERVAL, metavar="SECONDS",
+                     help="seconds between checks of the config file and the profile label (default %(default)g)")
+    run.add_argument("--plugin-dir", default=defaults.PLUGIN_DIR, help="kubelet device-plugin directory (default %(default)s)")
+    run.add_argument("--watch-interval", type=seconds, default=defaults.WATCH_INTERVAL, help="seconds between kubelet-restart checks (default %(default)g)")
+    run.add_argument("--register-timeout", type=seconds, default=defaults.REGISTER_TIMEOUT, help="deadline of one Register call (default %(default)g)")
+    run.add_argument("--shutdown-grace", type=seconds, default=defaults.SHUTDOWN_GRACE, metavar="SECONDS",
+                     help="after SIGTERM/SIGINT, exit anyway once this long has passed (default %(default)g, inside the pod's 30 s)")
+    run.add_argument("--backoff-max", type=seconds, default=defaults.BACKOFF_MAX, help="longest wait between registration attempts (default %(default)g)")
+    run.add_argument("--fail-on-init-error", type=flags.boolean, default=True, metavar="BOOL",
+                     help="exit at once when GPUs cannot be discovered (default true); false keeps running, advertising nothing")
+    run.add_argument("--health-checks", type=flags.boolean, default=True, metavar="BOOL", help="watch XIDs and GPU queries (default true)")
+    run.add_argument("--ignore-xids", type=flags.xid_list, default=DEFAULT_IGNORED_XIDS, metavar="LIST",
+                     help="XIDs that do not make a GPU unhealthy (default: %s)" % ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))))
+    run.add_argument("--reset-xids", type=flags.xid_list, default=DEFAULT_RESET_XIDS, metavar="LIST",
+                     help="XIDs that keep a GPU unhealthy until it is reset (default: %s)" % ",".join(map(str, sorted(DEFAULT_RESET_XIDS))))
+    run.add_argument("--health-recovery", type=seconds, default=HealthSettings.recovery_period, metavar="SECONDS",
+                     help="quiet period after which an unhealthy GPU is Healthy again (default %(default)g)")
+    run.add_argument("--health-interval", type=seconds, default=HealthSettings.check_interval, metavar="SECONDS",
+                     help="seconds between GPU query checks (default %(default)g)")
+    run.add_argument("--profile-label-interval", type=seconds, default=defaults.PROFILE_LABEL_INTERVAL, metavar="SECONDS",
+                     help="seconds between reads of the node's profile label (default %(default)g)")
+    run.add_argument("--metrics-port", type=flags.port, default=defaults.METRICS_PORT, metavar="PORT",
+                     help="Prometheus /metrics, /healthz, /readyz (default %(default)s; 0 disables)")
+    run.add_argument("--metrics-bind-address", type=flags.ip_address, default=defaults.METRICS_HOST, metavar="IP",
+                     help="address for the metrics port (default %(default)s, every IPv4 interface; :: for IPv6, or the pod IP)")
+    run.add_argument("--pod-resources-socket", default=defaults.POD_RESOURCES_SOCKET, help="the kubelet's pod-resources socket (default %(default)s)")
+    run.add_argument("--pod-resources-interval", type=seconds, default=defaults.POD_RESOURCES_INTERVAL, metavar="SECONDS",
+                     help="seconds between pod-resources polls (default %(default)g)")
+    run.add_argument("--cdi-spec-dirs", type=flags.dir_list, default=defaults.CDI_SPEC_DIRS, metavar="DIRS",
+                     help="comma-separated CDI spec directories checked in CDI mode (default %s)" % ",".join(defaults.CDI_SPEC_DIRS))
+    run.add_argument("--proc-root", default=defaults.PROC_ROOT, help="the host's /proc, for mapping GPU processes to containers (default %(default)s)")
+    run.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY,
+                     help="control client asked whether each MPS pool's daemon answers (default %(default)s)")
+
+
+def node_name() -> str:
+    """The node's name for the metrics' `node` label: NODE_NAME (the DaemonSet sets it), else the host name."""
+    return os.environ.get("NODE_NAME") or socket.gethostname()
+
+
+def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer | None":
+    if not args.metrics_port:
+        return None
+    from prometheus_client import CollectorRegistry
+
+    from ..model.node import NodeInfo
+    from ..obs.http import MetricsServer
+    from ..obs.metrics import MetricSources, StateCollector
+
+    registry = CollectorRegistry()
+    registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False)))  # every plugin metric, at 0
+    server = MetricsServer(
+        registry, lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port, args.metrics_bind_address, node=node_name()
+    )
+    server.start()
+    return server
+
+
+def daemon_options(args: argparse.Namespace) -> "DaemonOptions":
+    from ..plugin.server import Timings
+    from ..runtime.options import AgentSettings, DaemonOptions
+
+    return DaemonOptions(
+        config_file=args.config,
+        profile=args.profile,
+        plugin_dir=Path(args.plugin_dir),
+        pod_resources_socket=Path(args.pod_resources_socket),
+        metrics_port=args.metrics_port,
+        node_name=node_name(),
+        metrics_host=args.metrics_bind_address,
+        proc_root=args.proc_root,
+        cdi_spec_dirs=args.cdi_spec_dirs,
+        reload_interval=args.reload_interval,
+        profile_label_interval=args.profile_label_interval,
+        timings=Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval),
+        health=HealthSettings(
+            enabled=args.health_checks,
+            ignored_xids=args.ignore_xids,
+            reset_xids=args.reset_xids,
+            recovery_period=args.health_recovery,
+            check_interval=args.health_interval,
+        ),
+        agent=AgentSettings(interval=args.pod_resources_interval),
+        mps_control=args.mps_control,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    catch_signals(args.shutdown_grace)
+    raise_fd_limit()
+    flags.check_plan_flags(args)
+    check_plugin_dir(args.plugin_dir)
+    check_directory("--proc-root", args.proc_root, "the host's /proc, for mapping GPU processes to pods")
+    from ..discovery.backend import open_inventory
+    from ..runtime.plan import read_config
+
+    start = read_config(args.config)  # a bad config fails before NVML is touched
+    try:
+        inventory = open_inventory(args.node)
+    except InventoryError as err:
+        if args.fail_on_init_error:
+            raise
+        log.error("%s; running without devices (--fail-on-init-error=false)", err)
+        endpoint = _not_ready_endpoint(args, str(err))
+        wait_for_signal()
+        if endpoint:
+            endpoint.stop()
+        return 0
+    from ..kube.client import NodeClient
+    from ..runtime.serving import plan_serving
+
+    options = daemon_options(args)
+    try:
+        serving = plan_serving(inventory, options, lambda: NodeClient.connect(kubeconfig=args.kubeconfig), start)
+    except BaseException:
+        inventory.close()
+        raise
+    try:
+        serving.manager.start()  # serve and register first: the API client, exporter and agent load afterwards
+        from ..runtime.daemon import PluginDaemon
+
+        daemon = PluginDaemon(inventory, options, serving.client or NodeClient.connect(kubeconfig=args.kubeconfig), serving=serving)
+        daemon.start()
+    except BaseException:
+        serving.manager.stop()
+        inventory.close()
+        raise
+    wait_for_signal()
+    daemon.stop()
+    return 0
