@@ -2,7 +2,7 @@
 
 "valid" is printed last, only when everything passed: the file, and on `--node` the profile that would
 run there (or, with `--all-profiles`, every profile), each yielding at least one resource. The plan check itself
-is alloc/check.py; this module reads the files and renders.
+is alloc/check.py; this module reads the files and renders (parsing and discovery load only when it runs).
 """
 
 from __future__ import annotations
@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ..alloc.check import check_profile
+from ..config.types import ConfigError
 from ..model.devices import Resource
 from ..model.shares import share_memory_mib
-from ..config.parse import load_config
-from ..config.types import ConfigError
 from . import flags
 
 Out = Callable[[str], None]
@@ -37,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
 
 def check_config(file: str, node_file: str | None, profile: str | None, all_profiles: bool, out: Out = print) -> int:
     """0 when the config is valid (on the node, when given); ConfigError otherwise (with --all-profiles, after every profile's report)."""
+    from ..config.parse import load_config
+
     config = load_config(file)
     if profile:
         config.pools(profile)  # an unknown profile is an error even without a node
@@ -47,6 +47,7 @@ def check_config(file: str, node_file: str | None, profile: str | None, all_prof
                 out(f"  {name}: {pool.path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}")
         out(f"{file}: valid; profiles {', '.join(names)} (default {config.default_profile}); give --node to check one on a node")
         return 0
+    from ..alloc.check import check_profile
     from ..discovery.backend import open_inventory
 
     inventory = open_inventory(node_file)
