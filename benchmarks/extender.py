@@ -30,7 +30,7 @@ from deviceplugin.extender.verbs import Extender
 from deviceplugin.extender.watch import settle_heap
 from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
 from deviceplugin.kube.labels import InventoryAnnotation
-from deviceplugin.agent.usage import ContainerShare, Usage
+from deviceplugin.model.usage import ContainerShare, Usage
 from deviceplugin.alloc.plan import build_resources
 
 from .common import rss_mib, summary_ms

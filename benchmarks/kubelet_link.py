@@ -48,7 +48,7 @@ def wait_register(kubelet: KubeletSimulator, before: int, timeout: float = 30.0,
 def _fake_api():
     """The tests' fake Kubernetes API (real HTTP), for the full-configuration footprint."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.fake_kube import FakeKube
+    from tests.support.fake_kube import FakeKube
 
     api = FakeKube().start()
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,3 +5,10 @@ from __future__ import annotations
 
 class StartupError(RuntimeError):
     """Something the node or a flag does not allow: the message names it and the cause."""
+
+
+class FlagError(ValueError):
+    """A flag's value cannot work; str() is `--flag PATH: cause (hint)`."""
+
+    def __init__(self, flag: str, value: str, cause: str, hint: str = "") -> None:
+        super().__init__(f"{flag} {value}: {cause}" + (f" ({hint})" if hint else ""))

@@ -121,7 +121,7 @@ def registered(*names: str) -> Callable[[dict], bool]:
 @pytest.fixture
 def fake_kube(tmp_path):
     """A fake Kubernetes API with one Node; yields (api, kubeconfig path)."""
-    from .fake_kube import FakeKube
+    from .support.fake_kube import FakeKube
 
     api = FakeKube().start()
     yield api, api.write_kubeconfig(tmp_path / "kubeconfig")

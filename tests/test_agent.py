@@ -579,7 +579,8 @@ def test_pod_listing_reads_the_api_cache_for_this_node_only(fake_kube):
 
 
 def test_process_owner_evidence(tmp_path):
-    from deviceplugin.agent.procmap import PodRef, ProcessMapper
+    from deviceplugin.agent.procmap import ProcessMapper
+    from deviceplugin.model.pods import PodRef
 
     uid, running, restarted = "0f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70", "a" * 64, "b" * 64
     gone_uid = "1f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70"

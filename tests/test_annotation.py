@@ -8,7 +8,7 @@ from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.config.parse import parse_config
 from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
 from deviceplugin.kube.labels import InventoryAnnotation, inventory
-from deviceplugin.agent.usage import ContainerShare, Usage
+from deviceplugin.model.usage import ContainerShare, Usage
 from deviceplugin.alloc.plan import build_resources
 
 from .conftest import node

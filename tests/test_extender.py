@@ -24,7 +24,7 @@ from deviceplugin.extender.verbs import Extender
 from deviceplugin.extender.watch import WatchSettings
 
 from .conftest import GPU_CLI, get
-from .fake_kube import FakeCluster
+from .support.fake_kube import FakeCluster
 
 FIXTURES = Path("/work/shared/fixtures/kube-scheduler-extender")
 if not FIXTURES.exists():

@@ -326,7 +326,7 @@ def test_config_check_command(tmp_path):
 def fake_mps(tmp_path):
     """An executable nvidia-cuda-mps-control stand-in."""
     binary = tmp_path / "nvidia-cuda-mps-control"
-    binary.write_text(f"#!{sys.executable}\n" + (ROOT / "tests" / "fake_mps_control.py").read_text())
+    binary.write_text(f"#!{sys.executable}\n" + (ROOT / "tests" / "support" / "fake_mps_control.py").read_text())
     binary.chmod(0o755)
     return binary
 

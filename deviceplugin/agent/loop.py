@@ -13,13 +13,14 @@ from ..model.shares import share_gpu_fraction
 from ..discovery.inventory import Inventory
 from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
-from ..runtime.options import AgentSettings
+from .settings import AgentSettings
 from ..state import NodeState, NodeView
 from . import residue
 from .metering import Holding, Meter, MeterKey
 from .observe import Observation, Observer
 from .procmap import ProcessMapper
-from .usage import PodResourcesClient, Usage
+from .usage import PodResourcesClient
+from ..model.usage import Usage
 from .watchdog import ContainerMemory, MemoryWatchdog
 
 if TYPE_CHECKING:

@@ -14,10 +14,11 @@ import grpc
 from ..model.devices import Resource
 from ..discovery.inventory import Inventory
 from ..model.node import GpuProcess, GpuStats, NodeInfo
-from ..runtime.options import AgentSettings
+from .settings import AgentSettings
 from . import residue
 from .procmap import ProcessMapper
-from .usage import PodResourcesClient, Usage, build_usage
+from .usage import PodResourcesClient, build_usage
+from ..model.usage import Usage
 from .watchdog import ContainerMemory
 
 log = logging.getLogger(__name__)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 from .. import defaults
+from ..model.pods import PodDirectory, PodRef
 
 log = logging.getLogger(__name__)
 
@@ -19,33 +19,12 @@ _CONTAINER_ID = re.compile(r"(?:^|[-/])([0-9a-f]{64})(?:\.scope)?$")
 
 
 @dataclass(frozen=True)
-class PodRef:
-    uid: str
-    namespace: str
-    name: str
-    containers: dict[str, str] = field(default_factory=dict)  # bare container ID -> container name
-    ended: frozenset[str] = frozenset()  # bare IDs of containers known to have ended (terminated, earlier restarts)
-    finished: bool = False  # phase Succeeded or Failed: every container of the pod has ended
-
-
-@dataclass(frozen=True)
 class Owner:
     """Who a GPU process belongs to, as far as the evidence goes."""
 
     key: tuple[str, str, str] | None = None  # (namespace, pod, container) of a container the API knows
     ended: str = ""  # non-empty: why the process is known to belong to an ended pod or container
     unknown: str = ""  # non-empty: why it cannot be attributed (host process, no host /proc, unknown container)
-
-
-class PodDirectory(Protocol):
-    def pods(self) -> list[PodRef]:
-        """Pods on this node with their containers' runtime IDs."""
-        ...
-
-
-def bare_container_id(container_id: str) -> str:
-    """`containerd://abc…` -> `abc…`."""
-    return container_id.split("://", 1)[-1]
 
 
 def cgroup_owner(pid: int, proc_root: str | Path = defaults.PROC_ROOT) -> tuple[str, str] | None:

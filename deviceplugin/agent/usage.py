@@ -6,7 +6,6 @@ from `List` on every poll, so a plugin restart or a deleted pod can never leave 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -16,41 +15,10 @@ from ..api import podresources_pb2 as pr
 from ..api import podresources_pb2_grpc as pr_grpc
 from ..model.devices import Resource
 from ..model.shares import share_memory_mib
+from ..model.usage import ContainerShare, Usage
 
 DEFAULT_SOCKET = defaults.POD_RESOURCES_SOCKET
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the kubelet's server has no send cap; its own clients use 16 MiB
-
-
-@dataclass(frozen=True)
-class ContainerShare:
-    """One container's devices of one resource on one GPU or MIG instance."""
-
-    namespace: str
-    pod: str
-    container: str
-    resource: str
-    pool: str
-    unit_uuid: str  # GPU or MIG UUID
-    gpu_uuid: str
-    devices: tuple[str, ...]
-    shares: int  # devices held (1 per whole GPU or MIG instance)
-    memory_limit_mib: int
-    time_sliced: bool  # a shared pool without MPS: memory is not enforced, the watchdog watches it
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.namespace, self.pod, self.container)
-
-
-@dataclass(frozen=True)
-class Usage:
-    """The node's usage map, as of one pod-resources List."""
-
-    shares: tuple[ContainerShare, ...] = ()
-    active_containers: frozenset[tuple[str, str, str]] = frozenset()  # every container of every active pod
-
-    def allocated(self) -> frozenset[str]:
-        return frozenset(d for s in self.shares for d in s.devices)
 
 
 def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]) -> Usage:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .usage import ContainerShare
+from ..model.usage import ContainerShare
 
 if TYPE_CHECKING:
     from ..model.devices import Resource

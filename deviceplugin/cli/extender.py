@@ -6,7 +6,7 @@ import argparse
 
 from .. import defaults
 from ..config.types import DEFAULT_DOMAIN
-from ..runtime.signals import catch_signals, wait_for_signal
+from ..signals import catch_signals, wait_for_signal
 from . import flags
 
 HELP = "run the kube-scheduler extender (filter, prioritize) for share pods"

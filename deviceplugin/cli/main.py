@@ -17,11 +17,10 @@ from .. import __version__
 from ..config.types import ConfigError
 from ..discovery.inventory import InventoryError
 from ..errors import StartupError
-from ..runtime.startup import FlagError
+from ..errors import FlagError
 from . import config_check, demo, discover, extender, mps, run, simulate
 
 log = logging.getLogger("gpu-share")
-
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from .. import defaults
-from ..runtime.signals import catch_signals, wait_for_signal
+from ..signals import catch_signals, wait_for_signal
 from ..runtime.startup import check_executable
 from . import flags
 

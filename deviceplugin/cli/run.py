@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from .. import defaults
 from ..discovery.inventory import InventoryError
 from ..health.monitor import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
-from ..runtime.signals import catch_signals, raise_fd_limit, wait_for_signal
+from ..signals import catch_signals, raise_fd_limit, wait_for_signal
 from ..runtime.startup import check_directory, check_plugin_dir
 from . import flags
 
@@ -89,7 +89,8 @@ def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer
 
 def daemon_options(args: argparse.Namespace) -> "DaemonOptions":
     from ..plugin.server import Timings
-    from ..runtime.options import AgentSettings, DaemonOptions
+    from ..runtime.options import DaemonOptions
+    from ..agent.settings import AgentSettings
 
     return DaemonOptions(
         config_file=args.config,

@@ -7,8 +7,8 @@ import os
 from collections.abc import Mapping
 from datetime import datetime, timezone
 
-from ..agent.procmap import PodRef, bare_container_id
-from ..runtime.startup import FlagError
+from ..model.pods import PodRef, bare_container_id
+from ..errors import FlagError
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from ..config.types import Config
 from .annotation import ANNOTATION, HEALTHY, QUARANTINED, UNHEALTHY, VERSION, pod_digest
 from ..model.node import NodeInfo
 from .client import NodeClient
-from ..agent.usage import Usage
+from ..model.usage import Usage
 from ..model.devices import Resource, Unit
 
 log = logging.getLogger(__name__)

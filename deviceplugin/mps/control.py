@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import defaults
 from .paths import MpsPaths
-from ..runtime.signals import child_signal_mask
+from ..signals import child_signal_mask
 from ..model.devices import Resource
 from ..model.shares import share_compute_percent, share_memory_mib
 

@@ -20,7 +20,8 @@ from ..obs.metrics import MetricSources, PluginMetrics, StateCollector
 from ..obs.http import MetricsServer
 from ..kube.labels import NodePublisher
 from ..agent.usage import PodResourcesClient
-from ..agent.procmap import PodDirectory, ProcessMapper
+from ..agent.procmap import ProcessMapper
+from ..model.pods import PodDirectory
 from .options import DaemonOptions
 from .reload import ConfigConsumer, ConfigReloader
 from .serving import Serving, plan_serving

@@ -6,15 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import defaults
+from ..agent.settings import AgentSettings
 from ..health.monitor import HealthSettings
 from ..plugin.server import Timings
-
-
-@dataclass(frozen=True)
-class AgentSettings:
-    interval: float = defaults.POD_RESOURCES_INTERVAL
-    backoff_max: float = defaults.POD_RESOURCES_BACKOFF_MAX  # longest poll interval after RESOURCE_EXHAUSTED
-    quarantine: bool = False
 
 
 @dataclass(frozen=True)

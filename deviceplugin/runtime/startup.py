@@ -7,15 +7,9 @@ import shutil
 from pathlib import Path
 
 from .. import defaults
+from ..errors import FlagError
 
 _PSEUDO_FILESYSTEMS = (Path("/proc"), Path("/sys"))
-
-
-class FlagError(ValueError):
-    """A flag's value cannot work; str() is `--flag PATH: cause (hint)`."""
-
-    def __init__(self, flag: str, value: str, cause: str, hint: str = "") -> None:
-        super().__init__(f"{flag} {value}: {cause}" + (f" ({hint})" if hint else ""))
 
 
 def check_plugin_dir(value: str, flag: str = "--plugin-dir") -> None:

@@ -32,6 +32,7 @@ POLICY_NOTES = {  # what each allocationPolicy does with the sample pods' shares
     "fgdstrand": "fgdstrand picks the GPU the cluster packing policy would",
 }
 
+
 @dataclass(frozen=True)
 class Sample:
     """One sample pod: what it shows, what it asks for, and how much GPU memory its simulated process uses."""

@@ -29,7 +29,7 @@ from ..api import deviceplugin_pb2_grpc as pb_grpc
 from ..api import podresources_pb2 as pr
 from ..api import podresources_pb2_grpc as pr_grpc
 from ..config.names import resource_name_problem
-from ..agent.procmap import PodRef, bare_container_id
+from ..model.pods import PodRef, bare_container_id
 from ..model.devices import HEALTHY
 from ..plugin.server import API_VERSION, KUBELET_SOCKET
 

@@ -22,7 +22,7 @@ from ..extender.score import Scorer
 from ..extender.verbs import Extender
 from ..model.node import Gpu, NodeInfo
 from ..kube.labels import InventoryAnnotation
-from ..agent.usage import ContainerShare, Usage
+from ..model.usage import ContainerShare, Usage
 from ..alloc.plan import build_resources
 from ..model.devices import Resource
 

@@ -12,7 +12,7 @@ import os
 import signal
 import threading
 
-from ..defaults import SHUTDOWN_GRACE
+from .defaults import SHUTDOWN_GRACE
 
 log = logging.getLogger("gpu-share")
 
