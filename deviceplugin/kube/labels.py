@@ -106,14 +106,14 @@ def inventory(
     for share in usage.shares:
         used[(share.resource, share.unit_uuid)] = used.get((share.resource, share.unit_uuid), 0) + share.shares
 
-    def health(*uuids: str) -> str:
-        if any(u in unhealthy for u in uuids):
+    def gpu_health(gpu_uuid: str, unit_unhealthy: bool = False) -> str:
+        if unit_unhealthy or gpu_uuid in unhealthy:
             return UNHEALTHY
-        return QUARANTINED if any(u in quarantined for u in uuids) else HEALTHY
+        return QUARANTINED if gpu_uuid in quarantined else HEALTHY
 
     def unit_entry(resource: Resource, unit: Unit) -> dict:
         taken = used.get((resource.name, unit.uuid), 0)
-        state = health(unit.uuid, unit.gpu.uuid)
+        state = gpu_health(unit.gpu.uuid, unit.is_unhealthy(unhealthy))
         entry = {"uuid": unit.uuid, "gpu": unit.gpu.index}
         if unit.mig:
             entry["profile"] = unit.mig.profile
@@ -123,7 +123,7 @@ def inventory(
     return {
         "version": VERSION,
         "gpus": [
-            {"index": g.index, "uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib, "health": health(g.uuid)} for g in node.gpus
+            {"index": g.index, "uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib, "health": gpu_health(g.uuid)} for g in node.gpus
         ],
         "resources": {
             r.name: {

@@ -31,6 +31,10 @@ class Unit:
     mig: MigDevice | None = None
     replicas: int = 1  # shares of this unit (1 for a whole device)
 
+    def is_unhealthy(self, unhealthy_uuids: Collection[str]) -> bool:
+        """Unhealthy when the unit itself (a MIG instance) or its GPU is among `unhealthy_uuids`."""
+        return self.uuid in unhealthy_uuids or self.gpu.uuid in unhealthy_uuids
+
 
 @dataclass(frozen=True)
 class Device:
@@ -46,7 +50,7 @@ class Device:
 
     def is_unhealthy(self, unhealthy_uuids: Collection[str], unhealthy_ids: Collection[str] = ()) -> bool:
         """Unhealthy when its unit (MIG instance) or its GPU is among `unhealthy_uuids`, or its own ID among `unhealthy_ids`."""
-        return self.unit.uuid in unhealthy_uuids or self.gpu.uuid in unhealthy_uuids or self.id in unhealthy_ids
+        return self.unit.is_unhealthy(unhealthy_uuids) or self.id in unhealthy_ids
 
 
 @dataclass(frozen=True)
