@@ -243,3 +243,16 @@ def test_the_documented_run_defaults_are_the_parser_defaults():
             assert shown == value, flag
         checked += 1
     assert checked >= 20
+
+
+def test_run_builds_only_its_own_arguments_and_never_loads_the_cluster_package():
+    """`simulate` describes its flags with the cluster package; `run` parses without it (exec → Register is timed)."""
+    probe = (
+        "import sys\nfrom deviceplugin.cli.main import build_parser\n"
+        "args = build_parser(only='run').parse_args(['run', '--metrics-port', '0'])\n"
+        "print(args.metrics_port, sorted(m for m in sys.modules if m.startswith('deviceplugin.cluster')))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.split() == ["0", "[]"], proc.stdout + proc.stderr
+    full = subprocess.run([sys.executable, "-c", probe.replace("only='run'", "only=None")], capture_output=True, text=True, timeout=30)
+    assert full.returncode == 0 and "deviceplugin.cluster.report" in full.stdout, full.stdout + full.stderr

@@ -16,27 +16,29 @@ from types import ModuleType
 from .. import __version__
 from ..config.types import ConfigError
 from ..discovery.inventory import InventoryError
-from ..errors import StartupError
-from ..errors import FlagError
+from ..errors import FlagError, StartupError
 from . import config_check, demo, discover, extender, mps, run, simulate
 
 log = logging.getLogger("gpu-share")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `only` (a command name), only that command's arguments are built: the others' modules
+    may import more to describe their flags (`simulate` loads the cluster package), which `run` must not pay for."""
     parser = argparse.ArgumentParser(prog="gpu-share", description="Kubernetes device plugin that shares GPUs safely.")
     parser.add_argument("--version", action="version", version=f"gpu-share {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(commands: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str, module: ModuleType) -> None:
+    def add(commands: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str, module: ModuleType, top: str | None = None) -> None:
         command = commands.add_parser(name, help=module.HELP)
-        module.add_arguments(command)
-        command.set_defaults(func=module.run)
+        if only is None or only == (top or name):
+            module.add_arguments(command)
+            command.set_defaults(func=module.run)
 
     add(sub, "run", run)
     add(sub, "mps", mps)
     config = sub.add_parser("config", help="config file tools")
-    add(config.add_subparsers(dest="config_command", required=True), "check", config_check)
+    add(config.add_subparsers(dest="config_command", required=True), "check", config_check, top="config")
     add(sub, "discover", discover)
     add(sub, "extender", extender)
     add(sub, "demo", demo)
@@ -44,8 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command named on the line (the first word not an option), or None (`--help`, `--version`, nothing)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(only=_command(words)).parse_args(words)
     # gRPC's C core logs every GOAWAY of a restarting kubelet at INFO on stderr, outside our log format and
     # levels; keep it to errors unless the operator asks for more.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
