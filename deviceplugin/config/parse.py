@@ -32,7 +32,9 @@ from .types import (
     ConfigError,
     GpuSelector,
     PoolConfig,
+    Choice,
     default_domain,
+    one_of,
     max_replicas,
 )
 
@@ -145,10 +147,10 @@ def parse_config(data: Any, source: str = "config") -> Config:
     except SchemaError as err:
         raise ConfigError([str(err)], source) from None
 
-    def choice(key: str, default: str, allowed: tuple[str, ...]) -> str:
+    def choice(key: str, default: Choice, allowed: tuple[Choice, ...]) -> Choice:
         value = problems.attempt(top.get, key, default) or default
         problems.check(value in allowed, f"{key}: must be one of {', '.join(allowed)}, got {value!r}")
-        return value
+        return one_of(value, allowed, default)
 
     version = problems.attempt(top.get, "version", None, required=True)
     problems.check(version is None or version in SUPPORTED_VERSIONS, f"version: unsupported version {version!r} (supported: {', '.join(SUPPORTED_VERSIONS)})")
@@ -167,8 +169,9 @@ def parse_config(data: Any, source: str = "config") -> Config:
     problems.check(mps_root_problem(mps_root) is None, f"mpsRoot: {mps_root_problem(mps_root)}")
 
     watchdog = Fields(problems.attempt(top.get, "memoryWatchdog", {}) or {}, "memoryWatchdog", {"policy": str, "quarantine": bool}, problems.items)
-    watchdog_policy = watchdog.get("policy", "report")
-    watchdog.check(watchdog_policy in WATCHDOG_POLICIES, "policy", f"must be one of {', '.join(WATCHDOG_POLICIES)}, got {watchdog_policy!r}")
+    given_policy = watchdog.get("policy", "report")
+    watchdog.check(given_policy in WATCHDOG_POLICIES, "policy", f"must be one of {', '.join(WATCHDOG_POLICIES)}, got {given_policy!r}")
+    watchdog_policy = one_of(given_policy, WATCHDOG_POLICIES, "report")
     quarantine = watchdog.get("quarantine", False)
 
     raw_profiles: dict[str, tuple[str, Any]] = {}
@@ -226,9 +229,9 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     fields = Fields(item, path, _POOL_KEYS, problems)
     name = fields.get("name", "", required=True)
     fields.check(not name or bool(POOL_NAME.match(name)), "name", f"must be {POOL_NAME_RULE}, got {name!r}")
-    mode = fields.get("mode", "", required=True)
-    fields.check(not mode or mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {mode!r}")
-    mode = mode if mode in MODES else "shared"
+    given_mode = fields.get("mode", "", required=True)
+    fields.check(not given_mode or given_mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {given_mode!r}")
+    mode = one_of(given_mode, MODES, "shared")
 
     def only_for(key: str, allowed: bool, what: str) -> None:
         fields.check(allowed or not fields.has(key), key, f"only applies to {what} (this pool is {mode})")
@@ -286,10 +289,10 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         domain=domain,
         replicas=replicas,
         memory_per_share_mib=memory,
-        backend=backend,
-        mps_limits=mps_limits,
+        backend=one_of(backend, BACKENDS, "timeSlicing"),
+        mps_limits=one_of(mps_limits, MPS_LIMITS, "strict"),
         allow_span=allow_span,
-        mig_strategy=strategy,
+        mig_strategy=one_of(strategy, MIG_STRATEGIES, "mixed"),
         gpus=selector,
         path=path,
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from dataclasses import dataclass, field
+from typing import Literal, TypeVar, get_args
 
 from .. import limits
 from ..model.node import Gpu
@@ -34,14 +35,28 @@ DOMAIN_ENV = "GPU_SHARE_DOMAIN"  # the domain when the file has none (the kustom
 DEFAULT_PROFILE = "default"
 DEFAULT_REPLICAS = 10
 DEFAULT_MPS_ROOT = "/run/gpu-share/mps"
-MODES = ("exclusive", "shared", "mig")
-BACKENDS = ("timeSlicing", "mps")
-MPS_LIMITS = ("strict", "proportional")
-MIG_STRATEGIES = ("mixed", "single")
-ALLOCATION_POLICIES = ("binpack", "spread", "fgdstrand")  # fgdstrand: the cluster policy (deviceplugin.cluster)
-DEVICE_LIST_STRATEGIES = ("envvar", "cdi")
-DEFAULT_RESOURCE = {"exclusive": "gpu", "shared": "gpu-share", "mig": "gpu"}  # mig: only with strategy single
-WATCHDOG_POLICIES = ("report", "kill")
+# Each choice the file offers, as a type (mypy refuses a misspelt comparison) and as the tuple parse.py checks against.
+Mode = Literal["exclusive", "shared", "mig"]
+Backend = Literal["timeSlicing", "mps"]
+MpsLimits = Literal["strict", "proportional"]
+MigStrategy = Literal["mixed", "single"]
+AllocationPolicy = Literal["binpack", "spread", "fgdstrand"]  # fgdstrand: the cluster policy (deviceplugin.cluster)
+DeviceListStrategy = Literal["envvar", "cdi"]
+WatchdogPolicy = Literal["report", "kill"]
+MODES: tuple[Mode, ...] = get_args(Mode)
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+MPS_LIMITS: tuple[MpsLimits, ...] = get_args(MpsLimits)
+MIG_STRATEGIES: tuple[MigStrategy, ...] = get_args(MigStrategy)
+ALLOCATION_POLICIES: tuple[AllocationPolicy, ...] = get_args(AllocationPolicy)
+DEVICE_LIST_STRATEGIES: tuple[DeviceListStrategy, ...] = get_args(DeviceListStrategy)
+WATCHDOG_POLICIES: tuple[WatchdogPolicy, ...] = get_args(WatchdogPolicy)
+DEFAULT_RESOURCE: dict[Mode, str] = {"exclusive": "gpu", "shared": "gpu-share", "mig": "gpu"}  # mig: only with strategy single
+Choice = TypeVar("Choice", bound=str)
+
+
+def one_of(value: object, allowed: tuple[Choice, ...], default: Choice) -> Choice:
+    """`value` as the choice it equals, else `default` (the caller reports the bad value)."""
+    return next((choice for choice in allowed if choice == value), default)
 
 
 class ConfigError(ValueError):
@@ -78,15 +93,15 @@ class GpuSelector:
 @dataclass(frozen=True)
 class PoolConfig:
     name: str
-    mode: str
+    mode: Mode
     resource: str  # fully qualified <domain>/<name>; "" for mig pools with the mixed strategy
     domain: str = DEFAULT_DOMAIN
     replicas: int = 1  # shares per GPU or MIG instance (ignored when memory_per_share_mib is set)
     memory_per_share_mib: int | None = None
-    backend: str = "timeSlicing"
-    mps_limits: str = "strict"
+    backend: Backend = "timeSlicing"
+    mps_limits: MpsLimits = "strict"
     allow_span: bool = False
-    mig_strategy: str = "mixed"
+    mig_strategy: MigStrategy = "mixed"
     gpus: GpuSelector = field(default_factory=GpuSelector)
     path: str = "pools[0]"  # where the pool is in the file, for messages
 
@@ -104,8 +119,8 @@ class AllocationSettings:
     """The node-wide settings that decide GetPreferredAllocation and Allocate answers: every resource carries them (a
     change restarts its server on reload)."""
 
-    allocation_policy: str
-    device_list_strategy: str
+    allocation_policy: AllocationPolicy
+    device_list_strategy: DeviceListStrategy
     cdi_kind: str
     device_specs: bool
     device_root: str
@@ -116,14 +131,14 @@ class AllocationSettings:
 class Config:
     version: str = "v1"
     domain: str = DEFAULT_DOMAIN
-    allocation_policy: str = "binpack"
-    device_list_strategy: str = "envvar"
+    allocation_policy: AllocationPolicy = "binpack"
+    device_list_strategy: DeviceListStrategy = "envvar"
     cdi_kind: str = "nvidia.com/gpu"
     device_specs: bool = False
     shared_product_suffix: bool = False  # GFD's -SHARED on the gpu.product label when GPUs are shared
     device_root: str = "/"
     mps_root: str = DEFAULT_MPS_ROOT
-    watchdog_policy: str = "report"
+    watchdog_policy: WatchdogPolicy = "report"
     quarantine: bool = False
     default_profile: str = DEFAULT_PROFILE
     profiles: dict[str, tuple[PoolConfig, ...]] = field(default_factory=dict)

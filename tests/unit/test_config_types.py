@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from deviceplugin.config.types import AllocationSettings, Config, GpuSelector, max_replicas
+from deviceplugin.config.types import BACKENDS, DEFAULT_RESOURCE, MODES, AllocationSettings, Config, GpuSelector, max_replicas, one_of
 from deviceplugin.model.node import Gpu
 
 ALLOCATION_FIELDS = [f.name for f in dataclasses.fields(AllocationSettings)]
@@ -51,3 +51,23 @@ def test_gpu_selectors(selector, matches, rest):
 @pytest.mark.parametrize("backend, most", [("mps", 48), ("timeSlicing", 1024)])
 def test_most_shares_per_unit(backend, most):
     assert max_replicas(backend) == most
+
+
+@pytest.mark.parametrize(
+    "value, allowed, default, expected",
+    [
+        ("mps", BACKENDS, "timeSlicing", "mps"),
+        ("MPS", BACKENDS, "timeSlicing", "timeSlicing"),  # choices are case-sensitive, as the file's keys are
+        (None, MODES, "shared", "shared"),
+        (3, MODES, "shared", "shared"),
+        ("mig", MODES, "shared", "mig"),
+    ],
+)
+def test_one_of_gives_the_typed_choice_or_the_default(value, allowed, default, expected):
+    assert one_of(value, allowed, default) == expected
+
+
+def test_the_choice_tuples_are_their_literal_types():
+    """parse.py checks against the tuples, mypy against the Literal types: they are one list."""
+    assert MODES == ("exclusive", "shared", "mig") and BACKENDS == ("timeSlicing", "mps")
+    assert set(DEFAULT_RESOURCE) == set(MODES)
