@@ -238,7 +238,7 @@ def test_every_metric_exists_from_the_start_with_the_node_label(daemon):
     assert value(m, "gpushare_gpu_residue_memory_bytes", gpu="0") == 0 and value(m, "gpushare_gpu_quarantined", gpu="1") == 0
     assert value(m, "gpushare_gpu_healthy", gpu="0") == 1 and value(m, "gpushare_cdi_devices_missing", resource=SHARE) == 0
     for counter in ("gpushare_pod_resources_rate_limited_total", "gpushare_memory_violations_total", "gpushare_memory_kills_total",
-                    "gpushare_kubelet_restarts_total"):
+                    "gpushare_kubelet_restarts_total", "gpushare_events_dropped_total"):
         assert value(m, counter) == 0
 
 
@@ -287,6 +287,7 @@ def test_metrics_healthz_readyz_and_per_container_use(daemon, kubelet):
     assert value(m, "gpushare_kubelet_restarts_total") == 0
     # The over-limit container got a Warning Event; reporting does not repeat it.
     d.agent.sync()
+    d.events.deliver()  # the watchdog queued its Events; the outbox's thread (not started here) would post them
     events = [e for e in d.api.events if e["reason"] == "GPUMemoryOverLimit"]
     assert len(events) == 1 and events[0]["involvedObject"]["name"] == "big"
     assert "uses 8500 MiB of GPU memory" in events[0]["message"] and "over the 7680 MiB of its 2 share(s)" in events[0]["message"]
@@ -308,6 +309,7 @@ def test_watchdog_kill_policy_kills_a_real_process(daemon, kubelet):
         assert child.wait(timeout=10) == -9
     finally:
         child.kill()
+    d.events.deliver()
     events = [e for e in d.api.events if e["reason"] == "GPUMemoryOverLimitKilled"]
     assert len(events) == 1 and f"killed process(es) {child.pid}" in events[0]["message"]
     assert d.agent.watchdog.kills == 1
@@ -459,11 +461,13 @@ def test_watchdog_acts_once_per_process_while_nvml_still_lists_it(daemon, kubele
     for _ in range(3):
         d.agent.sync()
     assert killed == [401] and d.agent.watchdog.kills == 1
+    d.events.deliver()
     assert [e["reason"] for e in d.api.events] == ["GPUMemoryOverLimitKilled"]
     # A second process of the same container over the limit: acted on once too.
     d.inventory.add_process(402, U0, 100, cgroup=cgroup(pod, "app"))
     d.agent.sync()
     d.agent.sync()
+    d.events.deliver()
     assert killed == [401, 402] and len(d.api.events) == 2 and "killed process(es) 402" in d.api.events[-1]["message"]
 
 
@@ -479,6 +483,7 @@ def test_watchdog_reports_a_failed_kill_with_the_reason(daemon, kubelet):
     d.inventory.add_process(501, U0, 5000, cgroup=cgroup(pod, "app"))
     d.agent.sync()
     d.agent.sync()
+    d.events.deliver()
     (event,) = d.api.events
     assert event["reason"] == "GPUMemoryOverLimitKillFailed" and "killed" not in event["message"].replace("could not kill", "")
     assert "could not kill 501 (Operation not permitted: the plugin needs hostPID and root to kill tenants)" in event["message"]
@@ -487,6 +492,7 @@ def test_watchdog_reports_a_failed_kill_with_the_reason(daemon, kubelet):
     d.agent.sync()  # the PID is gone from NVML: forgotten
     d.inventory.add_process(501, U0, 5000, cgroup=cgroup(pod, "app"))  # reused PID, a new offender
     d.agent.sync()
+    d.events.deliver()
     assert len(d.api.events) == 2
 
 
@@ -755,6 +761,69 @@ def test_a_hanging_api_call_never_delays_the_watchdog(kubelet, start_plugin, fak
         api.delay = 0.0
         agent.stop()
         publisher.stop()
+
+
+def test_a_hanging_api_call_never_delays_the_next_kill_and_the_events_follow(kubelet, start_plugin, fake_kube, tmp_path):
+    """Every API request hangs 2 s: the watchdog's kills in two consecutive rounds each come within an interval or two
+    (the Events wait in the outbox), and both Events reach the API once it answers."""
+    from deviceplugin.agent.procmap import ProcessMapper
+    from deviceplugin.agent.watchdog import MemoryWatchdog
+    from deviceplugin.kube.events import EventOutbox
+
+    api, kubeconfig = fake_kube
+    manager = start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]})
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
+    killed: list[int] = []
+    interval = 0.1
+    outbox = EventOutbox(NodeClient.connect(api.node_name, str(kubeconfig)))
+    agent = NodeAgent(
+        inventory, inventory.discover(), manager.state, lambda: manager.resources, PodResourcesClient(kubelet.pod_resources_socket),
+        AgentSettings(interval=interval), mapper=ProcessMapper(kubelet.pod_directory(), tmp_path / "proc"),
+        watchdog=MemoryWatchdog("kill", events=outbox.post, kill=killed.append),
+    )
+    api.delay = 2.0
+    outbox.start()
+    agent.start()
+    try:
+        for pid, name in ((801, "greedy"), (802, "greedier")):
+            pod = Pod(name, [Container("app", {SHARE: 1})])
+            kubelet.admit(pod)
+            started = time.monotonic()
+            inventory.add_process(pid, U0, 5000, cgroup=cgroup(pod, "app"))  # over its 3840 MiB
+            assert wait_until(lambda: pid in killed, timeout=1.5)
+            took = time.monotonic() - started
+            assert took < 3 * interval + 0.3, (pid, took)  # an interval or two (and slack for a busy machine), not the API's 2 s
+            assert wait_until(lambda: api.in_flight == 1, timeout=1)  # the outbox is stuck posting the first Event
+        assert killed == [801, 802] and not api.events and outbox.dropped == 0
+        api.delay = 0.0
+        assert wait_until(lambda: len(api.events) == 2, timeout=8)  # both arrive once the API answers, oldest first
+        assert [e["involvedObject"]["name"] for e in api.events] == ["greedy", "greedier"]
+        assert all(e["reason"] == "GPUMemoryOverLimitKilled" for e in api.events) and outbox.queued == 0
+    finally:
+        api.delay = 0.0
+        agent.stop()
+        outbox.stop()
+
+
+def test_a_full_event_outbox_drops_the_oldest_and_counts_it(daemon, fake_kube):
+    from deviceplugin.kube.events import CAPACITY, EventOutbox
+
+    api, kubeconfig = fake_kube
+    outbox = EventOutbox(NodeClient.connect(api.node_name, str(kubeconfig)), capacity=2)
+    for pod in ("a", "b", "c"):
+        outbox.post("ml", pod, "GPUMemoryOverLimit", f"{pod} is over")
+    assert outbox.dropped == 1 and outbox.queued == 2
+    outbox.deliver()
+    assert [e["involvedObject"]["name"] for e in api.events] == ["b", "c"] and outbox.queued == 0
+    # The daemon's outbox holds CAPACITY Events; one more drops the oldest, and the metric counts it.
+    d = daemon()
+    d.metrics_server.start()
+    for i in range(CAPACITY + 1):
+        d.events.post("ml", f"p{i}", "GPUMemoryOverLimit", "over")
+    assert d.events.queued == CAPACITY
+    m = samples(get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1])
+    assert value(m, "gpushare_events_dropped_total") == 1
 
 
 def test_a_failing_publish_round_is_logged_and_the_loop_goes_on(daemon, kubelet, caplog):

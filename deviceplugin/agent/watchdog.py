@@ -1,10 +1,10 @@
-"""Memory watchdog for time-sliced shares, and the residue guard.
+"""Memory watchdog for time-sliced shares.
 
 Time-slicing does not bound memory, so the watchdog compares each container's real GPU memory (its processes,
-from NVML) with what its shares allow. `report` logs it, exports it and posts a Warning Event on the pod;
-`kill` also SIGKILLs the offending processes, each PID once. The residue guard finds GPU memory held by processes that belong
-to no active container (a finished tenant's leftovers); with `quarantine`, the GPU's free devices are
-advertised Unhealthy until the memory is released, so no new tenant lands on it.
+from NVML) with what its shares allow. `report` logs it, exports it and queues a Warning Event on the pod;
+`kill` also SIGKILLs the offending processes, each PID once. Events go to a sink that returns at once (the daemon's
+kube.events.EventOutbox), so a slow Kubernetes API never delays the next round. (The residue guard, GPU memory a
+finished tenant left behind, is agent.residue.)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[str, str, str, str], None]  # (namespace, pod, reason, message)
+EventSink = Callable[[str, str, str, str], None]  # (namespace, pod, reason, message); must neither block nor raise
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,5 @@ class MemoryWatchdog:
         (log.warning if not failed else log.error)("%s", message)
 
     def _event(self, share: ContainerShare, reason: str, message: str) -> None:
-        if self.events is None:
-            return
-        try:
+        if self.events is not None:
             self.events(share.namespace, share.pod, reason, message)
-        except Exception as err:  # an API outage must not stop the watchdog
-            log.warning("cannot post event %s on %s/%s: %s", reason, share.namespace, share.pod, err)

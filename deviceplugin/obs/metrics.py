@@ -18,6 +18,7 @@ from ..state import NodeState
 if TYPE_CHECKING:  # annotations only: the exporter must not import the plugin it observes
     from ..agent.loop import NodeAgent
     from ..config.types import Config
+    from ..kube.events import EventOutbox
     from ..model.devices import Resource
     from ..plugin.manager import PluginManager
     from ..runtime.reload import ConfigReloader
@@ -157,6 +158,7 @@ class StateCollector(Collector):
         yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=agent.watchdog.violations if agent else 0)
         yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=agent.watchdog.kills if agent else 0)
         yield CounterMetricFamily("gpushare_memory_kill_failures", "Processes the memory watchdog failed to kill (once per PID).", value=agent.watchdog.kill_failures if agent else 0)
+        yield CounterMetricFamily("gpushare_events_dropped", "Pod Events dropped, oldest first, because the outbox to the API was full.", value=s.events_dropped())
         last_sync = snapshot.last_sync if snapshot and snapshot.last_sync is not None else 0
         yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List; 0 before the first.", value=last_sync)
         yield GaugeMetricFamily("gpushare_nvml_up", "1 when the GPUs were discovered (NVML loaded); 0 while the plugin runs without devices.", value=1 if s.nvml_up else 0)
@@ -227,6 +229,7 @@ class MetricSources:
         reloader: ConfigReloader | None = None,
         nvml_up: bool = True,
         cdi_missing: Callable[[], dict[str, list[str]]] | None = None,
+        events: EventOutbox | None = None,
     ) -> None:
         self.node = node
         self.state = state or NodeState()
@@ -235,6 +238,7 @@ class MetricSources:
         self.manager = manager
         self.agent = agent
         self.reloader = reloader
+        self.events = events
 
     def resources(self) -> list[Resource]:
         return self.manager.resources if self.manager else []
@@ -244,6 +248,9 @@ class MetricSources:
 
     def reloads(self) -> tuple[int, int]:
         return (self.reloader.reloads, self.reloader.errors) if self.reloader else (0, 0)
+
+    def events_dropped(self) -> int:
+        return self.events.dropped if self.events else 0
 
     def config_in_sync(self) -> bool:
         return self.reloader.in_sync if self.reloader else True

@@ -16,6 +16,7 @@ from ..model.devices import Resource
 from ..model.node import Gpu, NodeInfo
 from ..discovery.inventory import Inventory
 from ..kube.client import NodeClient
+from ..kube.events import EventOutbox
 from ..obs.metrics import MetricSources, PluginMetrics, StateCollector
 from ..obs.http import MetricsServer
 from ..kube.labels import NodePublisher
@@ -63,6 +64,7 @@ class PluginDaemon:
         profiles = serving.profiles
         self.monitor = HealthMonitor(inventory, self.node, self.state, options.health, node_check=self._device_nodes)
         directory = pod_directory or client
+        self.events = EventOutbox(client) if client else None  # the watchdog's Events, posted on a thread of their own
         self.agent = NodeAgent(
             inventory,
             self.node,
@@ -71,7 +73,7 @@ class PluginDaemon:
             PodResourcesClient(options.pod_resources_socket),
             AgentSettings(options.agent.interval, options.agent.backoff_max, quarantine=self.config.quarantine),
             mapper=ProcessMapper(directory, options.proc_root) if directory else None,
-            watchdog=MemoryWatchdog(self.config.watchdog_policy, events=self._event_sink(client)),
+            watchdog=MemoryWatchdog(self.config.watchdog_policy, events=self.events.post if self.events else None),
         )
         self.publisher = (
             PublishLoop(NodePublisher(client, self.config.domain, options.label_interval, self.config.shared_product_suffix), self.state, self.node, lambda: self.manager.resources, options.agent.interval)
@@ -83,7 +85,7 @@ class PluginDaemon:
         if self.publisher is not None:
             consumers.append(self.publisher)
         self.reloader = ConfigReloader(options.config_file, self.node, profiles, options.reload_interval, consumers)
-        sources = MetricSources(self.node, self.state, self.manager, self.agent, self.reloader, cdi_missing=lambda: self.cdi.missing)
+        sources = MetricSources(self.node, self.state, self.manager, self.agent, self.reloader, cdi_missing=lambda: self.cdi.missing, events=self.events)
         self.registry.register(StateCollector(sources))
         self.metrics_server = (
             MetricsServer(
@@ -104,12 +106,6 @@ class PluginDaemon:
         """A config reload: the device-node health check follows its deviceSpecs and deviceRoot."""
         self.config = config
 
-    @staticmethod
-    def _event_sink(client: NodeClient | None):
-        if client is None:
-            return None
-        return lambda namespace, pod, reason, message: client.pod_event(namespace, pod, None, reason, message)
-
     def start(self) -> None:
         if self.config.device_specs:
             missing = sorted({p for gpu in self.node.gpus for p in missing_device_nodes(self.config.device_root, gpu)})
@@ -121,6 +117,8 @@ class PluginDaemon:
             self.manager.start()
         self.monitor.start()
         self.reloader.start(self.config, self._config_data)  # the config plan_serving already parsed
+        if self.events:
+            self.events.start()
         self.agent.start()
         if self.publisher:
             self.publisher.start()
@@ -131,6 +129,8 @@ class PluginDaemon:
         if self.publisher:
             self.publisher.stop()
         self.agent.stop()
+        if self.events:
+            self.events.stop()
         self.reloader.stop()
         self.monitor.stop()
         self.manager.stop()
