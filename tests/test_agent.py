@@ -723,23 +723,30 @@ def test_metering_drops_long_gaps_and_forgets_ended_pods():
 # --- publishing runs on its own thread ------------------------------------------------------------------
 
 
-def test_a_hanging_api_call_never_delays_the_watchdog(kubelet, start_plugin, fake_kube, tmp_path):
-    """The publisher waits seconds on every API request; meanwhile the agent's watchdog acts within an interval or two."""
+def killing_agent(kubelet, start_plugin, tmp_path, interval: float, killed: list[int], events=None):
+    """A registered plugin and a NodeAgent beside it whose watchdog kills (into `killed`) every `interval` seconds."""
     from deviceplugin.agent.procmap import ProcessMapper
-    from deviceplugin.agent.publish import PublishLoop
     from deviceplugin.agent.watchdog import MemoryWatchdog
 
-    api, kubeconfig = fake_kube
     manager = start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]})
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
-    killed: list[int] = []
-    interval = 0.1
     agent = NodeAgent(
         inventory, inventory.discover(), manager.state, lambda: manager.resources, PodResourcesClient(kubelet.pod_resources_socket),
         AgentSettings(interval=interval), mapper=ProcessMapper(kubelet.pod_directory(), tmp_path / "proc"),
-        watchdog=MemoryWatchdog("kill", kill=killed.append),
+        watchdog=MemoryWatchdog("kill", events=events, kill=killed.append),
     )
+    return manager, inventory, agent
+
+
+def test_a_hanging_api_call_never_delays_the_watchdog(kubelet, start_plugin, fake_kube, tmp_path):
+    """The publisher waits seconds on every API request; meanwhile the agent's watchdog acts within an interval or two."""
+    from deviceplugin.agent.publish import PublishLoop
+
+    api, kubeconfig = fake_kube
+    killed: list[int] = []
+    interval = 0.1
+    manager, inventory, agent = killing_agent(kubelet, start_plugin, tmp_path, interval, killed)
     client = NodeClient.connect(api.node_name, str(kubeconfig))
     publisher = PublishLoop(NodePublisher(client, "example.com", min_interval=0), manager.state, agent.observer.node, lambda: manager.resources, interval)
     api.delay = 2.0
@@ -766,22 +773,13 @@ def test_a_hanging_api_call_never_delays_the_watchdog(kubelet, start_plugin, fak
 def test_a_hanging_api_call_never_delays_the_next_kill_and_the_events_follow(kubelet, start_plugin, fake_kube, tmp_path):
     """Every API request hangs 2 s: the watchdog's kills in two consecutive rounds each come within an interval or two
     (the Events wait in the outbox), and both Events reach the API once it answers."""
-    from deviceplugin.agent.procmap import ProcessMapper
-    from deviceplugin.agent.watchdog import MemoryWatchdog
     from deviceplugin.kube.events import EventOutbox
 
     api, kubeconfig = fake_kube
-    manager = start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]})
-    assert kubelet.wait_for(registered(SHARE), timeout=5)
-    inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
     killed: list[int] = []
     interval = 0.1
     outbox = EventOutbox(NodeClient.connect(api.node_name, str(kubeconfig)))
-    agent = NodeAgent(
-        inventory, inventory.discover(), manager.state, lambda: manager.resources, PodResourcesClient(kubelet.pod_resources_socket),
-        AgentSettings(interval=interval), mapper=ProcessMapper(kubelet.pod_directory(), tmp_path / "proc"),
-        watchdog=MemoryWatchdog("kill", events=outbox.post, kill=killed.append),
-    )
+    _, inventory, agent = killing_agent(kubelet, start_plugin, tmp_path, interval, killed, events=outbox.post)
     api.delay = 2.0
     outbox.start()
     agent.start()

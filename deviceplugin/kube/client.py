@@ -1,4 +1,5 @@
-"""The node's own Node object through the Kubernetes API: labels to read (profile) and, later, to publish."""
+"""The Kubernetes API as the node needs it: its own Node's labels and annotations (read, patched), the pods on
+the node (the pod directory) and Warning Events on pods."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Prometheus metrics (prometheus-client): GPUs, pools, containers and the plugin's own health. Every metric is
-prefixed `gpushare_` and documented in docs/metrics.md; metrics_http serves them with /healthz and /readyz."""
+prefixed `gpushare_` and documented in docs/metrics.md; obs.http serves them with /healthz and /readyz."""
 
 from __future__ import annotations
 
