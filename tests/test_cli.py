@@ -256,3 +256,16 @@ def test_run_builds_only_its_own_arguments_and_never_loads_the_cluster_package()
     assert proc.returncode == 0 and proc.stdout.split() == ["0", "[]"], proc.stdout + proc.stderr
     full = subprocess.run([sys.executable, "-c", probe.replace("only='run'", "only=None")], capture_output=True, text=True, timeout=30)
     assert full.returncode == 0 and "deviceplugin.cluster.report" in full.stdout, full.stdout + full.stderr
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--reload-interval", "0", "argument --reload-interval: must be > 0, got 0"),
+        ("--profile-label-interval", "abc", "argument --profile-label-interval: must be a number of seconds, got 'abc'"),
+    ],
+)
+def test_mps_reload_flags_refuse_bad_values(flag, value, message):
+    """The flags `gpu-share mps` gained to follow reloads: a wrong value is one line naming the flag, exit 2."""
+    proc = subprocess.run([*GPU_CLI, "mps", flag, value], capture_output=True, text=True, timeout=15)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr
