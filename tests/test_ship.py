@@ -21,7 +21,8 @@ from deviceplugin.config.parse import parse_config_text
 from .conftest import ROOT
 
 VERSIONS = ("1.37.0", "1.36.0")  # the newest two minor versions kubernetes-validate ships
-MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml") if p.name != "kustomization.yaml")
+MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml") if p.name != "kustomization.yaml" and p.parent.name != "config")
+CONFIG = ROOT / "daemonset" / "config" / "config.yaml"  # the shipped config (the kustomization's and the chart's)
 KUBECTL = shutil.which("kubectl")
 
 
@@ -55,7 +56,7 @@ def test_kustomization_holds_only_the_plugin_and_the_version_of_the_package():
     top = sorted(p.name for p in (ROOT / "daemonset").glob("*.yaml") if p.name != "kustomization.yaml")
     assert kustomization["resources"] == top
     kinds = {d["kind"] for name in top for d in _documents(ROOT / "daemonset" / name)}
-    assert kinds == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service",
+    assert kinds == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service",
                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     assert kustomization["images"] == [{"name": "gpu-share", "newName": "ghcr.io/example/gpu-share", "newTag": __version__}]
     assert not list((ROOT / "daemonset").glob("*.json"))
@@ -76,7 +77,8 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     def knobs(text: str) -> str:
         text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace("newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share")
         text = text.replace('newTag: "0.1.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
-        return text.replace("# components:", "components: [optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi]\n#")
+        every = "[admission, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi]"
+        return re.sub(r"^components:\n  - admission .*$", f"components: {every}", text, flags=re.M)
 
     documents = _render(tmp_path, knobs)
     daemonsets = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in documents if d["kind"] == "DaemonSet"}
@@ -95,6 +97,13 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     assert [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"] == ["gpu-system"]
     settings = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-settings")
     assert settings["data"] == {"domain": "gpu.acme.io"}
+    params = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-admission-limits")
+    assert params["data"]["domain"] == "gpu.acme.io"
+    binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["metadata"]["name"] == "gpu-share-shares-per-gpu")
+    assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
+    config = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-config")
+    assert config["data"]["config.yaml"] == CONFIG.read_text()
+    assert "example.com" not in yaml.safe_dump_all(documents)
     for document in documents:
         if document["kind"] != "ServiceMonitor":
             kubernetes_validate.validate(document, VERSIONS[0], strict=True)
@@ -131,8 +140,7 @@ def _config_blocks() -> list[tuple[str, str]]:
         for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.S):
             if re.search(r"^(version|pools|profiles):", block, flags=re.M):  # a config, complete or not
                 blocks.append((path.name, block))
-    configmap = _documents(ROOT / "daemonset" / "02-configmap.yaml")[0]
-    blocks.append(("02-configmap.yaml", configmap["data"]["config.yaml"]))
+    blocks.append(("daemonset/config/config.yaml", CONFIG.read_text()))
     blocks += [(path.name, path.read_text()) for path in sorted((ROOT / "examples" / "config").glob("*.yaml"))]
     return blocks
 

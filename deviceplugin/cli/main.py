@@ -17,7 +17,7 @@ from .. import __version__
 from ..config.types import ConfigError
 from ..discovery.inventory import InventoryError
 from ..errors import FlagError, StartupError
-from . import config_check, demo, discover, extender, mps, run, simulate
+from . import admission_params, config_check, demo, discover, extender, mps, run, simulate
 
 log = logging.getLogger("gpu-share")
 
@@ -38,7 +38,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     add(sub, "run", run)
     add(sub, "mps", mps)
     config = sub.add_parser("config", help="config file tools")
-    add(config.add_subparsers(dest="config_command", required=True), "check", config_check, top="config")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    add(config_commands, "check", config_check, top="config")
+    add(config_commands, "admission-params", admission_params, top="config")
     add(sub, "discover", discover)
     add(sub, "extender", extender)
     add(sub, "demo", demo)

@@ -23,6 +23,7 @@ from ..extender.verbs import Extender
 from ..model.node import Gpu, NodeInfo
 from ..kube.labels import InventoryAnnotation
 from ..model.usage import ContainerShare, Usage
+from ..alloc.admission import admission_limits
 from ..alloc.plan import build_resources
 from ..model.devices import Resource
 
@@ -30,10 +31,10 @@ SHARE = "example.com/gpu-share"
 
 
 def admission_refusal(containers: dict[str, dict[str, int]], limits: dict[str, int], domain: str = "example.com") -> str | None:
-    """What daemonset/admission's policy answers for a pod's containers ({name: {resource: count}}), None if admitted.
+    """What the admission policy (daemonset/admission/policy.yaml) answers for a pod's containers ({name: {resource: count}}), None if admitted.
 
     The same rule and message as the policy's CEL (tests/test_scheduler_manifests.py checks they agree);
-    `limits` maps the resource name after `<domain>/` to the largest shares of one unit.
+    `limits` maps the resource name after `<domain>/` to the largest shares of one unit (the params' data).
     """
     for name, requests in containers.items():
         for key, largest in limits.items():
@@ -46,19 +47,14 @@ def admission_refusal(containers: dict[str, dict[str, int]], limits: dict[str, i
     return None
 
 
-def admission_limits(resources: list[Resource]) -> dict[str, int]:
-    """The policy's params for these resources: per shared resource whose container shares come from one unit
-    (not `allowSpanGPUs`), the largest shares of one unit."""
-    return {r.name.split("/", 1)[1]: max(u.replicas for u in r.units) for r in resources if r.pool.shared and not r.pool.allow_span}
-
-
 def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Resource, int] | None = None) -> None:
     """`too_big`: the demo's pod that cannot fit (its resource and count), answered here as the policy would."""
     out("\nWith the scheduler extender and the admission policy (daemonset/extender, daemonset/admission):")
     if too_big is not None and too_big[0].pool.shared:
         resource, count = too_big
         domain = resource.name.split("/", 1)[0]
-        message = admission_refusal({"server": {resource.name: count}}, admission_limits([resource]), domain)
+        limits = {name.split("/", 1)[1]: n for name, n in admission_limits([resource]).items()}
+        message = admission_refusal({"server": {resource.name: count}}, limits, domain)
         if message:
             out(f"  too-big ({count} shares) is refused at creation: {message}")
         else:

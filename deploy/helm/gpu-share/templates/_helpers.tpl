@@ -1,0 +1,68 @@
+{{/* The domain, checked: a DNS subdomain (what the plugin's config accepts). */}}
+{{- define "gpu-share.domain" -}}
+{{- $domain := .Values.domain | toString -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$" $domain) -}}
+{{- fail (printf "domain: must be a DNS subdomain such as acme.io, got %q" $domain) -}}
+{{- end -}}
+{{- $domain -}}
+{{- end -}}
+
+{{/* The config file's text: .Values.config, else the chart's default. */}}
+{{- define "gpu-share.config" -}}
+{{- .Values.config | default (.Files.Get "files/config.yaml") -}}
+{{- end -}}
+
+{{/* The config parsed (for the settings the pods follow: kill policy, CDI, MPS pools). */}}
+{{- define "gpu-share.configData" -}}
+{{- $config := include "gpu-share.config" . | fromYaml -}}
+{{- if hasKey $config "Error" -}}
+{{- fail (printf "config: is not valid YAML: %s" $config.Error) -}}
+{{- end -}}
+{{- toJson $config -}}
+{{- end -}}
+
+{{- define "gpu-share.image" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels of every object; `component` names the part (gpu-share, gpu-share-mps, gpu-share-extender, ...). */}}
+{{- define "gpu-share.labels" -}}
+app.kubernetes.io/name: {{ .component }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: gpu-share
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{/* The profiles that have an MPS pool, and those pools' names: {"profiles": [...], "pools": [...]}. */}}
+{{- define "gpu-share.mpsPools" -}}
+{{- $config := include "gpu-share.configData" . | fromJson -}}
+{{- $profiles := dict -}}
+{{- if $config.pools -}}{{- $_ := set $profiles "default" $config.pools -}}{{- end -}}
+{{- range $name, $body := ($config.profiles | default dict) -}}{{- $_ := set $profiles $name $body.pools -}}{{- end -}}
+{{- $found := dict "profiles" (list) "pools" (list) -}}
+{{- range $name, $pools := $profiles -}}
+{{- range $pool := $pools -}}
+{{- if eq (toString $pool.backend) "mps" -}}
+{{- $_ := set $found "profiles" (append $found.profiles $name | uniq) -}}
+{{- $_ := set $found "pools" (append $found.pools $pool.name | uniq) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set $found "default" ($config.defaultProfile | default "default") -}}
+{{- toJson $found -}}
+{{- end -}}
+
+{{/* The image pull secrets of a pod spec. */}}
+{{- define "gpu-share.pullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
