@@ -18,7 +18,7 @@ from collections.abc import Callable
 from .. import defaults
 from ..config.types import Config
 from .annotation import ANNOTATION, HEALTHY, QUARANTINED, UNHEALTHY, VERSION, pod_digest
-from ..model.node import NodeInfo
+from ..model.node import NodeInfo, gpu_family
 from .client import NodeClient
 from ..model.usage import Usage
 from ..model.devices import Resource, Unit
@@ -78,15 +78,7 @@ def _compute_labels(capability: str) -> dict[str, str]:
     if not match:
         return {}
     major, minor = int(match.group(1)), int(match.group(2))
-    return {"gpu.compute.major": str(major), "gpu.compute.minor": str(minor), "gpu.family": _family(major, minor)}
-
-
-def _family(major: int, minor: int) -> str:
-    if major == 7:
-        return "volta" if minor < 5 else "turing"
-    if major == 8:
-        return "ampere" if minor < 9 else "ada-lovelace"
-    return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell", 12: "blackwell"}.get(major, "undefined")
+    return {"gpu.compute.major": str(major), "gpu.compute.minor": str(minor), "gpu.family": gpu_family(major, minor)}
 
 
 def _version_labels(prefix: str, version: str, parts: tuple[str, ...]) -> dict[str, str]:
