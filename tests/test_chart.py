@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -232,11 +233,13 @@ def test_mps_daemonset_serves_the_config_mps_pool_and_its_default_profile():
 # --- one source of truth: the chart and the kustomization install the same objects ---------------------------
 
 
-def _kustomize(tmp_path: Path) -> list[dict]:
+def _kustomize(tmp_path: Path, namespace: str = "gpu-share") -> list[dict]:
+    """daemonset/ with the MPS component, in `namespace`."""
     copy = tmp_path / "daemonset"
     shutil.copytree(ROOT / "daemonset", copy)
     kustomization = copy / "kustomization.yaml"
-    kustomization.write_text(kustomization.read_text().replace("#  - optional/mps", "  - optional/mps"))
+    text = kustomization.read_text().replace("#  - optional/mps", "  - optional/mps")
+    kustomization.write_text(text.replace("namespace: gpu-share", f"namespace: {namespace}"))
     proc = subprocess.run(["kubectl", "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -313,3 +316,67 @@ def test_admission_params_command_needs_nodes_for_memory_per_share():
     proc = subprocess.run([*GPU_CLI, "config", "admission-params", str(EXAMPLES / "config" / "default.yaml")], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["data"] == {"domain": "example.com", "gpu-share": "10"}
+
+
+# --- against a real API server ---------------------------------------------------------------------------
+
+
+def _kubectl(controlplane, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    kubectl = controlplane.bin / "kubectl" if (controlplane.bin / "kubectl").is_file() else shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    return subprocess.run([str(kubectl), f"--kubeconfig={controlplane.admin_kubeconfig}", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _share_pod(name: str, resource: str, count: int) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "containers": [{"name": "server", "image": "busybox", "resources": {"limits": {resource: str(count)}}}]}})
+
+
+@needs_helm
+def test_chart_output_passes_server_side_dry_run(controlplane):
+    namespace = f"gs-chart-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    documents = [d for d in render({"domain": "acme.io", **EVERY_COMPONENT}, namespace=namespace) if d["kind"] != "ServiceMonitor"]  # no CRD there
+    proc = _kubectl(controlplane, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(documents))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(server dry run)") == len(documents), proc.stdout
+
+
+@needs_helm
+def test_installed_admission_policy_admits_exactly_what_one_gpu_holds(controlplane):
+    """The chart's policy and params, applied for real: the API server refuses 21 shares of acme.io/gpu-share and
+    admits 20 (the most one 80 GB GPU has under the shipped inference profile)."""
+    namespace = f"gs-admit-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    assert _kubectl(controlplane, "create", "serviceaccount", "default", "-n", namespace).returncode == 0  # no SA controller
+    documents = [d for d in render({"domain": "acme.io", "plugin.enabled": "false"}, namespace=namespace)]
+    assert {d["kind"] for d in documents} == {"ConfigMap", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    text = yaml.safe_dump_all(documents)
+    assert _kubectl(controlplane, "apply", "-f", "-", stdin=text).returncode == 0
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the API server loads a new policy within about a second
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("big", "acme.io/gpu-share", 21))
+            if "asks for 21" in proc.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert proc.returncode != 0 and (
+            "container server asks for 21 acme.io/gpu-share but no GPU has more than 20: one container's shares come from one GPU. "
+            "Ask for at most 20 acme.io/gpu-share, or for a whole GPU (acme.io/gpu)") in proc.stderr, proc.stderr
+        for resource, count in (("acme.io/gpu-share", 20), ("example.com/gpu-share", 50), ("acme.io/gpu", 8)):
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("ok", resource, count))
+            assert proc.returncode == 0, (resource, count, proc.stderr)
+    finally:
+        _kubectl(controlplane, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+
+
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def test_kustomization_output_passes_server_side_dry_run(controlplane, tmp_path):
+    namespace = f"gs-kustomize-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    documents = [d for d in _kustomize(tmp_path, namespace) if d["kind"] != "Namespace"]  # created above
+    proc = _kubectl(controlplane, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(documents))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(server dry run)") == len(documents), proc.stdout
