@@ -22,4 +22,6 @@ ENV PYTHONUNBUFFERED=1
 # plugin as root: the kubelet's device-plugins and pod-resources directories are root-only (0750).
 USER 10001
 EXPOSE 9410
-ENTRYPOINT ["gpu-share", "run"]
+# `docker run IMAGE` runs the plugin; `docker run IMAGE discover` (demo, config check, ...) any other subcommand.
+ENTRYPOINT ["gpu-share"]
+CMD ["run"]

@@ -140,7 +140,7 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {"key": "acme.io/gpu-share.config", "operator": "In", "values": ["mps"]} in mps_terms[0]["matchExpressions"]
     extender = objects[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]
-    assert "--domain=acme.io" in extender["args"] and extender["image"] == "registry.acme.io/gpu-share:9.9.9"
+    assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in extender["env"] and extender["image"] == "registry.acme.io/gpu-share:9.9.9"
     scheduler = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
     (call,) = scheduler["extenders"]
     assert call["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888"
@@ -234,11 +234,11 @@ def test_mps_daemonset_serves_the_config_mps_pool_and_its_default_profile():
 
 
 def _kustomize(tmp_path: Path, namespace: str = "gpu-share") -> list[dict]:
-    """daemonset/ with the MPS component, in `namespace`."""
+    """daemonset/ with the MPS and extender components, in `namespace`."""
     copy = tmp_path / "daemonset"
     shutil.copytree(ROOT / "daemonset", copy)
     kustomization = copy / "kustomization.yaml"
-    text = kustomization.read_text().replace("#  - optional/mps", "  - optional/mps")
+    text = kustomization.read_text().replace("#  - optional/mps", "  - optional/mps").replace("#  - extender", "  - extender")
     kustomization.write_text(text.replace("namespace: gpu-share", f"namespace: {namespace}"))
     proc = subprocess.run(["kubectl", "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -250,7 +250,9 @@ def _pod_spec(document: dict) -> dict:
     spec = yaml.safe_load(yaml.safe_dump(document["spec"]["template"]["spec"]))
     for container in spec["containers"]:
         container.pop("imagePullPolicy", None)
-        container["env"] = [e for e in container["env"] if e["name"] != "GPU_SHARE_DOMAIN"]
+        env = [e for e in container.pop("env", []) if e["name"] != "GPU_SHARE_DOMAIN"]
+        if env:
+            container["env"] = env
         container["args"] = [a for a in container["args"] if not a.startswith("--metrics-port=")]
     return spec
 
@@ -258,9 +260,9 @@ def _pod_spec(document: dict) -> dict:
 @needs_helm
 @pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
 def test_chart_and_kustomization_install_the_same_objects(tmp_path):
-    chart = by_kind(render({"mps.enabled": "true"}))
+    chart = by_kind(render({"mps.enabled": "true", "extender.enabled": "true"}))
     kustomized = by_kind(_kustomize(tmp_path))
-    for key in (("DaemonSet", "gpu-share"), ("DaemonSet", "gpu-share-mps")):
+    for key in (("DaemonSet", "gpu-share"), ("DaemonSet", "gpu-share-mps"), ("Deployment", "gpu-share-extender")):
         assert _pod_spec(chart[key]) == _pod_spec(kustomized[key]), key
     for key in (("ConfigMap", "gpu-share-config"), ("ConfigMap", "gpu-share-admission-limits")):
         assert chart[key]["data"] == kustomized[key]["data"], key

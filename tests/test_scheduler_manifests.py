@@ -8,7 +8,6 @@ import celpy
 import pytest
 import yaml
 
-from deviceplugin import __version__
 from deviceplugin.cli.main import build_parser
 
 from .conftest import ROOT
@@ -52,10 +51,11 @@ def test_extender_rbac_only_reads():
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}]
     deployment = documents(EXTENDER / "01-deployment.yaml")[0]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["gpu-share", "extender"] and container["ports"][0]["containerPort"] == 8888  # not the image's `run`
+    assert container["command"] == ["gpu-share", "extender"] and container["ports"][0]["containerPort"] == 8888
     args = build_parser().parse_args(["extender", *container["args"]])  # every flag exists
     assert args.port == container["ports"][0]["containerPort"]
-    assert container["image"] == f"ghcr.io/example/gpu-share:{__version__}"  # the kustomization's image and version
+    assert container["image"] == "gpu-share"  # the kustomization's images set it
+    assert container["env"] == [{"name": "GPU_SHARE_DOMAIN", "valueFrom": {"configMapKeyRef": {"name": "gpu-share-settings", "key": "domain"}}}]
     assert {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]} == {"/readyz", "/healthz"}
 
 

@@ -77,7 +77,7 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     def knobs(text: str) -> str:
         text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace("newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share")
         text = text.replace('newTag: "0.1.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
-        every = "[admission, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi]"
+        every = "[admission, extender, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi]"
         return re.sub(r"^components:\n  - admission .*$", f"components: {every}", text, flags=re.M)
 
     documents = _render(tmp_path, knobs)
@@ -88,6 +88,8 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
         assert spec["runtimeClassName"] == "nvidia"
         keys = {e["key"] for term in spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] for e in term["matchExpressions"]}
         assert {k.split("/")[0] for k in keys if "gpu-share." in k} == {"gpu.acme.io"}
+    extender = next(d for d in documents if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert extender["image"] == "registry.acme.io/gpu-share:9.9.9"
     plugin = daemonsets["gpu-share"]
     assert plugin["hostPID"] is True and plugin["containers"][0]["securityContext"]["capabilities"]["add"] == ["KILL"]
     assert {"/etc/cdi", "/var/run/cdi"} <= {m["mountPath"] for m in plugin["containers"][0]["volumeMounts"]}
@@ -131,6 +133,7 @@ def test_daemonset_wiring():
     # Every flag the manifest passes exists.
     from deviceplugin.cli.main import build_parser
 
+    assert container["command"] == ["gpu-share", "run"]  # the image's entrypoint is `gpu-share`, its default command `run`
     build_parser().parse_args(["run", *container["args"]])
 
 
