@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ..config.types import ConfigError
+from ..config.types import ConfigError, WatchdogPolicy
 from ..model.devices import Resource
 from ..model.shares import share_memory_mib
 from . import flags
@@ -63,7 +63,7 @@ def check_config(file: str, node_file: str | None, profile: str | None, all_prof
         for warning in result.warnings:
             out(f"  warning: {warning}")
         if result.error is None:
-            _show(result.resources, out)
+            _show(result.resources, config.watchdog_policy, out)
         elif not all_profiles:
             raise result.error
         else:
@@ -75,7 +75,9 @@ def check_config(file: str, node_file: str | None, profile: str | None, all_prof
     return 0
 
 
-def _show(resources: list[Resource], out: Out) -> None:
+def _show(resources: list[Resource], watchdog_policy: WatchdogPolicy, out: Out) -> None:
+    from ..alloc.preview import container_preview
+
     for resource in resources:
         backend = f", {resource.pool.backend}" if resource.pool.shared else ""
         out(f"  {resource.name} ({resource.pool.mode}{backend}): {len(resource.devices)} devices")
@@ -85,3 +87,6 @@ def _show(resources: list[Resource], out: Out) -> None:
                 out(f"    {what}: {unit.replicas} shares of {share_memory_mib(unit)} MiB")
             else:
                 out(f"    {what}: 1 device, {unit.memory_mib} MiB")
+        preview = container_preview(resource, watchdog_policy)
+        out(f"    a container of {preview.what} receives: memory {preview.memory_mib} MiB, compute {preview.compute_percent} %; {preview.enforced}")
+        out("      env " + " ".join(f"{k}={v}" for k, v in sorted(preview.envs.items())))

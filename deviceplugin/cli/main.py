@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `gpu-share demo | head`: the reader is gone; nothing more to say, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 0
     except (ConfigError, FlagError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 2
