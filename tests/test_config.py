@@ -58,7 +58,7 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ("not a mapping", "(top level): must be a mapping, got string 'not a mapping'"),
         ({"pools": []}, "version: is required"),
         (pools({"name": "a", "mode": "shared"}, version="v2"), "version: unsupported version 'v2' (supported: v1)"),
-        (pools({"name": "a", "mode": "shared"}, colour="red"), "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deviceListStrategy, deviceRoot, deviceSpecs, domain, memoryWatchdog, mpsRoot, pools, profiles, sharedProductSuffix, version)"),
+        (pools({"name": "a", "mode": "shared"}, colour="red"), "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deprecatedCudaLabels, deviceListStrategy, deviceRoot, deviceSpecs, domain, memoryWatchdog, mpsRoot, pools, profiles, sharedProductSuffix, version)"),
         ({"version": "v1"}, "pools: is required"),
         ({"version": "v1", "pools": []}, "pools: must list at least one pool"),
         ({"version": "v1", "pools": {"a": 1}}, "pools: must be a list, got a mapping"),

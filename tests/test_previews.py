@@ -57,3 +57,33 @@ def test_shipped_config_previews_every_profile(tmp_path):
     lines: list[str] = []
     check_config(str(path), str(T4), None, True, out=lines.append)
     assert sum(line.startswith("    a container of ") for line in lines) == 4  # exclusive, inference, mps, mig (T4s shared in 8)
+
+
+def test_config_check_previews_the_node_labels(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("version: v1\ndomain: acme.io\ndeprecatedCudaLabels: true\npools: [{name: s, mode: shared, replicas: 4}]\n")
+    lines: list[str] = []
+    check_config(str(path), str(T4), None, False, out=lines.append, labels=True)
+    start = lines.index("  node labels the plugin would publish (26; a label someone else set first is left alone):")
+    shown = dict(line.strip().split("=", 1) for line in lines[start + 1:-1])
+    assert shown["acme.io/cuda.driver-version.full"] == "550.54.15" and shown["acme.io/cuda.driver.rev"] == "15"
+    assert shown["acme.io/gpu.replicas"] == "4" and shown["acme.io/gpu-share.s.sharing-strategy"] == "time-slicing"
+    assert all(key.startswith("acme.io/") for key in shown)
+
+
+def test_discover_shows_which_pool_each_gpu_lands_in():
+    import subprocess
+
+    from .conftest import GPU_CLI
+
+    proc = subprocess.run([*GPU_CLI, "discover", "--node", str(EXAMPLES / "nodes" / "8xA100-80GB-mig.yaml"),
+                           "--config", str(ROOT / "daemonset" / "config" / "config.yaml"), "--profile", "mig"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    pools = proc.stdout.split("Pools (profile mig of ")[1].splitlines()
+    assert "  GPU 4 MIG 7g.80gb (MIG-0400a0c4-7f3b-5e91-b2d8-6c4f10040000): pool mig (mig) -> example.com/mig-7g.80gb" in pools
+    assert "  GPU 5: not advertised (in no pool, or skipped: see the warnings)" in pools
+    assert any(line.startswith("  warning: GPU 5 ") and "does not have MIG enabled" in line for line in pools)
+    proc = subprocess.run([*GPU_CLI, "discover", "--node", str(T4)], capture_output=True, text=True, timeout=30)
+    assert proc.stdout.endswith("Pools (profile default of the default config: every GPU shared in 10):\n"
+                                "  GPU 0: pool default (shared, 10 shares) -> example.com/gpu-share\n"
+                                "  GPU 1: pool default (shared, 10 shares) -> example.com/gpu-share\n"), proc.stdout

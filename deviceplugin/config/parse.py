@@ -50,6 +50,7 @@ _TOP_KEYS = {
     "cdiKind": str,
     "deviceSpecs": bool,
     "sharedProductSuffix": bool,
+    "deprecatedCudaLabels": bool,
     "deviceRoot": str,
     "mpsRoot": str,
     "defaultProfile": str,
@@ -163,6 +164,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
     problems.check(bool(_CDI_KIND.match(cdi_kind)), f"cdiKind: must be <vendor>/<class> such as nvidia.com/gpu, got {cdi_kind!r}")
     device_specs = problems.attempt(top.get, "deviceSpecs", False) or False
     shared_product_suffix = problems.attempt(top.get, "sharedProductSuffix", False) or False
+    deprecated_cuda_labels = problems.attempt(top.get, "deprecatedCudaLabels", False) or False
     device_root = problems.attempt(top.get, "deviceRoot", "/") or "/"
     problems.check(path_problem(device_root) is None, f"deviceRoot: {path_problem(device_root)}")
     mps_root = problems.attempt(top.get, "mpsRoot", DEFAULT_MPS_ROOT) or DEFAULT_MPS_ROOT
@@ -213,6 +215,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
         cdi_kind=cdi_kind,
         device_specs=device_specs,
         shared_product_suffix=shared_product_suffix,
+        deprecated_cuda_labels=deprecated_cuda_labels,
         device_root=device_root,
         mps_root=mps_root,
         watchdog_policy=watchdog_policy,

@@ -9,6 +9,7 @@ Every key, its default and an example are in docs/configuration.md. In short::
     cdiKind: nvidia.com/gpu          # CDI names are <cdiKind>=<UUID>
     deviceSpecs: false               # add /dev/nvidia* device specs to Allocate
     sharedProductSuffix: false       # gpu.product label gets GFD's -SHARED when GPUs are shared
+    deprecatedCudaLabels: false      # also GFD's deprecated cuda.driver.* and cuda.runtime.* labels
     deviceRoot: /                    # where /dev and /proc/driver/nvidia are found
     mpsRoot: /run/gpu-share/mps      # MPS pipe, log and shm directories, per pool
     memoryWatchdog: {policy: report, quarantine: false}
@@ -136,6 +137,7 @@ class Config:
     cdi_kind: str = "nvidia.com/gpu"
     device_specs: bool = False
     shared_product_suffix: bool = False  # GFD's -SHARED on the gpu.product label when GPUs are shared
+    deprecated_cuda_labels: bool = False  # also GFD's deprecated cuda.driver.*, cuda.runtime.* labels
     device_root: str = "/"
     mps_root: str = DEFAULT_MPS_ROOT
     watchdog_policy: WatchdogPolicy = "report"
