@@ -17,7 +17,7 @@ from .. import __version__
 from ..config.types import ConfigError
 from ..discovery.inventory import InventoryError
 from ..errors import FlagError, StartupError
-from . import admission_params, config_check, demo, discover, extender, mps, run, simulate
+from . import admission_params, config_check, flags, demo, discover, extender, mps, run, simulate
 
 log = logging.getLogger("gpu-share")
 
@@ -48,6 +48,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
 def _command(argv: list[str]) -> str | None:
     """The command named on the line (the first word not an option), or None (`--help`, `--version`, nothing)."""
     return next((word for word in argv if not word.startswith("-")), None)
@@ -55,7 +60,15 @@ def _command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = build_parser(only=_command(words)).parse_args(words)
+    command = _command(words)
+    parser = build_parser(only=command)
+    if command in flags.ENV_TWIN_COMMANDS:
+        try:
+            flags.apply_env_twins(_subcommand(parser, command))
+        except FlagError as err:
+            print(f"gpu-share: error: {err}", file=sys.stderr)
+            return 2
+    args = parser.parse_args(words)
     # gRPC's C core logs every GOAWAY of a restarting kubelet at INFO on stderr, outside our log format and
     # levels; keep it to errors unless the operator asks for more.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
