@@ -218,3 +218,10 @@ def test_domain_comes_from_the_environment_when_the_file_has_none(monkeypatch):
     monkeypatch.setenv("GPU_SHARE_DOMAIN", "Not_A_Domain")
     with pytest.raises(ConfigError, match=r"domain \(from \$GPU_SHARE_DOMAIN\): 'Not_A_Domain' is not a lowercase DNS subdomain"):
         parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared"}]})
+
+
+def test_an_nvidia_device_plugin_config_points_to_the_migration_guide():
+    nvidia = {"version": "v1", "flags": {"migStrategy": "none"}, "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+    with pytest.raises(ConfigError) as err:
+        parse_config(nvidia)
+    assert "flags, sharing: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys" in err.value.problems

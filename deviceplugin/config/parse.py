@@ -58,6 +58,7 @@ _TOP_KEYS = {
     "pools": list,
     "profiles": dict,
 }
+_NVIDIA_TOP_KEYS = ("flags", "resources", "sharing")  # the top of NVIDIA's device plugin config (version v1 too)
 _POOL_KEYS = {
     "name": str,
     "mode": str,
@@ -147,6 +148,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
         top = Fields(data, "", _TOP_KEYS, problems.items)
     except SchemaError as err:
         raise ConfigError([str(err)], source) from None
+    nvidia = sorted(k for k in _NVIDIA_TOP_KEYS if isinstance(data, dict) and k in data)
+    problems.check(not nvidia, f"{', '.join(nvidia)}: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys")
 
     def choice(key: str, default: Choice, allowed: tuple[Choice, ...]) -> Choice:
         value = problems.attempt(top.get, key, default) or default
