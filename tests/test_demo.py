@@ -120,3 +120,12 @@ def test_demo_with_a_node_and_no_config_serves_runs_default(capsys):
     assert "config the default (every GPU shared in 10, as `gpu-share run` without --config)" in text
     assert re.search(r"^  example.com/gpu-share +20 +20$", text, flags=re.M), text
     assert "shares 1/10, 1536 MiB, 10% compute (time-sliced: a fair turn, not enforced)" in text
+
+
+def test_demo_under_another_domain_never_says_example_com(tmp_path):
+    config = tmp_path / "acme.yaml"
+    config.write_text("version: v1\ndomain: acme.io\npools: [{name: s, mode: shared, replicas: 4}]\n")
+    rc, lines = demo(EXAMPLES / "nodes" / "2xT4.yaml", config)
+    text = "\n".join(lines)
+    assert rc == 0 and "example.com" not in text, text
+    assert "node-a: skipped: gpu-share: container server asks for 6 shares of acme.io/gpu-share on one GPU" in text
