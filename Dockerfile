@@ -1,4 +1,4 @@
-# gpu-share: the device plugin image. Build: docker build -t ghcr.io/example/gpu-share:0.1.0 .
+# gpu-share: the device plugin image. Build: docker build -t ghcr.io/example/gpu-share:0.2.0 .
 # Stage 1 builds wheels for gpu-share and its runtime dependencies, at the versions pinned in requirements.lock.
 FROM python:3.13-slim-trixie AS build
 WORKDIR /src

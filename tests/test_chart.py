@@ -382,3 +382,8 @@ def test_kustomization_output_passes_server_side_dry_run(controlplane, tmp_path)
     proc = _kubectl(controlplane, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(documents))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("(server dry run)") == len(documents), proc.stdout
+
+
+def test_changelog_heads_with_the_package_version():
+    first = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("## "))
+    assert first.split()[1] == __version__, first

@@ -76,7 +76,7 @@ def _render(tmp_path: Path, edit=lambda text: text) -> list[dict]:
 def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     def knobs(text: str) -> str:
         text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace("newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share")
-        text = text.replace('newTag: "0.1.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
+        text = text.replace('newTag: "0.2.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
         every = "[admission, extender, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi]"
         return re.sub(r"^components:\n  - admission .*$", f"components: {every}", text, flags=re.M)
 
