@@ -20,6 +20,7 @@ from deviceplugin import __version__
 from deviceplugin.alloc.admission import config_sha256, fleet_limits
 from deviceplugin.cli.admission_params import admission_params
 from deviceplugin.cli.config_check import check_config
+from deviceplugin.cli.main import build_parser
 from deviceplugin.config.parse import load_config
 from deviceplugin.config.types import ConfigError
 
@@ -94,7 +95,7 @@ def test_default_install_is_the_plugin_with_its_admission_policies_and_schema_va
 
 
 TOGGLES = {
-    "mps.enabled": {("DaemonSet", "gpu-share-mps")},
+    "mps.enabled": {("DaemonSet", "gpu-share-mps-mps")},
     "extender.enabled": {("ServiceAccount", "gpu-share-extender"), ("ClusterRole", "gpu-share-extender"),
                          ("ClusterRoleBinding", "gpu-share-extender"), ("Deployment", "gpu-share-extender"), ("Service", "gpu-share-extender")},
     "serviceMonitor.enabled": {("ServiceMonitor", "gpu-share")},
@@ -129,14 +130,14 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     text = yaml.safe_dump_all(documents)
     assert "example.com" not in text
     objects = by_kind(documents)
-    for name in ("gpu-share", "gpu-share-mps"):
+    for name in ("gpu-share", "gpu-share-mps-mps"):
         spec = objects[("DaemonSet", name)]["spec"]["template"]["spec"]
         container = spec["containers"][0]
         assert container["image"] == "registry.acme.io/gpu-share:9.9.9"
         assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in container["env"]
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert all({"key": "acme.io/gpu-share.enabled", "operator": "In", "values": ["true"]} in t["matchExpressions"] for t in terms)
-    mps_terms = objects[("DaemonSet", "gpu-share-mps")]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+    mps_terms = objects[("DaemonSet", "gpu-share-mps-mps")]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {"key": "acme.io/gpu-share.config", "operator": "In", "values": ["mps"]} in mps_terms[0]["matchExpressions"]
     extender = objects[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]
@@ -173,8 +174,6 @@ def test_pod_settings_come_from_values():
     assert container["args"][-1] == "--health-recovery=600" and container["env"][-1] == {"name": "FAIL_ON_INIT_ERROR", "value": "false"}
     assert container["resources"]["limits"]["memory"] == "512Mi"
     assert container["image"] == "ghcr.io/example/gpu-share@sha256:" + "a" * 64
-    from deviceplugin.cli.main import build_parser
-
     build_parser().parse_args(["run", *container["args"]])  # every flag the chart passes exists
 
 
@@ -217,15 +216,25 @@ def test_a_config_without_its_admission_values_is_refused_by_name():
 
 
 @needs_helm
-def test_mps_daemonset_serves_the_config_mps_pool_and_its_default_profile():
-    text = "version: v1\ndefaultProfile: fast\nprofiles:\n  fast: {pools: [{name: quick, mode: shared, backend: mps, replicas: 4}]}\n  whole: {pools: [{name: w, mode: exclusive}]}\n"
-    documents = render({"mps.enabled": "true"}, *_with_config(text))
-    spec = by_kind(documents)[("DaemonSet", "gpu-share-mps")]["spec"]["template"]["spec"]
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert terms[0]["matchExpressions"][1] == {"key": "example.com/gpu-share.config", "operator": "In", "values": ["fast"]}
-    assert terms[1]["matchExpressions"][1] == {"key": "example.com/gpu-share.config", "operator": "DoesNotExist"}
-    shm = next(v for v in spec["volumes"] if v["name"] == "mps-shm")
-    assert shm["hostPath"]["path"] == "/run/gpu-share/mps/quick/shm"
+def test_one_mps_daemonset_per_mps_pool_of_the_config_on_the_nodes_of_its_profiles():
+    text = ("version: v1\ndefaultProfile: fast\nprofiles:\n"
+            "  fast: {pools: [{name: quick, mode: shared, backend: mps, replicas: 4, exclusiveProcess: true}]}\n"
+            "  both: {pools: [{name: quick, mode: shared, backend: mps, replicas: 4, gpus: {indexes: [0]}}, {name: big, mode: shared, backend: mps, replicas: 2, resource: big-share}]}\n"
+            "  whole: {pools: [{name: w, mode: exclusive}]}\n")
+    objects = by_kind(render({"mps.enabled": "true"}, *_with_config(text)))
+    assert {k for k in objects if k[0] == "DaemonSet"} == {("DaemonSet", "gpu-share"), ("DaemonSet", "gpu-share-mps-quick"), ("DaemonSet", "gpu-share-mps-big")}
+    for pool, profiles, default in (("quick", ["both", "fast"], True), ("big", ["both"], False)):
+        spec = objects[("DaemonSet", f"gpu-share-mps-{pool}")]["spec"]["template"]["spec"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][1] == {"key": "example.com/gpu-share.config", "operator": "In", "values": profiles}
+        assert (len(terms) == 2 and terms[1]["matchExpressions"][1] == {"key": "example.com/gpu-share.config", "operator": "DoesNotExist"}) == default
+        shm = next(v for v in spec["volumes"] if v["name"] == "mps-shm")
+        assert shm["hostPath"]["path"] == f"/run/gpu-share/mps/{pool}/shm"
+        container = spec["containers"][0]
+        assert f"--pools={pool}" in container["args"]
+        assert container["securityContext"].get("privileged", False) == (pool == "quick")  # exclusiveProcess sets compute modes
+        kubernetes_validate.validate(objects[("DaemonSet", f"gpu-share-mps-{pool}")], KUBE_VERSION, strict=True)
+        build_parser().parse_args(["mps", *container["args"]])
     proc = helm("template", "gs", str(CHART), "--set", "mps.enabled=true", *_with_config("version: v1\npools: [{name: s, mode: shared}]\n"), check=False)
     assert proc.returncode != 0 and "mps.enabled: the config has no pool with backend: mps" in proc.stderr
 
@@ -262,8 +271,9 @@ def _pod_spec(document: dict) -> dict:
 def test_chart_and_kustomization_install_the_same_objects(tmp_path):
     chart = by_kind(render({"mps.enabled": "true", "extender.enabled": "true"}))
     kustomized = by_kind(_kustomize(tmp_path))
-    for key in (("DaemonSet", "gpu-share"), ("DaemonSet", "gpu-share-mps"), ("Deployment", "gpu-share-extender")):
-        assert _pod_spec(chart[key]) == _pod_spec(kustomized[key]), key
+    for ours, theirs in ((("DaemonSet", "gpu-share"),) * 2, (("DaemonSet", "gpu-share-mps-mps"), ("DaemonSet", "gpu-share-mps")),
+                         (("Deployment", "gpu-share-extender"),) * 2):
+        assert _pod_spec(chart[ours]) == _pod_spec(kustomized[theirs]), ours
     for key in (("ConfigMap", "gpu-share-config"), ("ConfigMap", "gpu-share-admission-limits")):
         assert chart[key]["data"] == kustomized[key]["data"], key
     for key in (("ValidatingAdmissionPolicy", "gpu-share-shares-per-gpu"), ("ClusterRole", "gpu-share-node"), ("ClusterRole", "gpu-share-pods")):

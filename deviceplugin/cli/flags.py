@@ -79,6 +79,13 @@ def xid_list(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(f"must be comma-separated XID numbers, got {text!r}") from None
 
 
+def name_list(text: str) -> frozenset[str]:
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"must be comma-separated pool names, got {text!r}")
+    return names
+
+
 def dir_list(text: str) -> tuple[str, ...]:
     dirs = tuple(d.strip() for d in text.split(",") if d.strip())
     if not dirs or not all(d.startswith("/") for d in dirs):

@@ -67,6 +67,7 @@ _POOL_KEYS = {
     "memoryPerShare": str,
     "backend": str,
     "mpsLimits": str,
+    "exclusiveProcess": bool,
     "allowSpanGPUs": bool,
     "strategy": str,
     "gpus": dict,
@@ -276,6 +277,8 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
             except ValueError as err:
                 problems.append(f"{join(path, 'memoryPerShare')}: {err}")
     fields.check(backend == "mps" or not fields.has("mpsLimits"), "mpsLimits", "only applies to backend mps")
+    fields.check(backend == "mps" or not fields.has("exclusiveProcess"), "exclusiveProcess", "only applies to backend mps")
+    exclusive_process = fields.get("exclusiveProcess", False)
     mps_limits = fields.get("mpsLimits", "strict")
     fields.check(mps_limits in MPS_LIMITS, "mpsLimits", f"must be one of {', '.join(MPS_LIMITS)}, got {mps_limits!r}")
     allow_span = fields.get("allowSpanGPUs", False)
@@ -298,6 +301,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         backend=one_of(backend, BACKENDS, "timeSlicing"),
         mps_limits=one_of(mps_limits, MPS_LIMITS, "strict"),
         allow_span=allow_span,
+        exclusive_process=exclusive_process,
         mig_strategy=one_of(strategy, MIG_STRATEGIES, "mixed"),
         gpus=selector,
         path=path,

@@ -102,6 +102,7 @@ class PoolConfig:
     backend: Backend = "timeSlicing"
     mps_limits: MpsLimits = "strict"
     allow_span: bool = False
+    exclusive_process: bool = False  # backend mps: `gpu-share mps` puts the pool's GPUs in EXCLUSIVE_PROCESS while it serves
     mig_strategy: MigStrategy = "mixed"
     gpus: GpuSelector = field(default_factory=GpuSelector)
     path: str = "pools[0]"  # where the pool is in the file, for messages

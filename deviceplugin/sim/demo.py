@@ -20,6 +20,7 @@ from ..config.types import ConfigError
 from ..alloc.container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
 from ..runtime.daemon import DaemonOptions, PluginDaemon
 from ..health.monitor import HealthSettings
+from ..mps.computemode import ComputeModes
 from ..mps.control import MpsDaemon
 from . import mps_control
 from .scheduler import run_scheduler_step
@@ -115,7 +116,8 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
     index_of = {g.uuid: g.index for g in node.gpus} | {m.uuid: g.index for g in node.gpus for m in g.mig_devices}
     resources = list(daemon.manager.resources)
     # `gpu-share mps`'s supervisor, with a simulated control daemon: the MPS pools become ready as on a node.
-    daemons = [MpsDaemon(r, r.settings.mps_root, binary=str(control), start_timeout=5, probe_interval=0.5) for r in resources if r.pool.mps]
+    daemons = [MpsDaemon(r, r.settings.mps_root, binary=str(control), start_timeout=5, probe_interval=0.5, compute_modes=_ShownModes())
+               for r in resources if r.pool.mps]
     for mps in daemons:
         mps.start()
     daemon.start()
@@ -132,6 +134,8 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
             limits = held.read_text().split("\n")[:-1] if held.exists() else []
             out(f"  MPS pool {mps.resource.pool.name} ({mps.resource.name}, mpsLimits {mps.resource.pool.mps_limits}): a simulated control daemon "
                 f"serves GPUs {', '.join(str(g.index) for g in mps.resource.gpus)}; daemon-wide limits: {'; '.join(limits) or 'none (each client gets its own CUDA_MPS_* limits)'}")
+            if mps.resource.pool.exclusive_process:
+                out("    exclusiveProcess: gpu-share mps puts these GPUs in EXCLUSIVE_PROCESS while it serves and restores their mode on quit (not simulated)")
         if not resources:
             out("Nothing to show: this config advertises no resource on this node.")
             return 2
@@ -176,6 +180,13 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
             mps.stop()
     out("\nDone: sockets removed, temporary directory cleaned up.")
     return 0
+
+
+class _ShownModes(ComputeModes):
+    """No NVML in the demo: compute modes are described (above), not set."""
+
+    def make_exclusive(self, uuids: list[str]) -> dict[str, int]:
+        return {}
 
 
 def _with_mps_root(config_file: str, tmp: Path) -> str:

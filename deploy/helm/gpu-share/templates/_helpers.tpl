@@ -40,29 +40,22 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end -}}
 
-{{/* The profiles that have an MPS pool, and those pools' names: {"profiles": [...], "pools": [...]}. */}}
+{{/* The config's MPS pools: {"pools": {pool name: [the profiles that have it]}, "exclusive": {pool name: true} for
+those with exclusiveProcess, "default": defaultProfile}. */}}
 {{- define "gpu-share.mpsPools" -}}
 {{- $config := include "gpu-share.configData" . | fromJson -}}
 {{- $profiles := dict -}}
 {{- if $config.pools -}}{{- $_ := set $profiles "default" $config.pools -}}{{- end -}}
 {{- range $name, $body := ($config.profiles | default dict) -}}{{- $_ := set $profiles $name $body.pools -}}{{- end -}}
-{{- $found := dict "profiles" (list) "pools" (list) -}}
+{{- $found := dict "pools" (dict) "exclusive" (dict) -}}
 {{- range $name, $pools := $profiles -}}
 {{- range $pool := $pools -}}
 {{- if eq (toString $pool.backend) "mps" -}}
-{{- $_ := set $found "profiles" (append $found.profiles $name | uniq) -}}
-{{- $_ := set $found "pools" (append $found.pools $pool.name | uniq) -}}
+{{- $_ := set $found.pools $pool.name (append (get $found.pools $pool.name | default list) $name) -}}
+{{- if $pool.exclusiveProcess -}}{{- $_ := set $found.exclusive $pool.name true -}}{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $_ := set $found "default" ($config.defaultProfile | default "default") -}}
 {{- toJson $found -}}
-{{- end -}}
-
-{{/* The image pull secrets of a pod spec. */}}
-{{- define "gpu-share.pullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
 {{- end -}}
