@@ -209,10 +209,16 @@ def test_a_config_without_its_admission_values_is_refused_by_name():
     proc = helm("template", "gs", str(CHART), "--set-file", f"config={EXAMPLES / 'config' / 'default.yaml'}", check=False)
     assert proc.returncode != 0
     assert "admission: its limits were computed for another config" in proc.stderr and "gpu-share config admission-params" in proc.stderr
-    for values, message in (({"domain": "Bad_Domain"}, 'domain: must be a DNS subdomain such as acme.io, got "Bad_Domain"'),
-                            ({"admission.limits.gpu-share": "many"}, "admission.limits.gpu-share: must be a whole number of shares, got many")):
+    for values, message in (({"domain": "Bad_Domain"}, "- at '/domain': 'Bad_Domain' does not match pattern"),
+                            ({"admission.limits.gpu-share": "many"}, "- at '/admission/limits/gpu-share': 'many' does not match pattern '^[0-9]+$'"),
+                            ({"plugin.nodeSelecter.pool": "gpu"}, "- at '/plugin': additional properties 'nodeSelecter' not allowed"),
+                            ({"imge.repository": "x"}, "- at '/imge': missing property 'enabled'"),  # a typo, not a component block
+                            ({"plugin.metricsPort": "http"}, "- at '/plugin/metricsPort': got string, want integer")):
         proc = helm("template", "gs", str(CHART), *[f"--set={k}={v}" for k, v in values.items()], check=False)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    # Without the schema (--skip-schema-validation) the templates still refuse a bad domain by name.
+    proc = helm("template", "gs", str(CHART), "--skip-schema-validation", "--set", "domain=Bad_Domain", check=False)
+    assert proc.returncode != 0 and 'domain: must be a DNS subdomain such as acme.io, got "Bad_Domain"' in proc.stderr, proc.stderr
 
 
 @needs_helm
@@ -397,3 +403,9 @@ def test_kustomization_output_passes_server_side_dry_run(controlplane, tmp_path)
 def test_changelog_heads_with_the_package_version():
     first = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("## "))
     assert first.split()[1] == __version__, first
+
+
+@needs_helm
+def test_a_new_components_values_block_needs_only_its_enabled_toggle():
+    """Room for the next component (the DRA driver): a block with `enabled` passes the schema; off, it renders nothing."""
+    assert render({"dra.enabled": "false", "dra.image": "x"}) == render()
