@@ -225,3 +225,17 @@ def test_an_nvidia_device_plugin_config_points_to_the_migration_guide():
     with pytest.raises(ConfigError) as err:
         parse_config(nvidia)
     assert "flags, sharing: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys" in err.value.problems
+
+
+def test_problems_in_a_file_name_the_key_and_its_line():
+    from deviceplugin.config.parse import parse_config_text
+
+    text = "version: v1\nprofiles:\n  inference:\n    pools:\n      - name: a\n        mode: shared\n        replicas: 0\n      - mode: bogus\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config_text(text, "f.yaml")
+    assert err.value.problems == [
+        "profiles.inference.pools[0].replicas: must be >= 1, got 0 (line 7)",
+        "profiles.inference.pools[1].name: is required (line 8)",  # missing: the line of the pool it is missing from
+        "profiles.inference.pools[1].mode: must be one of exclusive, shared, mig, got 'bogus' (line 8)",
+        "defaultProfile: 'default' is not a profile (profiles: inference)",  # not in the file: no line
+    ]

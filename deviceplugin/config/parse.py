@@ -11,7 +11,7 @@ from ..logs import safe_text
 from .names import resource_name_problem
 from .paths import POOL_NAME, POOL_NAME_RULE, mps_root_problem, path_problem
 from .schema import Fields, SchemaError, join, list_of
-from .yamlfile import YamlProblem, decode, load_yaml, read_bounded
+from .yamlfile import YamlProblem, decode, load_yaml_lines, read_bounded
 
 from .types import (
     ALLOCATION_POLICIES,
@@ -98,16 +98,24 @@ def parse_config_text(text: str, source: str = "config") -> Config:
     if len(text) > limits.MAX_CONFIG_BYTES:
         raise ConfigError([f"file: is {len(text)} characters, over the limit of {limits.MAX_CONFIG_BYTES}"], source)
     try:
-        data, duplicates = load_yaml(text)
+        data, duplicates, lines = load_yaml_lines(text)
     except YamlProblem as err:
         raise ConfigError([str(err)], source) from None
     try:
         config = parse_config(data, source)
     except ConfigError as err:
-        raise ConfigError(duplicates + err.problems, source) from None
+        raise ConfigError(duplicates + [_with_line(p, lines) for p in err.problems], source) from None
     if duplicates:
         raise ConfigError(duplicates, source)
     return config
+
+
+def _with_line(problem: str, lines: dict[str, int]) -> str:
+    """`key.path: reason (line N)` where the file has that key (a missing key: its parent's line)."""
+    path = problem.split(": ", 1)[0]
+    while path and path not in lines:
+        path = path[: path.rindex("[")] if path.endswith("]") else path.rpartition(".")[0]
+    return f"{problem} (line {lines[path]})" if path else problem
 
 
 def parse_quantity_mib(text: str) -> int:
