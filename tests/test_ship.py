@@ -21,7 +21,7 @@ from deviceplugin.config.parse import parse_config_text
 from .conftest import ROOT
 
 VERSIONS = ("1.37.0", "1.36.0")  # the newest two minor versions kubernetes-validate ships
-MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml") if p.name != "kustomization.yaml" and p.parent.name != "config")
+MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml") if p.name != "kustomization.yaml" and p.parent.name not in ("config", "transformers"))
 CONFIG = ROOT / "daemonset" / "config" / "config.yaml"  # the shipped config (the kustomization's and the chart's)
 KUBECTL = shutil.which("kubectl")
 
@@ -95,6 +95,8 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     assert {"/etc/cdi", "/var/run/cdi"} <= {m["mountPath"] for m in plugin["containers"][0]["volumeMounts"]}
     namespaced = [d for d in documents if "namespace" in d["metadata"]]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Namespace"}
+    assert not [d["metadata"] for d in namespaced if d["kind"] in cluster_scoped]
     assert {s["namespace"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]} == {"gpu-system"}
     assert [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"] == ["gpu-system"]
     settings = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-settings")
