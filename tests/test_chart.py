@@ -363,17 +363,21 @@ def test_chart_output_passes_server_side_dry_run(controlplane):
 
 
 @needs_helm
-def test_installed_admission_policy_admits_exactly_what_one_gpu_holds(controlplane):
-    """The chart's policy and params, applied for real: the API server refuses 21 shares of acme.io/gpu-share and
-    admits 20 (the most one 80 GB GPU has under the shipped inference profile)."""
-    namespace = f"gs-admit-{os.getpid()}"
+def test_helm_install_under_another_domain_admits_exactly_what_one_gpu_holds(controlplane):
+    """`helm install --set domain=acme.io` on a real API server: every component installs, and the admission policy
+    refuses 21 shares of acme.io/gpu-share and admits 20 (the most one 80 GB GPU has under the shipped inference
+    profile); `helm uninstall` removes it all."""
+    namespace = f"gs-helm-{os.getpid()}"
     assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
     assert _kubectl(controlplane, "create", "serviceaccount", "default", "-n", namespace).returncode == 0  # no SA controller
-    documents = [d for d in render({"domain": "acme.io", "plugin.enabled": "false"}, namespace=namespace)]
-    assert {d["kind"] for d in documents} == {"ConfigMap", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    text = yaml.safe_dump_all(documents)
-    assert _kubectl(controlplane, "apply", "-f", "-", stdin=text).returncode == 0
+    kubeconfig = f"--kubeconfig={controlplane.admin_kubeconfig}"
+    sets = [f"--set={k}={v}" for k, v in {"domain": "acme.io", "image.repository": "registry.acme.io/gpu-share", **EVERY_COMPONENT}.items()
+            if k != "serviceMonitor.enabled"]  # no Prometheus Operator CRD there
+    helm("install", "gpu-share", str(CHART), "--namespace", namespace, kubeconfig, *sets)
     try:
+        proc = _kubectl(controlplane, "get", "daemonsets,deployments", "-n", namespace, "-o", "name")
+        assert sorted(proc.stdout.split()) == ["daemonset.apps/gpu-share", "daemonset.apps/gpu-share-mps-mps",
+                                               "deployment.apps/gpu-share-extender", "deployment.apps/gpu-share-scheduler"], proc.stdout + proc.stderr
         deadline = time.monotonic() + 30
         while True:  # the API server loads a new policy within about a second
             proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("big", "acme.io/gpu-share", 21))
@@ -387,7 +391,9 @@ def test_installed_admission_policy_admits_exactly_what_one_gpu_holds(controlpla
             proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("ok", resource, count))
             assert proc.returncode == 0, (resource, count, proc.stderr)
     finally:
-        _kubectl(controlplane, "delete", "--ignore-not-found", "-f", "-", stdin=text)
+        helm("uninstall", "gpu-share", "--namespace", namespace, kubeconfig)
+    proc = _kubectl(controlplane, "get", "validatingadmissionpolicies", "-o", "name")
+    assert "gpu-share" not in proc.stdout, proc.stdout
 
 
 @pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")

@@ -112,11 +112,14 @@ def test_demo_runs_mps_pools_with_a_simulated_control_daemon_and_shows_their_lim
         assert large.endswith("MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=11520M"), large
 
 
-def test_demo_with_a_node_and_no_config_serves_runs_default(capsys):
-    from deviceplugin.cli.main import main
+def test_demo_with_a_node_and_no_config_serves_runs_default():
+    import subprocess
 
-    assert main(["demo", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")]) == 0
-    text = capsys.readouterr().out
+    from .conftest import GPU_CLI
+
+    proc = subprocess.run([*GPU_CLI, "demo", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
     assert "config the default (every GPU shared in 10, as `gpu-share run` without --config)" in text
     assert re.search(r"^  example.com/gpu-share +20 +20$", text, flags=re.M), text
     assert "shares 1/10, 1536 MiB, 10% compute (time-sliced: a fair turn, not enforced)" in text

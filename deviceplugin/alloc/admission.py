@@ -60,7 +60,7 @@ def fleet_limits(config: Config, nodes: Iterable[NodeInfo]) -> FleetLimits:
     skipped: list[str] = []
     if not nodes:
         problems = []
-        for profile, pools in sorted(config.profiles.items()):
+        for pools in config.profiles.values():
             for pool in pools:
                 if not pool.shared or pool.allow_span:
                     continue

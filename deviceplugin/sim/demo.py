@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ..agent.loop import AgentSettings
 from ..alloc.check import collect_warnings
 from ..config.types import ConfigError
+from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
 from ..alloc.container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
 from ..runtime.daemon import DaemonOptions, PluginDaemon
 from ..health.monitor import HealthSettings
@@ -190,13 +191,18 @@ class _ShownModes(ComputeModes):
 
 
 def _with_mps_root(config_file: str, tmp: Path) -> str:
-    """A copy of the config with `mpsRoot` in the demo's directory (its MPS pipes and markers), the original when it has no
-    MPS pool; an unreadable or invalid file is left for the plugin to report."""
+    """A copy of the config with `mpsRoot` in the demo's directory (its MPS pipes and markers) when a pool has backend
+    mps; else the file itself, so the plugin reports its problems with their lines (an unreadable file too)."""
     try:
-        data = yaml.safe_load(Path(config_file).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data, _ = load_yaml(decode(read_bounded(config_file)))
+    except (OSError, YamlProblem):
         return config_file
-    if not isinstance(data, dict) or "mps" not in yaml.safe_dump(data):
+    if not isinstance(data, dict):
+        return config_file
+    profiles = data.get("profiles")
+    bodies = [data, *(profiles.values() if isinstance(profiles, dict) else ())]
+    pools = [p for body in bodies if isinstance(body, dict) and isinstance(body.get("pools"), list) for p in body["pools"]]
+    if not any(isinstance(p, dict) and p.get("backend") == "mps" for p in pools):
         return config_file
     copy = tmp / "config.yaml"
     copy.write_text(yaml.safe_dump({**data, "mpsRoot": str(tmp / "mps")}, sort_keys=False))
