@@ -14,7 +14,7 @@ from ..logs import brief
 from ..model.devices import Device, Resource, Unit
 from ..model.shares import share_compute_percent, share_memory_mib
 from ..mps.paths import MpsPaths
-from .devicenodes import DeviceNode, device_specs
+from .devicenodes import DeviceNode, MissingCapability, device_specs
 
 # Environment variables a share-aware application can read.
 ENV_SHARE_COUNT = "GPU_SHARE_COUNT"
@@ -107,7 +107,10 @@ def unit_grant(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_cli
         cdi = tuple(f"{settings.cdi_kind}={u.uuid}" for u in units)
     else:
         envs["NVIDIA_VISIBLE_DEVICES"] = visible
-    specs = tuple(device_specs(settings.device_root, units)) if settings.device_specs else ()
+    try:
+        specs = tuple(device_specs(settings.device_root, units)) if settings.device_specs else ()
+    except MissingCapability as err:
+        raise AllocationError(Refusal.PRECONDITION, f"{resource.name}: {err}") from None
     mounts: tuple[Mount, ...] = ()
     if resource.pool.shared:
         limits = resource.pool.mps_limits == "proportional" if mps_client_limits is None else mps_client_limits

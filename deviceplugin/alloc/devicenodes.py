@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,9 +9,11 @@ from pathlib import Path
 from ..model.devices import Unit
 from ..model.node import Gpu
 
-log = logging.getLogger(__name__)
-
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+class MissingCapability(Exception):
+    """A MIG instance's capability nodes cannot be read: a container given it could not use it."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ _MIG_CAPABILITIES: dict[tuple[str, int, int, int], tuple[str, ...]] = {}  # comp
 def mig_capability_devices(device_root: str, minor: int, gi: int, ci: int) -> tuple[str, ...]:
     """The /dev/nvidia-caps nodes that grant access to one MIG instance, from /proc/driver/nvidia/capabilities.
 
-    Only a read that found both nodes is remembered; a failed or partial one is retried on the next Allocate.
+    Only a read that found both nodes is remembered; a failed or partial one raises MissingCapability (the grant is
+    refused, and the read retried on the next one).
     """
     key = (device_root, minor, gi, ci)
     if key in _MIG_CAPABILITIES:
@@ -65,11 +67,11 @@ def mig_capability_devices(device_root: str, minor: int, gi: int, ci: int) -> tu
         try:
             text = access.read_text()
         except OSError as err:
-            log.warning("cannot read MIG capability %s (%s): retried on the next allocation", access, err.strerror or err)
-            continue
+            raise MissingCapability(f"cannot read MIG capability {access} ({err.strerror or err})") from None
         match = re.search(r"DeviceFileMinor:\s*(\d+)", text)
-        if match:
-            found.append(f"/dev/nvidia-caps/nvidia-cap{match.group(1)}")
-    if len(found) == 2 and len(_MIG_CAPABILITIES) < 4096:
+        if not match:
+            raise MissingCapability(f"MIG capability {access} names no DeviceFileMinor")
+        found.append(f"/dev/nvidia-caps/nvidia-cap{match.group(1)}")
+    if len(_MIG_CAPABILITIES) < 4096:
         _MIG_CAPABILITIES[key] = tuple(found)
     return tuple(found)

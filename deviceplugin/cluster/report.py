@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # the simulator (and multiprocessing) load only when a simula
 
 MAX_SEEDS = 1000
 
-# The paper's published allocation ratio (%) at 130 %, mean of seeds 42-51 (shared/traces/README.md).
+# The allocation ratio (%) at 130 % the paper's authors published, mean of seeds 42-51, per variant they published
+# (docs/packing.md#reproduction-and-results).
 PUBLISHED = {
     "default": {"random": 87.47, "dotproduct": 90.85, "gpupacking": 92.00, "bestfit": 93.08, "fgd": 95.39},
     "cpu050": {"random": 91.24, "dotproduct": 93.27, "gpupacking": 93.72, "bestfit": 93.79, "fgd": 95.21},

@@ -1,8 +1,8 @@
 """Reading the Alibaba openb node and pod lists (the FGD paper's trace) into the cluster model.
 
-The CSVs are not shipped with gpu-share: they are read from a trace directory (`--trace-dir`, else
-$GPU_SHARE_TRACE_DIR, else `shared/traces/alibaba-gpu-v2023` in or beside the working directory or the
-source checkout).
+The CSVs are not shipped with gpu-share (where to get them: docs/packing.md#getting-the-trace): they are read
+from a trace directory, `--trace-dir`, else $GPU_SHARE_TRACE_DIR, else the first folder found at the search
+location `shared/traces/alibaba-gpu-v2023` in or beside the working directory or the source checkout.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from .model import MILLI, Node, Pod
 
 TRACE_DIR_ENV = "GPU_SHARE_TRACE_DIR"
-TRACE_SUBDIR = Path("shared/traces/alibaba-gpu-v2023")
+TRACE_SUBDIR = Path("shared/traces/alibaba-gpu-v2023")  # a search location for the CSVs (trace_dir_candidates), not a shipped folder
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
 POD_FILE = "openb_pod_list_{}.csv"
 MAX_ROWS = 1_000_000

@@ -1,7 +1,7 @@
 """Real GPUs through NVML (nvidia-ml-py's `pynvml`): the same inventory interface as the simulated node.
 
-See ../shared/nvml-notes.md for the pynvml behaviours handled here (MIG index gaps, NotSupported on
-GPUs without MIG, lost GPUs, PCI bus-id formats, event sets that fail at once after a GPU is lost).
+docs/nvml.md lists the pynvml behaviours handled here (MIG index gaps, NotSupported on GPUs without MIG,
+lost GPUs, PCI bus-id formats, event sets that fail at once after a GPU is lost) and what is done for each.
 """
 
 from __future__ import annotations
