@@ -97,7 +97,8 @@ def test_default_install_is_the_plugin_with_its_admission_policies_and_schema_va
 TOGGLES = {
     "mps.enabled": {("DaemonSet", "gpu-share-mps-mps")},
     "extender.enabled": {("ServiceAccount", "gpu-share-extender"), ("ClusterRole", "gpu-share-extender"),
-                         ("ClusterRoleBinding", "gpu-share-extender"), ("Deployment", "gpu-share-extender"), ("Service", "gpu-share-extender")},
+                         ("ClusterRoleBinding", "gpu-share-extender"), ("Deployment", "gpu-share-extender"), ("Service", "gpu-share-extender"),
+                         ("ConfigMap", "gpu-share-scheduler-extender")},
     "serviceMonitor.enabled": {("ServiceMonitor", "gpu-share")},
     "dashboards.enabled": {("ConfigMap", "gpu-share-dashboards")},
 }
@@ -243,6 +244,18 @@ def test_one_mps_daemonset_per_mps_pool_of_the_config_on_the_nodes_of_its_profil
         build_parser().parse_args(["mps", *container["args"]])
     proc = helm("template", "gs", str(CHART), "--set", "mps.enabled=true", *_with_config("version: v1\npools: [{name: s, mode: shared}]\n"), check=False)
     assert proc.returncode != 0 and "mps.enabled: the config has no pool with backend: mps" in proc.stderr
+
+
+@needs_helm
+def test_both_ways_of_calling_the_extender_are_the_shipped_scheduler_config():
+    """The second scheduler's config and the `extenders` entry for the cluster's own scheduler equal
+    daemonset/extender/scheduler/'s (kube-scheduler's field names: a typo would be silently ignored)."""
+    objects = by_kind(render({"extender.enabled": "true", "scheduler.enabled": "true"}))
+    shipped = yaml.safe_load((ROOT / "daemonset" / "extender" / "scheduler" / "kube-scheduler-config.yaml").read_text())["extenders"]
+    way1 = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-extender")]["data"]["extenders.yaml"])["extenders"]
+    way2 = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
+    assert way1 == way2["extenders"] == shipped
+    assert way2["profiles"] == [{"schedulerName": "gpu-share"}]
 
 
 # --- one source of truth: the chart and the kustomization install the same objects ---------------------------

@@ -21,6 +21,22 @@
 {{- toJson $config -}}
 {{- end -}}
 
+{{/* The `extenders` entry of a KubeSchedulerConfiguration calling the extender (both ways of docs/scheduler.md). */}}
+{{- define "gpu-share.extenderCall" -}}
+{{- $domain := include "gpu-share.domain" . -}}
+- urlPrefix: http://gpu-share-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  weight: 5
+  httpTimeout: 5s
+  nodeCacheCapable: true
+  ignorable: false
+  managedResources:
+    {{- range .Values.extender.managedResources }}
+    - name: {{ $domain }}/{{ . }}
+    {{- end }}
+{{- end -}}
+
 {{- define "gpu-share.image" -}}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
 {{- if .Values.image.digest -}}
