@@ -77,8 +77,8 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     def knobs(text: str) -> str:
         text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace("newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share")
         text = text.replace('newTag: "0.2.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
-        every = "[admission, extender, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi]"
-        return re.sub(r"^components:\n  - admission .*$", f"components: {every}", text, flags=re.M)
+        every = "[admission, extender, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi, domain]"
+        return re.sub(r"^components:\n(?:(?:  |#).*\n)*", f"components: {every}\n", text, flags=re.M)
 
     documents = _render(tmp_path, knobs)
     daemonsets = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in documents if d["kind"] == "DaemonSet"}
@@ -111,6 +111,32 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     for document in documents:
         if document["kind"] != "ServiceMonitor":
             kubernetes_validate.validate(document, VERSIONS[0], strict=True)
+
+
+@pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
+def test_an_overlay_changes_the_domain_in_one_place(tmp_path):
+    """An overlay merging its domain into gpu-share-settings and listing the base's `domain` component: every key
+    under the new domain (a base's own replacements run before an overlay's edits)."""
+    base = tmp_path / "daemonset"
+    shutil.copytree(ROOT / "daemonset", base)
+    kustomization = base / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace("#  - optional/mps ", "  - optional/mps "))
+    overlay = tmp_path / "prod"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [../daemonset]\n"
+        "configMapGenerator: [{name: gpu-share-settings, behavior: merge, literals: [domain=acme.io]}]\n"
+        "components: [../daemonset/domain]\n")
+    proc = subprocess.run([KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    documents = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert "example.com" not in proc.stdout
+    keys = {e["key"] for d in documents if d["kind"] == "DaemonSet"
+            for t in d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            for e in t["matchExpressions"]}
+    assert {"acme.io/gpu-share.enabled", "acme.io/gpu-share.config"} <= keys
+    params = next(d for d in documents if d["metadata"]["name"] == "gpu-share-admission-limits")
+    assert params["data"]["domain"] == "acme.io"
 
 
 @pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
