@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import grpc
 import grpc.aio
 
+from .. import defaults
 from ..api import dra_health_v1alpha1_pb2 as health_pb
 from ..api import dra_health_v1alpha1_pb2_grpc as health_grpc
 from ..api import dra_v1_pb2 as v1
@@ -49,8 +50,8 @@ FETCH_WORKERS = 4  # claims of one batch read from the API in parallel
 
 @dataclass(frozen=True)
 class PluginSettings:
-    health_interval: float = 10.0  # seconds between full health lists when nothing changes
-    health_timeout: int = 30  # health_check_timeout_seconds sent per device (the kubelet's default)
+    health_interval: float = defaults.DRA_HEALTH_INTERVAL  # seconds between full health lists when nothing changes
+    health_timeout: int = defaults.DRA_HEALTH_TIMEOUT  # health_check_timeout_seconds sent per device
     stop_grace: float = 1.0
 
 
@@ -251,8 +252,9 @@ class _HealthService(health_grpc.DRAResourceHealthServicer):
     def __init__(self, plugin: KubeletPlugin) -> None:
         self.plugin = plugin
 
-    def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:  # type: ignore[override]
-        return self.plugin.watch_health(context)
+    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:  # type: ignore[override]
+        async for message in self.plugin.watch_health(context):  # an async generator function: grpc.aio streams it
+            yield message
 
 
 def _remove_socket(path: Path) -> None:
