@@ -1,0 +1,44 @@
+"""Objects the end-to-end tests need on the real API server that a cluster's controllers would make: a Ready,
+schedulable Node (no node lifecycle controller removes the not-ready taint), a namespace with its `default`
+ServiceAccount (no ServiceAccount controller); and a raw JSON request for kinds the typed client does not know."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+
+
+def ready_node(api: Any, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Create a Node, mark it Ready with room for pods, and remove the not-ready taint; returns it as JSON."""
+    core = client.CoreV1Api(api)
+    core.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}})
+    status = {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}],
+              "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"}, "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"}}
+    core.patch_node_status(name, {"status": status})
+    core.patch_node(name, {"spec": {"taints": None}})
+    return request(api, "GET", f"/api/v1/nodes/{name}")
+
+
+def namespace(api: Any, name: str) -> str:
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+    return name
+
+
+def request(api: Any, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None) -> Any:
+    """A JSON request as the admin; raises ApiException on an error status."""
+    params = api.param_serialize(method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
+                                 header_params={"Accept": "application/json", "Content-Type": "application/json"})
+    response = api.call_api(*params, _request_timeout=30)
+    data = response.read()
+    if not 200 <= response.status <= 299:
+        raise client.ApiException(status=response.status, reason=response.reason, body=data.decode(errors="replace"))
+    return json.loads(data) if data else None
+
+
+def slices(api: Any, node: str) -> list[dict[str, Any]]:
+    found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={node}")])
+    return sorted(found["items"], key=lambda s: s["metadata"]["name"])
