@@ -74,10 +74,15 @@ class ApiClaims:
 
     def get(self, ref: ClaimRef) -> Mapping[str, Any]:
         """The claim from the API server; ClaimError naming the claim and the cause."""
+        from kubernetes.client.exceptions import ApiException
+
         self.gets += 1
         try:
             response = self.api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False, _request_timeout=self.timeout)
             status, body = response.status, response.data
+        except ApiException as err:  # the client raises on error statuses even without preloading
+            raw = err.body or err.reason or ""
+            status, body = err.status or 0, raw if isinstance(raw, bytes) else str(raw).encode()
         except Exception as err:  # connection errors, timeouts: this claim fails, the call goes on
             raise ClaimError(f"claim {ref}: cannot read it from the API: {safe_text(str(err), 300)}") from None
         if status == 404:
@@ -143,6 +148,8 @@ class _ClaimWatch(BackgroundLoop):
         self.backoff_max = backoff_max
         self.synced = threading.Event()
         self._failures = RepeatLimiter(log, window=60.0)
+        self._response: Any = None
+        self._response_lock = threading.Lock()
 
     def start(self) -> None:
         self._start_thread()
@@ -150,7 +157,10 @@ class _ClaimWatch(BackgroundLoop):
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        # The thread is a daemon blocked in a read of at most WATCH_SECONDS; it is not joined.
+        with self._response_lock:
+            if self._response is not None:
+                self._response.shutdown()  # wakes the blocked read
+        self._stop_thread()
 
     def _run(self) -> None:
         delay = 0.5
@@ -165,6 +175,8 @@ class _ClaimWatch(BackgroundLoop):
             except _Gone:
                 version = ""
             except Exception as err:  # API errors, bad JSON, a bug: log, back off, go on
+                if self._stop.is_set():
+                    return
                 self._failures.log(logging.WARNING, (type(err), str(err)[:100]), "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs", safe_text(str(err), 300), delay)
                 self._failures.flush()
                 version = ""
@@ -192,6 +204,10 @@ class _ClaimWatch(BackgroundLoop):
             watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS,
             _preload_content=False, _request_timeout=(self.claims.timeout, WATCH_SECONDS + 30),
         )
+        with self._response_lock:
+            self._response = response
+        if self._stop.is_set():
+            response.shutdown()
         try:
             if response.status == 410:
                 raise _Gone()
@@ -210,6 +226,8 @@ class _ClaimWatch(BackgroundLoop):
                     self.claims._apply(str(kind), _slim(obj))
             return version
         finally:
+            with self._response_lock:
+                self._response = None
             response.release_conn()
 
 

@@ -26,6 +26,7 @@ from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
+from ..dra.slices import SlicePublisher
 from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
 from ..model.devices import Resource
@@ -76,12 +77,11 @@ class DraDaemon:
         self.registry = CollectorRegistry()
         self.metrics = DraMetrics(self.registry)
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
-        self.slices = _slice_publisher(api_client, node_name, self.driver_name, self.node, self.state)
-        consumers: list[ConfigConsumer] = [self, self.plugin]
-        if self.slices is not None:
-            consumers.append(self.slices)
+        self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state)
+        consumers: list[ConfigConsumer] = [self, self.plugin, self.slices]
         self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers)
         self.registry.register(DraCollector(self.driver, lambda: self.plugin.registered))
+        self.registry.register(self.slices.collector())
         self.registry.register(StateCollector(MetricSources(self.node, self.state, reloader=self.reloader)))
         self.metrics_server = (
             MetricsServer(self.registry, self._healthz, self._readyz, options.metrics_port, options.metrics_host, node=node_name) if options.metrics_port else None
@@ -109,16 +109,14 @@ class DraDaemon:
         self.monitor.start()
         self.plugin.start()
         self.claims.start()
-        if self.slices is not None:
-            self.slices.on_config(self.config, self.resources)
-            self.slices.start()
+        self.slices.on_config(self.config, self.resources)
+        self.slices.start()
         self.reloader.start(self.config, self._config_data)
         log.info("DRA driver %s: %d devices in pool %s", self.driver_name, len(self.driver.devices), self.options.node_name)
 
     def stop(self) -> None:
         self.reloader.stop()
-        if self.slices is not None:
-            self.slices.stop()
+        self.slices.stop()
         self.plugin.stop()
         self.claims.stop()
         self.monitor.stop()
@@ -126,12 +124,3 @@ class DraDaemon:
             self.metrics_server.stop()
         self.inventory.close()
 
-
-def _slice_publisher(api_client: Any, node_name: str, driver: str, node: Any, state: NodeState) -> Any:
-    """The ResourceSlice publisher (`dra.slices`), or None in a build without it (the kubelet plugin still serves)."""
-    try:
-        from ..dra.slices import SlicePublisher  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        log.warning("this build has no ResourceSlice publisher (deviceplugin.dra.slices): no devices are published for the scheduler")
-        return None
-    return SlicePublisher(api_client, node_name, driver, node, state)

@@ -61,6 +61,7 @@ class FakeDraKubelet:
         self.poll = poll
         self.drivers: dict[str, Driver] = {}
         self.refused: dict[Path, str] = {}
+        self.registrations = 0  # successful handshakes so far
         self._seen: dict[Path, int] = {}  # socket -> inode
         self._lock = threading.Condition()
         self._stop = threading.Event()
@@ -82,6 +83,11 @@ class FakeDraKubelet:
             if not self._lock.wait_for(lambda: name in self.drivers, timeout):
                 raise TimeoutError(f"driver {name} did not register within {timeout:g} s (refused: {self.refused})")
             return self.drivers[name]
+
+    def wait_registrations(self, count: int, timeout: float = 10.0) -> bool:
+        """Wait until `count` handshakes have succeeded (a restarted plugin registers again)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self.registrations >= count, timeout)
 
     def wait_deregistered(self, name: str, timeout: float = 10.0) -> bool:
         with self._lock:
@@ -182,6 +188,7 @@ class FakeDraKubelet:
             registration.NotifyRegistrationStatus(reg_pb.RegistrationStatus(plugin_registered=True), timeout=5)
         with self._lock:
             self.drivers[driver.name] = driver
+            self.registrations += 1
             self._lock.notify_all()
         threading.Thread(target=self._health, args=(driver,), name=f"health-{driver.name}", daemon=True).start()
 
