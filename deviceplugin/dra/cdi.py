@@ -4,6 +4,10 @@ One spec file per claim (`<driver>_<claim UID>.json` under the CDI root), one CD
 named `<claim UID>-<result index>` (unique per claim; runtimes cache specs, so a name is never reused for other
 content). Its containerEdits carry the grant (`ClaimShare.grant()`): environment, mounts, device nodes. IDs are
 `<vendor>/<class>=<name>` with kind `k8s.<driver>/claim`.
+
+Specs are replaced atomically (rename) but not fsynced: the CDI root is normally a tmpfs (`/var/run/cdi`), where
+a reboot loses them anyway, and the checkpoint (which is fsynced) is the record. A prepare of a claim already
+prepared writes its spec again when it is missing or does not parse (`CdiWriter.intact`).
 """
 
 from __future__ import annotations
@@ -67,8 +71,16 @@ class CdiWriter:
         """Write the claim's spec atomically; the path."""
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.spec_path(claim_uid)
-        atomic_write(path, json.dumps(self.spec(claim_uid, grants), indent=1).encode())
+        atomic_write(path, json.dumps(self.spec(claim_uid, grants), indent=1).encode(), durable=False)
         return path
+
+    def intact(self, path: str) -> bool:
+        """The spec file exists and is the JSON object this writer writes."""
+        try:
+            with open(path, "rb") as f:
+                return isinstance(json.load(f), dict)
+        except (OSError, ValueError):
+            return False
 
     def remove(self, path: str) -> None:
         """Remove a spec this driver wrote (already gone is fine)."""

@@ -1,13 +1,16 @@
-"""The driver's own record of prepared claims, by claim UID, in one JSON file.
+"""The driver's own record of prepared claims, by claim UID: one small JSON file per claim.
 
 NodeUnprepareResources names only a claim's UID, namespace and name, and the claim may be gone from the API, so
 what prepare did (the devices and shares each claim holds, its CDI spec) is written here before prepare answers.
 A restarted plugin, or another instance during a rolling update, reads it back: unprepare still removes the
 right spec, a repeated prepare returns the same CDI IDs, and the per-device share ledger is rebuilt from it.
 
-Writes are atomic (a temporary file in the same directory, fsync, rename, fsync of the directory), so a crash
-leaves the old file or the new one, never a mix. The file carries a CRC32 of its data; a file that does not
-parse or whose checksum is wrong is moved aside (`<name>.corrupt`) and logged, and the driver starts empty.
+One file per claim (`<dir>/<claim UID>.json`) keeps a prepare's write small whatever the number of claims. A write
+goes to a temporary file, is fsynced and renamed over the old one: a reader or a crashed process never sees half a
+record. The directory itself is not fsynced: only a kernel crash or a power loss can lose a rename, and those also
+end every container using the claim; the kubelet prepares each claim again before it starts them anew (and an
+unprepare of a claim not on record succeeds), so nothing is handed out twice. Each file carries a CRC32 of its
+record; one that does not parse or whose checksum is wrong is renamed `<name>.corrupt` and logged.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +28,15 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+SUFFIX = ".json"
+MAX_RECORDS = 65_536  # files read at start-up; far more than a node can hold
+MAX_RECORD_BYTES = 1024 * 1024
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def valid_uid(uid: str) -> bool:
+    """A UID that can name a record file (Kubernetes UIDs are UUIDs)."""
+    return _UID.fullmatch(uid) is not None
 
 
 @dataclass(frozen=True)
@@ -73,15 +86,17 @@ class PreparedClaim:
 
 
 class Checkpoint:
-    """The prepared claims, kept in memory and in `path`; not thread-safe (the driver serialises its callers).
+    """The prepared claims, kept in memory and in `directory`; not thread-safe (the driver serialises its callers).
 
-    `refresh()` re-reads the file when another process (a rolling-update twin, under the same file lock) wrote it.
+    `refresh()` reads the directory again when another process (a rolling-update twin, under the same file lock)
+    changed it.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
         self._claims: dict[str, PreparedClaim] = {}
-        self._stat: tuple[int, int, int] | None = None
+        self._stat: tuple[int, int] | None = None
         self.refresh()
 
     def __contains__(self, uid: str) -> bool:
@@ -97,73 +112,81 @@ class Checkpoint:
         return iter(list(self._claims.values()))
 
     def put(self, claim: PreparedClaim) -> None:
-        claims = {**self._claims, claim.uid: claim}
-        self._write(claims)
-        self._claims = claims
+        data = json.dumps(claim.to_json(), sort_keys=True, separators=(",", ":"))
+        record = f'{{"version":{FORMAT_VERSION},"checksum":{zlib.crc32(data.encode())},"claim":{data}}}'
+        atomic_write(self._path(claim.uid), record.encode())
+        self._claims = {**self._claims, claim.uid: claim}
+        self._stat = self._dir_stat()
 
     def remove(self, uid: str) -> None:
         if uid not in self._claims:
             return
-        claims = {k: v for k, v in self._claims.items() if k != uid}
-        self._write(claims)
-        self._claims = claims
+        try:
+            os.unlink(self._path(uid))
+        except FileNotFoundError:
+            pass
+        self._claims = {k: v for k, v in self._claims.items() if k != uid}
+        self._stat = self._dir_stat()
 
     def refresh(self) -> bool:
-        """Load the file if it changed since it was last read or written here; True when it was loaded."""
-        stat = self._file_stat()
+        """Read the records again if the directory changed since it was last read or written here; True if it was."""
+        stat = self._dir_stat()
         if stat == self._stat:
             return False
-        self._claims = self._load() if stat is not None else {}
-        self._stat = self._file_stat()
+        self._claims = self._load()
+        self._stat = self._dir_stat()
         return True
 
-    def _file_stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return None
-        return (st.st_ino, st.st_mtime_ns, st.st_size)
+    def _path(self, uid: str) -> Path:
+        if not valid_uid(uid):  # prepare.check_ref refuses such claims first
+            raise ValueError(f"claim UID {uid[:80]!r} is not a UID")
+        return self.directory / f"{uid}{SUFFIX}"
+
+    def _dir_stat(self) -> tuple[int, int]:
+        st = os.stat(self.directory)
+        return (st.st_ino, st.st_mtime_ns)
 
     def _load(self) -> dict[str, PreparedClaim]:
-        try:
-            outer = json.loads(self.path.read_bytes())
-            data = outer["data"]
-            if zlib.crc32(data.encode()) != outer["checksum"]:
-                raise ValueError("checksum mismatch")
-            content = json.loads(data)
-            if content.get("version") != FORMAT_VERSION:
-                raise ValueError(f"unknown format version {content.get('version')!r}")
-            return {c["uid"]: PreparedClaim.from_json(c) for c in content["claims"]}
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            aside = self.path.with_name(self.path.name + ".corrupt")
-            log.error("DRA checkpoint %s cannot be read (%s); moved to %s, starting with no prepared claims", self.path, err, aside)
+        claims: dict[str, PreparedClaim] = {}
+        for entry in sorted(os.scandir(self.directory), key=lambda e: e.name)[:MAX_RECORDS]:
+            if not entry.name.endswith(SUFFIX) or entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
             try:
-                os.replace(self.path, aside)
-            except OSError:
-                pass
-            return {}
+                if entry.stat().st_size > MAX_RECORD_BYTES:
+                    raise ValueError(f"over {MAX_RECORD_BYTES} bytes")
+                outer = json.loads(path.read_bytes())
+                if outer.get("version") != FORMAT_VERSION:
+                    raise ValueError(f"unknown format version {outer.get('version')!r}")
+                data = json.dumps(outer["claim"], sort_keys=True, separators=(",", ":"))
+                if zlib.crc32(data.encode()) != outer["checksum"]:
+                    raise ValueError("checksum mismatch")
+                claim = PreparedClaim.from_json(outer["claim"])
+                if f"{claim.uid}{SUFFIX}" != entry.name:
+                    raise ValueError(f"holds claim {claim.uid}")
+                claims[claim.uid] = claim
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                aside = path.with_name(path.name + ".corrupt")
+                log.error("DRA checkpoint record %s cannot be read (%s); moved to %s, that claim is not on record", path, err, aside)
+                try:
+                    os.replace(path, aside)
+                except OSError:
+                    pass
+        return claims
 
-    def _write(self, claims: dict[str, PreparedClaim]) -> None:
-        data = json.dumps({"version": FORMAT_VERSION, "claims": [c.to_json() for c in claims.values()]}, separators=(",", ":"))
-        atomic_write(self.path, json.dumps({"data": data, "checksum": zlib.crc32(data.encode())}).encode())
-        self._stat = self._file_stat()
 
-
-def atomic_write(path: Path, content: bytes) -> None:
-    """Write `content` to `path` so that a reader or a crash sees the old file or the new one, never a mix. The
-    temporary file's name starts with a dot, which CDI runtimes and the kubelet's plugin watcher skip."""
+def atomic_write(path: Path, content: bytes, durable: bool = True) -> None:
+    """Write `content` to `path` so that a reader, or a process that crashes, sees the old file or the new one,
+    never a mix; with `durable` the content is fsynced before the rename. The temporary file's name starts with a
+    dot, which CDI runtimes, the kubelet's plugin watcher and the checkpoint skip."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(content)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

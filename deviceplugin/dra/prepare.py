@@ -18,7 +18,6 @@ Prepare and unprepare are idempotent and serialised (`SerialLock`); the ledger i
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from ..logs import brief, safe_text
 from ..model.devices import Resource
 from ..state import NodeState
 from .cdi import CdiWriter, cdi_device_name, cdi_id
-from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice
+from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice, valid_uid
 from .devices import ClaimError, ClaimShare, DraDevice, by_name, claim_share, dra_devices
 from .health import unhealthy_reason
 from .lock import SerialLock
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 MAX_RESULTS_PER_CLAIM = 32  # the API's own bound on allocation results
 MAX_CONFIGS_PER_CLAIM = 64  # class and claim configs together (the API allows 32 claim configs)
 MAX_NAME_CHARS = 253
-MAX_UID_CHARS = 128
 MAX_CLAIMS_PER_CALL = 4096  # a pod's claims, or several pods' batched: far more is not a kubelet
 
 
@@ -181,9 +179,9 @@ class Driver:
         return holdings
 
     def _ensure_spec(self, known: PreparedClaim, ref: ClaimRef, allocation: Mapping[str, Any]) -> None:
-        """A prepared claim whose spec file is gone (the CDI root is a tmpfs and the node rebooted): write it again
-        under the same names, from the same allocation."""
-        if not known.cdi_spec or os.path.exists(known.cdi_spec):
+        """A prepared claim whose spec file is gone or damaged (the CDI root is a tmpfs and the node rebooted, or a
+        crash cut the file): write it again under the same names, from the same allocation."""
+        if not known.cdi_spec or self.cdi.intact(known.cdi_spec):
             return
         devices = self._devices
         results = [r for r in _list((allocation.get("devices") or {}).get("results"), "results", ref) if isinstance(r, Mapping) and r.get("driver") == self.driver]
@@ -249,8 +247,8 @@ class Outcome:
 
 def check_ref(ref: ClaimRef) -> None:
     """ClaimError for a claim identity no API object can have."""
-    if not ref.uid or len(ref.uid) > MAX_UID_CHARS:
-        raise ClaimError(f"claim {ref}: UID must have 1-{MAX_UID_CHARS} characters")
+    if not valid_uid(ref.uid):
+        raise ClaimError(f"claim {ref}: UID {safe_text(ref.uid)} is not a UID (1-128 letters, digits, '.', '_', '-')")
     if not ref.namespace or len(ref.namespace) > 63 or not ref.name or len(ref.name) > MAX_NAME_CHARS:
         raise ClaimError(f"claim {ref}: namespace (1-63 characters) and name (1-{MAX_NAME_CHARS}) are required")
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
-CHECKPOINT_FILE = "checkpoint.json"
+CHECKPOINT_DIR = "claims"
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class PluginPaths:
 
     @property
     def checkpoint(self) -> Path:
-        return self.data_dir / CHECKPOINT_FILE
+        return self.data_dir / CHECKPOINT_DIR
 
     def check(self) -> None:
         """StartupError when a socket path is longer than the kernel allows or not absolute."""

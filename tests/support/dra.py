@@ -24,7 +24,7 @@ def make_driver(directory: Path, pools: list[dict[str, Any]] | None = None, node
     info = node(node_name)
     config = parse_config({"version": "v1", "pools": pools or MPS_POOLS})
     driver = Driver(
-        DRIVER, info.name, Checkpoint(directory / "checkpoint.json"), CdiWriter(directory / "cdi", DRIVER), state or NodeState(), SerialLock(directory / "serialize.lock")
+        DRIVER, info.name, Checkpoint(directory / "claims"), CdiWriter(directory / "cdi", DRIVER), state or NodeState(), SerialLock(directory / "serialize.lock")
     )
     driver.on_config(config, build_resources(config, info))
     return driver

@@ -62,7 +62,7 @@ class FakeDraKubelet:
         self.drivers: dict[str, Driver] = {}
         self.refused: dict[Path, str] = {}
         self.registrations = 0  # successful handshakes so far
-        self._seen: dict[Path, int] = {}  # socket -> inode
+        self._seen: dict[Path, tuple[int, int]] = {}  # socket -> (inode, ctime): a recreated socket may reuse the inode
         self._lock = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="fake-dra-kubelet", daemon=True)
@@ -161,7 +161,7 @@ class FakeDraKubelet:
                 except FileNotFoundError:
                     continue
                 if stat.S_ISSOCK(st.st_mode) and not path.name.startswith("."):
-                    current[path] = st.st_ino
+                    current[path] = (st.st_ino, st.st_ctime_ns)
             for path in [p for p in self._seen if current.get(p) != self._seen[p]]:
                 self._deregister(path)
                 del self._seen[path]

@@ -46,6 +46,8 @@ def test_prepare_again_gives_the_same_answer_and_unprepare_undoes_it_once(tmp_pa
     assert driver.prepare(ref, body) == first and driver.ledger() == {"gpu-0": 2}
     Path(first.cdi_spec).unlink()  # a reboot emptied the CDI tmpfs; the checkpoint survived
     assert driver.prepare(ref, body) == first and Path(first.cdi_spec).exists()
+    Path(first.cdi_spec).write_text("")  # a crash cut it (specs are not fsynced)
+    assert driver.prepare(ref, body) == first and _env(first.cdi_spec)["GPU_SHARE_COUNT"] == "2"
     driver.unprepare(ref)
     driver.unprepare(ref)
     assert not Path(first.cdi_spec).exists() and driver.ledger() == {} and driver.prepared() == []
@@ -125,7 +127,23 @@ def test_a_batch_answers_every_claim_and_one_failure_touches_no_other(tmp_path: 
     assert unprepare_claims(driver, [good[0], bad[0]]) == {good[0].uid: "", bad[0].uid: ""}
 
 
-def test_a_corrupt_checkpoint_is_moved_aside(tmp_path: Path) -> None:
-    (tmp_path / "checkpoint.json").write_text('{"data": "{}", "checksum": 1}')
-    assert len(Checkpoint(tmp_path / "checkpoint.json")) == 0
-    assert (tmp_path / "checkpoint.json.corrupt").exists()
+def test_a_corrupt_checkpoint_record_is_moved_aside_and_the_others_load(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path)
+    kept, cut = claim([result("gpu-0", shares=1)]), claim([result("gpu-1", shares=2)])
+    driver.prepare(*kept)
+    driver.prepare(*cut)
+    record = tmp_path / "claims" / f"{cut[0].uid}.json"
+    record.write_text(record.read_text().replace('"shares":2', '"shares":1'))  # the checksum no longer matches
+    checkpoint = Checkpoint(tmp_path / "claims")
+    assert [c.uid for c in checkpoint.claims()] == [kept[0].uid]
+    assert (tmp_path / "claims" / f"{cut[0].uid}.json.corrupt").exists()
+
+
+def test_a_rolling_update_twin_sees_the_others_records_under_the_shared_lock(tmp_path: Path) -> None:
+    one, two = make_driver(tmp_path), make_driver(tmp_path)
+    first = claim([result("gpu-0", shares=3)])
+    one.prepare(*first)
+    with pytest.raises(ClaimError, match="hold 3 and this claim needs 2"):
+        two.prepare(*claim([result("gpu-0", shares=2)]))
+    two.unprepare(first[0])
+    assert one.prepare(*claim([result("gpu-0", shares=4)])).devices[0].shares == 4
