@@ -83,3 +83,18 @@ def test_the_daemonset_mounts_the_kubelets_directories_at_their_own_paths_and_ne
     device_plugin = _documents(ROOT / "daemonset" / "03-daemonset.yaml")[0]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     for dp_term in device_plugin["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]:
         assert {"key": "example.com/gpu-share.enabled", "operator": "In", "values": ["true"]} in dp_term["matchExpressions"]
+
+
+def test_the_dra_doc_lists_exactly_the_slice_publishers_metrics() -> None:
+    import re
+
+    from deviceplugin.dra.slices import SlicePublisher
+    from deviceplugin.state import NodeState
+
+    from .conftest import node
+
+    text = (ROOT / "docs" / "dra.md").read_text().split("### Slice publisher metrics")[1].split("\n## ")[0]
+    documented = set(re.findall(r"^\| `(gpushare_[a-z_]+)", text, flags=re.M))
+    publisher = SlicePublisher(None, "n", "gpu-share.example.com", node("2xT4"), NodeState())
+    exported = {s.name for m in publisher.collector().collect() for s in m.samples}
+    assert documented == exported

@@ -270,6 +270,7 @@ class SlicePublisher(BackgroundLoop):
             self._publish(devices)
         except Exception as err:
             self._failed("publish", err)
+            self._owner = None  # read the Node again: it may be gone, or new (another UID)
             self._retry_at = time.monotonic() + self._backoff()
             return self._retry_at - time.monotonic()
         self._failures, self._retry_at = 0, 0.0
@@ -350,6 +351,7 @@ class SlicePublisher(BackgroundLoop):
         while not self._stop.is_set():
             try:
                 _, version = self.api.list()
+                self._owner = None  # now and then, read the Node's UID again (a Node deleted and created anew)
                 self._changed()  # events between the previous watch and this list are not seen: look again
                 self._follow(version)
                 failures = 0
