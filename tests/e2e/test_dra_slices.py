@@ -157,3 +157,29 @@ def test_stop_ends_both_threads_promptly(publish: Any) -> None:
     publisher.stop()
     assert time.monotonic() - started < 1.0
     assert not publisher.running
+
+
+def test_two_writers_that_disagree_cost_a_few_writes_per_second_not_a_loop(controlplane: Any) -> None:
+    api = controlplane.api_client()
+    name = fresh("fight")
+    ready_node(api, name)
+    info = node("2xT4")
+    publishers = []
+    for replicas in (4, 8):  # two driver versions side by side, each sure of its own slices
+        config = parse_config_text(f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "fight")
+        publisher = SlicePublisher(api, name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, write_burst=3, write_rate=2.0)
+        publisher.on_config(config, build_resources(config, info))
+        publishers.append(publisher)
+    try:
+        started = time.monotonic()
+        for publisher in publishers:
+            publisher.start()
+        assert wait_until(lambda: all(p.stats.deferred > 0 for p in publishers), timeout=10)
+        time.sleep(2.0)  # let them fight: the bound below is per elapsed time
+        elapsed = time.monotonic() - started
+        for publisher in publishers:
+            writes = sum(publisher.stats.writes.values())
+            assert writes <= 3 + 2.0 * elapsed + 2, (writes, elapsed)
+    finally:
+        for publisher in publishers:
+            publisher.stop()
