@@ -129,3 +129,40 @@ def test_no_device_class_may_back_the_share_resource(installed: Any) -> None:
     assert "k distinct GPUs with one share each" in refused[-1] and "capacity: {requests: {shares: k}}" in refused[-1]
     cls["spec"]["extendedResourceName"] = "example.com/gpu-shared-elsewhere"
     apply(api, cls, dry_run=True)  # any other name is fine
+
+
+def test_the_dra_only_component_refuses_share_pods_with_the_claim_to_write(installed: Any, tmp_path: Any) -> None:
+    copy = tmp_path / "dra"
+    shutil.copytree(ROOT / "daemonset" / "dra", copy)
+    text = (copy / "kustomization.yaml").read_text().replace("# components:\n#   - optional/dra-only", "components:\n  - optional/dra-only")
+    (copy / "kustomization.yaml").write_text(text)
+    proc = subprocess.run([str(KUBECTL), "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rendered = [d for d in yaml.safe_load_all(proc.stdout) if d and d["metadata"]["name"] == "gpu-share-dra-only-share-requests"]
+    assert sorted(d["kind"] for d in rendered) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    api = installed.api_client()
+    ns = f"dra-only-{next(_ids)}"
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": ns, "labels": {"gpu-share-test": ns}}})
+    client.CoreV1Api(api).create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    for obj in rendered:
+        if obj["kind"] == "ValidatingAdmissionPolicyBinding":  # this namespace only: other tests share the API server
+            obj["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"gpu-share-test": ns}}}
+        apply(api, obj)
+
+    def pod(limits: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"generateName": "p-"}, "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1", "resources": {"limits": limits}}]}}
+
+    refused: list[str] = []
+
+    def refuses() -> bool:
+        try:
+            client.CoreV1Api(api).create_namespaced_pod(ns, pod({"example.com/gpu-share": "3"}), dry_run="All")
+        except client.ApiException as err:
+            assert err.status == 422, err
+            refused.append(str(err.body))
+            return True
+        return False
+
+    assert wait_until(refuses, timeout=10)
+    assert "container app asks for example.com/gpu-share, which no node serves" in refused[-1] and "capacity: {requests: {shares:" in refused[-1]
+    client.CoreV1Api(api).create_namespaced_pod(ns, pod({"example.com/gpu": "1"}), dry_run="All")  # whole GPUs are mapped: allowed
