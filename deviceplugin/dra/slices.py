@@ -7,6 +7,10 @@ slices at its start and 30 s after the driver's last connection ends; anyone may
 `resync_interval` as a safety net. The watch thread follows the same slices from the list's resourceVersion and
 only wakes the publish loop; its own writes wake it too, which costs one list that finds nothing to do.
 
+Rounds that write are rate-limited (a bucket of `write_burst`, refilled at `write_rate` per second): two writers
+that disagree about the slices (two driver versions side by side in a rolling update, a foreign controller) cost
+the API server a few writes per second, not a loop at its full speed. A taint change spends one token.
+
 Failures: a 409 (someone wrote in between) is read again and retried at once, `max_conflicts` times in a round;
 any other error ends the round and the loop retries after an exponential backoff (`backoff_initial` doubling to
 `backoff_max`), logged (repeats summarised) and counted (`stats`, and the `gpushare_dra_*` metrics of
@@ -141,6 +145,7 @@ class PublisherStats:
     conflicts: int = 0  # 409s, each read again
     errors: dict[str, int] = field(default_factory=lambda: {"publish": 0, "watch": 0})
     watches: int = 0  # watch streams opened
+    deferred: int = 0  # rounds whose writes waited for the rate limit
     slices: int = 0  # slices of the pool after the last successful round
     generation: int = 0  # the pool's generation after the last successful round
     tainted: int = 0  # devices with a taint in the last published pool
@@ -166,6 +171,8 @@ class SlicePublisher(BackgroundLoop):
         request_timeout: float = 10.0,
         watch_timeout: int = 300,
         max_conflicts: int = 5,
+        write_burst: int = 20,
+        write_rate: float = 2.0,
     ) -> None:
         super().__init__("dra-slices")
         self.node_name = node_name
@@ -177,6 +184,8 @@ class SlicePublisher(BackgroundLoop):
         self.backoff_max = backoff_max
         self.watch_timeout = watch_timeout
         self.max_conflicts = max_conflicts
+        self.write_burst = write_burst
+        self.write_rate = write_rate
         self.api = SliceApi(api_client, node_name, driver, request_timeout)
         self.stats = PublisherStats()
         self._devices: list[DraDevice] | None = None
@@ -188,6 +197,8 @@ class SlicePublisher(BackgroundLoop):
         self._failures = 0  # consecutive failed rounds
         self._retry_at = 0.0  # monotonic time before which a failed loop does not try again
         self._taints_of: tuple[Any, ...] | None = None
+        self._tokens = float(write_burst)  # write rounds that may start now
+        self._tokens_at = time.monotonic()
         self._unsubscribe: Callable[[], None] | None = None
         self._watch_thread: threading.Thread | None = None
         self._watch_response: Any = None
@@ -267,12 +278,18 @@ class SlicePublisher(BackgroundLoop):
         if wait > 0:  # backing off: a change does not cut the wait short
             return wait
         try:
-            self._publish(devices)
+            deferred = self._publish(devices)
         except Exception as err:
             self._failed("publish", err)
+            self._owner = None  # read the Node again: it may be gone, or new (another UID)
             self._retry_at = time.monotonic() + self._backoff()
             return self._retry_at - time.monotonic()
         self._failures, self._retry_at = 0, 0.0
+        if deferred:
+            self.stats.deferred += 1
+            self._errors.log(logging.WARNING, "rate", "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)", self.write_burst)
+            self._errors.flush()
+            return deferred
         with self._changes:
             self._published = max(self._published, wanted)
             self.stats.in_sync = self._published == self._wanted
@@ -290,8 +307,19 @@ class SlicePublisher(BackgroundLoop):
         self._errors.log(logging.WARNING, (loop, type(err), getattr(err, "status", None)), "DRA slices (%s) failed, retrying with backoff: %s", loop, text)
         self._errors.flush()
 
-    def _publish(self, devices: list[DraDevice]) -> None:
-        """List, plan and write until the stored slices are the pool (a 409 reads again)."""
+    def _take_token(self) -> float:
+        """0 when a writing round may start now (a token taken), else the seconds until one may."""
+        now = time.monotonic()
+        self._tokens = min(float(self.write_burst), self._tokens + (now - self._tokens_at) * self.write_rate)
+        self._tokens_at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return 0.0
+        return (1 - self._tokens) / self.write_rate
+
+    def _publish(self, devices: list[DraDevice]) -> float:
+        """List, plan and write until the stored slices are the pool (a 409 reads again); the seconds to wait when
+        writes are due but rate-limited, else 0."""
         if self._owner is None:
             self._owner = owner_reference(self.node_name, self.api.node_uid())
         view = self.state.snapshot()
@@ -303,21 +331,27 @@ class SlicePublisher(BackgroundLoop):
                 body["taints"] = taints
             rendered.append(body)
         pool = Pool(self.node_name, self.driver, self._owner, rendered)
-        for attempt in range(self.max_conflicts + 1):
+        conflicts = 0
+        while True:
             stored, _ = self.api.list()
             self.stats.rounds += 1
             plan = pool.plan(stored, self._adopted)
+            if plan.writes and not conflicts:
+                wait = self._take_token()
+                if wait:
+                    return wait
             try:
                 self._apply(plan)
             except ApiException as err:
-                if err.status != 409 or attempt == self.max_conflicts:
+                if err.status != 409 or conflicts == self.max_conflicts:
                     raise
+                conflicts += 1
                 self.stats.conflicts += 1
                 continue
             self.stats.slices = len(plan.desired)
             self.stats.generation = plan.generation
             self.stats.tainted = sum(1 for d in rendered if d.get("taints"))
-            return
+            return 0.0
 
     def _apply(self, plan: Plan) -> None:
         for stored in plan.deletes:
@@ -350,6 +384,7 @@ class SlicePublisher(BackgroundLoop):
         while not self._stop.is_set():
             try:
                 _, version = self.api.list()
+                self._owner = None  # now and then, read the Node's UID again (a Node deleted and created anew)
                 self._changed()  # events between the previous watch and this list are not seen: look again
                 self._follow(version)
                 failures = 0
@@ -397,6 +432,7 @@ class _SliceCollector(Collector):
         yield writes
         yield errors
         yield CounterMetricFamily("gpushare_dra_slice_conflicts", "409 conflicts on ResourceSlice writes (read again and retried).", value=stats.conflicts)
+        yield CounterMetricFamily("gpushare_dra_slice_deferred", "Publish rounds whose writes waited for the write rate limit.", value=stats.deferred)
         yield GaugeMetricFamily("gpushare_dra_slices", "ResourceSlices of the node's pool after the last successful round.", value=stats.slices)
         yield GaugeMetricFamily("gpushare_dra_pool_generation", "The pool's generation after the last successful round.", value=stats.generation)
         yield GaugeMetricFamily("gpushare_dra_tainted_devices", "Published devices with at least one taint.", value=stats.tainted)

@@ -68,6 +68,9 @@ def test_the_pool_is_published_as_slices_owned_by_the_node(publish: Any) -> None
     shared = next(d for d in spec["devices"] if d["name"] == "gpu-7")
     assert shared["allowMultipleAllocations"] is True and set(shared["capacity"]) == {"shares", "memory"}
     assert publisher.stats.errors == {"publish": 0, "watch": 0}
+    metrics = {(s.name, tuple(s.labels.items())): s.value for m in publisher.collector().collect() for s in m.samples}
+    assert metrics[("gpushare_dra_slice_writes_total", (("operation", "create"),))] == 1
+    assert metrics[("gpushare_dra_slices", ())] == 1 and metrics[("gpushare_dra_pool_generation", ())] == 1
 
 
 def test_more_than_64_devices_are_several_slices_and_no_device_is_one_empty_slice(publish: Any, tmp_path: Path, caplog: Any) -> None:
@@ -132,11 +135,14 @@ def test_the_kubelets_wipe_and_a_foreign_edit_are_repaired_at_once(publish: Any)
     assert wait_until(lambda: len(slices(api, name)[0]["spec"]["devices"]) == len(original["spec"]["devices"]), timeout=5)
 
 
-def test_a_missing_node_is_retried_with_backoff_counted_and_published_once_it_exists(publish: Any) -> None:
+def test_a_missing_node_is_retried_with_backoff_counted_and_published_once_it_exists(publish: Any, caplog: Any) -> None:
     name = fresh("late")
     publisher, _, _, _, api = publish(name=name, create_node=False)
     assert wait_until(lambda: publisher.stats.errors["publish"] >= 2, timeout=5)
     assert "404" in publisher.stats.last_error or "Not Found" in publisher.stats.last_error
+    assert "DRA slices (publish) failed, retrying with backoff" in caplog.text
+    errors = {tuple(s.labels.items()): s.value for m in publisher.collector().collect() for s in m.samples if m.name == "gpushare_dra_slice_errors"}
+    assert errors[(("loop", "publish"),)] >= 2
     assert not publisher.wait_published(0.05)
     ready_node(api, name)
     assert publisher.wait_published(5)
@@ -151,3 +157,29 @@ def test_stop_ends_both_threads_promptly(publish: Any) -> None:
     publisher.stop()
     assert time.monotonic() - started < 1.0
     assert not publisher.running
+
+
+def test_two_writers_that_disagree_cost_a_few_writes_per_second_not_a_loop(controlplane: Any) -> None:
+    api = controlplane.api_client()
+    name = fresh("fight")
+    ready_node(api, name)
+    info = node("2xT4")
+    publishers = []
+    for replicas in (4, 8):  # two driver versions side by side, each sure of its own slices
+        config = parse_config_text(f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "fight")
+        publisher = SlicePublisher(api, name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, write_burst=3, write_rate=2.0)
+        publisher.on_config(config, build_resources(config, info))
+        publishers.append(publisher)
+    try:
+        started = time.monotonic()
+        for publisher in publishers:
+            publisher.start()
+        assert wait_until(lambda: all(p.stats.deferred > 0 for p in publishers), timeout=10)
+        time.sleep(2.0)  # let them fight: the bound below is per elapsed time
+        elapsed = time.monotonic() - started
+        for publisher in publishers:
+            writes = sum(publisher.stats.writes.values())
+            assert writes <= 3 + 2.0 * elapsed + 2, (writes, elapsed)
+    finally:
+        for publisher in publishers:
+            publisher.stop()

@@ -28,10 +28,13 @@ def namespace(api: Any, name: str) -> str:
     return name
 
 
-def request(api: Any, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None) -> Any:
-    """A JSON request as the admin; raises ApiException on an error status."""
+def request(api: Any, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None,
+            content_type: str = "application/json") -> Any:
+    """A JSON request with `api`'s credentials; raises ApiException on an error status."""
+    if body is not None and content_type != "application/json":
+        body = json.dumps(body)
     params = api.param_serialize(method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-                                 header_params={"Accept": "application/json", "Content-Type": "application/json"})
+                                 header_params={"Accept": "application/json", "Content-Type": content_type})
     response = api.call_api(*params, _request_timeout=30)
     data = response.read()
     if not 200 <= response.status <= 299:
@@ -42,3 +45,24 @@ def request(api: Any, method: str, path: str, body: Any = None, query: list[tupl
 def slices(api: Any, node: str) -> list[dict[str, Any]]:
     found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={node}")])
     return sorted(found["items"], key=lambda s: s["metadata"]["name"])
+
+
+# Where each kind the manifests hold lives: (API path prefix, plural, namespaced).
+_KINDS = {
+    "ConfigMap": ("/api/v1", "configmaps", True),
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "DaemonSet": ("/apis/apps/v1", "daemonsets", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
+    "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
+    "ValidatingAdmissionPolicyBinding": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
+}
+
+
+def apply(api: Any, obj: dict[str, Any], dry_run: bool = False) -> Any:
+    """Server-side apply of one manifest object (created or updated; the API server validates it fully)."""
+    prefix, plural, namespaced = _KINDS[obj["kind"]]
+    where = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
+    query: list[tuple[str, Any]] = [("fieldManager", "gpu-share-tests"), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
+    return request(api, "PATCH", f"{prefix}{where}/{plural}/{obj['metadata']['name']}", obj, query, "application/apply-patch+yaml")

@@ -106,3 +106,15 @@ def test_slice_names_are_dns_subdomains_unique_and_ordered_by_index(node: str) -
     assert names == sorted(names) and len(set(names)) == 12
     for name in names:
         assert len(name) <= 253 and all(part and part[0].isalnum() and part[-1].isalnum() for part in name.split("."))
+
+
+def test_the_pool_and_the_taints_load_no_transport() -> None:
+    """Like the core (tests/unit/test_transport_free.py): the slice layout and the taints are plain data."""
+    import json
+    import subprocess
+    import sys
+
+    probe = ("import json, sys; import deviceplugin.dra.pool, deviceplugin.dra.taints; "
+             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'prometheus_client', 'kubernetes') or m.startswith('google.protobuf'))))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert loaded == []
