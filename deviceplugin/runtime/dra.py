@@ -1,6 +1,6 @@
 """The composition root of `gpu-share run --api dra`: the DRA driver on a node.
 
-Config plan and discovery (`runtime.plan`), NodeState with the health monitor, the kubelet plugin (`dra.kubeletplugin`:
+Config plan and discovery (`runtime.plan`), NodeState with the health monitor and MPS readiness, the kubelet plugin (`dra.kubeletplugin`:
 serve, then register), the claim reader's watch cache, the ResourceSlice publisher (`dra.slices`), metrics with
 `/healthz` and `/readyz`, and hot reload fanning out to all of them. `stop` undoes `start` in reverse order and
 removes only this instance's sockets.
@@ -25,10 +25,12 @@ from ..dra.devices import driver_name
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
 from ..dra.prepare import Driver
+from ..dra.mpsready import MpsReadiness
 from ..dra.registration import PluginPaths
 from ..dra.slices import SlicePublisher
 from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
+from ..mps.control import MpsLiveness
 from ..model.devices import Resource
 from ..obs.drametrics import DraCollector, DraMetrics
 from ..obs.http import MetricsServer
@@ -66,6 +68,7 @@ class DraDaemon:
         self.driver_name = driver_name(self.config.domain)
         self.state = NodeState()
         self.monitor = HealthMonitor(inventory, self.node, self.state, options.health)
+        self.mps = MpsReadiness(self.state, MpsLiveness(options.mps_control), self.resources, options.timings.watch_interval)
         self.paths = PluginPaths(dra.registrar_dir, dra.plugins_dir, self.driver_name, dra.instance)
         self.paths.check()
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
@@ -78,7 +81,7 @@ class DraDaemon:
         self.metrics = DraMetrics(self.registry)
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
         self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state)
-        consumers: list[ConfigConsumer] = [self, self.plugin, self.slices]
+        consumers: list[ConfigConsumer] = [self, self.mps, self.plugin, self.slices]
         self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers)
         self.registry.register(DraCollector(self.driver, lambda: self.plugin.registered))
         self.registry.register(self.slices.collector())
@@ -107,6 +110,7 @@ class DraDaemon:
         if self.metrics_server:
             self.metrics_server.start()
         self.monitor.start()
+        self.mps.start()
         self.plugin.start()
         self.claims.start()
         self.slices.on_config(self.config, self.resources)
@@ -119,6 +123,7 @@ class DraDaemon:
         self.slices.stop()
         self.plugin.stop()
         self.claims.stop()
+        self.mps.stop()
         self.monitor.stop()
         if self.metrics_server:
             self.metrics_server.stop()

@@ -8,6 +8,7 @@ import json
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -18,13 +19,17 @@ import pytest
 import yaml
 
 from deviceplugin.dra.devices import ClaimError, driver_name
-from tests.conftest import EXAMPLES, GPU_CLI, wait_until
+from deviceplugin.alloc.plan import build_resources
+from deviceplugin.api import dra_health_v1alpha1_pb2 as health_pb
+from deviceplugin.config.parse import parse_config
+from deviceplugin.mps.control import MpsDaemon
+from tests.conftest import EXAMPLES, GPU_CLI, ROOT, node, wait_until
 from tests.support.dra_kubelet import FakeDraKubelet, PrepareError
 from tests.support.kubeobjects import namespace, ready_node, request, slices
 
 DRIVER = driver_name("example.com")
 T4_MIB = 15360
-CONFIG = {"version": "v1", "pools": [{"name": "mps", "mode": "shared", "replicas": 4, "backend": "mps"}]}
+POOL = {"name": "mps", "mode": "shared", "replicas": 4, "backend": "mps"}
 _names = itertools.count()
 
 
@@ -33,22 +38,34 @@ def fresh(prefix: str) -> str:
 
 
 class Driver:
-    """One `gpu-share run --api dra` subprocess and the fake kubelet watching its registration directory."""
+    """One `gpu-share run --api dra` subprocess, the fake kubelet watching its registration directory, and the MPS
+    pool's control daemon (the fake nvidia-cuda-mps-control, supervised here as `gpu-share mps` would)."""
 
     def __init__(self, controlplane: Any, node_name: str) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="gs-e2e-", dir="/tmp"))
         (self.root / "plugins_registry").mkdir()
-        (self.root / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+        config = {"version": "v1", "mpsRoot": str(self.root / "mps"), "pools": [POOL]}
+        (self.root / "config.yaml").write_text(yaml.safe_dump(config))
+        binary = self.root / "nvidia-cuda-mps-control"
+        binary.write_text(f"#!{sys.executable}\n" + (ROOT / "tests" / "support" / "fake_mps_control.py").read_text())
+        binary.chmod(0o755)
+        resource = build_resources(parse_config(config), node("2xT4"))[0]
+        self.mps = MpsDaemon(resource, str(self.root / "mps"), binary=str(binary), backoff_initial=0.05, backoff_max=0.2)
+        self.mps.start()
         self.node_name = node_name
         self.cdi = self.root / "cdi"
         self.args = [
             *GPU_CLI, "run", "--api", "dra", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--config", str(self.root / "config.yaml"),
             "--kubeconfig", str(controlplane.admin_kubeconfig), "--node-name", node_name, "--kubelet-root", str(self.root),
-            "--cdi-root", str(self.cdi), "--metrics-port", "0", "--health-checks", "false",
+            "--cdi-root", str(self.cdi), "--metrics-port", "0", "--health-checks", "false", "--mps-control", str(binary),
         ]
         self.kubelet = FakeDraKubelet(self.root / "plugins_registry").start()
         self.proc: subprocess.Popen[str] | None = None
         self.logs: list[str] = []
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Both devices Healthy in the health stream (the MPS pool's daemon answers)."""
+        self.kubelet.wait_health(DRIVER, lambda h: len(h) == 2 and all(v[0] == health_pb.HEALTHY for v in h.values()), timeout)
 
     def start(self) -> None:
         log = open(self.root / f"run-{len(self.logs)}.log", "w")
@@ -69,6 +86,7 @@ class Driver:
             self.proc.kill()
             self.proc.wait(10)
         self.kubelet.stop()
+        self.mps.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -128,6 +146,7 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
     driver = dra(node_name)
     kubelet_driver = driver.kubelet.wait_registered(DRIVER, timeout=30)
     assert kubelet_driver.service == "v1.DRAPlugin", driver.log()
+    driver.wait_healthy()
     assert wait_until(lambda: len(slices(api, node_name)) == 1, 30), driver.log()
     assert {d["name"] for d in slices(api, node_name)[0]["spec"]["devices"]} == {"gpu-0", "gpu-1"}
     controlplane.scheduler({}, name=fresh("dra-node"))
@@ -186,6 +205,7 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
     ns = namespace(api, fresh("dra-kill"))
     driver = dra(node_name)
     driver.kubelet.wait_registered(DRIVER, timeout=30)
+    driver.wait_healthy()
     claim = _allocate(api, _claim(api, ns, "c", "any", 3), node_name, "gpu-1", 3)
     ref = _ref(claim)
     (device,) = driver.kubelet.prepare(DRIVER, [ref])[ref[2]]
@@ -198,6 +218,7 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
     assert driver.stop(signal.SIGKILL) == -signal.SIGKILL
     driver.start()  # the kubelet sees the registration socket recreated and registers the new process
     assert driver.kubelet.wait_registrations(registrations + 1, 30), driver.log()
+    driver.wait_healthy()
     again = driver.kubelet.prepare(DRIVER, [ref])[ref[2]]  # nothing prepared twice: the same answer from the checkpoint
     assert [list(d.cdi_device_ids) for d in again] == [list(device.cdi_device_ids)]
     other = _allocate(api, _claim(api, ns, "d", "any", 2), node_name, "gpu-1", 2)

@@ -147,3 +147,26 @@ def test_a_rolling_update_twin_sees_the_others_records_under_the_shared_lock(tmp
         two.prepare(*claim([result("gpu-0", shares=2)]))
     two.unprepare(first[0])
     assert one.prepare(*claim([result("gpu-0", shares=4)])).devices[0].shares == 4
+
+
+def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Path) -> None:
+    from deviceplugin.dra.mpsready import MpsReadiness
+
+    class Liveness:
+        answers = False
+
+        def ready(self, paths) -> bool:
+            return self.answers
+
+    state, liveness = NodeState(), Liveness()
+    driver = make_driver(tmp_path, state=state)
+    readiness = MpsReadiness(state, liveness, [d.resource for d in driver.devices[:1]], interval=1.0)  # type: ignore[arg-type]
+    assert state.snapshot().unavailable_pools == {"s"}  # not ready before the first answer
+    readiness.check()
+    with pytest.raises(ClaimError, match="the MPS control daemon of pool s is not ready"):
+        driver.prepare(*claim([result("gpu-0", shares=1)]))
+    liveness.answers = True
+    readiness.check()
+    assert driver.prepare(*claim([result("gpu-0", shares=1)])).devices[0].shares == 1
+    readiness.on_config(None, [])  # the pool is gone from the config: no longer held back
+    assert state.snapshot().unavailable_pools == frozenset()
