@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import json
 import shutil
 import signal
@@ -23,7 +24,7 @@ from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import dra_health_v1alpha1_pb2 as health_pb
 from deviceplugin.config.parse import parse_config
 from deviceplugin.mps.control import MpsDaemon
-from tests.conftest import EXAMPLES, GPU_CLI, ROOT, node, wait_until
+from tests.conftest import EXAMPLES, GPU_CLI, ROOT, free_port, get, node, wait_until
 from tests.support.dra_kubelet import FakeDraKubelet, PrepareError
 from tests.support.kubeobjects import namespace, ready_node, request, slices
 
@@ -41,7 +42,7 @@ class Driver:
     """One `gpu-share run --api dra` subprocess, the fake kubelet watching its registration directory, and the MPS
     pool's control daemon (the fake nvidia-cuda-mps-control, supervised here as `gpu-share mps` would)."""
 
-    def __init__(self, controlplane: Any, node_name: str) -> None:
+    def __init__(self, controlplane: Any, node_name: str, metrics_port: int = 0) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="gs-e2e-", dir="/tmp"))
         (self.root / "plugins_registry").mkdir()
         config = {"version": "v1", "mpsRoot": str(self.root / "mps"), "pools": [POOL]}
@@ -57,7 +58,7 @@ class Driver:
         self.args = [
             *GPU_CLI, "run", "--api", "dra", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--config", str(self.root / "config.yaml"),
             "--kubeconfig", str(controlplane.admin_kubeconfig), "--node-name", node_name, "--kubelet-root", str(self.root),
-            "--cdi-root", str(self.cdi), "--metrics-port", "0", "--health-checks", "false", "--mps-control", str(binary),
+            "--cdi-root", str(self.cdi), "--metrics-port", str(metrics_port), "--metrics-bind-address", "127.0.0.1", "--health-checks", "false", "--mps-control", str(binary),
         ]
         self.kubelet = FakeDraKubelet(self.root / "plugins_registry").start()
         self.proc: subprocess.Popen[str] | None = None
@@ -94,8 +95,8 @@ class Driver:
 def dra(controlplane: Any) -> Iterator[Any]:
     drivers: list[Driver] = []
 
-    def start(node_name: str) -> Driver:
-        driver = Driver(controlplane, node_name)
+    def start(node_name: str, metrics_port: int = 0) -> Driver:
+        driver = Driver(controlplane, node_name, metrics_port)
         drivers.append(driver)
         driver.start()
         return driver
@@ -124,6 +125,14 @@ def _allocate(api: Any, claim: dict[str, Any], node_name: str, device: str, shar
     return request(api, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{meta['namespace']}/resourceclaims/{meta['name']}/status", claim)
 
 
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
 def _ref(claim: dict[str, Any]) -> tuple[str, str, str]:
     meta = claim["metadata"]
     return (meta["namespace"], meta["name"], meta["uid"])
@@ -143,7 +152,8 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
     request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses",
             {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": device_class},
              "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
-    driver = dra(node_name)
+    port = free_port()
+    driver = dra(node_name, port)
     kubelet_driver = driver.kubelet.wait_registered(DRIVER, timeout=30)
     assert kubelet_driver.service == "v1.DRAPlugin", driver.log()
     driver.wait_healthy()
@@ -191,6 +201,17 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={shares * T4_MIB // 4}M"
         assert env["GPU_SHARE_COUNT"] == str(shares)
     assert held == {"gpu-0": 4, "gpu-1": 4}, held  # the scheduler never gives a device more than its 4 shares
+    assert get(f"http://127.0.0.1:{port}/readyz")[0] == 200
+    samples = _scrape(port)
+    assert samples[("gpushare_dra_prepared_claims", (("node", node_name),))] == 4
+    assert {labels: v for (name, labels), v in samples.items() if name == "gpushare_dra_shares_prepared"} == {
+        (("device", "gpu-0"), ("gpu", "0"), ("node", node_name), ("uuid", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000")): 4,
+        (("device", "gpu-1"), ("gpu", "1"), ("node", node_name), ("uuid", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000001")): 4,
+    }
+    assert samples[("gpushare_dra_claims_total", (("node", node_name), ("operation", "prepare"), ("result", "ok")))] == 4
+    exported = {re.sub(r"_(bucket|count|sum)$", "", name) for name, _ in samples if name.startswith("gpushare_dra_") and not name.endswith("_created")}
+    documented = set(re.findall(r"^\| `(gpushare_dra_[a-z_]+)", (ROOT / "docs" / "metrics.md").read_text() + (ROOT / "docs" / "dra.md").read_text(), flags=re.M))
+    assert exported == documented, (sorted(exported - documented), sorted(documented - exported))
     driver.kubelet.unprepare(DRIVER, [_ref(c) for _, c in claims.values()])
     assert not list(driver.cdi.glob("*.json"))
     assert driver.stop() == 0
