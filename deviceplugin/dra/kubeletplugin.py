@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 MAX_HEALTH_STREAMS = 8  # the kubelet opens one per connection; the rest are debugging clients
 FETCH_WORKERS = 4  # claims of one batch read from the API in parallel
+DEADLINE_MARGIN = 5.0  # seconds before the kubelet's deadline (45 s) at which no further claim is begun
 
 
 @dataclass(frozen=True)
@@ -140,9 +141,11 @@ class KubeletPlugin:
             self._dra_server = None
 
     # --- prepare / unprepare ------------------------------------------------------------------------
-    async def prepare(self, refs: list[ClaimRef]) -> dict[str, Outcome]:
+    async def prepare(self, refs: list[ClaimRef], time_remaining: float | None = None) -> dict[str, Outcome]:
+        """`time_remaining`: seconds to the call's deadline; claims not begun DEADLINE_MARGIN before it fail."""
         started = time.perf_counter()
-        outcomes = await asyncio.get_running_loop().run_in_executor(self._pool, prepare_claims, self.driver, self.read, refs, self._fetch)
+        deadline = None if time_remaining is None else time.monotonic() + time_remaining - DEADLINE_MARGIN
+        outcomes = await asyncio.get_running_loop().run_in_executor(self._pool, prepare_claims, self.driver, self.read, refs, self._fetch, deadline)
         if self.metrics:
             self.metrics.called("prepare", time.perf_counter() - started, sum(1 for o in outcomes.values() if not o.error), sum(1 for o in outcomes.values() if o.error))
         for uid, outcome in outcomes.items():
@@ -216,7 +219,7 @@ class _DraService:
 
     async def NodePrepareResources(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         refs = await self._refs(request, context)
-        outcomes = await self.plugin.prepare(refs)
+        outcomes = await self.plugin.prepare(refs, context.time_remaining())
         api = self.api
         response = api.NodePrepareResourcesResponse()
         for ref in refs:

@@ -18,6 +18,7 @@ Prepare and unprepare are idempotent and serialised (`SerialLock`); the ledger i
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -253,13 +254,24 @@ def check_ref(ref: ClaimRef) -> None:
         raise ClaimError(f"claim {ref}: namespace (1-63 characters) and name (1-{MAX_NAME_CHARS}) are required")
 
 
-def prepare_claims(driver: Driver, read: ClaimReader, refs: Sequence[ClaimRef], fetch: Executor | None = None) -> dict[str, Outcome]:
+def prepare_claims(
+    driver: Driver, read: ClaimReader, refs: Sequence[ClaimRef], fetch: Executor | None = None, deadline: float | None = None
+) -> dict[str, Outcome]:
     """NodePrepareResources for a batch: one outcome per distinct UID. Claims are read first (in `fetch`, when
-    given and there are several), then prepared one by one; a claim's failure never affects another's."""
+    given and there are several), then prepared one by one; a claim's failure never affects another's. A claim not
+    begun by `deadline` (time.monotonic()) fails with a message, so the call answers before the kubelet gives up."""
+
+    def late(ref: ClaimRef) -> str | None:
+        if deadline is not None and time.monotonic() > deadline:
+            return f"claim {ref}: not prepared, the call's deadline was near (the kubelet asks again)"
+        return None
 
     def read_one(ref: ClaimRef) -> Mapping[str, Any] | str:
         try:
             check_ref(ref)
+            too_late = late(ref)
+            if too_late:
+                return too_late
             return read(ref)
         except ClaimError as err:
             return str(err)
@@ -273,6 +285,10 @@ def prepare_claims(driver: Driver, read: ClaimReader, refs: Sequence[ClaimRef], 
     for ref, claim in zip(unique, claims):
         if isinstance(claim, str):
             outcomes[ref.uid] = Outcome(None, claim)
+            continue
+        too_late = late(ref)
+        if too_late:
+            outcomes[ref.uid] = Outcome(None, too_late)
             continue
         try:
             outcomes[ref.uid] = Outcome(driver.prepare(ref, claim))

@@ -170,3 +170,43 @@ def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Pat
     assert driver.prepare(*claim([result("gpu-0", shares=1)])).devices[0].shares == 1
     readiness.on_config(None, [])  # the pool is gone from the config: no longer held back
     assert state.snapshot().unavailable_pools == frozenset()
+
+
+def test_claims_not_begun_before_the_deadline_fail_with_a_message(tmp_path: Path) -> None:
+    import time
+
+    driver = make_driver(tmp_path)
+    ref, body = claim([result("gpu-0", shares=1)])
+    outcomes = prepare_claims(driver, lambda r: body, [ref], deadline=time.monotonic() - 1)
+    assert "deadline was near" in outcomes[ref.uid].error and driver.ledger() == {}
+
+
+def test_two_instances_serialise_on_the_lock_file(tmp_path: Path) -> None:
+    import threading
+
+    from deviceplugin.dra.lock import SerialLock
+
+    first, second = SerialLock(tmp_path / "serialize.lock"), SerialLock(tmp_path / "serialize.lock")  # two open file descriptions
+    entered = threading.Event()
+
+    def take() -> None:
+        with second:
+            entered.set()
+
+    with first:
+        thread = threading.Thread(target=take)
+        thread.start()
+        assert not entered.wait(0.3)  # held by the other instance
+    assert entered.wait(5)
+    thread.join()
+
+
+def test_rolling_update_socket_names_carry_the_pod_uid() -> None:
+    from deviceplugin.dra.registration import PluginPaths
+
+    plain = PluginPaths(Path("/var/lib/kubelet/plugins_registry"), Path("/var/lib/kubelet/plugins"), DRIVER)
+    twin = PluginPaths(plain.registrar_dir, plain.plugins_dir, DRIVER, instance="0b9a-uid")
+    assert (str(plain.dra_socket), str(plain.registration_socket)) == (
+        "/var/lib/kubelet/plugins/gpu-share.example.com/dra.sock", "/var/lib/kubelet/plugins_registry/gpu-share.example.com-reg.sock")
+    assert (twin.dra_socket.name, twin.registration_socket.name) == ("dra-0b9a-uid.sock", "gpu-share.example.com-0b9a-uid-reg.sock")
+    assert twin.checkpoint == plain.checkpoint  # the records are shared
