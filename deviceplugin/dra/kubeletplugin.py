@@ -97,9 +97,9 @@ class KubeletPlugin:
 
     def stop(self) -> None:
         self._unsubscribe()
-        if self.started:
+        if self._dra_server is not None or self._reg_server is not None:  # also after a start that failed halfway
             self._loop.run(self._stop())
-            self.started = False
+        self.started = False
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._fetch.shutdown(wait=False, cancel_futures=True)
 
@@ -119,14 +119,14 @@ class KubeletPlugin:
         health_grpc.add_DRAResourceHealthServicer_to_server(_HealthService(self), dra)
         _remove_socket(self.paths.dra_socket)
         dra.add_insecure_port(f"unix://{self.paths.dra_socket}")
-        await dra.start()
         self._dra_server = dra
+        await dra.start()
         registration = grpc.aio.server()
         reg_grpc.add_RegistrationServicer_to_server(self.registration, registration)
         _remove_socket(self.paths.registration_socket)
         registration.add_insecure_port(f"unix://{self.paths.registration_socket}")
-        await registration.start()  # only now may the kubelet see us: the DRA socket already answers
         self._reg_server = registration
+        await registration.start()  # only now may the kubelet see us: the DRA socket already answers
 
     async def _stop(self) -> None:
         if self._reg_server is not None:  # the kubelet deregisters on the socket's removal
