@@ -228,7 +228,10 @@ class SlicePublisher(BackgroundLoop):
         self._wake.set()
         with self._watch_lock:
             if self._watch_response is not None:
-                self._watch_response.shutdown()  # wakes the blocked read
+                try:
+                    self._watch_response.shutdown()  # wakes the blocked read
+                except OSError:  # the stream has just ended and its socket is closed: nothing is blocked on it
+                    pass
         if self._watch_thread is not None:
             self._watch_thread.join()
         self._stop_thread()
