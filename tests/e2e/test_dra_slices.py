@@ -100,11 +100,14 @@ def test_more_than_64_devices_are_several_slices_and_no_device_is_one_empty_slic
 def test_an_xid_taints_the_gpu_and_its_mig_instances_within_a_second_and_recovery_removes_it(publish: Any) -> None:
     publisher, state, info, name, api = publish()
     assert publisher.wait_published(10)
+    assert wait_until(lambda: publisher.stats.watches >= 1, timeout=5) and publisher.wait_published(5)  # the watch's first look
+    lists, updates = publisher.stats.rounds, publisher.stats.writes["update"]
     gpu0 = info.gpus[0]
     started = time.monotonic()
     state.set_health({gpu0.uuid: "XID 79"}, frozenset({gpu0.uuid}))
     assert publisher.wait_published(1.0)
     took = time.monotonic() - started
+    assert (publisher.stats.rounds, publisher.stats.writes["update"]) == (lists, updates + 1)  # one PUT, no list
     devices = slices(api, name)[0]["spec"]["devices"]
     tainted = {d["name"]: d.get("taints", []) for d in devices}
     assert took < 1.0
