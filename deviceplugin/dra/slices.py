@@ -209,7 +209,7 @@ class SlicePublisher(BackgroundLoop):
         self._watch_thread: threading.Thread | None = None
         self._watch_response: Any = None
         self._watch_lock = threading.Lock()
-        self._errors = RepeatLimiter(log)
+        self._errors = {"publish": RepeatLimiter(log), "watch": RepeatLimiter(log)}  # one per thread
 
     # --- the interface ----------------------------------------------------------------------------
     def on_config(self, config: Config, resources: list[Resource]) -> None:
@@ -297,8 +297,9 @@ class SlicePublisher(BackgroundLoop):
         self._failures, self._retry_at = 0, 0.0
         if deferred:
             self.stats.deferred += 1
-            self._errors.log(logging.WARNING, "rate", "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)", self.write_burst)
-            self._errors.flush()
+            limiter = self._errors["publish"]
+            limiter.log(logging.WARNING, "rate", "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)", self.write_burst)
+            limiter.flush()
             return deferred
         with self._changes:
             self._published = max(self._published, wanted)
@@ -314,8 +315,9 @@ class SlicePublisher(BackgroundLoop):
         text = f"{type(err).__name__}: {safe_text(str(err), 300)}"
         self.stats.errors[loop] += 1
         self.stats.last_error = text
-        self._errors.log(logging.WARNING, (loop, type(err), getattr(err, "status", None)), "DRA slices (%s) failed, retrying with backoff: %s", loop, text)
-        self._errors.flush()
+        limiter = self._errors[loop]
+        limiter.log(logging.WARNING, (type(err), getattr(err, "status", None)), "DRA slices (%s) failed, retrying with backoff: %s", loop, text)
+        limiter.flush()
 
     def _take_token(self) -> float:
         """0 when a writing round may start now (a token taken), else the seconds until one may."""
