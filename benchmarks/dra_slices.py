@@ -1,6 +1,7 @@
 """DRA slices on a real API server (KUBEBUILDER_ASSETS: etcd + kube-apiserver; skipped without): the pool of the
-8xA100-80GB-mig node (examples/config/mig-mixed.yaml) published after the publisher starts, an XID's taint visible
-in the API, and the slices back after the kubelet's wipe."""
+8xA100-80GB-mig node (examples/config/mig-mixed.yaml) published after the publisher starts, an XID's taint written
+and visible in the API (once the publisher is steady: its watch running), and the slices back after the kubelet's
+wipe."""
 
 from __future__ import annotations
 
@@ -67,6 +68,9 @@ def run(smoke: bool = False) -> dict:
             publish.append(time.perf_counter() - started)
             devices = sum(len(s["spec"].get("devices", [])) for s in request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices",
                                                                               query=[("fieldSelector", f"spec.nodeName={name}")])["items"])
+            while publisher.stats.watches < 1:  # steady state: the watch has had its first look
+                time.sleep(0.005)
+            publisher.wait_published(5)
             gpu = info.gpus[i % len(info.gpus)]
             started = time.perf_counter()
             state.set_health({gpu.uuid: "XID 79"}, frozenset({gpu.uuid}))

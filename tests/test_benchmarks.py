@@ -30,6 +30,6 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     abuse = hostile["metrics_abuse"]
     assert abuse["holding"]["threads"] <= abuse["before"]["threads"] + 1 and abuse["flooding"]["scrapes_failed"] == 0
     dra = results["dra_slices-smoke"]
-    assert "skipped" in dra or (dra["devices"] > 0 and dra["xid_to_taint_visible"]["max_ms"] < 1000)
+    assert "skipped" in dra or (dra["devices"] == 20 and dra["rounds"] == 3 and dra["xid_to_taint_visible"]["max_ms"] > 0)
     for name in ("admission", "scale", "recovery", "footprint", "scrape", "extender", "hostile"):
         assert proc.stdout.count(f"\n{name}\n") + proc.stdout.startswith(f"{name}\n") == 1

@@ -130,7 +130,7 @@ class Pool:
         top = max((s.generation for s in stored), default=0)
         missing = [n for n in names if n not in matched]
         specs = self.specs(top)
-        changed = [n for n, s in matched.items() if not self._same(s, specs[n], adopted.get(n))]
+        changed = [n for n, s in matched.items() if not self.matches(s, specs[n], adopted.get(n))]
         if missing or len(changed) > 1:
             specs = self.specs(top + 1)
             changed = list(matched)
@@ -139,7 +139,8 @@ class Pool:
         creates = [self._object(n, specs[n], None) for n in missing]
         return Plan(generation, tuple(deletes), tuple(updates), tuple(creates), specs)
 
-    def _same(self, stored: Stored, spec: Mapping[str, Any], adopted: Any) -> bool:
+    def matches(self, stored: Stored, spec: Mapping[str, Any], adopted: Any = None) -> bool:
+        """The stored slice is `spec`, owned by the Node (or what the server kept of it: `adopted`)."""
         if not any(o.get("uid") == self.owner["uid"] and o.get("controller") for o in stored.owners):
             return False
         have = canonical(stored.spec)

@@ -1,11 +1,14 @@
 """The slice publisher: keeps the node's ResourceSlices equal to its devices and their taints (docs/dra.md).
 
-Two threads. The publish loop lists the node's slices of this driver (field selector `spec.driver`, `spec.nodeName`),
-plans the writes (`dra.pool`) and makes them; it runs when the config's devices change (`on_config`), when the
-taints change (a NodeState subscriber), when the watch sees any change of those slices (the kubelet wipes a node's
-slices at its start and 30 s after the driver's last connection ends; anyone may edit or delete them), and every
-`resync_interval` as a safety net. The watch thread follows the same slices from the list's resourceVersion and
-only wakes the publish loop; its own writes wake it too, which costs one list that finds nothing to do.
+Two threads. The publish loop plans the writes (`dra.pool`) from the node's slices of this driver and makes them;
+it runs when the config's devices change (`on_config`), when the taints change (a NodeState subscriber), when the
+watch sees any change of those slices by someone else (the kubelet wipes a node's slices at its start and 30 s
+after the driver's last connection ends; anyone may edit or delete them), and every `resync_interval` as a safety
+net. It lists the slices (field selector `spec.driver`, `spec.nodeName`) unless it knows them: after a round it
+keeps the slices as its writes left them. The watch thread follows the same slices from a list's resourceVersion:
+an event showing a slice as the last plan wants it (the echo of our own write, typically) updates what is known,
+a slice deleted that is not wanted needs nothing; any other event forgets what is known and wakes the loop. So a
+taint change is one PUT, a write's echo costs nothing, and a resync round always lists.
 
 Rounds that write are rate-limited (a bucket of `write_burst`, refilled at `write_rate` per second): two writers
 that disagree about the slices (two driver versions side by side in a rolling update, a foreign controller) cost
@@ -190,6 +193,9 @@ class SlicePublisher(BackgroundLoop):
         self.stats = PublisherStats()
         self._devices: list[DraDevice] | None = None
         self._owner: dict[str, Any] | None = None
+        self._known: dict[str, Stored] | None = None  # the slices as the last round left them; None: list them
+        self._plan: tuple[Pool, Mapping[str, Any]] | None = None  # the last plan: its pool and its specs by name
+        self._listed_at = float("-inf")  # monotonic time of the last list
         self._adopted: dict[str, Any] = {}  # slice name -> canonical spec the server kept instead of ours
         self._changes = threading.Condition()
         self._wanted = 0  # grows with every change of what to publish (or of what is stored)
@@ -203,7 +209,7 @@ class SlicePublisher(BackgroundLoop):
         self._watch_thread: threading.Thread | None = None
         self._watch_response: Any = None
         self._watch_lock = threading.Lock()
-        self._errors = RepeatLimiter(log)
+        self._errors = {"publish": RepeatLimiter(log), "watch": RepeatLimiter(log)}  # one per thread
 
     # --- the interface ----------------------------------------------------------------------------
     def on_config(self, config: Config, resources: list[Resource]) -> None:
@@ -228,7 +234,10 @@ class SlicePublisher(BackgroundLoop):
         self._wake.set()
         with self._watch_lock:
             if self._watch_response is not None:
-                self._watch_response.shutdown()  # wakes the blocked read
+                try:
+                    self._watch_response.shutdown()  # wakes the blocked read
+                except OSError:  # the stream has just ended and its socket is closed: nothing is blocked on it
+                    pass
         if self._watch_thread is not None:
             self._watch_thread.join()
         self._stop_thread()
@@ -282,13 +291,15 @@ class SlicePublisher(BackgroundLoop):
         except Exception as err:
             self._failed("publish", err)
             self._owner = None  # read the Node again: it may be gone, or new (another UID)
+            self._forget()
             self._retry_at = time.monotonic() + self._backoff()
             return self._retry_at - time.monotonic()
         self._failures, self._retry_at = 0, 0.0
         if deferred:
             self.stats.deferred += 1
-            self._errors.log(logging.WARNING, "rate", "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)", self.write_burst)
-            self._errors.flush()
+            limiter = self._errors["publish"]
+            limiter.log(logging.WARNING, "rate", "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)", self.write_burst)
+            limiter.flush()
             return deferred
         with self._changes:
             self._published = max(self._published, wanted)
@@ -304,8 +315,9 @@ class SlicePublisher(BackgroundLoop):
         text = f"{type(err).__name__}: {safe_text(str(err), 300)}"
         self.stats.errors[loop] += 1
         self.stats.last_error = text
-        self._errors.log(logging.WARNING, (loop, type(err), getattr(err, "status", None)), "DRA slices (%s) failed, retrying with backoff: %s", loop, text)
-        self._errors.flush()
+        limiter = self._errors[loop]
+        limiter.log(logging.WARNING, (type(err), getattr(err, "status", None)), "DRA slices (%s) failed, retrying with backoff: %s", loop, text)
+        limiter.flush()
 
     def _take_token(self) -> float:
         """0 when a writing round may start now (a token taken), else the seconds until one may."""
@@ -320,8 +332,8 @@ class SlicePublisher(BackgroundLoop):
     def _publish(self, devices: list[DraDevice]) -> float:
         """List, plan and write until the stored slices are the pool (a 409 reads again); the seconds to wait when
         writes are due but rate-limited, else 0."""
-        if self._owner is None:
-            self._owner = owner_reference(self.node_name, self.api.node_uid())
+        owner = self._owner or owner_reference(self.node_name, self.api.node_uid())
+        self._owner = owner
         view = self.state.snapshot()
         rendered = []
         for device in devices:
@@ -330,53 +342,80 @@ class SlicePublisher(BackgroundLoop):
             if taints:
                 body["taints"] = taints
             rendered.append(body)
-        pool = Pool(self.node_name, self.driver, self._owner, rendered)
+        pool = Pool(self.node_name, self.driver, owner, rendered)
         conflicts = 0
         while True:
-            stored, _ = self.api.list()
-            self.stats.rounds += 1
+            stored = self._stored()
             plan = pool.plan(stored, self._adopted)
             if plan.writes and not conflicts:
                 wait = self._take_token()
                 if wait:
                     return wait
+            with self._changes:
+                self._plan = (pool, plan.desired)
             try:
-                self._apply(plan)
+                written = self._apply(plan)
             except ApiException as err:
+                self._forget()
                 if err.status != 409 or conflicts == self.max_conflicts:
                     raise
                 conflicts += 1
                 self.stats.conflicts += 1
                 continue
+            with self._changes:
+                if self._known is not None:  # None: someone else wrote since the list; the next round lists again
+                    kept = {s.name: s for s in stored if s.name in plan.desired}
+                    self._known = {**kept, **written}
             self.stats.slices = len(plan.desired)
             self.stats.generation = plan.generation
             self.stats.tainted = sum(1 for d in rendered if d.get("taints"))
             return 0.0
 
-    def _apply(self, plan: Plan) -> None:
+    def _stored(self) -> list[Stored]:
+        """The slices as the last round left them, when nothing else changed them since; else as listed now."""
+        with self._changes:
+            known = self._known
+            if known is not None and time.monotonic() - self._listed_at < self.resync_interval:
+                return list(known.values())
+            self._known = {}  # from this list on, an event that is not an echo of our writes forgets what we know
+            self._listed_at = time.monotonic()
+        stored, _ = self.api.list()
+        self.stats.rounds += 1
+        return stored
+
+    def _forget(self) -> None:
+        with self._changes:
+            self._known = None
+
+    def _apply(self, plan: Plan) -> dict[str, Stored]:
+        """Make the writes; the slices written, as the server returned them."""
+        written = {}
         for stored in plan.deletes:
             self.api.delete(stored)
             self.stats.writes["delete"] += 1
         for obj in plan.updates:
-            self._adopt(obj, self.api.replace(obj))
+            written[obj["metadata"]["name"]] = self._adopt(obj, self.api.replace(obj))
             self.stats.writes["update"] += 1
         for obj in plan.creates:
-            self._adopt(obj, self.api.create(obj))
+            written[obj["metadata"]["name"]] = self._adopt(obj, self.api.create(obj))
             self.stats.writes["create"] += 1
         if plan.writes:
             log.info("DRA slices of node %s: generation %d, %d slices (%d deleted, %d replaced, %d created)",
                      self.node_name, plan.generation, len(plan.desired), len(plan.deletes), len(plan.updates), len(plan.creates))
+        return written
 
-    def _adopt(self, sent: dict[str, Any], stored: Mapping[str, Any]) -> None:
-        """Remember when the server kept something else than what was sent (a field of a disabled feature gate)."""
+    def _adopt(self, sent: dict[str, Any], stored: Mapping[str, Any]) -> Stored:
+        """The slice written; remembers when the server kept something else than was sent (a field of a disabled
+        feature gate)."""
         name, kept = sent["metadata"]["name"], canonical(stored.get("spec") or {})
         if kept == canonical(sent["spec"]):
             self._adopted.pop(name, None)
-            return
-        if name not in self._adopted:
-            log.warning("the API server changed ResourceSlice %s on write (a DRA feature gate off, e.g. DRAConsumableCapacity or DRADeviceTaints?): "
-                        "publishing what it keeps", safe_text(name))
-        self._adopted[name] = kept
+        else:
+            if name not in self._adopted:
+                log.warning("the API server changed ResourceSlice %s on write (a DRA feature gate off, e.g. DRAConsumableCapacity or DRADeviceTaints?): "
+                            "publishing what it keeps", safe_text(name))
+            self._adopted[name] = kept
+        return Stored.from_api(stored)
 
     # --- the watch --------------------------------------------------------------------------------
     def _watch_loop(self) -> None:
@@ -385,6 +424,7 @@ class SlicePublisher(BackgroundLoop):
             try:
                 _, version = self.api.list()
                 self._owner = None  # now and then, read the Node's UID again (a Node deleted and created anew)
+                self._forget()
                 self._changed()  # events between the previous watch and this list are not seen: look again
                 self._follow(version)
                 failures = 0
@@ -409,12 +449,30 @@ class SlicePublisher(BackgroundLoop):
                 kind = event.get("type")
                 if kind == "ERROR":  # 410 Gone: the version is too old; list again
                     return
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                if kind in ("ADDED", "MODIFIED", "DELETED") and not self._as_wanted(kind, event.get("object") or {}):
+                    self._forget()
                     self._changed()
         finally:
             with self._watch_lock:
                 self._watch_response = None
             response.release_conn()
+
+
+    def _as_wanted(self, kind: str, obj: Mapping[str, Any]) -> bool:
+        """The event leaves the slices as the last plan wants them: a wanted slice as wanted (recorded as known), or
+        an unwanted one deleted."""
+        stored = Stored.from_api(obj)
+        with self._changes:
+            if self._plan is None:
+                return False
+            pool, specs = self._plan
+            if stored.name not in specs:
+                return kind == "DELETED"
+            if kind == "DELETED" or not pool.matches(stored, specs[stored.name], self._adopted.get(stored.name)):
+                return False
+            if self._known is not None:
+                self._known[stored.name] = stored
+            return True
 
 
 class _SliceCollector(Collector):

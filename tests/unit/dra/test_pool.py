@@ -118,3 +118,25 @@ def test_the_pool_and_the_taints_load_no_transport() -> None:
              "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'prometheus_client', 'kubernetes') or m.startswith('google.protobuf'))))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout)
     assert loaded == []
+
+
+def test_stop_is_quiet_when_the_watch_socket_has_just_closed() -> None:
+    """The stream can end (and urllib3 close its socket) between the watch thread's last read and stop(): shutting
+    that socket down raises EBADF, which stop() must not pass on."""
+    import errno
+
+    from deviceplugin.dra.slices import SlicePublisher
+    from deviceplugin.state import NodeState
+    from tests.conftest import node
+
+    class Closed:
+        shut = 0
+
+        def shutdown(self) -> None:
+            self.shut += 1
+            raise OSError(errno.EBADF, "Bad file descriptor")
+
+    publisher = SlicePublisher(None, "n", "gpu-share.example.com", node("2xT4"), NodeState())
+    publisher._watch_response = closed = Closed()
+    publisher.stop()
+    assert closed.shut == 1 and not publisher.running
