@@ -30,7 +30,8 @@ def test_the_knobs_agree_with_the_device_plugins_and_the_driver_is_named_after_t
     assert ours["namespace"] == base["namespace"]
     settings = dict(item.split("=", 1) for item in ours["configMapGenerator"][0]["literals"])
     assert settings == {"domain": "example.com", "driver": "gpu-share.example.com"}
-    assert f"domain={settings['domain']}" in base["configMapGenerator"][0]["literals"]
+    [base_settings] = [g for g in base["configMapGenerator"] if g["name"] == "gpu-share-settings"]
+    assert f"domain={settings['domain']}" in base_settings["literals"]
     assert ours["resources"] == sorted(p.name for p in DRA.glob("*.yaml") if p.name != "kustomization.yaml")
 
 
