@@ -19,7 +19,7 @@ from . import residue
 from .metering import Holding, Meter, MeterKey
 from .observe import Observation, Observer
 from .procmap import ProcessMapper
-from .usage import PodResourcesClient
+from .usage import PodResourcesClient, UsageBuilder, build_usage
 from ..model.usage import Usage
 from .watchdog import ContainerMemory, MemoryWatchdog
 
@@ -41,11 +41,12 @@ class NodeAgent(BackgroundLoop):
         mapper: ProcessMapper | None = None,
         watchdog: MemoryWatchdog | None = None,
         meter: Meter | None = None,
+        build: UsageBuilder = build_usage,
     ) -> None:
         super().__init__("node-agent")
         self.state = state
         self.resources = resources
-        self.observer = Observer(inventory, node, client, resources, settings, mapper)
+        self.observer = Observer(inventory, node, client, resources, settings, mapper, build)
         self.watchdog = watchdog or MemoryWatchdog()
         # Rounds further apart than a few intervals (or one rate-limit backoff) are not metered: a gap, not a guess.
         self.meter = meter or Meter(max_gap=max(3 * settings.interval, settings.interval + settings.backoff_max))
@@ -96,21 +97,25 @@ class NodeAgent(BackgroundLoop):
         return self.state.snapshot()
 
     def _holdings(self, usage: Usage, containers: tuple[ContainerMemory, ...]) -> dict[MeterKey, Holding]:
-        """Per (namespace, pod, resource): devices held, the GPU fraction they are, and the memory really used."""
-        by_name = {r.name: r for r in self.resources()}
+        """Per (namespace, pod, resource): devices held, the GPU fraction they are, and the memory really used.
+
+        Containers of one pod that share the same devices (one DRA claim) hold them once; their memory adds up.
+        """
+        units = {(r.name, u.uuid): u for r in self.resources() for u in r.units}
         used = {(c.share.key, c.share.unit_uuid): c.used_mib for c in containers}
+        counted: set[tuple[str, str, str, tuple[str, ...]]] = set()
         holdings: dict[MeterKey, Holding] = {}
         for share in usage.shares:
-            resource = by_name.get(share.resource)
-            device = resource.devices.get(share.devices[0]) if resource else None
-            if device is None:  # changed by a config reload since this round's List
+            unit = units.get((share.resource, share.unit_uuid))
+            if unit is None:  # changed by a config reload since this round's List
                 continue
-            unit = device.unit
             key = (share.namespace, share.pod, share.resource)
             held = holdings.get(key, Holding())
+            first = (share.namespace, share.pod, share.unit_uuid, share.devices) not in counted
+            counted.add((share.namespace, share.pod, share.unit_uuid, share.devices))
             holdings[key] = Holding(
-                shares=held.shares + share.shares,
-                gpus=held.gpus + share_gpu_fraction(unit, share.shares),
+                shares=held.shares + (share.shares if first else 0),
+                gpus=held.gpus + (share_gpu_fraction(unit, share.shares) if first else 0.0),
                 memory_bytes=held.memory_bytes + used.get((share.key, share.unit_uuid), 0) * 1024 * 1024,
             )
         return holdings

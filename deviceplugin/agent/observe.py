@@ -17,7 +17,7 @@ from ..model.node import GpuProcess, GpuStats, NodeInfo
 from .settings import AgentSettings
 from . import residue
 from .procmap import ProcessMapper
-from .usage import PodResourcesClient, build_usage
+from .usage import PodResourcesClient, UsageBuilder, build_usage
 from ..model.usage import Usage
 from .watchdog import ContainerMemory
 
@@ -49,8 +49,10 @@ class Observer:
         resources: Callable[[], list[Resource]],
         settings: AgentSettings,
         mapper: ProcessMapper | None,
+        build: UsageBuilder = build_usage,
     ) -> None:
         self.inventory = inventory
+        self.build = build  # the usage map from one List: device plugin devices, or DRA claims (dra.usage)
         self.node = node
         self.client = client
         self.resources = resources
@@ -62,7 +64,7 @@ class Observer:
     def observe(self, previous: Observation) -> Observation:
         usage, last_sync, fresh = previous.usage, previous.last_sync, False
         try:
-            usage = build_usage(self.client.list(), self.resources())
+            usage = self.build(self.client.list(), self.resources())
             last_sync, fresh = time.time(), True
             self.delay = self.settings.interval
         except grpc.RpcError as err:

@@ -6,6 +6,7 @@ from `List` on every poll, so a plugin restart or a deleted pod can never leave 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -19,6 +20,8 @@ from ..model.usage import ContainerShare, Usage
 
 DEFAULT_SOCKET = defaults.POD_RESOURCES_SOCKET
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the kubelet's server has no send cap; its own clients use 16 MiB
+
+UsageBuilder = Callable[[pr.ListPodResourcesResponse, list[Resource]], Usage]  # one List -> the usage map
 
 
 def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]) -> Usage:

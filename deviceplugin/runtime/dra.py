@@ -1,8 +1,9 @@
 """The composition root of `gpu-share run --api dra`: the DRA driver on a node.
 
 Config plan and discovery (`runtime.plan`), NodeState with the health monitor and MPS readiness, the kubelet plugin (`dra.kubeletplugin`:
-serve, then register), the claim reader's watch cache, the ResourceSlice publisher (`dra.slices`), metrics with
-`/healthz` and `/readyz`, and hot reload fanning out to all of them. `stop` undoes `start` in reverse order and
+serve, then register), the claim reader's watch cache, the ResourceSlice publisher (`dra.slices`), the node agent
+(agent.loop: metering, the memory watchdog, the residue guard) on the usage of prepared claims (`dra.usage`), metrics
+with `/healthz` and `/readyz`, and hot reload fanning out to all of them. `stop` undoes `start` in reverse order and
 removes only this instance's sockets.
 """
 
@@ -16,6 +17,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from .. import defaults
+from ..agent.loop import AgentSettings, NodeAgent
+from ..agent.procmap import ProcessMapper
+from ..agent.usage import PodResourcesClient
+from ..agent.watchdog import MemoryWatchdog
 from ..config.types import Config, ConfigError
 from ..discovery.inventory import Inventory
 from ..dra.cdi import CdiWriter
@@ -28,10 +33,12 @@ from ..dra.prepare import Driver
 from ..dra.mpsready import MpsReadiness
 from ..dra.registration import PluginPaths
 from ..dra.slices import SlicePublisher
+from ..dra.usage import ClaimUsage
 from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
 from ..mps.control import MpsLiveness
 from ..model.devices import Resource
+from ..model.pods import PodDirectory
 from ..obs.drametrics import DraCollector, DraMetrics
 from ..obs.http import MetricsServer
 from ..obs.metrics import MetricSources, StateCollector
@@ -57,8 +64,17 @@ class DraOptions:
 
 class DraDaemon:
     def __init__(
-        self, inventory: Inventory, options: DaemonOptions, dra: DraOptions, api_client: Any, start: ConfigFile, kubeconfig: str | None = None
+        self,
+        inventory: Inventory,
+        options: DaemonOptions,
+        dra: DraOptions,
+        api_client: Any,
+        start: ConfigFile,
+        kubeconfig: str | None = None,
+        pod_directory: PodDirectory | None = None,
     ) -> None:
+        """Without `pod_directory` the agent meters and reports shares, but attributes no process: no per-container
+        memory, watchdog or residue guard."""
         self.inventory = inventory
         self.options = options
         node_name = options.node_name
@@ -81,11 +97,22 @@ class DraDaemon:
         self.metrics = DraMetrics(self.registry)
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
         self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state)
-        consumers: list[ConfigConsumer] = [self, self.mps, self.plugin, self.slices]
+        self.agent = NodeAgent(
+            inventory,
+            self.node,
+            self.state,
+            lambda: self.resources,
+            PodResourcesClient(options.pod_resources_socket),
+            AgentSettings(options.agent.interval, options.agent.backoff_max, quarantine=self.config.quarantine),
+            mapper=ProcessMapper(pod_directory, options.proc_root) if pod_directory else None,
+            watchdog=MemoryWatchdog(self.config.watchdog_policy),
+            build=ClaimUsage(self.driver.prepared, lambda: self.driver.devices, self.driver_name, node_name),
+        )
+        consumers: list[ConfigConsumer] = [self, self.mps, self.plugin, self.slices, self.agent.watchdog, self.agent]
         self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers)
         self.registry.register(DraCollector(self.driver, lambda: self.plugin.registered))
         self.registry.register(self.slices.collector())
-        self.registry.register(StateCollector(MetricSources(self.node, self.state, reloader=self.reloader)))
+        self.registry.register(StateCollector(MetricSources(self.node, self.state, agent=self.agent, reloader=self.reloader)))
         self.metrics_server = (
             MetricsServer(self.registry, self._healthz, self._readyz, options.metrics_port, options.metrics_host, node=node_name) if options.metrics_port else None
         )
@@ -115,11 +142,13 @@ class DraDaemon:
         self.claims.start()
         self.slices.on_config(self.config, self.resources)
         self.slices.start()
+        self.agent.start()
         self.reloader.start(self.config, self._config_data)
         log.info("DRA driver %s: %d devices in pool %s", self.driver_name, len(self.driver.devices), self.options.node_name)
 
     def stop(self) -> None:
         self.reloader.stop()
+        self.agent.stop()
         self.slices.stop()
         self.plugin.stop()
         self.claims.stop()

@@ -46,6 +46,7 @@ class AdmissionError(Exception):
 class Container:
     name: str
     requests: dict[str, int]
+    claims: list[pr.DynamicResource] = field(default_factory=list)  # DRA claims, listed as the kubelet prepared them
 
 
 @dataclass
@@ -331,7 +332,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                 ids = self._allocated.get((pod.uid, container.name, resource))
                 if ids:
                     devices.append(pr.ContainerDevices(resource_name=resource, device_ids=ids, topology=self._topology(resource, ids)))
-            containers.append(pr.ContainerResources(name=container.name, devices=devices))
+            containers.append(pr.ContainerResources(name=container.name, devices=devices, dynamic_resources=container.claims))
         return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
     def _topology(self, resource: str, ids: list[str]) -> pr.TopologyInfo:
