@@ -67,6 +67,7 @@ def test_rbac_grants_only_what_the_driver_calls() -> None:
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     ]
     policy = _documents(DRA / "04-slice-policy.yaml")[0]["spec"]
     assert "authentication.kubernetes.io/node-name" in policy["variables"][0]["expression"]
@@ -79,9 +80,9 @@ def test_the_daemonset_mounts_the_kubelets_directories_at_their_own_paths_and_ne
     container = pod["containers"][0]
     volumes = {v["name"]: v for v in pod["volumes"]}
     for mount in container["volumeMounts"]:
-        if mount["name"] in ("plugins-registry", "plugin-data", "cdi"):
+        if mount["name"] in ("plugins-registry", "plugin-data", "cdi", "pod-resources"):
             assert volumes[mount["name"]]["hostPath"]["path"] == mount["mountPath"]
-    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu-share.example.com", "/var/run/cdi"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu-share.example.com", "/var/run/cdi", "/var/lib/kubelet/pod-resources"}
     assert container["securityContext"]["privileged"] is True and "--api=dra" in container["args"]
     env = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}} and env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}

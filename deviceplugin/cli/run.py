@@ -201,11 +201,11 @@ def run_dra(args: argparse.Namespace) -> int:
     check_plugin_dir(str(registrar), "--kubelet-registrar-directory-path")
     start = read_config(args.config)
     inventory = open_inventory(args.node)
-    from ..kube.client import ApiAccessError, core_api
+    from ..kube.client import ApiAccessError, NodeClient, core_api
     from ..runtime.dra import DraDaemon, DraOptions
 
     try:
-        api_client = core_api(args.kubeconfig).api_client
+        core = core_api(args.kubeconfig)
     except ApiAccessError as err:
         inventory.close()
         raise StartupError(f"the DRA driver needs the Kubernetes API (ResourceClaims, ResourceSlices): {err}") from None
@@ -217,8 +217,10 @@ def run_dra(args: argparse.Namespace) -> int:
         claim_cache=args.claim_cache,
         plugin=PluginSettings(health_interval=args.health_stream_interval),
     )
+    options = daemon_options(args)
     try:
-        daemon = DraDaemon(inventory, daemon_options(args), dra, api_client, start, kubeconfig=args.kubeconfig)
+        # The pod directory (list Pods on this node) maps GPU processes to containers for the node agent.
+        daemon = DraDaemon(inventory, options, dra, core.api_client, start, kubeconfig=args.kubeconfig, pod_directory=NodeClient(core, options.node_name))
     except BaseException:
         inventory.close()
         raise
