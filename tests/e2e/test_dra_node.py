@@ -23,7 +23,9 @@ from deviceplugin.dra.devices import ClaimError, driver_name
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import dra_health_v1alpha1_pb2 as health_pb
 from deviceplugin.config.parse import parse_config
+from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.mps.control import MpsDaemon
+from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
 from tests.conftest import EXAMPLES, GPU_CLI, ROOT, free_port, get, node, wait_until
 from tests.support.dra_kubelet import FakeDraKubelet, PrepareError
 from tests.support.kubeobjects import namespace, ready_node, request, slices
@@ -39,8 +41,9 @@ def fresh(prefix: str) -> str:
 
 
 class Driver:
-    """One `gpu-share run --api dra` subprocess, the fake kubelet watching its registration directory, and the MPS
-    pool's control daemon (the fake nvidia-cuda-mps-control, supervised here as `gpu-share mps` would)."""
+    """One `gpu-share run --api dra` subprocess, the fake kubelet watching its registration directory, the simulated
+    kubelet's pod-resources (which containers use which claim, for the node agent), and the MPS pool's control
+    daemon (the fake nvidia-cuda-mps-control, supervised here as `gpu-share mps` would)."""
 
     def __init__(self, controlplane: Any, node_name: str, metrics_port: int = 0) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="gs-e2e-", dir="/tmp"))
@@ -61,6 +64,9 @@ class Driver:
             "--cdi-root", str(self.cdi), "--metrics-port", str(metrics_port), "--metrics-bind-address", "127.0.0.1", "--health-checks", "false", "--mps-control", str(binary),
         ]
         self.kubelet = FakeDraKubelet(self.root / "plugins_registry").start()
+        self.pods = KubeletSimulator(self.root / "device-plugins", pod_resources_socket=self.root / "pod-resources" / "kubelet.sock")
+        self.pods.start()
+        self.args += ["--pod-resources-socket", str(self.pods.pod_resources_socket), "--pod-resources-interval", "0.1"]
         self.proc: subprocess.Popen[str] | None = None
         self.logs: list[str] = []
 
@@ -87,6 +93,7 @@ class Driver:
             self.proc.kill()
             self.proc.wait(10)
         self.kubelet.stop()
+        self.pods.stop()
         self.mps.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -185,9 +192,11 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
 
     assert wait_until(allocated, 60), controlplane.log_tail(next(n for n in controlplane.procs if n.startswith("kube-scheduler#dra-node")))
     held: dict[str, int] = {}
+    results: dict[int, dict[str, Any]] = {}
     for i, (shares, claim) in claims.items():
         stored = request(api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{claim['metadata']['name']}")
         (result,) = stored["status"]["allocation"]["devices"]["results"]
+        results[i] = result
         assert result["driver"] == DRIVER and result["pool"] == node_name and result["consumedCapacity"]["shares"] == str(shares)
         held[result["device"]] = held.get(result["device"], 0) + shares
         pod = request(api, "GET", f"/api/v1/namespaces/{ns}/pods/pod-{i}")
@@ -212,6 +221,26 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
     exported = {re.sub(r"_(bucket|count|sum)$", "", name) for name, _ in samples if name.startswith("gpushare_dra_") and not name.endswith("_created")}
     documented = set(re.findall(r"^\| `(gpushare_dra_[a-z_]+)", (ROOT / "docs" / "metrics.md").read_text() + (ROOT / "docs" / "dra.md").read_text(), flags=re.M))
     assert exported == documented, (sorted(exported - documented), sorted(documented - exported))
+    # The node agent: pod-resources lists pod-1's claim for its container, the metrics show its shares and meter it.
+    shares, claim = claims[1]
+    uses = pr.DynamicResource(claim_name=claim["metadata"]["name"], claim_namespace=ns, claim_resources=[
+        pr.ClaimResource(driver_name=DRIVER, pool_name=node_name, device_name=results[1]["device"], share_id=results[1]["shareID"])])
+    driver.pods.admit(Pod("pod-1", [Container("app", {}, claims=[uses])], namespace=ns))
+    pod_1 = (("container", "app"), ("namespace", ns), ("node", node_name), ("pod", "pod-1"), ("resource", "example.com/gpu-share"))
+    metered = (("namespace", ns), ("node", node_name), ("pod", "pod-1"), ("resource", "example.com/gpu-share"))
+
+    def gpu_seconds() -> float:
+        return _scrape(port).get(("gpushare_gpu_seconds_total", metered), 0.0)
+
+    assert wait_until(lambda: gpu_seconds() > 0, 30), driver.log()
+    first = gpu_seconds()
+    assert wait_until(lambda: gpu_seconds() > first, 30), driver.log()
+    samples = _scrape(port)
+    unit = next(dict(labels)["uuid"] for name, labels in samples if name == "gpushare_container_shares" and set(pod_1) <= set(labels))
+    assert samples[("gpushare_container_shares", tuple(sorted((*pod_1, ("uuid", unit)))))] == shares
+    assert samples[("gpushare_container_memory_limit_bytes", tuple(sorted((*pod_1, ("uuid", unit)))))] == shares * T4_MIB // 4 * 1024 * 1024
+    assert samples[("gpushare_share_seconds_total", metered)] == pytest.approx(samples[("gpushare_gpu_seconds_total", metered)] * 4)  # a share is 1/4 GPU
+    assert [labels for name, labels in samples if name == "gpushare_container_shares"] == [tuple(sorted((*pod_1, ("uuid", unit))))]  # prepared, not in pod-resources: not held
     driver.kubelet.unprepare(DRIVER, [_ref(c) for _, c in claims.values()])
     assert not list(driver.cdi.glob("*.json"))
     assert driver.stop() == 0
