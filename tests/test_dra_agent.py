@@ -62,7 +62,7 @@ def daemon(kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path) -> Itera
     for d in made:
         assert d.metrics_server is not None
         d.metrics_server.stop()
-        d.agent.observer.client.close()
+        d.agent.stop()  # never started: closes its pod-resources channel
         d.inventory.close()
 
 
@@ -84,9 +84,12 @@ def test_prepared_claims_are_metered_and_watched_per_container(daemon: Any, kube
     d = daemon()
     two = [result("gpu-0", shares=2)]
     d.driver.prepare(*claim(two, name="two"))
-    d.driver.prepare(*claim([result("gpu-0", shares=1)], name="waiting"))  # prepared, its pod not running yet
+    d.driver.prepare(*claim([result("gpu-1")], name="waiting"))  # prepared, its pod not running yet: not in the map
+    solo_claim = [result("gpu-0", shares=2)]
+    d.driver.prepare(*claim(solo_claim, name="solo"))
     trainer = Pod("trainer", [Container("main", {}, claims=[_uses("two", two)]), Container("sidecar", {}, claims=[_uses("two", two)])])
     kubelet.admit(trainer)
+    kubelet.admit(Pod("solo", [Container("app", {}, claims=[_uses("solo", solo_claim)])]))
     d.inventory.add_process(301, U0, 6000, cgroup=cgroup(trainer, "main"))
     d.inventory.add_process(302, U0, 2000, cgroup=cgroup(trainer, "sidecar"))
     d.agent.sync()
@@ -95,6 +98,7 @@ def test_prepared_claims_are_metered_and_watched_per_container(daemon: Any, kube
     assert value(m, "gpushare_container_memory_limit_bytes", pod="trainer", container="main") == 7680 * MIB  # 2 of 4 shares of 15360 MiB
     assert value(m, "gpushare_container_memory_used_bytes", pod="trainer", container="main") == 6000 * MIB
     assert value(m, "gpushare_container_over_limit", pod="trainer", container="main") == 0
+    assert not [labels for name, labels in m if name == "gpushare_container_shares" and ("uuid", U1) in labels]  # the waiting claim
     assert value(m, "gpushare_pod_resources_last_sync_timestamp_seconds") > 0
     assert value(m, "gpushare_gpu_seconds_total", pod="trainer", resource=SHARE) == 0  # counted from the next round
     d.agent.sync()
@@ -104,7 +108,9 @@ def test_prepared_claims_are_metered_and_watched_per_container(daemon: Any, kube
     share_seconds = value(second, "gpushare_share_seconds_total", pod="trainer", resource=SHARE)
     gpu_seconds = value(second, "gpushare_gpu_seconds_total", pod="trainer", resource=SHARE)
     assert gpu_seconds > value(first, "gpushare_gpu_seconds_total", pod="trainer", resource=SHARE) > 0
-    assert share_seconds == pytest.approx(gpu_seconds * 4 / 2 * 2)  # two containers, one claim: 2 shares (0.5 GPU) held once
+    assert share_seconds == pytest.approx(gpu_seconds * 4)  # a share of a 4-way GPU is 1/4 GPU
+    # Two containers of one claim hold its 2 shares once: as much as the pod with the same claim in one container.
+    assert share_seconds == value(second, "gpushare_share_seconds_total", pod="solo", resource=SHARE)
     assert value(second, "gpushare_memory_used_byte_seconds_total", pod="trainer", resource=SHARE) > 0
     # The main container grows over its claim's memory: reported once per episode (policy report).
     d.inventory.add_process(303, U0, 2000, cgroup=cgroup(trainer, "main"))

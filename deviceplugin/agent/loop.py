@@ -111,8 +111,9 @@ class NodeAgent(BackgroundLoop):
                 continue
             key = (share.namespace, share.pod, share.resource)
             held = holdings.get(key, Holding())
-            first = (share.namespace, share.pod, share.unit_uuid, share.devices) not in counted
-            counted.add((share.namespace, share.pod, share.unit_uuid, share.devices))
+            holding = (share.namespace, share.pod, share.unit_uuid, share.devices)
+            first = holding not in counted
+            counted.add(holding)
             holdings[key] = Holding(
                 shares=held.shares + (share.shares if first else 0),
                 gpus=held.gpus + (share_gpu_fraction(unit, share.shares) if first else 0.0),
