@@ -58,6 +58,7 @@ class Timings:
     backoff_max: float = defaults.BACKOFF_MAX
     watch_interval: float = defaults.WATCH_INTERVAL  # MPS markers and sockets are polled; kubelet.sock by inotify too
     stop_grace: float = 1.0
+    pending_interval: float = defaults.PENDING_INTERVAL  # how often a GPU waiting for its holders to leave is looked at
 
 
 class SocketPathError(StartupError):
@@ -91,9 +92,10 @@ class DeviceHealth(NamedTuple):
     """One resource's part of the node state, as its ListAndWatch and Allocate use it."""
 
     version: int  # +1 whenever the rest changes: a stream sends a new list only then
-    unhealthy: frozenset[str]  # GPU or MIG UUIDs of this resource's devices
+    unhealthy: frozenset[str]  # GPU or MIG UUIDs of this resource's devices (pending GPUs included)
     available: bool  # False: every device Unhealthy (an MPS pool whose daemon is down)
     held_back: frozenset[str]  # device IDs quarantined by the residue guard
+    pending: frozenset[str]  # GPUs kept in their old shape until their holders leave (alloc.pending)
 
 
 class _Instance:
@@ -137,7 +139,7 @@ class DevicePluginServer:
         self.register_calls = 0
         self.registrations = 0  # accepted by the kubelet
         self._state = threading.Lock()
-        self._health = DeviceHealth(0, frozenset(), True, frozenset())
+        self._health = DeviceHealth(0, frozenset(), True, frozenset(), frozenset())
         self._followed = 0  # the NodeState version the health was taken from
         self._unsubscribe: Callable[[], None] | None = None
         self._health_keys = resource.health_keys()
@@ -178,11 +180,13 @@ class DevicePluginServer:
                 return
             self._followed = view.version
             current = self._health
+            pending = frozenset(view.pending_gpus.keys() & self._health_keys)
             new = DeviceHealth(
                 current.version,
-                view.unhealthy & self._health_keys,
+                (view.unhealthy & self._health_keys) | pending,
                 self.resource.pool.name not in view.unavailable_pools,
                 frozenset(view.quarantined_devices & self.resource.devices.keys()),
+                pending,
             )
             if new == current:
                 return
@@ -323,6 +327,12 @@ class DevicePluginServer:
             await pb_grpc.RegistrationStub(channel).Register(request, timeout=self.timings.register_timeout)
 
 
+def _on_pending(resource: Resource, request: pb.AllocateRequest, pending: frozenset[str]) -> list[str]:
+    """The pending GPUs the request's devices are on (unknown IDs are container_grant's to refuse)."""
+    devices = resource.devices
+    return sorted({d.gpu.uuid for req in request.container_requests for i in req.devices_ids if (d := devices.get(i)) is not None and d.gpu.uuid in pending})
+
+
 def max_message_bytes(resource: Resource) -> int:
     """What the largest legal request for this resource can weigh (every device ID at its longest), plus slack."""
     return 64 * 1024 + len(resource.devices) * (MAX_DEVICE_ID_BYTES + 8)
@@ -379,7 +389,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         sent = None
         try:
             while not instance.stopped.is_set():
-                version, unhealthy, available, held = plugin.health()
+                version, unhealthy, available, held, _ = plugin.health()
                 if version != sent:
                     sent = version
                     yield plugin.device_list.response(unhealthy, all_unhealthy=not available, unhealthy_ids=held)
@@ -416,9 +426,18 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         plugin = self.plugin
         if not request.container_requests:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
-        _, unhealthy, available, held = plugin.health()
+        _, unhealthy, available, held, pending = plugin.health()
         if not available:
             await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
+        if pending:
+            waiting = _on_pending(self.resource, request, pending)
+            if waiting:
+                await self._abort(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"devices of {self.resource.name} on GPU(s) {brief(waiting, 4)} are not granted: those GPUs keep their previous "
+                    "configuration for the containers that hold them and switch to the new one once released",
+                )
         started = time.perf_counter()
         metrics = plugin.metrics()
         try:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..agent.holds import ContainerHolds
+from ..agent.usage import PodResourcesClient
 from ..discovery.inventory import Inventory
 from ..kube.client import NodeClient
 from ..mps.control import MpsLiveness
@@ -29,5 +31,7 @@ def plan_serving(
     resources (not started); ConfigError on a bad config."""
     start = start or read_config(options.config_file)
     plan = plan_node(inventory, start, options.profile, options.profile_label_interval, connect)
-    manager = PluginManager(plan.resources, options.plugin_dir, options.timings, mps=MpsLiveness(options.mps_control))
+    units = {g.uuid for g in plan.node.gpus} | {m.uuid for g in plan.node.gpus for m in g.mig_devices}
+    holdings = ContainerHolds(PodResourcesClient(options.pod_resources_socket), options.plugin_dir, units.__contains__)
+    manager = PluginManager(plan.resources, options.plugin_dir, options.timings, mps=MpsLiveness(options.mps_control), holdings=holdings)
     return Serving(plan.node, plan.config, plan.profiles, plan.resources, plan.client, plan.config_data, manager)
