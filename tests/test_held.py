@@ -5,18 +5,26 @@ until released, then switches. Every test asserts from the allocations the built
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
+from prometheus_client import generate_latest
+
+from deviceplugin.api import deviceplugin_pb2 as pb
 
 from deviceplugin.agent.settings import AgentSettings
+from deviceplugin.discovery.inventory import Inventory
+from deviceplugin.discovery.nvml import NvmlInventory
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.plugin.server import Timings
 from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
 from deviceplugin.sim.kubelet import AdmissionError, Container, KubeletSimulator, Pod
 
 from .conftest import EXAMPLES, FAST, wait_until
+from .support.fake_pynvml import FakeGpu, FakeNvml
 from .support.grants import overcommitted
 
 GPU, SHARE = "example.com/gpu", "example.com/gpu-share"
@@ -32,9 +40,9 @@ TIMINGS = Timings(**{**FAST.__dict__, "pending_interval": 0.05})
 class Node:
     """The plugin (config file, pod-resources, the kubelet's checkpoint) beside the built-in kubelet, on 2xT4."""
 
-    def __init__(self, tmp: Path, kubelet: KubeletSimulator, node_file: str = "2xT4") -> None:
+    def __init__(self, tmp: Path, kubelet: KubeletSimulator, inventory: Inventory) -> None:
         self.tmp, self.kubelet = tmp, kubelet
-        self.inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / f"{node_file}.yaml")
+        self.inventory = inventory
         self.node = self.inventory.discover()
         self.config = tmp / "config.yaml"
         self.daemon: PluginDaemon | None = None
@@ -104,9 +112,16 @@ class Node:
         return [p for p in (self.admit(resource, count) for _ in range(tries)) if p is not None]
 
 
-@pytest.fixture
-def plugin(tmp_path, kubelet):
-    made = Node(tmp_path, kubelet)
+@pytest.fixture(params=["simulated"])
+def plugin(request, tmp_path, kubelet, monkeypatch):
+    """The plugin on 2xT4: simulated, or (params=["nvml"]) NVML over the fake pynvml."""
+    if request.param == "nvml":
+        fake = FakeNvml([FakeGpu(uuid=f"GPU-t4-{i}", name="Tesla T4", memory_mib=15360, bus_id=f"00000000:{0x3B + i:02X}:00.0") for i in range(2)])
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        inventory: Inventory = NvmlInventory(sysfs_root=tmp_path)
+    else:
+        inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml")
+    made = Node(tmp_path, kubelet, inventory)
     made.write(WHOLE_AND_SHARED)
     made.start()
     assert kubelet.wait_for(lambda st: st.get(GPU) and st[GPU].allocatable == 1 and st.get(SHARE) and st[SHARE].allocatable == 4, timeout=10)
@@ -114,18 +129,25 @@ def plugin(tmp_path, kubelet):
     made.stop()
 
 
+@pytest.mark.parametrize("plugin", ["simulated", "nvml"], indirect=True)
 def test_repool_to_shared_never_puts_shares_on_the_gpu_held_whole_and_switches_once_released(plugin, kubelet):
     whole = plugin.admit(GPU, 1)
     plugin.admit(SHARE, 2)
     gpu0, gpu1 = (g.uuid for g in plugin.node.gpus)
     plugin.reload(ALL_SHARED)
+    assert plugin.daemon is not None
     landed = plugin.fill(SHARE, 1, 4)
     assert overcommitted(kubelet, plugin.node) == []
     assert len(landed) == 2 and {plugin.gpu_of(p) for p in landed} == {gpu1}
     assert list(plugin.pending()) == [gpu0]
     # GPU 1 keeps its shares; GPU 0 keeps its whole device, Unhealthy: no share pod lands beside the tenant.
     assert kubelet.wait_for(lambda st: st[SHARE].capacity == st[SHARE].allocatable == 4 and st[GPU].capacity == 1 and st[GPU].allocatable == 0, timeout=5)
-    assert plugin.daemon is not None and plugin.daemon.manager.deferred == 1
+    with pytest.raises(grpc.RpcError) as refused:  # a request straight to the plugin is refused, with why
+        kubelet.stub(GPU).Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[gpu0])]))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "keep their previous configuration" in refused.value.details()
+    text = generate_latest(plugin.daemon.registry).decode()
+    assert "gpushare_config_pending_gpus 1.0" in text and f'gpushare_gpu_config_pending{{gpu="0",model="Tesla T4",uuid="{gpu0}"}} 1.0' in text
+    assert plugin.daemon.manager.deferred == 1
     plugin.release(whole)
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8 and not st[GPU].registered, timeout=5)
     assert wait_until(lambda: plugin.pending() == {})

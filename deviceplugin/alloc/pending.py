@@ -64,9 +64,11 @@ def gpu_shapes(resources: Iterable[Resource]) -> dict[str, frozenset[ShapeEntry]
     return {uuid: frozenset(entries) for uuid, entries in shapes.items()}
 
 
-def changing_gpus(served: Iterable[Resource], wanted: Iterable[Resource]) -> frozenset[str]:
-    """GPUs whose shape differs between what is served and what is wanted (appearing or going counts)."""
+def changing_gpus(served: Iterable[Resource], wanted: Iterable[Resource], before: dict[str, PendingGpu] | None = None) -> frozenset[str]:
+    """GPUs whose shape differs between what is served and what is wanted (appearing or going counts); `before` as
+    in `reconcile`."""
     old, new = gpu_shapes(served), gpu_shapes(wanted)
+    old.update({uuid: p.shape for uuid, p in (before or {}).items() if uuid in old})
     return frozenset(uuid for uuid in old.keys() | new.keys() if old.get(uuid) != new.get(uuid))
 
 

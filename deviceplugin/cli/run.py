@@ -33,6 +33,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="seconds between checks of the config file and the profile label (default %(default)g)")
     run.add_argument("--plugin-dir", default=defaults.PLUGIN_DIR, help="kubelet device-plugin directory (default %(default)s)")
     run.add_argument("--watch-interval", type=seconds, default=defaults.WATCH_INTERVAL, help="seconds between kubelet-restart checks (default %(default)g)")
+    run.add_argument(
+        "--pending-interval", type=seconds, default=defaults.PENDING_INTERVAL,
+        help="seconds between checks whether a GPU a reload waits for is released (default %(default)g)",
+    )
     run.add_argument("--register-timeout", type=seconds, default=defaults.REGISTER_TIMEOUT, help="deadline of one Register call (default %(default)g)")
     run.add_argument("--shutdown-grace", type=seconds, default=defaults.SHUTDOWN_GRACE, metavar="SECONDS",
                      help="after SIGTERM/SIGINT, exit anyway once this long has passed (default %(default)g, inside the pod's 30 s)")
@@ -104,7 +108,9 @@ def daemon_options(args: argparse.Namespace) -> "DaemonOptions":
         cdi_spec_dirs=args.cdi_spec_dirs,
         reload_interval=args.reload_interval,
         profile_label_interval=args.profile_label_interval,
-        timings=Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval),
+        timings=Timings(
+            register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval, pending_interval=args.pending_interval
+        ),
         health=HealthSettings(
             enabled=args.health_checks,
             ignored_xids=args.ignore_xids,

@@ -91,6 +91,9 @@ class StateCollector(Collector):
                 "gpushare_gpu_unattributed_memory_bytes", "GPU memory of processes not attributed to an active container (reported, never quarantined).", labels=gpu_labels
             ),
             "quarantined": GaugeMetricFamily("gpushare_gpu_quarantined", "1 while the residue guard holds the GPU's free devices back.", labels=gpu_labels),
+            "pending": GaugeMetricFamily(
+                "gpushare_gpu_config_pending", "1 while a reload waits for the GPU's holders to leave before changing its shape.", labels=gpu_labels
+            ),
         }
         for gpu in node.gpus:
             labels = [str(gpu.index), gpu.uuid, gpu.model]
@@ -111,6 +114,7 @@ class StateCollector(Collector):
             families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
             families["unattributed"].add_metric(labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
             families["quarantined"].add_metric(labels, 1 if gpu.uuid in view.quarantined_gpus else 0)
+            families["pending"].add_metric(labels, 1 if gpu.uuid in view.pending_gpus else 0)
         yield from families.values()
 
         total = GaugeMetricFamily("gpushare_shares", "Devices (shares, whole GPUs or MIG instances) advertised, per resource and GPU.", labels=["resource", "pool", "gpu", "uuid"])
@@ -171,6 +175,12 @@ class StateCollector(Collector):
             cdi.add_metric([resource.name], len(missing.get(resource.name, ())))
         yield cdi
         yield GaugeMetricFamily("gpushare_config_in_sync", "1 when the running config is the config file's current content.", value=1 if s.config_in_sync() else 0)
+        yield GaugeMetricFamily(
+            "gpushare_config_pending_gpus", "GPUs kept in their previous shape until what holds them is released (a reload waits for them).", value=len(view.pending_gpus)
+        )
+        yield CounterMetricFamily(
+            "gpushare_config_deferred_switches", "Times a GPU's change of shape had to wait for its holders (once per GPU and wait).", value=s.deferred_switches()
+        )
         registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
         for name, is_registered in s.registration():
             registered.add_metric([name], 1 if is_registered else 0)
@@ -245,6 +255,9 @@ class MetricSources:
 
     def kubelet_restarts(self) -> int:
         return self.manager.kubelet_restarts if self.manager else 0
+
+    def deferred_switches(self) -> int:
+        return self.manager.deferred if self.manager else 0
 
     def reloads(self) -> tuple[int, int]:
         return (self.reloader.reloads, self.reloader.errors) if self.reloader else (0, 0)

@@ -232,7 +232,7 @@ class PluginManager:
         served. None when the holds cannot be read: nothing changes, the next check tries again."""
         self._next_pending_check = time.monotonic() + self.timings.pending_interval
         self._unsettled = True
-        changing = changing_gpus(served, wanted)
+        changing = changing_gpus(served, wanted, self.pending)
         if not changing and not self.pending:
             self.pending = {}
             return wanted
