@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         inventory.close()
         raise
     try:
-        serving.manager.start()  # serve and register first: the API client, exporter and agent load afterwards
+        serving.start()  # a health pass, then serve and register first: the API client, exporter and agent load afterwards
         from ..runtime.daemon import PluginDaemon
 
         daemon = PluginDaemon(inventory, options, serving.client or NodeClient.connect(kubeconfig=args.kubeconfig), serving=serving)

@@ -81,6 +81,13 @@ class HealthMonitor(BackgroundLoop):
         self._next_check = 0.0
         self._publish()
 
+    def first_pass(self) -> None:
+        """Check every GPU once now (before the servers list any device); the loop's checks follow from start()."""
+        if self.settings.enabled:
+            now = self.clock()
+            self.check(now)
+            self._next_check = now + self.settings.check_interval
+
     def start(self) -> None:
         if not self.settings.enabled:
             log.warning("health checks are disabled: failed GPUs stay advertised as Healthy")

@@ -165,6 +165,9 @@ class StateCollector(Collector):
         yield CounterMetricFamily("gpushare_events_dropped", "Pod Events dropped, oldest first, because the outbox to the API was full.", value=s.events_dropped())
         last_sync = snapshot.last_sync if snapshot and snapshot.last_sync is not None else 0
         yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List; 0 before the first.", value=last_sync)
+        yield GaugeMetricFamily(
+            "gpushare_gpus_skipped", "GPUs discovery could not describe at start-up: left out, the others are served (log: GPU N is not usable).", value=len(node.skipped)
+        )
         yield GaugeMetricFamily("gpushare_nvml_up", "1 when the GPUs were discovered (NVML loaded); 0 while the plugin runs without devices.", value=1 if s.nvml_up else 0)
         info = GaugeMetricFamily("gpushare_build_info", "Always 1; the labels say which gpu-share runs.", labels=["version", "python"])
         info.add_metric([__version__, platform.python_version()], 1)
