@@ -294,6 +294,11 @@ class NvmlInventory:
     def wait_for_event(self, timeout: float) -> HealthEvent | None:
         if self._event_set is None:
             self._register_events()
+        elif self._unwatched:
+            back = frozenset(u for u in self._unwatched if self.check(u) is None)
+            if back:  # a lost GPU that answers again is watched again: its XIDs are never missed
+                log.warning("GPU(s) %s answer NVML again: watching their health events again", ", ".join(sorted(back)))
+                self._register_events(skip=self._unwatched - back)
         deadline = time.monotonic() + timeout
         while True:
             try:

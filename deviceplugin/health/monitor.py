@@ -6,7 +6,8 @@ instance it names) and so every share and MIG instance on it. What happens next 
 - application XIDs (`ignored_xids`): the process is at fault, not the GPU; nothing is marked;
 - reset-class XIDs (`reset_xids`), double-bit ECC events, lost GPUs, and any GPU whose driver reports a recovery
   action (NVML's GPU recovery action is not NONE): only a GPU reset clears them, so the devices stay Unhealthy until
-  the driver shows the GPU was reset (or the plugin restarts), never after a quiet period;
+  the driver shows the GPU was reset — its recovery action asked for a reset and reads NONE again — or the plugin
+  restarts; never after a quiet period, and never because a GPU that failed its queries answers again;
 - every other critical XID and failing query: Healthy again after `recovery_period` seconds without a new one.
 """
 
@@ -50,7 +51,7 @@ class _ResetWait:
     """A reset-class fault on a GPU or MIG instance: cleared once the driver has required a reset and no longer does."""
 
     gpu_uuid: str
-    required_seen: bool = False  # the driver said "reset", or the GPU stopped answering queries
+    required_seen: bool = False  # the driver's recovery action said "reset" since the fault
 
 
 class HealthMonitor(BackgroundLoop):
@@ -170,16 +171,19 @@ class HealthMonitor(BackgroundLoop):
         return changed
 
     def _check_resets(self, failing: set[str], required: dict[str, bool | None]) -> bool:
-        """Clear a reset-class fault once the driver shows the reset: it required one (or the GPU was lost) and now
-        answers queries without requiring one. A driver that cannot tell keeps the devices Unhealthy until restart."""
+        """Clear a reset-class fault only on the driver's evidence of a reset: its GPU recovery action asked for one
+        (anything but NONE) and now reads NONE, with the GPU's queries passing. A GPU that failed its queries and
+        answers again is no evidence (a transient failure looks the same), and neither is a driver that cannot tell:
+        the devices stay Unhealthy until the plugin restarts."""
         changed = False
         for uuid, wait in list(self._reset_waits.items()):
-            if wait.gpu_uuid in failing or required.get(wait.gpu_uuid):
+            said = required.get(wait.gpu_uuid)
+            if said:
                 wait.required_seen = True
-            elif wait.required_seen:
+            elif said is False and wait.required_seen and wait.gpu_uuid not in failing:
                 del self._reset_waits[uuid]
                 self._last_bad.pop(uuid, None)
-                log.info("%s was reset: its devices are Healthy again (was: %s)", uuid, self._reasons.pop(uuid, "?"))
+                log.info("%s was reset (the driver's recovery action asked for a reset and now reads none): its devices are Healthy again (was: %s)", uuid, self._reasons.pop(uuid, "?"))
                 changed = True
         return changed
 
