@@ -251,3 +251,15 @@ def test_random_sequences_of_reloads_restarts_and_pods_never_overcommit(plugin, 
         elif action == "kubelet":
             kubelet.restart()
         assert overcommitted(kubelet, plugin.node) == [], f"step {step}: {action}"
+
+
+def test_a_grant_the_kubelet_has_not_recorded_yet_still_pins_its_gpu(plugin, kubelet):
+    """The moment between Allocate's answer and the kubelet's record of it: a grant counts as a hold for
+    grant_window (1 s) — here an Allocate the kubelet never records, so after that the GPU switches."""
+    gpu0 = plugin.node.gpus[0].uuid
+    kubelet.stub(GPU).Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[gpu0])]))
+    plugin.reload(ALL_SHARED)
+    pending = plugin.pending()
+    assert list(pending) == [gpu0] and "a container granted just now" in pending[gpu0]
+    assert wait_until(lambda: plugin.pending() == {}, timeout=5)
+    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8, timeout=5)

@@ -246,7 +246,7 @@ class PluginManager:
             log.error("cannot read what containers hold (%s): the GPUs about to change keep their devices; trying again in %.1fs", safe_text(str(err), 300), self.timings.pending_interval)
             return None
         self.state.set_holds("pod-resources", fresh)
-        result = reconcile(served, wanted, self.state.snapshot().all_holds(), self.pending)
+        result = reconcile(served, wanted, self.state.snapshot().all_holds() | self._recent_grants(), self.pending)
         for uuid, waiting in result.pending.items():
             if uuid not in self.pending:
                 self.deferred += 1
@@ -257,6 +257,17 @@ class PluginManager:
         self.pending = result.pending
         self.state.set_pending({**fence, **{u: p.describe() for u, p in result.pending.items()}})
         return result.resources
+
+    def _recent_grants(self) -> frozenset[Hold]:
+        """What Allocate granted within `grant_window`: held, though the kubelet may not have recorded it yet."""
+        since = time.monotonic() - self.timings.grant_window
+        return frozenset(
+            Hold(s.resource.name, i, d.unit.replicas if (d := s.resource.devices.get(i)) else None, "a container granted just now")
+            for s in self.servers
+            for at, ids in list(s.recent_grants)
+            if at >= since
+            for i in ids
+        )
 
     async def _serve_plan(self, resources: list[Resource]) -> list[str]:
         """Serve these resources, restarting only those whose signature changed (under the lifecycle lock)."""

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Callable, NamedTuple
@@ -45,6 +46,7 @@ MAX_DEVICE_ID_BYTES = 256  # share IDs are ~45 bytes; anything far longer is not
 MAX_CONTAINER_REQUESTS = 64  # the kubelet sends one per call; far more is not a kubelet
 MAX_OTHER_STREAMS = 64  # ListAndWatch streams beside the kubelet's own (debugging clients, monitors): bounded memory
 MAX_ERROR_CHARS = 1000  # gRPC refuses status details over 8 KiB of metadata; ours stay far below
+MAX_RECENT_GRANTS = 1024  # Allocate answers remembered for `Timings.grant_window` (the kubelet admits one pod at a time)
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 _instance_counter = itertools.count()
 
@@ -59,6 +61,8 @@ class Timings:
     watch_interval: float = defaults.WATCH_INTERVAL  # MPS markers and sockets are polled; kubelet.sock by inotify too
     stop_grace: float = 1.0
     pending_interval: float = defaults.PENDING_INTERVAL  # how often a GPU waiting for its holders to leave is looked at
+    # A grant counts as a hold this long after Allocate answered, covering the moment before the kubelet records it.
+    grant_window: float = 1.0
 
 
 class SocketPathError(StartupError):
@@ -138,6 +142,7 @@ class DevicePluginServer:
         self.registered = threading.Event()  # set only by the current instance's successful Register
         self.register_calls = 0
         self.registrations = 0  # accepted by the kubelet
+        self.recent_grants: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=MAX_RECENT_GRANTS)  # (monotonic time, IDs)
         self._state = threading.Lock()
         self._health = DeviceHealth(0, frozenset(), True, frozenset(), frozenset())
         self._followed = 0  # the NodeState version the health was taken from
@@ -451,6 +456,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             if metrics:
                 metrics.allocated(self.resource.name, False, time.perf_counter() - started)
             await self._abort(context, wire.status_code(err.code), err.message)
+        plugin.recent_grants.append((time.monotonic(), tuple(i for req in request.container_requests for i in req.devices_ids)))
         if metrics:
             metrics.allocated(self.resource.name, True, time.perf_counter() - started)
         if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
