@@ -332,3 +332,20 @@ def test_huge_or_crafted_allocate_ids_get_short_escaped_errors(kubelet, start_pl
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     refused = [r.getMessage() for r in caplog.records if "refused Allocate" in r.getMessage()]
     assert refused and all("\n" not in line and len(line) < 1000 for line in refused)
+
+
+@pytest.mark.parametrize("method", ["GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer"])
+def test_an_undecodable_request_is_refused_as_invalid_with_what_it_should_have_been(kubelet, start_plugin, plugin_dir, method):
+    start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    sock = next(plugin_dir.glob("gpu-share-*.sock"))
+    with grpc.insecure_channel(f"unix:{sock}") as channel:
+        kind = channel.unary_stream if method == "ListAndWatch" else channel.unary_unary
+        call = kind(f"/v1beta1.DevicePlugin/{method}", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as err:
+            answer = call(b"\xff\xff\xff\xff", timeout=3)
+            if method == "ListAndWatch":
+                next(answer)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("the request is not a valid v1beta1.") and "Error" not in err.value.details()
+    assert allocate(kubelet, SHARE, [f"{UUID0}::1"]).container_responses  # still serving

@@ -30,7 +30,8 @@ def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]
     as active (the attribution of processes only reports what it cannot place, never quarantines it).
     """
     by_name = {r.name: r for r in resources}
-    shares, active = [], set()
+    shares: list[ContainerShare] = []
+    active: set[tuple[str, str, str]] = set()
     counted: set[tuple[str, str]] = set()
     for pod in response.pod_resources:
         for container in pod.containers:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable, NamedTuple
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError, Message
 
 from .. import defaults
 from ..alloc.container import AllocationError, Refusal, container_grant
@@ -217,7 +218,7 @@ class DevicePluginServer:
             self._follow(self.state.snapshot())
         instance = _Instance(socket_path_for(self.plugin_dir, self.resource))
         instance.server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes(self.resource))])
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self, instance), instance.server)
+        _add_servicer(_Servicer(self, instance), instance.server)
         instance.server.add_insecure_port(f"unix:{instance.socket_path}")
         await instance.server.start()
         self._instance = instance
@@ -332,6 +333,39 @@ class DevicePluginServer:
             await pb_grpc.RegistrationStub(channel).Register(request, timeout=self.timings.register_timeout)
 
 
+class _Undecodable:
+    """A request whose bytes are not the message its method takes (the handler refuses it with INVALID_ARGUMENT)."""
+
+    def __init__(self, kind: type[Message], size: int) -> None:
+        self.message = f"the request is not a valid {kind.DESCRIPTOR.full_name} ({size} bytes that do not decode as one)"
+
+
+def _decoder(kind: type[Message]) -> Callable[[bytes], object]:
+    def decode(data: bytes) -> object:
+        try:
+            return kind.FromString(data)
+        except DecodeError:
+            return _Undecodable(kind, len(data))
+
+    return decode
+
+
+def _add_servicer(servicer: "_Servicer", server: grpc.aio.Server) -> None:
+    """The DevicePlugin service, as the generated `add_DevicePluginServicer_to_server` adds it, but with requests that
+    do not decode handed to the handler as `_Undecodable` (refused with INVALID_ARGUMENT and a message) instead of
+    gRPC's UNKNOWN naming a Python exception."""
+    unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+    handlers = {
+        "GetDevicePluginOptions": unary(servicer.GetDevicePluginOptions, _decoder(pb.Empty), pb.DevicePluginOptions.SerializeToString),
+        "ListAndWatch": stream(servicer.ListAndWatch, _decoder(pb.Empty), pb.ListAndWatchResponse.SerializeToString),
+        "GetPreferredAllocation": unary(servicer.GetPreferredAllocation, _decoder(pb.PreferredAllocationRequest), pb.PreferredAllocationResponse.SerializeToString),
+        "Allocate": unary(servicer.Allocate, _decoder(pb.AllocateRequest), pb.AllocateResponse.SerializeToString),
+        "PreStartContainer": unary(servicer.PreStartContainer, _decoder(pb.PreStartContainerRequest), pb.PreStartContainerResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
+    server.add_registered_method_handlers("v1beta1.DevicePlugin", handlers)
+
+
 def _on_pending(resource: Resource, request: pb.AllocateRequest, pending: frozenset[str]) -> list[str]:
     """The pending GPUs the request's devices are on (unknown IDs are container_grant's to refuse)."""
     devices = resource.devices
@@ -373,7 +407,12 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self.instance = instance
         self.resource = plugin.resource
 
+    async def _refuse_undecodable(self, request: object, context: grpc.aio.ServicerContext) -> None:
+        if isinstance(request, _Undecodable):
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+
     async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
+        await self._refuse_undecodable(request, context)
         if self.instance.registering:
             self.instance.expect_kubelet_stream = True
         return OPTIONS
@@ -382,6 +421,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         await context.abort(code, message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "...")
 
     async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
+        await self._refuse_undecodable(request, context)
         plugin, instance = self.plugin, self.instance
         from_kubelet, instance.expect_kubelet_stream = instance.expect_kubelet_stream, False
         token = object()
@@ -416,6 +456,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             raise AllocationError(Refusal.INVALID, f"{ids} device IDs, more than the {len(self.resource.devices)} devices of {self.resource.name}")
 
     async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
+        await self._refuse_undecodable(request, context)
         responses = []
         for req in request.container_requests:
             try:
@@ -428,6 +469,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         return pb.PreferredAllocationResponse(container_responses=responses)
 
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
+        await self._refuse_undecodable(request, context)
         plugin = self.plugin
         if not request.container_requests:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
@@ -466,4 +508,5 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         return pb.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:
+        await self._refuse_undecodable(request, context)
         return pb.PreStartContainerResponse()
