@@ -47,6 +47,8 @@ MAX_DEVICE_ID_BYTES = 256  # share IDs are ~45 bytes; anything far longer is not
 MAX_CONTAINER_REQUESTS = 64  # the kubelet sends one per call; far more is not a kubelet
 MAX_OTHER_STREAMS = 64  # ListAndWatch streams beside the kubelet's own (debugging clients, monitors): bounded memory
 MAX_ERROR_CHARS = 1000  # gRPC refuses status details over 8 KiB of metadata; ours stay far below
+MAX_PREFERRED_WAITING = 8  # GetPreferredAllocation calls of one resource queued (the kubelet sends one at a time)
+INLINE_PREFERRED_IDS = 1024  # a request with more available IDs (a few ms of placement) is placed off the event loop
 MAX_RECENT_GRANTS = 1024  # Allocate answers remembered for `Timings.grant_window` (the kubelet admits one pod at a time)
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 _instance_counter = itertools.count()
@@ -144,6 +146,8 @@ class DevicePluginServer:
         self.register_calls = 0
         self.registrations = 0  # accepted by the kubelet
         self.recent_grants: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=MAX_RECENT_GRANTS)  # (monotonic time, IDs)
+        self.preferred_waiting = 0  # GetPreferredAllocation calls queued or running
+        self._preferred_turn: asyncio.Semaphore | None = None  # one large placement at a time, made on the loop
         self._state = threading.Lock()
         self._health = DeviceHealth(0, frozenset(), True, frozenset(), frozenset())
         self._followed = 0  # the NodeState version the health was taken from
@@ -379,11 +383,12 @@ def max_message_bytes(resource: Resource) -> int:
 
 def _check_ids(ids: list[str], what: str) -> None:
     """INVALID_ARGUMENT for an ID no device of ours could have: error messages stay small and printable."""
-    for device_id in ids:
-        if len(device_id) > MAX_DEVICE_ID_BYTES:
-            raise AllocationError(
-                Refusal.INVALID, f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}"
-            )
+    if max(map(len, ids), default=0) <= MAX_DEVICE_ID_BYTES:  # one pass in C: the common case
+        return
+    device_id = next(i for i in ids if len(i) > MAX_DEVICE_ID_BYTES)
+    raise AllocationError(
+        Refusal.INVALID, f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}"
+    )
 
 
 def _check_preferred(req: pb.ContainerPreferredAllocationRequest) -> None:
@@ -457,13 +462,38 @@ class _Servicer(pb_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
         await self._refuse_undecodable(request, context)
+        try:
+            for req in request.container_requests:
+                self._check_request_size(len(request.container_requests), len(req.available_deviceIDs))
+            if sum(len(req.available_deviceIDs) for req in request.container_requests) <= INLINE_PREFERRED_IDS:
+                return self._preferred(request)
+        except AllocationError as err:
+            await self._abort(context, wire.status_code(err.code), err.message)
+        # A large request is checked and placed off the loop, one per resource at a time, so a flood of them cannot
+        # delay the Allocate calls of any resource; beyond a few queued, a flood is refused (the kubelet sends one
+        # at a time).
+        plugin = self.plugin
+        if plugin.preferred_waiting >= MAX_PREFERRED_WAITING:
+            await self._abort(
+                context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_PREFERRED_WAITING} GetPreferredAllocation calls of {self.resource.name} are in flight already"
+            )
+        if plugin._preferred_turn is None:
+            plugin._preferred_turn = asyncio.Semaphore(1)
+        plugin.preferred_waiting += 1
+        try:
+            async with plugin._preferred_turn:
+                return await asyncio.to_thread(self._preferred, request)
+        except AllocationError as err:
+            await self._abort(context, wire.status_code(err.code), err.message)
+            raise  # abort raises; this line is never reached
+        finally:
+            plugin.preferred_waiting -= 1
+
+    def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
+        """Check and place every container request (pure: on the loop or a worker thread); AllocationError."""
         responses = []
         for req in request.container_requests:
-            try:
-                self._check_request_size(len(request.container_requests), len(req.available_deviceIDs))
-                _check_preferred(req)
-            except AllocationError as err:
-                await self._abort(context, wire.status_code(err.code), err.message)
+            _check_preferred(req)
             ids = preferred_allocation(self.resource, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
