@@ -263,3 +263,47 @@ def test_a_grant_the_kubelet_has_not_recorded_yet_still_pins_its_gpu(plugin, kub
     assert list(pending) == [gpu0] and "a container granted just now" in pending[gpu0]
     assert wait_until(lambda: plugin.pending() == {}, timeout=5)
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8, timeout=5)
+
+
+def test_random_sequences_of_profile_label_switches_and_profile_edits_never_overcommit(plugin, kubelet):
+    """The randomised sequence test over profiles: the node label (here the profile source) switching between
+    layouts, the ConfigMap's profiles edited under it, plugin and kubelet restarts, pods admitted and deleted."""
+    rng = random.Random(7)
+    layouts = [WHOLE_AND_SHARED, ALL_SHARED, ALL_WHOLE, [{"name": "shared", "mode": "shared", "replicas": 2}]]
+    daemon = plugin.daemon
+    assert daemon is not None
+
+    def write_profiles() -> None:
+        order = rng.sample(range(len(layouts)), len(layouts))
+        plugin.config.write_text(yaml.safe_dump({"version": "v1", "defaultProfile": "p0", "profiles": {f"p{i}": {"pools": layouts[j]} for i, j in enumerate(order)}}))
+
+    write_profiles()
+    daemon.reloader.check()
+    daemon.reloader.check()
+    for step in range(30):
+        action = rng.choice(["label", "label", "edit", "admit", "admit", "admit", "delete", "restart", "kubelet"])
+        daemon = plugin.daemon
+        assert daemon is not None
+        if action == "label":
+            daemon.reloader.profiles.flag = rng.choice(["p0", "p1", "p2", "p3"])
+            daemon.reloader.check()
+        elif action == "edit":
+            write_profiles()
+            daemon.reloader.check()
+            daemon.reloader.check()
+        elif action == "admit":
+            plugin.fill(rng.choice([GPU, SHARE]), rng.choice([1, 1, 2]), 3)
+        elif action == "delete" and plugin.pods:
+            plugin.release(rng.choice(plugin.pods))
+        elif action == "restart":
+            flag = daemon.reloader.profiles.flag
+            plugin.stop()
+            write_profiles()
+            plugin.start()
+            assert plugin.daemon is not None
+            plugin.daemon.reloader.profiles.flag = flag
+            plugin.daemon.reloader.check()
+        elif action == "kubelet":
+            kubelet.restart()
+        plugin.settle()
+        assert overcommitted(kubelet, plugin.node) == [], f"step {step}: {action}"

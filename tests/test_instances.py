@@ -31,7 +31,8 @@ class Logged:
     def __init__(self, proc: subprocess.Popen) -> None:
         self.lines: list[str] = []
         assert proc.stderr is not None
-        self.thread = threading.Thread(target=lambda: self.lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+        stderr = proc.stderr
+        self.thread = threading.Thread(target=lambda: self.lines.extend(iter(stderr.readline, "")), daemon=True)
         self.thread.start()
 
     def line(self, text: str) -> str | None:
