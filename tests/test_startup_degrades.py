@@ -97,3 +97,26 @@ def test_devices_whose_nodes_are_missing_are_unhealthy_in_the_first_list_and_nev
     with pytest.raises(grpc.RpcError) as refused:
         kubelet.stub(GPU).Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[gpu1])]))
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_mig_instance_whose_capability_nodes_are_missing_is_unhealthy_in_the_first_list(kubelet, tmp_path, daemons):
+    root = tmp_path / "host"
+    (root / "dev" / "nvidia-caps").mkdir(parents=True)
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia2", "nvidia-caps/nvidia-cap21", "nvidia-caps/nvidia-cap22"):
+        (root / "dev" / name).touch()
+    inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "8xA100-80GB-mig.yaml")
+    first_mig, second_mig = inventory.discover().gpus[2].mig_devices
+    caps = root / f"proc/driver/nvidia/capabilities/gpu2/mig/gi{first_mig.gi_id}"  # the second instance's are not there
+    (caps / f"ci{first_mig.ci_id}").mkdir(parents=True)
+    (caps / "access").write_text("DeviceFileMinor: 21\n")
+    (caps / f"ci{first_mig.ci_id}" / "access").write_text("DeviceFileMinor: 22\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"version": "v1", "deviceSpecs": True, "deviceRoot": str(root), "pools": [{"name": "mig", "mode": "mig", "gpus": {"indexes": [2]}}]}))
+    daemon = PluginDaemon(inventory, options(kubelet, config))
+    daemons.append(daemon)
+    daemon.start()
+    mig = f"example.com/mig-{first_mig.profile}"
+    assert kubelet.wait_for(lambda st: mig in st and st[mig].messages >= 1, timeout=10)
+    first = kubelet.resources()[mig]
+    assert first.messages == 1 and first.unhealthy == [second_mig.uuid] and first.healthy == [first_mig.uuid]
+    assert "cannot read MIG capability" in daemon.state.snapshot().reasons[second_mig.uuid]

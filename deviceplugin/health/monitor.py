@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..model.node import Gpu, HealthEvent, NodeInfo
@@ -65,7 +65,7 @@ class HealthMonitor(BackgroundLoop):
         state: NodeState,
         settings: HealthSettings = HealthSettings(),
         clock: Callable[[], float] = time.monotonic,
-        node_check: Callable[[Gpu], str | None] | None = None,
+        node_check: Callable[[Gpu], Mapping[str, str]] | None = None,
     ) -> None:
         super().__init__("health")
         self.inventory = inventory
@@ -73,7 +73,7 @@ class HealthMonitor(BackgroundLoop):
         self.state = state
         self.settings = settings
         self.clock = clock
-        self.node_check = node_check  # beyond NVML: e.g. the device nodes deviceSpecs hands out exist
+        self.node_check = node_check  # beyond NVML, GPU or MIG UUID -> problem: e.g. the device nodes deviceSpecs hands out
         self._xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
@@ -147,12 +147,14 @@ class HealthMonitor(BackgroundLoop):
         required: dict[str, bool | None] = {}  # GPU uuid -> the driver says it needs a reset (None: cannot tell)
         for gpu in self.node.gpus:
             try:
-                problem = self.inventory.check(gpu.uuid) or (self.node_check(gpu) if self.node_check else None)
+                problem = self.inventory.check(gpu.uuid)
+                problems = {gpu.uuid: problem} if problem else dict(self.node_check(gpu)) if self.node_check else {}
             except Exception as err:  # a check that raises counts as a failing query
-                problem = f"health check raised {err}"
-            if problem:
+                problems = {gpu.uuid: f"health check raised {err}"}
+            if gpu.uuid in problems:
                 failing.add(gpu.uuid)
-                changed |= self._mark(gpu.uuid, problem, now)
+            for uuid, why in problems.items():  # the GPU, or one MIG instance of it
+                changed |= self._mark(uuid, why, now)
             try:
                 required[gpu.uuid] = self.inventory.reset_required(gpu.uuid)
             except Exception as err:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..agent.holds import ContainerHolds
 from ..agent.usage import PodResourcesClient
-from ..alloc.devicenodes import missing_device_nodes
+from ..alloc.devicenodes import missing_device_nodes, missing_mig_capabilities
 from ..config.types import Config
 from ..health.monitor import HealthMonitor
 from ..model.node import Gpu
@@ -25,18 +25,20 @@ from .plan import ConfigFile, Plan, plan_node, read_config
 
 
 class DeviceNodeCheck:
-    """With deviceSpecs, a GPU whose device nodes are missing on the host cannot be handed out: Unhealthy. Follows
-    reloads (`config` is replaced)."""
+    """With deviceSpecs, a GPU whose device nodes are missing on the host, or a MIG instance whose capability nodes
+    are, cannot be handed out: Unhealthy (GPU or MIG UUID -> why). Follows reloads (`config` is replaced)."""
 
     def __init__(self, config: Config) -> None:
         self.config = config
 
-    def __call__(self, gpu: Gpu) -> str | None:
+    def __call__(self, gpu: Gpu) -> dict[str, str]:
         config = self.config
         if not config.device_specs:
-            return None
+            return {}
         missing = missing_device_nodes(config.device_root, gpu)
-        return f"deviceSpecs: device node(s) missing under deviceRoot {config.device_root}: {', '.join(missing)}" if missing else None
+        if missing:
+            return {gpu.uuid: f"deviceSpecs: device node(s) missing under deviceRoot {config.device_root}: {', '.join(missing)}"}
+        return {uuid: f"deviceSpecs: {why}" for uuid, why in missing_mig_capabilities(config.device_root, gpu).items()}
 
 
 @dataclass
