@@ -47,6 +47,7 @@ class Node:
         self.config = tmp / "config.yaml"
         self.daemon: PluginDaemon | None = None
         self.pods: list[Pod] = []
+        self.refusal = ""  # the kubelet's message for the last pod it refused
 
     def write(self, pools: list[dict]) -> None:
         self.config.write_text(yaml.safe_dump({"version": "v1", "pools": pools}))
@@ -65,8 +66,13 @@ class Node:
     def settle(self) -> None:
         """Wait until the kubelet lists what the plugin serves (every resource registered with all its devices)."""
         assert self.daemon is not None
-        served = {r.name: len(r.devices) for r in self.daemon.manager.resources}
-        assert self.kubelet.wait_for(lambda st: all(n in st and st[n].registered and st[n].capacity == c for n, c in served.items()), timeout=10)
+        manager = self.daemon.manager
+
+        def listed(st: dict) -> bool:
+            served = {s.resource.name: (len(s.resource.devices), s.socket_path.name if s.socket_path else "") for s in list(manager.servers)}
+            return all(n in st and st[n].registered and (st[n].capacity, st[n].endpoint) == want for n, want in served.items())
+
+        assert self.kubelet.wait_for(listed, timeout=10), (self.kubelet.resources(), [(s.resource.name, s.socket_path) for s in manager.servers])
 
     def stop(self) -> None:
         if self.daemon is not None:
@@ -91,7 +97,8 @@ class Node:
         pod = Pod(f"p{len(self.pods)}", [Container("c", {resource: count})])
         try:
             self.kubelet.admit(pod)
-        except AdmissionError:
+        except AdmissionError as err:
+            self.refusal = str(err)
             return None
         self.pods.append(pod)
         return pod
@@ -149,7 +156,7 @@ def test_repool_to_shared_never_puts_shares_on_the_gpu_held_whole_and_switches_o
     assert "gpushare_config_pending_gpus 1.0" in text and f'gpushare_gpu_config_pending{{gpu="0",model="Tesla T4",uuid="{gpu0}"}} 1.0' in text
     assert plugin.daemon.manager.deferred == 1
     plugin.release(whole)
-    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8 and not st[GPU].registered, timeout=5)
+    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8 and not st[GPU].registered, timeout=10), (kubelet.resources(), plugin.pending())
     assert wait_until(lambda: plugin.pending() == {})
     assert len(plugin.fill(SHARE, 1, 5)) == 4
     assert overcommitted(kubelet, plugin.node) == []
@@ -159,7 +166,7 @@ def test_repool_to_whole_never_puts_a_whole_gpu_pod_beside_share_tenants(plugin,
     plugin.fill(SHARE, 1, 4)
     gpu0, gpu1 = (g.uuid for g in plugin.node.gpus)
     plugin.reload(ALL_WHOLE)
-    assert plugin.admit(GPU, 1) is not None  # GPU 0, which was already whole
+    assert plugin.admit(GPU, 1) is not None, plugin.refusal  # GPU 0, which was already whole
     assert plugin.admit(GPU, 1) is None  # GPU 1 is held by four share tenants
     assert overcommitted(kubelet, plugin.node) == []
     assert list(plugin.pending()) == [gpu1]

@@ -90,12 +90,15 @@ def container_grant(
             "(ask for 1, or use mpsLimits: proportional)",
         )
     visible = ",".join(u.uuid for u in units)
-    envs = {"CUDA_VISIBLE_DEVICES": visible}
+    envs: dict[str, str] = {}
     cdi: tuple[str, ...] = ()
     if settings.device_list_strategy == "cdi":
+        # The CDI devices alone say what the container sees. The kubelet merges the CDI devices of every resource a
+        # container holds, but keeps one value of an env: a CUDA_VISIBLE_DEVICES here would hide the GPUs of the
+        # container's other resource (a container holding both gpu and gpu-share).
         cdi = tuple(f"{settings.cdi_kind}={u.uuid}" for u in units)
     else:
-        envs["NVIDIA_VISIBLE_DEVICES"] = visible
+        envs["CUDA_VISIBLE_DEVICES"] = envs["NVIDIA_VISIBLE_DEVICES"] = visible
     specs = tuple(device_specs(settings.device_root, units)) if settings.device_specs else ()
     mounts = _share_facts(envs, resource, units, devices) if pool.shared else ()
     return ContainerGrant(envs=envs, mounts=mounts, device_specs=specs, cdi_devices=cdi)

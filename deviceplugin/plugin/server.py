@@ -533,7 +533,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             metrics.allocated(self.resource.name, True, time.perf_counter() - started)
         if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
             ids = [i for req in request.container_requests for i in req.devices_ids]
-            gpus = sorted({g for resp in responses for g in resp.envs.get("CUDA_VISIBLE_DEVICES", "").split(",") if g})
+            gpus = sorted({self.resource.devices[i].unit.uuid for i in ids})  # every ID is known: the grant checked them
             log.info("allocated %s: %s -> %s", self.resource.name, brief(ids), brief(gpus, 3))
         return pb.AllocateResponse(container_responses=responses)
 

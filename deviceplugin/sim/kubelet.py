@@ -94,6 +94,7 @@ class ResourceStatus:
     registered: bool
     messages: int  # ListAndWatch messages received since registration
     topology: dict[str, list[int]]
+    endpoint: str = ""  # the socket (file name) of the registration it holds
 
 
 class _Endpoint:
@@ -272,6 +273,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             registered=not endpoint.stopped,
             messages=endpoint.messages,
             topology={i: [n.ID for n in d.topology.nodes] for i, d in endpoint.devices.items()},
+            endpoint=endpoint.socket.name,
         )
 
     def wait_for(self, predicate: Callable[[dict[str, ResourceStatus]], bool], timeout: float = 10.0) -> bool:

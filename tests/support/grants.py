@@ -27,7 +27,7 @@ def overcommitted(kubelet: KubeletSimulator, node: NodeInfo) -> list[str]:
             if device in ids:
                 problems.append(f"device {device} held by {ids[device]} and {who}")
             ids[device] = who
-        units = [u for u in response.envs["CUDA_VISIBLE_DEVICES"].split(",") if u]
+        units = sorted({d.split("::")[0] for d in devices})  # the GPU or MIG UUIDs the IDs are on
         envs = response.envs
         for unit in units:
             part = Fraction(int(envs[ENV_SHARE_COUNT]), int(envs[ENV_SHARE_TOTAL])) if ENV_SHARE_TOTAL in envs else Fraction(1)
