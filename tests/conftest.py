@@ -126,3 +126,16 @@ def fake_kube(tmp_path):
     api = FakeKube().start()
     yield api, api.write_kubeconfig(tmp_path / "kubeconfig")
     api.stop()
+
+
+@pytest.fixture(scope="session")
+def controlplane() -> Iterator[Any]:
+    """One real kube-apiserver (with etcd) for the whole session; skipped without `KUBEBUILDER_ASSETS`."""
+    from tests.support.controlplane import ControlPlane, assets_dir
+
+    binaries = assets_dir()
+    if binaries is None:
+        pytest.skip("needs the control-plane binaries: set KUBEBUILDER_ASSETS to a directory with etcd, kube-apiserver, kube-scheduler")
+    cp = ControlPlane.start(binaries)
+    yield cp
+    cp.stop()

@@ -26,9 +26,7 @@ from deviceplugin.extender.watch import WatchSettings
 from .conftest import GPU_CLI, get
 from .support.fake_kube import FakeCluster
 
-FIXTURES = Path("/work/shared/fixtures/kube-scheduler-extender")
-if not FIXTURES.exists():
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "kube-scheduler-extender"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "kube-scheduler-extender"
 SHARE = "example.com/gpu-share"
 KEY = "example.com/gpu-share.inventory"
 

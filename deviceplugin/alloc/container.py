@@ -7,14 +7,14 @@ so repeated calls with the same IDs give the same answer.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..logs import brief
 from ..model.devices import Device, Resource, Unit
 from ..model.shares import share_compute_percent, share_memory_mib
 from ..mps.paths import MpsPaths
-from .devicenodes import DeviceNode, device_specs
+from .devicenodes import DeviceNode, MissingCapability, device_specs
 
 # Environment variables a share-aware application can read.
 ENV_SHARE_COUNT = "GPU_SHARE_COUNT"
@@ -73,7 +73,7 @@ def container_grant(
     sick = [d.id for d in devices if d.is_unhealthy(unhealthy, held)]
     if sick:
         raise AllocationError(Refusal.PRECONDITION, f"devices on an unhealthy GPU for {resource.name}: {brief(sick, 8)}")
-    pool, settings = resource.pool, resource.settings
+    pool = resource.pool
     units = _units_of(resource, devices)
     if pool.shared and len(units) > 1 and not pool.allow_span:
         kind = "MIG instances" if units[0].mig else "GPUs"
@@ -89,6 +89,17 @@ def container_grant(
             f"{resource.name} uses MPS with strict limits: one share per container, got {len(devices)} "
             "(ask for 1, or use mpsLimits: proportional)",
         )
+    return unit_grant(resource, [(u, sum(1 for d in devices if d.unit is u)) for u in units])
+
+
+def unit_grant(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None = None) -> ContainerGrant:
+    """What a container gets for `k` devices (shares, or 1 for a whole unit) of each unit: the one place both node
+    APIs (the device plugin's Allocate, the DRA driver's NodePrepareResources) build a grant.
+
+    `mps_client_limits`: give an MPS client its own limits from its shares (the pool's `mpsLimits: proportional`
+    when None; the DRA driver always does, from the claim's consumed capacity)."""
+    units = [u for u, _ in holdings]
+    settings = resource.settings
     visible = ",".join(u.uuid for u in units)
     envs: dict[str, str] = {}
     cdi: tuple[str, ...] = ()
@@ -99,29 +110,37 @@ def container_grant(
         cdi = tuple(f"{settings.cdi_kind}={u.uuid}" for u in units)
     else:
         envs["CUDA_VISIBLE_DEVICES"] = envs["NVIDIA_VISIBLE_DEVICES"] = visible
-    specs = tuple(device_specs(settings.device_root, units)) if settings.device_specs else ()
-    mounts = _share_facts(envs, resource, units, devices) if pool.shared else ()
+    try:
+        specs = tuple(device_specs(settings.device_root, units)) if settings.device_specs else ()
+    except MissingCapability as err:
+        raise AllocationError(Refusal.PRECONDITION, f"{resource.name}: {err}") from None
+    mounts: tuple[Mount, ...] = ()
+    if resource.pool.shared:
+        limits = resource.pool.mps_limits == "proportional" if mps_client_limits is None else mps_client_limits
+        share_envs, mounts = share_facts(resource, holdings, limits)
+        envs.update(share_envs)
     return ContainerGrant(envs=envs, mounts=mounts, device_specs=specs, cdi_devices=cdi)
 
 
-def _share_facts(envs: dict[str, str], resource: Resource, units: list[Unit], devices: list[Device]) -> tuple[Mount, ...]:
-    """GPU_SHARE_* for every shared pool; the MPS pipe, mounts and (proportional) per-client limits."""
-    per_unit = [(u, sum(1 for d in devices if d.unit is u)) for u in units]
-    memory = sum(share_memory_mib(u, k) for u, k in per_unit)
-    compute = sum(share_compute_percent(u, k) for u, k in per_unit)  # percent of one GPU; over 100 only when spanning
-    envs[ENV_SHARE_COUNT] = str(len(devices))
-    envs[ENV_SHARE_TOTAL] = str(units[0].replicas)
-    envs[ENV_MEMORY_LIMIT] = str(memory)
-    envs[ENV_COMPUTE_PERCENT] = str(compute)
+def share_facts(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool) -> tuple[dict[str, str], tuple[Mount, ...]]:
+    """GPU_SHARE_* for every shared pool; the MPS pipe, mounts and (with `mps_client_limits`) per-client limits."""
+    memory = sum(share_memory_mib(u, k) for u, k in holdings)
+    compute = sum(share_compute_percent(u, k) for u, k in holdings)  # percent of one GPU; over 100 only when spanning
+    envs = {
+        ENV_SHARE_COUNT: str(sum(k for _, k in holdings)),
+        ENV_SHARE_TOTAL: str(holdings[0][0].replicas),
+        ENV_MEMORY_LIMIT: str(memory),
+        ENV_COMPUTE_PERCENT: str(compute),
+    }
     pool = resource.pool
     if not pool.mps:
-        return ()
+        return envs, ()
     paths = MpsPaths.of(resource.settings.mps_root, pool.name)
     envs["CUDA_MPS_PIPE_DIRECTORY"] = str(paths.pipe)
-    if pool.mps_limits == "proportional":
+    if mps_client_limits:
         envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(compute)
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
-    return (Mount(container_path=str(paths.pipe), host_path=str(paths.pipe)), Mount(container_path="/dev/shm", host_path=str(paths.shm)))
+    return envs, (Mount(container_path=str(paths.pipe), host_path=str(paths.pipe)), Mount(container_path="/dev/shm", host_path=str(paths.shm)))
 
 
 def _units_of(resource: Resource, devices: list[Device]) -> list[Unit]:

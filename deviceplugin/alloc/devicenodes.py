@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,9 +9,11 @@ from pathlib import Path
 from ..model.devices import Unit
 from ..model.node import Gpu
 
-log = logging.getLogger(__name__)
-
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+
+class MissingCapability(Exception):
+    """A MIG instance's capability nodes cannot be read: a container given it could not use it."""
 
 
 @dataclass(frozen=True)
@@ -54,15 +55,16 @@ _MIG_CAPABILITIES: dict[tuple[str, int, int, int], tuple[str, ...]] = {}  # comp
 def mig_capability_devices(device_root: str, minor: int, gi: int, ci: int) -> tuple[str, ...]:
     """The /dev/nvidia-caps nodes that grant access to one MIG instance, from /proc/driver/nvidia/capabilities.
 
-    Only a read that found both nodes is remembered; a failed or partial one is retried on the next Allocate.
+    Only a read that found both nodes is remembered; a failed or partial one raises MissingCapability (the grant is
+    refused, and the read retried on the next one).
     """
     key = (device_root, minor, gi, ci)
     if key in _MIG_CAPABILITIES:
         return _MIG_CAPABILITIES[key]
     found, problems = _read_capabilities(device_root, minor, gi, ci)
-    for problem in problems:
-        log.warning("%s: retried on the next allocation", problem)
-    if len(found) == 2 and len(_MIG_CAPABILITIES) < 4096:
+    if problems:
+        raise MissingCapability(problems[0])
+    if len(_MIG_CAPABILITIES) < 4096:
         _MIG_CAPABILITIES[key] = tuple(found)
     return tuple(found)
 
@@ -79,7 +81,8 @@ def missing_mig_capabilities(device_root: str, gpu: Gpu) -> dict[str, str]:
 
 
 def _read_capabilities(device_root: str, minor: int, gi: int, ci: int) -> tuple[list[str], list[str]]:
-    """(the capability nodes of one MIG instance found, why the others were not)."""
+    """(the capability nodes of one MIG instance found, why the others were not): the health check and the grant read
+    them the same way."""
     base = Path(device_root) / "proc/driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
     found, problems = [], []
     for access in (base / "access", base / f"ci{ci}" / "access"):

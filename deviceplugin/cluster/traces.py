@@ -1,8 +1,8 @@
 """Reading the Alibaba openb node and pod lists (the FGD paper's trace) into the cluster model.
 
-The CSVs are not shipped with gpu-share: they are read from a trace directory (`--trace-dir`, else
-$GPU_SHARE_TRACE_DIR, else `shared/traces/alibaba-gpu-v2023` in or beside the working directory or the
-source checkout).
+The CSVs are not shipped with gpu-share (where to get them: docs/packing.md#getting-the-trace): they are read
+from a trace directory, `--trace-dir`, else $GPU_SHARE_TRACE_DIR, else the first folder found at the search
+location `shared/traces/alibaba-gpu-v2023` in or beside the working directory or the source checkout.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from .model import MILLI, Node, Pod
 
 TRACE_DIR_ENV = "GPU_SHARE_TRACE_DIR"
-TRACE_SUBDIR = Path("shared/traces/alibaba-gpu-v2023")
+TRACE_SUBDIR = Path("shared/traces/alibaba-gpu-v2023")  # a search location for the CSVs (trace_dir_candidates), not a shipped folder
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
 POD_FILE = "openb_pod_list_{}.csv"
 MAX_ROWS = 1_000_000
@@ -57,10 +57,15 @@ def resolve(name_or_path: str, trace_dir: str | None, template: str) -> Path:
     name itself when it ends in .csv, else `template` filled with it."""
     if os.sep in name_or_path or Path(name_or_path).is_file():
         path = Path(name_or_path)
-    else:
-        path = find_trace_dir(trace_dir) / (name_or_path if name_or_path.endswith(".csv") else template.format(name_or_path))
+        if not path.is_file():
+            raise TraceError(f"trace file {path} does not exist")
+        return path
+    folder = find_trace_dir(trace_dir)
+    path = folder / (name_or_path if name_or_path.endswith(".csv") else template.format(name_or_path))
     if not path.is_file():
-        raise TraceError(f"trace file {path} does not exist")
+        prefix, suffix = template.split("{}")
+        names = sorted(p.name[len(prefix):-len(suffix)] for p in folder.glob(template.format("*")))
+        raise TraceError(f"trace file {path} does not exist; the names {folder} has: {', '.join(names) or 'none'}")
     return path
 
 

@@ -1,7 +1,7 @@
 """Real GPUs through NVML (nvidia-ml-py's `pynvml`): the same inventory interface as the simulated node.
 
-The pynvml behaviours handled here: MIG index gaps, NotSupported on GPUs without MIG, lost GPUs (counted, but no
-handle), PCI bus-id formats, event sets that fail every wait at once while they hold a lost GPU.
+docs/nvml.md lists the pynvml behaviours handled here (MIG index gaps, NotSupported on GPUs without MIG,
+lost GPUs, PCI bus-id formats, event sets that fail at once after a GPU is lost) and what is done for each.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of an event or proce
 _MIG_PROFILE = re.compile(r"MIG (\d+g\.\d+gb(?:\+\w+)*)")
 NO_DRIVER_HINT = (
     "is the NVIDIA driver installed and the container started with the NVIDIA runtime? "
-    "Without a GPU, run on a simulated node: gpu-share run --node examples/nodes/2xT4.yaml"
+    "Without a GPU, run on a simulated node: gpu-share demo --node examples/nodes/2xT4.yaml"
 )
 
 

@@ -98,3 +98,12 @@ def link_between(links: dict[tuple[str, str], Link], a: Gpu, b: Gpu) -> Link:
     """How `a` and `b` are connected, from links keyed (uuid, uuid) with the lower index first; Link() when unknown."""
     first, second = sorted((a, b), key=lambda g: g.index)
     return links.get((first.uuid, second.uuid), Link())
+
+
+def gpu_family(major: int, minor: int) -> str:
+    """The architecture of a CUDA compute capability, by GFD's family names ("undefined" when unknown)."""
+    if major == 7:
+        return "volta" if minor < 5 else "turing"
+    if major == 8:
+        return "ampere" if minor < 9 else "ada-lovelace"
+    return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell", 12: "blackwell"}.get(major, "undefined")

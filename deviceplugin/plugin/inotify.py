@@ -1,8 +1,9 @@
 """Directory change notification through Linux inotify (libc via ctypes), for an asyncio loop.
 
-The kubelet-restart signal is a CREATE of kubelet.sock in the device-plugin directory (kubelet-contract
-§2.6); the NVIDIA plugin and the upstream stub watch it the same way. Where inotify is unavailable
-(not Linux, no instances left) `DirectoryWatch.open` returns None and the caller falls back to polling.
+The kubelet-restart signal is a CREATE of kubelet.sock in the device-plugin directory
+(docs/kubelet.md#kubelet-restarts); the NVIDIA plugin and the upstream stub watch it the same way. Where
+inotify is unavailable (not Linux, no instances left) `DirectoryWatch.open` returns None and the caller falls
+back to polling.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Runs every resource's server and follows the kubelet's lifecycle (restarts, deleted sockets).
 
-Kubelet restart signals (kubelet-contract §2.6): kubelet.sock is recreated, or a server's own socket
+Kubelet restart signals (docs/kubelet.md#kubelet-restarts): kubelet.sock is recreated, or a server's own socket
 disappears. The device-plugin directory is watched with inotify, so a new kubelet.sock is answered with
 a Register within milliseconds; a poll every `watch_interval` is the safety net (and the only signal
 where inotify is unavailable). The same poll follows MPS pools: a pool is served once its control daemon

@@ -82,7 +82,7 @@ def kubelet_identity(path: Path) -> tuple[int, int] | None:
 
 
 def socket_path_for(plugin_dir: Path, resource: Resource, serial: int | None = None) -> Path:
-    """A fresh socket path per serving instance (kubelet-contract §2.5), of the same length for every instance of
+    """A fresh socket path per serving instance (docs/kubelet.md#re-registration), of the same length for every instance of
     the resource (the serial is three digits, modulo 1000), so a path that fits once fits always; SocketPathError
     when it does not."""
     serial = next(_instance_counter) if serial is None else serial
@@ -118,7 +118,7 @@ class _Instance:
         self.pending = False  # asked to register again while a registration runs
         self.registering = False  # a Register call is in flight
         # The kubelet calls GetDevicePluginOptions inside our Register, then opens ListAndWatch on the same
-        # connection: the first stream after that call is the kubelet's own (kubelet-contract §2.3).
+        # connection: the first stream after that call is the kubelet's own (docs/kubelet.md#registration).
         self.expect_kubelet_stream = False
         self.kubelet_stream: object | None = None  # the latest kubelet stream; an older one ending is no signal
         self.other_streams = 0

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount, Refusal, container_grant
-from deviceplugin.alloc.devicenodes import DeviceNode, mig_capability_devices
+from deviceplugin.alloc.devicenodes import DeviceNode, MissingCapability, mig_capability_devices
 from deviceplugin.alloc.placement import preferred_allocation
 from deviceplugin.plugin import wire
 
@@ -130,14 +130,26 @@ def test_grants(top, pool, ids, expected):
     assert container_grant(one_pool(T4, pool, **top), list(reversed(ids)) * 2) == grant  # order and repeats do not matter
 
 
-def test_mig_capability_read_failures_are_retried(tmp_path):
+def test_mig_capability_read_failures_are_refused_and_retried(tmp_path):
     root = str(tmp_path)
-    assert mig_capability_devices(root, 3, 1, 0) == ()  # not readable (yet): nothing cached
+    with pytest.raises(MissingCapability, match="cannot read MIG capability"):  # not readable (yet): nothing cached
+        mig_capability_devices(root, 3, 1, 0)
     caps = tmp_path / "proc/driver/nvidia/capabilities/gpu3/mig/gi1"
     (caps / "ci0").mkdir(parents=True)
     (caps / "access").write_text("DeviceFileMinor: 31\n")
+    (caps / "ci0" / "access").write_text("no minor here\n")
+    with pytest.raises(MissingCapability, match="names no DeviceFileMinor"):
+        mig_capability_devices(root, 3, 1, 0)
     (caps / "ci0" / "access").write_text("DeviceFileMinor: 32\n")
     expected = ("/dev/nvidia-caps/nvidia-cap31", "/dev/nvidia-caps/nvidia-cap32")
     assert mig_capability_devices(root, 3, 1, 0) == expected
     (caps / "access").unlink()
     assert mig_capability_devices(root, 3, 1, 0) == expected  # a complete read is kept
+
+
+def test_a_mig_grant_whose_capability_nodes_cannot_be_read_is_refused(tmp_path):
+    a100 = node("8xA100-80GB-mig")
+    mig = one_pool(a100, {"name": "m", "mode": "mig", "gpus": {"indexes": [2]}}, deviceSpecs=True, deviceRoot=str(tmp_path))
+    with pytest.raises(AllocationError, match="cannot read MIG capability") as refused:
+        container_grant(mig, [next(iter(mig.devices))])
+    assert refused.value.code is Refusal.PRECONDITION

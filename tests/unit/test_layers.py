@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"kube"},
     {"agent"},
     {"obs"},
+    {"dra"},
     {"extender"},
     {"runtime"},
     {"sim"},

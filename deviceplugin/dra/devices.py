@@ -1,0 +1,218 @@
+"""The node's devices as DRA publishes them, and what a claim's allocation result gives a container.
+
+Pure data, no transport: the slice publisher renders `DraDevice.to_api()` into ResourceSlices, the kubelet plugin
+turns an allocation result into a `ClaimShare` and its `ContainerGrant` (docs/dra.md).
+
+One DRA device per unit of the config's pools: a whole GPU (exclusive pool), a MIG instance (mig pool), or a
+GPU/MIG instance of a shared pool, published once with `allowMultipleAllocations: true` and two consumable
+capacities that stay proportional:
+
+- `shares`: the unit's N shares; a claim consumes whole shares (default 1, step 1);
+- `memory`: N x the memory of one share; a claim consumes whole shares' worth (default one share, step one share).
+
+kube-scheduler checks each capacity on its own, and a capacity a claim does not name is consumed at its default.
+So the driver grants `max(shares, memory / one share)` shares and keeps its own ledger of what prepared claims
+hold on each device: a claim that names only one of the two can never make the node hand out more than N shares
+(the ledger refuses it at prepare, with a message), and a claim that names neither gets one share.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from ..alloc.container import ContainerGrant, unit_grant
+from ..model.devices import Resource, Unit
+from ..model.node import NodeInfo, gpu_family
+from ..model.shares import share_memory_mib
+
+DRIVER_PREFIX = "gpu-share"
+MIB = 1024 * 1024
+# A slice holds at most 128 devices, 64 when any device has taints (the API's limits); the publisher splits by 64.
+MAX_DEVICES_PER_SLICE = 64
+MAX_QUANTITY_LENGTH = 64
+
+CAPACITY_SHARES = "shares"
+CAPACITY_MEMORY = "memory"
+
+
+def driver_name(domain: str) -> str:
+    """The DRA driver's name: `gpu-share.<domain>` (a DNS subdomain, as `results[].driver` names it)."""
+    return f"{DRIVER_PREFIX}.{domain}"
+
+
+class ClaimError(ValueError):
+    """An allocation result this driver cannot prepare, with a message for the pod's event."""
+
+
+@dataclass(frozen=True)
+class DraDevice:
+    """One published device: a unit of one of the config's resources."""
+
+    name: str  # DNS label, unique in the node's pool
+    unit: Unit
+    resource: Resource
+
+    @property
+    def shared(self) -> bool:
+        """Many claims may hold it at once, each a number of its shares."""
+        return self.resource.pool.shared
+
+    @property
+    def shares(self) -> int:
+        return self.unit.replicas
+
+    @property
+    def share_memory_bytes(self) -> int:
+        return share_memory_mib(self.unit, 1) * MIB
+
+    def to_api(self, driver: str, node: NodeInfo) -> dict[str, Any]:
+        """The device as resource.k8s.io/v1 `Device` (a plain dict, camelCase keys)."""
+        gpu, unit = self.unit.gpu, self.unit
+        attributes: dict[str, dict[str, Any]] = {
+            "type": {"string": "mig" if unit.mig else "gpu"},
+            "uuid": {"string": unit.uuid},
+            "index": {"int": gpu.index},
+            "productName": {"string": gpu.model[:64]},
+            "pool": {"string": self.resource.pool.name[:64]},
+            "mode": {"string": _mode(self.resource)},
+        }
+        if unit.mig:
+            attributes["parentUUID"] = {"string": gpu.uuid}
+            attributes["migProfile"] = {"string": unit.mig.profile}
+        capability = _version(gpu.compute_capability)
+        if capability:
+            attributes["cudaComputeCapability"] = {"version": capability}
+            major, minor = (int(p) for p in capability.split(".")[:2])
+            attributes["architecture"] = {"string": gpu_family(major, minor)}
+        for key, raw in (("driverVersion", node.driver_version), ("cudaDriverVersion", node.cuda_driver_version)):
+            version = _version(raw)
+            if version:
+                attributes[key] = {"version": version}
+        if gpu.numa_node is not None:
+            attributes["numaNode"] = {"int": gpu.numa_node}
+        if gpu.pci_bus_id:
+            attributes["pciBusID"] = {"string": gpu.pci_bus_id[:64]}
+        memory = unit.memory_mib * MIB
+        device: dict[str, Any] = {"name": self.name, "attributes": attributes}
+        if self.shared:
+            n, one = self.shares, self.share_memory_bytes
+            device["allowMultipleAllocations"] = True
+            device["capacity"] = {
+                CAPACITY_SHARES: {"value": str(n), "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(n), "step": "1"}}},
+                CAPACITY_MEMORY: {
+                    "value": str(n * one),
+                    "requestPolicy": {"default": str(one), "validRange": {"min": str(one), "max": str(n * one), "step": str(one)}},
+                },
+            }
+        else:
+            device["capacity"] = {CAPACITY_MEMORY: {"value": str(memory)}}
+        return device
+
+
+def _mode(resource: Resource) -> str:
+    pool = resource.pool
+    if pool.mps:
+        return "mps"
+    return "time-slicing" if pool.shared else pool.mode
+
+
+def _version(raw: str) -> str:
+    """A semantic version from "8.0", "12.4" or "535.104.05" (three numeric parts, no leading zeros); "" if not one."""
+    parts = raw.strip().split(".")
+    if not raw or len(parts) > 3 or not all(p.isdigit() for p in parts):
+        return ""
+    return ".".join(str(int(p)) for p in (parts + ["0", "0"])[:3])
+
+
+def device_name(unit: Unit) -> str:
+    """A stable DNS label: `gpu-<index>`, or `gpu-<index>-mig-<gi>-<ci>` for a MIG instance."""
+    if unit.mig:
+        return f"gpu-{unit.gpu.index}-mig-{unit.mig.gi_id}-{unit.mig.ci_id}"
+    return f"gpu-{unit.gpu.index}"
+
+
+def dra_devices(resources: Iterable[Resource]) -> list[DraDevice]:
+    """Every unit of every resource, in GPU-index order (the scheduler's first fit follows slice and device order)."""
+    devices = [DraDevice(name=device_name(u), unit=u, resource=r) for r in resources for u in r.units]
+    devices.sort(key=lambda d: (d.unit.gpu.index, d.unit.mig.index if d.unit.mig else -1))
+    names = [d.name for d in devices]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:  # one unit in two resources: the plan never builds that, so this is a programming error
+        raise ValueError(f"device names used twice: {', '.join(duplicates)}")
+    return devices
+
+
+@dataclass(frozen=True)
+class ClaimShare:
+    """What one allocation result holds: a device, and for a shared device how many of its shares."""
+
+    device: DraDevice
+    shares: int  # 1 for an exclusive device
+    share_id: str | None = None  # the result's shareID, for a shared device
+
+    def grant(self) -> ContainerGrant:
+        """The container's grant: the device plugin's grant for the same holding, with MPS limits always from the
+        claim (what the claim paid for is what it gets)."""
+        return unit_grant(self.device.resource, [(self.device.unit, self.shares)], mps_client_limits=True)
+
+    @property
+    def memory_mib(self) -> int:
+        return share_memory_mib(self.device.unit, self.shares)
+
+
+def claim_share(device: DraDevice, consumed: Mapping[str, Any] | None, share_id: str | None) -> ClaimShare:
+    """The shares an allocation result holds on `device`, from its `consumedCapacity`; ClaimError if they cannot be."""
+    if not device.shared:
+        return ClaimShare(device=device, shares=1)
+    if not share_id:
+        raise ClaimError(f"device {device.name} is shared but the allocation result has no shareID")
+    consumed = consumed or {}
+    shares = _count(consumed.get(CAPACITY_SHARES), 1, CAPACITY_SHARES, device)
+    memory = _count(consumed.get(CAPACITY_MEMORY), device.share_memory_bytes, CAPACITY_MEMORY, device)
+    wanted = max(shares, -(-memory // device.share_memory_bytes))
+    if wanted > device.shares:
+        raise ClaimError(f"the claim holds {wanted} shares of {device.name}, which has {device.shares}")
+    return ClaimShare(device=device, shares=max(wanted, 1), share_id=share_id)
+
+
+def _count(raw: Any, default: int, name: str, device: DraDevice) -> int:
+    if raw is None:
+        return default
+    try:
+        value = parse_quantity(str(raw))
+    except ValueError as err:
+        raise ClaimError(f"consumed {name} of {device.name}: {err}") from None
+    if value < 0:
+        raise ClaimError(f"consumed {name} of {device.name} is negative: {str(raw)[:MAX_QUANTITY_LENGTH]}")
+    return int(value.to_integral_value(rounding="ROUND_CEILING"))
+
+
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d{1,3})|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?)")
+_SUFFIX = {
+    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
+
+
+def parse_quantity(text: str) -> Decimal:
+    """A Kubernetes Quantity ("2", "1536Mi", "20Gi", "1e3") as a Decimal; ValueError naming the text otherwise."""
+    if len(text) > MAX_QUANTITY_LENGTH:
+        raise ValueError(f"quantity longer than {MAX_QUANTITY_LENGTH} characters")
+    match = _QUANTITY.fullmatch(text.strip())
+    if not match:
+        raise ValueError(f"not a quantity: {text!r}")
+    number, exponent, suffix = match.groups()
+    try:
+        value = Decimal(number)
+        return value * (Decimal(10) ** int(exponent[1:]) if exponent else _SUFFIX[suffix or ""])
+    except (InvalidOperation, KeyError):
+        raise ValueError(f"not a quantity: {text!r}") from None
+
+
+def by_name(devices: Sequence[DraDevice]) -> dict[str, DraDevice]:
+    return {d.name: d for d in devices}
