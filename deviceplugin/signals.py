@@ -46,6 +46,11 @@ def wait_for_signal() -> None:
     _stop.wait()
 
 
+def stop_requested(timeout: float) -> bool:
+    """Wait up to `timeout` seconds for SIGTERM or SIGINT; True once one came."""
+    return _stop.wait(timeout)
+
+
 def raise_fd_limit() -> None:
     """Use the hard limit of open files: the default soft limit (1024) is small for a server many can connect to."""
     import resource

@@ -2,7 +2,9 @@
 
 Writers: the health monitor (unhealthy GPUs and MIG instances with the reasons, those awaiting a GPU reset, XID
 counts), the node agent (the GPUs the residue guard quarantines and the free devices it holds back; its latest
-observation), the plugin manager (MPS pools whose control daemon is not ready). Readers: the DevicePlugin servers
+observation), the plugin manager (MPS pools whose control daemon is not ready; the GPUs whose new shape waits for
+their holders to leave), and whatever holds devices, by source (`holds`: pod-resources and the kubelet's checkpoint
+for containers, a DRA driver for its prepared claims). Readers: the DevicePlugin servers
 (ListAndWatch and Allocate), the label and annotation publisher, the metrics.
 
 Every write replaces a part under one lock and makes a new immutable `NodeView`; readers take `snapshot()`, or
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .agent.observe import Observation
+    from .model.usage import Hold
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,12 @@ class NodeView:
     quarantined_devices: frozenset[str] = frozenset()  # their free device IDs, advertised Unhealthy
     unavailable_pools: frozenset[str] = frozenset()  # MPS pools whose control daemon is not ready: all devices Unhealthy
     observation: Observation | None = None  # the node agent's latest round; None before the first
+    holds: Mapping[str, frozenset[Hold]] = field(default_factory=lambda: MappingProxyType({}))  # source -> devices it holds
+    pending_gpus: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # GPU UUID -> why its new shape waits
+
+    def all_holds(self) -> frozenset[Hold]:
+        """Every hold of every source."""
+        return frozenset().union(*self.holds.values())
 
 
 Subscriber = Callable[[NodeView], None]
@@ -91,6 +100,16 @@ class NodeState:
     def set_observation(self, observation: Observation) -> None:
         """The node agent's latest round (usage, GPU stats, per-container memory, residue)."""
         self._update(lambda v: replace(v, observation=observation))
+
+    def set_holds(self, source: str, holds: frozenset[Hold]) -> None:
+        """What one source (`pod-resources`, `dra`, ...) says is held now: it pins those GPUs' shapes."""
+        holds = frozenset(holds)
+        self._update(lambda v: replace(v, holds=MappingProxyType({**v.holds, source: holds})))
+
+    def set_pending(self, pending: Mapping[str, str]) -> None:
+        """The GPUs kept in their old shape until released (their devices are Unhealthy for new containers)."""
+        pending = MappingProxyType(dict(pending))
+        self._update(lambda v: replace(v, pending_gpus=pending))
 
     # --- inside ------------------------------------------------------------------------------------
     def _update(self, change: Callable[[NodeView], NodeView]) -> None:

@@ -97,7 +97,12 @@ def test_lost_gpu_stays_unhealthy_while_queries_fail_and_never_crashes(stack, ku
     time.sleep(FAST_HEALTH.recovery_period * 2)  # longer than the quiet period: still failing, still Unhealthy
     assert kubelet.resources()["example.com/gpu"].allocatable == 0
     assert "GPU is lost" in monitor.state.snapshot().reasons[gpu.uuid]
-    inventory.restore(gpu.uuid)
+    inventory.restore(gpu.uuid)  # answering again is no evidence of a reset ...
+    time.sleep(FAST_HEALTH.check_interval * 4)
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0
+    inventory.set_reset_required(gpu.uuid, True)  # ... the driver's recovery action is
+    time.sleep(FAST_HEALTH.check_interval * 4)
+    inventory.set_reset_required(gpu.uuid, False)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=3)
     assert kubelet.resources()[SHARES].allocatable == 10
 

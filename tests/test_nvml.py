@@ -94,12 +94,20 @@ def test_lost_gpu_is_skipped_with_the_rest_discovered(install, caplog):
     assert "GPU 1 is not usable and is not advertised" in caplog.text and "GPU is lost" in caplog.text
 
 
-def test_nvml_error_names_the_call_and_gpu(install):
-    fake = FakeNvml([t4(0), t4(1)])
+def test_a_gpu_failing_a_query_is_skipped_with_the_call_and_gpu_named_and_the_rest_discovered(install):
+    fake = FakeNvml([t4(0), t4(1), t4(2)])
     fake.fail("nvmlDeviceGetMemoryInfo", 1, real.NVMLError_Unknown)
+    node = install(fake).discover()
+    assert [g.index for g in node.gpus] == [0, 2]
+    assert node.skipped == ((1, "NVML nvmlDeviceGetMemoryInfo failed on GPU 1 (GPU-t4-1): Unknown Error"),)
+
+
+def test_a_failing_node_wide_query_still_fails_discovery_with_the_call_named(install):
+    fake = FakeNvml([t4(0)])
+    fake.fail("nvmlSystemGetDriverVersion", None, real.NVMLError_Unknown)
     with pytest.raises(InventoryError) as err:
         install(fake).discover()
-    assert str(err.value) == "NVML nvmlDeviceGetMemoryInfo failed on GPU 1 (GPU-t4-1): Unknown Error"
+    assert str(err.value) == "NVML nvmlSystemGetDriverVersion failed: Unknown Error"
 
 
 def test_no_driver_message(install):

@@ -332,3 +332,44 @@ def test_huge_or_crafted_allocate_ids_get_short_escaped_errors(kubelet, start_pl
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     refused = [r.getMessage() for r in caplog.records if "refused Allocate" in r.getMessage()]
     assert refused and all("\n" not in line and len(line) < 1000 for line in refused)
+
+
+@pytest.mark.parametrize("method", ["GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer"])
+def test_an_undecodable_request_is_refused_as_invalid_with_what_it_should_have_been(kubelet, start_plugin, plugin_dir, method):
+    start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    sock = next(plugin_dir.glob("gpu-share-*.sock"))
+    with grpc.insecure_channel(f"unix:{sock}") as channel:
+        kind = channel.unary_stream if method == "ListAndWatch" else channel.unary_unary
+        call = kind(f"/v1beta1.DevicePlugin/{method}", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as err:
+            answer = call(b"\xff\xff\xff\xff", timeout=3)
+            if method == "ListAndWatch":
+                next(answer)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith("the request is not a valid v1beta1.") and "Error" not in err.value.details()
+    assert allocate(kubelet, SHARE, [f"{UUID0}::1"]).container_responses  # still serving
+
+
+def test_a_flood_of_large_preferred_allocations_is_placed_one_at_a_time_and_bounded(kubelet, start_plugin, plugin_dir):
+    """Large requests are placed off the event loop one at a time per resource; beyond MAX_PREFERRED_WAITING in
+    flight the rest are refused with RESOURCE_EXHAUSTED and a message, and the admitted ones get the same answer as
+    a lone request (so the loop stays free for every resource's Allocate)."""
+    from deviceplugin.plugin.server import MAX_PREFERRED_WAITING
+
+    manager = start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}, node_name="8xH100-80GB")
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    ids = list(manager.resources[0].devices)
+    request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=3)])
+    stub = kubelet.stub(SHARE)
+    alone = stub.GetPreferredAllocation(request, timeout=10).container_responses[0].deviceIDs
+    calls = [stub.GetPreferredAllocation.future(request, timeout=30) for _ in range(4 * MAX_PREFERRED_WAITING)]
+    answered, refused = [], []
+    for call in calls:
+        try:
+            answered.append(list(call.result().container_responses[0].deviceIDs))
+        except grpc.RpcError as err:
+            refused.append((err.code(), err.details()))
+    assert answered and all(a == list(alone) for a in answered) and len(alone) == 3
+    assert refused and set(refused) == {(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_PREFERRED_WAITING} GetPreferredAllocation calls of {SHARE} are in flight already")}
+    assert manager.servers[0].preferred_waiting == 0

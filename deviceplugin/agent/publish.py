@@ -50,7 +50,7 @@ class PublishLoop(BackgroundLoop):
 
     def _changed(self, view: NodeView) -> None:
         """A NodeState subscriber: wake the loop when what it publishes changed."""
-        published = (view.unhealthy, view.quarantined_gpus, view.observation.usage if view.observation else None)
+        published = (view.unhealthy, view.pending_gpus, view.quarantined_gpus, view.observation.usage if view.observation else None)
         if published != self._woken_for:
             self._woken_for = published
             self.nudge()
@@ -69,5 +69,6 @@ class PublishLoop(BackgroundLoop):
         if view.observation is None:
             return False
         resources = self.resources()
-        annotation = self.annotation.build(self.node, resources, view.observation.usage, view.unhealthy, view.quarantined_gpus)
+        unhealthy = view.unhealthy | frozenset(view.pending_gpus)  # a GPU waiting for its holders takes nothing new either
+        annotation = self.annotation.build(self.node, resources, view.observation.usage, unhealthy, view.quarantined_gpus)
         return self.publisher.publish_node(self.node, resources, annotation)

@@ -20,17 +20,26 @@ from ..model.usage import ContainerShare, Usage
 
 DEFAULT_SOCKET = defaults.POD_RESOURCES_SOCKET
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # the kubelet's server has no send cap; its own clients use 16 MiB
+MAX_ACTIVE_CONTAINERS = 8192  # a node runs at most a few hundred pods; a reply listing more is not a kubelet's
 
 UsageBuilder = Callable[[pr.ListPodResourcesResponse, list[Resource]], Usage]  # one List -> the usage map
 
 
 def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]) -> Usage:
-    """Map each active container's device IDs onto our resources' GPUs; IDs of other plugins are ignored."""
+    """Map each active container's device IDs onto our resources' GPUs; IDs of other plugins are ignored.
+
+    Bounded whatever the reply holds: a device is counted once (a second holder of the same ID, or the same ID twice,
+    is not a second share), so the shares are at most our devices; at most MAX_ACTIVE_CONTAINERS containers are kept
+    as active (the attribution of processes only reports what it cannot place, never quarantines it).
+    """
     by_name = {r.name: r for r in resources}
-    shares, active = [], set()
+    shares: list[ContainerShare] = []
+    active: set[tuple[str, str, str]] = set()
+    counted: set[tuple[str, str]] = set()
     for pod in response.pod_resources:
         for container in pod.containers:
-            active.add((pod.namespace, pod.name, container.name))
+            if len(active) < MAX_ACTIVE_CONTAINERS:
+                active.add((pod.namespace, pod.name, container.name))
             for devices in container.devices:
                 resource = by_name.get(devices.resource_name)
                 if resource is None:
@@ -38,7 +47,8 @@ def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]
                 per_unit: dict[str, list[str]] = {}
                 for device_id in devices.device_ids:
                     device = resource.devices.get(device_id)
-                    if device is not None:
+                    if device is not None and (resource.name, device_id) not in counted:
+                        counted.add((resource.name, device_id))
                         per_unit.setdefault(device.unit.uuid, []).append(device_id)
                 for ids in per_unit.values():
                     unit = resource.devices[ids[0]].unit

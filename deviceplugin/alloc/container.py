@@ -101,12 +101,15 @@ def unit_grant(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_cli
     units = [u for u, _ in holdings]
     settings = resource.settings
     visible = ",".join(u.uuid for u in units)
-    envs = {"CUDA_VISIBLE_DEVICES": visible}
+    envs: dict[str, str] = {}
     cdi: tuple[str, ...] = ()
     if settings.device_list_strategy == "cdi":
+        # The CDI devices alone say what the container sees. The kubelet merges the CDI devices of every resource a
+        # container holds, but keeps one value of an env: a CUDA_VISIBLE_DEVICES here would hide the GPUs of the
+        # container's other resource (a container holding both gpu and gpu-share).
         cdi = tuple(f"{settings.cdi_kind}={u.uuid}" for u in units)
     else:
-        envs["NVIDIA_VISIBLE_DEVICES"] = visible
+        envs["CUDA_VISIBLE_DEVICES"] = envs["NVIDIA_VISIBLE_DEVICES"] = visible
     try:
         specs = tuple(device_specs(settings.device_root, units)) if settings.device_specs else ()
     except MissingCapability as err:

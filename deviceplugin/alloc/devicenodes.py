@@ -61,17 +61,39 @@ def mig_capability_devices(device_root: str, minor: int, gi: int, ci: int) -> tu
     key = (device_root, minor, gi, ci)
     if key in _MIG_CAPABILITIES:
         return _MIG_CAPABILITIES[key]
+    found, problems = _read_capabilities(device_root, minor, gi, ci)
+    if problems:
+        raise MissingCapability(problems[0])
+    if len(_MIG_CAPABILITIES) < 4096:
+        _MIG_CAPABILITIES[key] = tuple(found)
+    return tuple(found)
+
+
+def missing_mig_capabilities(device_root: str, gpu: Gpu) -> dict[str, str]:
+    """MIG UUID -> why `deviceSpecs` cannot hand out its capability nodes (unreadable, or missing on the host)."""
+    problems = {}
+    for mig in gpu.mig_devices:
+        found, unread = _read_capabilities(device_root, _minor(gpu), mig.gi_id, mig.ci_id)
+        missing = [p for p in (_host_path(device_root, f) for f in found) if not Path(p).exists()]
+        if unread or missing:
+            problems[mig.uuid] = "; ".join(unread + [f"MIG capability device node {p} missing" for p in missing])
+    return problems
+
+
+def _read_capabilities(device_root: str, minor: int, gi: int, ci: int) -> tuple[list[str], list[str]]:
+    """(the capability nodes of one MIG instance found, why the others were not): the health check and the grant read
+    them the same way."""
     base = Path(device_root) / "proc/driver/nvidia/capabilities" / f"gpu{minor}" / "mig" / f"gi{gi}"
-    found = []
+    found, problems = [], []
     for access in (base / "access", base / f"ci{ci}" / "access"):
         try:
             text = access.read_text()
         except OSError as err:
-            raise MissingCapability(f"cannot read MIG capability {access} ({err.strerror or err})") from None
+            problems.append(f"cannot read MIG capability {access} ({err.strerror or err})")
+            continue
         match = re.search(r"DeviceFileMinor:\s*(\d+)", text)
-        if not match:
-            raise MissingCapability(f"MIG capability {access} names no DeviceFileMinor")
-        found.append(f"/dev/nvidia-caps/nvidia-cap{match.group(1)}")
-    if len(_MIG_CAPABILITIES) < 4096:
-        _MIG_CAPABILITIES[key] = tuple(found)
-    return tuple(found)
+        if match:
+            found.append(f"/dev/nvidia-caps/nvidia-cap{match.group(1)}")
+        else:
+            problems.append(f"MIG capability {access} names no DeviceFileMinor")
+    return found, problems

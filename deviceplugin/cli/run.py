@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 from .. import defaults
 from ..discovery.inventory import InventoryError
 from ..health.monitor import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
-from ..signals import catch_signals, raise_fd_limit, wait_for_signal
+from ..signals import catch_signals, raise_fd_limit, stop_requested, wait_for_signal
 from ..errors import StartupError
 from ..runtime.startup import check_directory, check_plugin_dir
 from . import flags
 
 if TYPE_CHECKING:
     from ..obs.http import MetricsServer
+    from ..runtime.instance import InstanceLock
     from ..runtime.options import DaemonOptions
 
 log = logging.getLogger("gpu-share")
@@ -37,6 +38,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="seconds between checks of the config file and the profile label (default %(default)g)")
     run.add_argument("--plugin-dir", default=defaults.PLUGIN_DIR, help="kubelet device-plugin directory (default %(default)s)")
     run.add_argument("--watch-interval", type=seconds, default=defaults.WATCH_INTERVAL, help="seconds between kubelet-restart checks (default %(default)g)")
+    run.add_argument(
+        "--pending-interval", type=seconds, default=defaults.PENDING_INTERVAL,
+        help="seconds between checks whether a GPU a reload waits for is released (default %(default)g)",
+    )
+    run.add_argument("--instance-conflict", choices=["wait", "exit"], default="wait",
+                     help="when another instance serves --plugin-dir: stand by and take over once it stops (wait, the default), or exit 1")
     run.add_argument("--register-timeout", type=seconds, default=defaults.REGISTER_TIMEOUT, help="deadline of one Register call (default %(default)g)")
     run.add_argument("--shutdown-grace", type=seconds, default=defaults.SHUTDOWN_GRACE, metavar="SECONDS",
                      help="after SIGTERM/SIGINT, exit anyway once this long has passed (default %(default)g, inside the pod's 30 s)")
@@ -93,7 +100,8 @@ def node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer | None":
+def _not_ready_endpoint(args: argparse.Namespace, reason: str, ready: bool = False) -> "MetricsServer | None":
+    """/healthz ok, /readyz with `reason` (ready or not), every plugin metric at 0: a plugin serving nothing."""
     if not args.metrics_port:
         return None
     from prometheus_client import CollectorRegistry
@@ -105,10 +113,36 @@ def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> "MetricsServer
     registry = CollectorRegistry()
     registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False)))  # every plugin metric, at 0
     server = MetricsServer(
-        registry, lambda: (True, "ok"), lambda: (False, f"not ready: {reason}"), args.metrics_port, args.metrics_bind_address, node=node_name()
+        registry, lambda: (True, "ok"), lambda: (ready, reason if ready else f"not ready: {reason}"), args.metrics_port, args.metrics_bind_address, node=node_name()
     )
-    server.start()
+    try:
+        server.start()
+    except OSError as err:  # the port is the serving instance's while this one stands by
+        log.warning("no metrics endpoint on port %d (%s)", args.metrics_port, err)
+        return None
     return server
+
+
+def _one_instance(args: argparse.Namespace) -> "InstanceLock | None":
+    """Hold the plugin directory's instance lock: at once, or after standing by (None: a signal came meanwhile)."""
+    from ..runtime.instance import InstanceLock, conflict_message
+
+    lock = InstanceLock(Path(args.plugin_dir))
+    if lock.try_acquire():
+        return lock
+    conflict = conflict_message(lock)
+    if args.instance_conflict == "exit":
+        raise StartupError(f"{conflict}; exiting (--instance-conflict=exit): one instance per plugin directory")
+    log.warning("%s: standing by, serving nothing; this instance takes over within %gs of it stopping (--instance-conflict=wait)", conflict, args.watch_interval)
+    endpoint = _not_ready_endpoint(args, f"standby: {conflict}", ready=True)
+    try:
+        if not lock.wait(stop_requested, args.watch_interval):
+            return None
+    finally:
+        if endpoint:
+            endpoint.stop()
+    log.info("the other instance stopped: this one serves %s now", args.plugin_dir)
+    return lock
 
 
 def daemon_options(args: argparse.Namespace) -> "DaemonOptions":
@@ -128,7 +162,9 @@ def daemon_options(args: argparse.Namespace) -> "DaemonOptions":
         cdi_spec_dirs=args.cdi_spec_dirs,
         reload_interval=args.reload_interval,
         profile_label_interval=args.profile_label_interval,
-        timings=Timings(register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval),
+        timings=Timings(
+            register_timeout=args.register_timeout, backoff_max=args.backoff_max, watch_interval=args.watch_interval, pending_interval=args.pending_interval
+        ),
         health=HealthSettings(
             enabled=args.health_checks,
             ignored_xids=args.ignore_xids,
@@ -153,6 +189,9 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.plan import read_config
 
     start = read_config(args.config)  # a bad config fails before NVML is touched
+    lock = _one_instance(args)
+    if lock is None:
+        return 0
     try:
         inventory = open_inventory(args.node)
     except InventoryError as err:
@@ -174,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         inventory.close()
         raise
     try:
-        serving.manager.start()  # serve and register first: the API client, exporter and agent load afterwards
+        serving.start()  # a health pass, then serve and register first: the API client, exporter and agent load afterwards
         from ..runtime.daemon import PluginDaemon
 
         daemon = PluginDaemon(inventory, options, serving.client or NodeClient.connect(kubeconfig=args.kubeconfig), serving=serving)
@@ -185,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     wait_for_signal()
     daemon.stop()
+    lock.release()
     return 0
 
 

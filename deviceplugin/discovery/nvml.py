@@ -103,16 +103,22 @@ class NvmlInventory:
 
     # --- discovery -------------------------------------------------------------------------
     def discover(self) -> NodeInfo:
-        gpus, handles = [], {}
+        gpus, handles, skipped = [], {}, []
         for index in range(self._call("nvmlDeviceGetCount")):
+            # One GPU that cannot be described (lost: no handle; or any query failing) is left out, never the node.
             try:
                 handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
-            except self.nvml.NVMLError as err:  # a lost GPU still counts but has no handle
-                log.error("GPU %d is not usable and is not advertised: nvmlDeviceGetHandleByIndex: %s", index, err)
+                gpu = self._gpu(index, handle)
+            except self.nvml.NVMLError as err:
+                why = f"nvmlDeviceGetHandleByIndex: {err}"
+            except InventoryError as err:
+                why = str(err)
+            else:
+                gpus.append(gpu)
+                handles[gpu.uuid] = handle
                 continue
-            gpu = self._gpu(index, handle)
-            gpus.append(gpu)
-            handles[gpu.uuid] = handle
+            log.error("GPU %d is not usable and is not advertised (the other GPUs are): %s", index, why)
+            skipped.append((index, why))
         cuda = self._optional("nvmlSystemGetCudaDriverVersion_v2", default=0) or 0
         self._node = NodeInfo(
             gpus=tuple(gpus),
@@ -120,6 +126,7 @@ class NvmlInventory:
             cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else "",
             links=self._links(gpus, handles),
             name="nvml",
+            skipped=tuple(skipped),
         )
         return self._node
 
@@ -232,7 +239,11 @@ class NvmlInventory:
         links = {}
         for i, a in enumerate(gpus):
             for b in gpus[i + 1 :]:
-                level = self._optional("nvmlDeviceGetTopologyCommonAncestor", handles[a.uuid], handles[b.uuid], gpu=f"{a.index}/{b.index}")
+                try:
+                    level = self._optional("nvmlDeviceGetTopologyCommonAncestor", handles[a.uuid], handles[b.uuid], gpu=f"{a.index}/{b.index}")
+                except InventoryError as err:  # a link that cannot be read is unknown, never a failed node
+                    log.warning("%s; the link is unknown", err)
+                    level = None
                 nvlinks = max(direct.get((a.uuid, b.uuid), 0), direct.get((b.uuid, a.uuid), 0))
                 if not nvlinks and a.uuid in to_switch and b.uuid in to_switch:
                     nvlinks = min(to_switch[a.uuid], to_switch[b.uuid])
@@ -253,7 +264,11 @@ class NvmlInventory:
                 log.warning("NVML nvmlDeviceGetNvLinkState(%d) failed on GPU %d: %s", link, gpu.index, err)
                 break
             if state == self.nvml.NVML_FEATURE_ENABLED:
-                remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, gpu=str(gpu.index))
+                try:
+                    remote = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link, gpu=str(gpu.index))
+                except InventoryError as err:
+                    log.warning("%s; the NVLinks of GPU %d are unknown", err, gpu.index)
+                    return []
                 peers.append(normalize_bus_id(_text(remote.busId)))
         return peers
 
@@ -279,6 +294,11 @@ class NvmlInventory:
     def wait_for_event(self, timeout: float) -> HealthEvent | None:
         if self._event_set is None:
             self._register_events()
+        elif self._unwatched:
+            back = frozenset(u for u in self._unwatched if self.check(u) is None)
+            if back:  # a lost GPU that answers again is watched again: its XIDs are never missed
+                log.warning("GPU(s) %s answer NVML again: watching their health events again", ", ".join(sorted(back)))
+                self._register_events(skip=self._unwatched - back)
         deadline = time.monotonic() + timeout
         while True:
             try:

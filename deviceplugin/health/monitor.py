@@ -6,7 +6,8 @@ instance it names) and so every share and MIG instance on it. What happens next 
 - application XIDs (`ignored_xids`): the process is at fault, not the GPU; nothing is marked;
 - reset-class XIDs (`reset_xids`), double-bit ECC events, lost GPUs, and any GPU whose driver reports a recovery
   action (NVML's GPU recovery action is not NONE): only a GPU reset clears them, so the devices stay Unhealthy until
-  the driver shows the GPU was reset (or the plugin restarts), never after a quiet period;
+  the driver shows the GPU was reset — its recovery action asked for a reset and reads NONE again — or the plugin
+  restarts; never after a quiet period, and never because a GPU that failed its queries answers again;
 - every other critical XID and failing query: Healthy again after `recovery_period` seconds without a new one.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..model.node import Gpu, HealthEvent, NodeInfo
@@ -50,7 +51,7 @@ class _ResetWait:
     """A reset-class fault on a GPU or MIG instance: cleared once the driver has required a reset and no longer does."""
 
     gpu_uuid: str
-    required_seen: bool = False  # the driver said "reset", or the GPU stopped answering queries
+    required_seen: bool = False  # the driver's recovery action said "reset" since the fault
 
 
 class HealthMonitor(BackgroundLoop):
@@ -64,7 +65,7 @@ class HealthMonitor(BackgroundLoop):
         state: NodeState,
         settings: HealthSettings = HealthSettings(),
         clock: Callable[[], float] = time.monotonic,
-        node_check: Callable[[Gpu], str | None] | None = None,
+        node_check: Callable[[Gpu], Mapping[str, str]] | None = None,
     ) -> None:
         super().__init__("health")
         self.inventory = inventory
@@ -72,7 +73,7 @@ class HealthMonitor(BackgroundLoop):
         self.state = state
         self.settings = settings
         self.clock = clock
-        self.node_check = node_check  # beyond NVML: e.g. the device nodes deviceSpecs hands out exist
+        self.node_check = node_check  # beyond NVML, GPU or MIG UUID -> problem: e.g. the device nodes deviceSpecs hands out
         self._xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
@@ -80,6 +81,13 @@ class HealthMonitor(BackgroundLoop):
         self._ignored = RepeatLimiter(log, clock=clock)  # an XID storm: one line and a summary per minute
         self._next_check = 0.0
         self._publish()
+
+    def first_pass(self) -> None:
+        """Check every GPU once now (before the servers list any device); the loop's checks follow from start()."""
+        if self.settings.enabled:
+            now = self.clock()
+            self.check(now)
+            self._next_check = now + self.settings.check_interval
 
     def start(self) -> None:
         if not self.settings.enabled:
@@ -139,12 +147,14 @@ class HealthMonitor(BackgroundLoop):
         required: dict[str, bool | None] = {}  # GPU uuid -> the driver says it needs a reset (None: cannot tell)
         for gpu in self.node.gpus:
             try:
-                problem = self.inventory.check(gpu.uuid) or (self.node_check(gpu) if self.node_check else None)
+                problem = self.inventory.check(gpu.uuid)
+                problems = {gpu.uuid: problem} if problem else dict(self.node_check(gpu)) if self.node_check else {}
             except Exception as err:  # a check that raises counts as a failing query
-                problem = f"health check raised {err}"
-            if problem:
+                problems = {gpu.uuid: f"health check raised {err}"}
+            if gpu.uuid in problems:
                 failing.add(gpu.uuid)
-                changed |= self._mark(gpu.uuid, problem, now)
+            for uuid, why in problems.items():  # the GPU, or one MIG instance of it
+                changed |= self._mark(uuid, why, now)
             try:
                 required[gpu.uuid] = self.inventory.reset_required(gpu.uuid)
             except Exception as err:
@@ -163,16 +173,19 @@ class HealthMonitor(BackgroundLoop):
         return changed
 
     def _check_resets(self, failing: set[str], required: dict[str, bool | None]) -> bool:
-        """Clear a reset-class fault once the driver shows the reset: it required one (or the GPU was lost) and now
-        answers queries without requiring one. A driver that cannot tell keeps the devices Unhealthy until restart."""
+        """Clear a reset-class fault only on the driver's evidence of a reset: its GPU recovery action asked for one
+        (anything but NONE) and now reads NONE, with the GPU's queries passing. A GPU that failed its queries and
+        answers again is no evidence (a transient failure looks the same), and neither is a driver that cannot tell:
+        the devices stay Unhealthy until the plugin restarts."""
         changed = False
         for uuid, wait in list(self._reset_waits.items()):
-            if wait.gpu_uuid in failing or required.get(wait.gpu_uuid):
+            said = required.get(wait.gpu_uuid)
+            if said:
                 wait.required_seen = True
-            elif wait.required_seen:
+            elif said is False and wait.required_seen and wait.gpu_uuid not in failing:
                 del self._reset_waits[uuid]
                 self._last_bad.pop(uuid, None)
-                log.info("%s was reset: its devices are Healthy again (was: %s)", uuid, self._reasons.pop(uuid, "?"))
+                log.info("%s was reset (the driver's recovery action asked for a reset and now reads none): its devices are Healthy again (was: %s)", uuid, self._reasons.pop(uuid, "?"))
                 changed = True
         return changed
 

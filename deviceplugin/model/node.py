@@ -88,6 +88,7 @@ class NodeInfo:
     cuda_driver_version: str = ""
     links: dict[tuple[str, str], Link] = field(default_factory=dict)  # keyed (uuid, uuid), lower index first
     name: str = ""
+    skipped: tuple[tuple[int, str], ...] = ()  # (index, why) of GPUs discovery could not describe: not advertised
 
     def link(self, a: Gpu, b: Gpu) -> Link:
         return link_between(self.links, a, b)

@@ -1,8 +1,11 @@
-"""Who holds which device, as plain data: the usage map the agent rebuilds from pod-resources every round."""
+"""Who holds which device, as plain data: the usage map the agent rebuilds from pod-resources every round, and the
+holds that pin a GPU's shape."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .devices import SHARE_SEPARATOR
 
 
 @dataclass(frozen=True)
@@ -35,3 +38,20 @@ class Usage:
 
     def allocated(self) -> frozenset[str]:
         return frozenset(d for s in self.shares for d in s.devices)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One device something on the node holds, with the shape it was granted in: a container (pod-resources, the
+    kubelet's checkpoint) or any other holder (a prepared DRA claim). While a GPU has a hold, its shape is pinned:
+    a reload that would change it waits until the hold is gone (alloc.pending)."""
+
+    resource: str  # the extended resource (or driver) the device was granted under
+    device: str  # its device ID: a GPU or MIG UUID, or `<uuid>::<k>`
+    replicas: int | None = None  # shares of its unit when granted (1: a whole unit); None: not known from this source
+    holder: str = field(default="", compare=False)  # who, for log lines: `namespace/pod/container`
+
+    @property
+    def unit_uuid(self) -> str:
+        """The GPU or MIG UUID the device is on."""
+        return self.device.split(SHARE_SEPARATOR, 1)[0]

@@ -91,6 +91,9 @@ class StateCollector(Collector):
                 "gpushare_gpu_unattributed_memory_bytes", "GPU memory of processes not attributed to an active container (reported, never quarantined).", labels=gpu_labels
             ),
             "quarantined": GaugeMetricFamily("gpushare_gpu_quarantined", "1 while the residue guard holds the GPU's free devices back.", labels=gpu_labels),
+            "pending": GaugeMetricFamily(
+                "gpushare_gpu_config_pending", "1 while a reload waits for the GPU's holders to leave before changing its shape.", labels=gpu_labels
+            ),
         }
         for gpu in node.gpus:
             labels = [str(gpu.index), gpu.uuid, gpu.model]
@@ -111,6 +114,7 @@ class StateCollector(Collector):
             families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
             families["unattributed"].add_metric(labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
             families["quarantined"].add_metric(labels, 1 if gpu.uuid in view.quarantined_gpus else 0)
+            families["pending"].add_metric(labels, 1 if gpu.uuid in view.pending_gpus else 0)
         yield from families.values()
 
         total = GaugeMetricFamily("gpushare_shares", "Devices (shares, whole GPUs or MIG instances) advertised, per resource and GPU.", labels=["resource", "pool", "gpu", "uuid"])
@@ -161,6 +165,9 @@ class StateCollector(Collector):
         yield CounterMetricFamily("gpushare_events_dropped", "Pod Events dropped, oldest first, because the outbox to the API was full.", value=s.events_dropped())
         last_sync = snapshot.last_sync if snapshot and snapshot.last_sync is not None else 0
         yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List; 0 before the first.", value=last_sync)
+        yield GaugeMetricFamily(
+            "gpushare_gpus_skipped", "GPUs discovery could not describe at start-up: left out, the others are served (log: GPU N is not usable).", value=len(node.skipped)
+        )
         yield GaugeMetricFamily("gpushare_nvml_up", "1 when the GPUs were discovered (NVML loaded); 0 while the plugin runs without devices.", value=1 if s.nvml_up else 0)
         info = GaugeMetricFamily("gpushare_build_info", "Always 1; the labels say which gpu-share runs.", labels=["version", "python"])
         info.add_metric([__version__, platform.python_version()], 1)
@@ -171,6 +178,12 @@ class StateCollector(Collector):
             cdi.add_metric([resource.name], len(missing.get(resource.name, ())))
         yield cdi
         yield GaugeMetricFamily("gpushare_config_in_sync", "1 when the running config is the config file's current content.", value=1 if s.config_in_sync() else 0)
+        yield GaugeMetricFamily(
+            "gpushare_config_pending_gpus", "GPUs kept in their previous shape until what holds them is released (a reload waits for them).", value=len(view.pending_gpus)
+        )
+        yield CounterMetricFamily(
+            "gpushare_config_deferred_switches", "Times a GPU's change of shape had to wait for its holders (once per GPU and wait).", value=s.deferred_switches()
+        )
         registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
         for name, is_registered in s.registration():
             registered.add_metric([name], 1 if is_registered else 0)
@@ -245,6 +258,9 @@ class MetricSources:
 
     def kubelet_restarts(self) -> int:
         return self.manager.kubelet_restarts if self.manager else 0
+
+    def deferred_switches(self) -> int:
+        return self.manager.deferred if self.manager else 0
 
     def reloads(self) -> tuple[int, int]:
         return (self.reloader.reloads, self.reloader.errors) if self.reloader else (0, 0)

@@ -17,6 +17,8 @@ import errno
 import logging
 import socket
 import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +27,9 @@ from .inotify import DirectoryWatch
 from ..mps.control import MpsLiveness
 from ..mps.paths import MpsPaths
 from ..model.devices import Resource
+from ..model.usage import Hold
+from ..alloc.pending import PendingGpu, changing_gpus, reconcile
+from ..logs import safe_text
 from ..state import NodeState
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
@@ -84,13 +89,22 @@ class PluginManager:
         loop: EventLoopThread | None = None,
         mps: MpsLiveness | None = None,
         state: NodeState | None = None,
+        holdings: Callable[[], frozenset[Hold]] | None = None,
     ) -> None:
+        """`holdings`: what containers hold now, read fresh (pod-resources, the kubelet's checkpoint); None: nothing
+        is ever held (tests of the bare gRPC layer). Holds other sources wrote to the NodeState count too."""
         self.plugin_dir = Path(plugin_dir)
         self.state = state or NodeState()  # what the servers advertise follows it
         self.mps = mps or MpsLiveness()
         self.timings = timings
         self.metrics = metrics  # may be attached after start: registration comes first
         self.kubelet_restarts = 0
+        self.holdings = holdings
+        self.deferred = 0  # GPUs whose new shape had to wait for their holders (each time one starts waiting)
+        self.pending: dict[str, PendingGpu] = {}  # GPU UUID -> kept in its old shape until released
+        self._wanted = list(resources)  # what the config asks for; served as far as holds allow
+        self._unsettled = False  # some of it is not served yet: pending GPUs, or holds that could not be read
+        self._next_pending_check = 0.0
         self._loop = loop or shared_loop()
         self.servers = [self._new_server(r) for r in resources]
         self._lifecycle = asyncio.Lock()  # serialises start/stop/apply/check on the loop
@@ -168,8 +182,13 @@ class PluginManager:
             self._watch = DirectoryWatch.open(self.plugin_dir)
             if self._watch is not None:
                 asyncio.get_running_loop().add_reader(self._watch.fd, self._on_directory_event)
+            if self.holdings is not None:  # after a crash: what containers hold keeps its shape
+                plan = await self._plan([], self._wanted)
+                if plan is not None:
+                    self.servers = [self._new_server(r) for r in plan]
             for server in self.servers:
                 await self._start_server(server, retry=False)
+            self._settle()
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name="kubelet-watch")
 
     async def _stop(self) -> None:
@@ -187,28 +206,92 @@ class PluginManager:
     async def _apply(self, resources: list[Resource]) -> list[str]:
         for resource in resources:  # refuse a plan whose sockets cannot exist before anything is stopped
             socket_path_for(self.plugin_dir, resource, serial=0)
-        changes = []
         async with self._lifecycle:
-            current = {s.resource.name: s for s in self.servers}
-            wanted = {r.name: r for r in resources}
-            kept, started = [], []
-            for name, server in current.items():
-                if name not in wanted or signature(wanted[name]) != signature(server.resource):
-                    await server.shutdown()
-                    changes.append(f"{'changed' if name in wanted else 'removed'} {name}")
-                else:
-                    kept.append(server)
-            for name, resource in wanted.items():
-                if name in current and current[name] in kept:
-                    continue
-                server = self._new_server(resource)
+            self._wanted = list(resources)
+            return await self._follow_wanted()
+
+    async def _follow_wanted(self) -> list[str]:
+        """Serve what is wanted as far as holds allow (under the lifecycle lock); returns what changed."""
+        plan = await self._plan(self.resources, self._wanted) if self.holdings is not None else self._wanted
+        if plan is None:
+            return ["none yet: what containers hold could not be read; trying again"]
+        changes = await self._serve_plan(plan)
+        self._settle()
+        return changes + [f"pending: {p.describe()}" for p in self.pending.values()]
+
+    def _settle(self) -> None:
+        """Once the plan is served: only the GPUs still held in their old shape stay fenced."""
+        self._unsettled = bool(self.pending)
+        self.state.set_pending({u: p.describe() for u, p in self.pending.items()})
+
+    async def _plan(self, served: list[Resource], wanted: list[Resource]) -> list[Resource] | None:
+        """What to serve: `wanted`, with every GPU whose shape would change while something holds it kept as it is.
+
+        The GPUs about to change are fenced first (pending: Unhealthy, refused in Allocate), so no grant on them can
+        slip in between the fresh read of the holds and the switch; `_settle` lifts the fence once the plan is
+        served. None when the holds cannot be read: nothing changes, the next check tries again."""
+        self._next_pending_check = time.monotonic() + self.timings.pending_interval
+        self._unsettled = True
+        changing = changing_gpus(served, wanted, self.pending)
+        if not changing and not self.pending:
+            self.pending = {}
+            return wanted
+        fence = {**{u: "switching to a new configuration" for u in changing & {g.uuid for r in served for g in r.gpus}}, **{u: p.describe() for u, p in self.pending.items()}}
+        self.state.set_pending(fence)
+        holdings = self.holdings
+        assert holdings is not None
+        try:
+            fresh = await asyncio.get_running_loop().run_in_executor(None, holdings)
+        except Exception as err:  # a read that fails must not let a held GPU switch
+            log.error("cannot read what containers hold (%s): the GPUs about to change keep their devices; trying again in %.1fs", safe_text(str(err), 300), self.timings.pending_interval)
+            return None
+        self.state.set_holds("pod-resources", fresh)
+        result = reconcile(served, wanted, self.state.snapshot().all_holds() | self._recent_grants(), self.pending)
+        for uuid, waiting in result.pending.items():
+            if uuid not in self.pending:
+                self.deferred += 1
+                log.warning("%s", waiting.describe())
+        for uuid, waited in self.pending.items():
+            if uuid not in result.pending:
+                log.info("GPU %d (%s) is released: it switches to %s", waited.index, uuid, ", ".join(waited.wanted) or "no resource")
+        self.pending = result.pending
+        self.state.set_pending({**fence, **{u: p.describe() for u, p in result.pending.items()}})
+        return result.resources
+
+    def _recent_grants(self) -> frozenset[Hold]:
+        """What Allocate granted within `grant_window`: held, though the kubelet may not have recorded it yet."""
+        since = time.monotonic() - self.timings.grant_window
+        return frozenset(
+            Hold(s.resource.name, i, d.unit.replicas if (d := s.resource.devices.get(i)) else None, "a container granted just now")
+            for s in self.servers
+            for at, ids in list(s.recent_grants)
+            if at >= since
+            for i in ids
+        )
+
+    async def _serve_plan(self, resources: list[Resource]) -> list[str]:
+        """Serve these resources, restarting only those whose signature changed (under the lifecycle lock)."""
+        changes = []
+        current = {s.resource.name: s for s in self.servers}
+        wanted = {r.name: r for r in resources}
+        kept, started = [], []
+        for name, server in current.items():
+            if name not in wanted or signature(wanted[name]) != signature(server.resource):
+                await server.shutdown()
+                changes.append(f"{'changed' if name in wanted else 'removed'} {name}")
+            else:
                 kept.append(server)
-                started.append(server)
-                if name not in current:
-                    changes.append(f"added {name}")
-            self.servers = kept
-            for server in started:
-                await self._start_server(server)
+        for name, resource in wanted.items():
+            if name in current and current[name] in kept:
+                continue
+            server = self._new_server(resource)
+            kept.append(server)
+            started.append(server)
+            if name not in current:
+                changes.append(f"added {name}")
+        self.servers = kept
+        for server in started:
+            await self._start_server(server)
         return changes
 
     async def _start_server(self, server: DevicePluginServer, retry: bool = True) -> None:
@@ -278,6 +361,10 @@ class PluginManager:
                     if not server.serving and ready:
                         log.info("MPS control daemon of pool %s is ready", pool)
                         await self._start_server(server)
+            if self._unsettled and time.monotonic() >= self._next_pending_check:
+                changes = await self._follow_wanted()
+                if not self._unsettled:
+                    log.info("resources: %s", "; ".join(changes) or "no resource changed")
             current = kubelet_identity(self.plugin_dir / KUBELET_SOCKET)
             restarted = current is not None and current != self._kubelet
             if restarted and self._kubelet is not None:

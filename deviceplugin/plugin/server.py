@@ -14,12 +14,14 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AsyncIterator, Callable, NamedTuple
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError, Message
 
 from .. import defaults
 from ..alloc.container import AllocationError, Refusal, container_grant
@@ -45,6 +47,9 @@ MAX_DEVICE_ID_BYTES = 256  # share IDs are ~45 bytes; anything far longer is not
 MAX_CONTAINER_REQUESTS = 64  # the kubelet sends one per call; far more is not a kubelet
 MAX_OTHER_STREAMS = 64  # ListAndWatch streams beside the kubelet's own (debugging clients, monitors): bounded memory
 MAX_ERROR_CHARS = 1000  # gRPC refuses status details over 8 KiB of metadata; ours stay far below
+MAX_PREFERRED_WAITING = 8  # GetPreferredAllocation calls of one resource queued (the kubelet sends one at a time)
+INLINE_PREFERRED_IDS = 1024  # a request with more available IDs (a few ms of placement) is placed off the event loop
+MAX_RECENT_GRANTS = 1024  # Allocate answers remembered for `Timings.grant_window` (the kubelet admits one pod at a time)
 OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 _instance_counter = itertools.count()
 
@@ -58,6 +63,9 @@ class Timings:
     backoff_max: float = defaults.BACKOFF_MAX
     watch_interval: float = defaults.WATCH_INTERVAL  # MPS markers and sockets are polled; kubelet.sock by inotify too
     stop_grace: float = 1.0
+    pending_interval: float = defaults.PENDING_INTERVAL  # how often a GPU waiting for its holders to leave is looked at
+    # A grant counts as a hold this long after Allocate answered, covering the moment before the kubelet records it.
+    grant_window: float = 1.0
 
 
 class SocketPathError(StartupError):
@@ -91,9 +99,10 @@ class DeviceHealth(NamedTuple):
     """One resource's part of the node state, as its ListAndWatch and Allocate use it."""
 
     version: int  # +1 whenever the rest changes: a stream sends a new list only then
-    unhealthy: frozenset[str]  # GPU or MIG UUIDs of this resource's devices
+    unhealthy: frozenset[str]  # GPU or MIG UUIDs of this resource's devices (pending GPUs included)
     available: bool  # False: every device Unhealthy (an MPS pool whose daemon is down)
     held_back: frozenset[str]  # device IDs quarantined by the residue guard
+    pending: frozenset[str]  # GPUs kept in their old shape until their holders leave (alloc.pending)
 
 
 class _Instance:
@@ -136,8 +145,11 @@ class DevicePluginServer:
         self.registered = threading.Event()  # set only by the current instance's successful Register
         self.register_calls = 0
         self.registrations = 0  # accepted by the kubelet
+        self.recent_grants: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=MAX_RECENT_GRANTS)  # (monotonic time, IDs)
+        self.preferred_waiting = 0  # GetPreferredAllocation calls queued or running
+        self._preferred_turn: asyncio.Semaphore | None = None  # one large placement at a time, made on the loop
         self._state = threading.Lock()
-        self._health = DeviceHealth(0, frozenset(), True, frozenset())
+        self._health = DeviceHealth(0, frozenset(), True, frozenset(), frozenset())
         self._followed = 0  # the NodeState version the health was taken from
         self._unsubscribe: Callable[[], None] | None = None
         self._health_keys = resource.health_keys()
@@ -178,11 +190,13 @@ class DevicePluginServer:
                 return
             self._followed = view.version
             current = self._health
+            pending = frozenset(view.pending_gpus.keys() & self._health_keys)
             new = DeviceHealth(
                 current.version,
-                view.unhealthy & self._health_keys,
+                (view.unhealthy & self._health_keys) | pending,
                 self.resource.pool.name not in view.unavailable_pools,
                 frozenset(view.quarantined_devices & self.resource.devices.keys()),
+                pending,
             )
             if new == current:
                 return
@@ -208,7 +222,7 @@ class DevicePluginServer:
             self._follow(self.state.snapshot())
         instance = _Instance(socket_path_for(self.plugin_dir, self.resource))
         instance.server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes(self.resource))])
-        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self, instance), instance.server)
+        _add_servicer(_Servicer(self, instance), instance.server)
         instance.server.add_insecure_port(f"unix:{instance.socket_path}")
         await instance.server.start()
         self._instance = instance
@@ -323,6 +337,45 @@ class DevicePluginServer:
             await pb_grpc.RegistrationStub(channel).Register(request, timeout=self.timings.register_timeout)
 
 
+class _Undecodable:
+    """A request whose bytes are not the message its method takes (the handler refuses it with INVALID_ARGUMENT)."""
+
+    def __init__(self, kind: type[Message], size: int) -> None:
+        self.message = f"the request is not a valid {kind.DESCRIPTOR.full_name} ({size} bytes that do not decode as one)"
+
+
+def _decoder(kind: type[Message]) -> Callable[[bytes], object]:
+    def decode(data: bytes) -> object:
+        try:
+            return kind.FromString(data)
+        except DecodeError:
+            return _Undecodable(kind, len(data))
+
+    return decode
+
+
+def _add_servicer(servicer: "_Servicer", server: grpc.aio.Server) -> None:
+    """The DevicePlugin service, as the generated `add_DevicePluginServicer_to_server` adds it, but with requests that
+    do not decode handed to the handler as `_Undecodable` (refused with INVALID_ARGUMENT and a message) instead of
+    gRPC's UNKNOWN naming a Python exception."""
+    unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
+    handlers = {
+        "GetDevicePluginOptions": unary(servicer.GetDevicePluginOptions, _decoder(pb.Empty), pb.DevicePluginOptions.SerializeToString),
+        "ListAndWatch": stream(servicer.ListAndWatch, _decoder(pb.Empty), pb.ListAndWatchResponse.SerializeToString),
+        "GetPreferredAllocation": unary(servicer.GetPreferredAllocation, _decoder(pb.PreferredAllocationRequest), pb.PreferredAllocationResponse.SerializeToString),
+        "Allocate": unary(servicer.Allocate, _decoder(pb.AllocateRequest), pb.AllocateResponse.SerializeToString),
+        "PreStartContainer": unary(servicer.PreStartContainer, _decoder(pb.PreStartContainerRequest), pb.PreStartContainerResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
+    server.add_registered_method_handlers("v1beta1.DevicePlugin", handlers)
+
+
+def _on_pending(resource: Resource, request: pb.AllocateRequest, pending: frozenset[str]) -> list[str]:
+    """The pending GPUs the request's devices are on (unknown IDs are container_grant's to refuse)."""
+    devices = resource.devices
+    return sorted({d.gpu.uuid for req in request.container_requests for i in req.devices_ids if (d := devices.get(i)) is not None and d.gpu.uuid in pending})
+
+
 def max_message_bytes(resource: Resource) -> int:
     """What the largest legal request for this resource can weigh (every device ID at its longest), plus slack."""
     return 64 * 1024 + len(resource.devices) * (MAX_DEVICE_ID_BYTES + 8)
@@ -330,11 +383,12 @@ def max_message_bytes(resource: Resource) -> int:
 
 def _check_ids(ids: list[str], what: str) -> None:
     """INVALID_ARGUMENT for an ID no device of ours could have: error messages stay small and printable."""
-    for device_id in ids:
-        if len(device_id) > MAX_DEVICE_ID_BYTES:
-            raise AllocationError(
-                Refusal.INVALID, f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}"
-            )
+    if max(map(len, ids), default=0) <= MAX_DEVICE_ID_BYTES:  # one pass in C: the common case
+        return
+    device_id = next(i for i in ids if len(i) > MAX_DEVICE_ID_BYTES)
+    raise AllocationError(
+        Refusal.INVALID, f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}"
+    )
 
 
 def _check_preferred(req: pb.ContainerPreferredAllocationRequest) -> None:
@@ -358,7 +412,12 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self.instance = instance
         self.resource = plugin.resource
 
+    async def _refuse_undecodable(self, request: object, context: grpc.aio.ServicerContext) -> None:
+        if isinstance(request, _Undecodable):
+            await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, request.message)
+
     async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
+        await self._refuse_undecodable(request, context)
         if self.instance.registering:
             self.instance.expect_kubelet_stream = True
         return OPTIONS
@@ -367,6 +426,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         await context.abort(code, message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "...")
 
     async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
+        await self._refuse_undecodable(request, context)
         plugin, instance = self.plugin, self.instance
         from_kubelet, instance.expect_kubelet_stream = instance.expect_kubelet_stream, False
         token = object()
@@ -379,7 +439,7 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         sent = None
         try:
             while not instance.stopped.is_set():
-                version, unhealthy, available, held = plugin.health()
+                version, unhealthy, available, held, _ = plugin.health()
                 if version != sent:
                     sent = version
                     yield plugin.device_list.response(unhealthy, all_unhealthy=not available, unhealthy_ids=held)
@@ -401,24 +461,60 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             raise AllocationError(Refusal.INVALID, f"{ids} device IDs, more than the {len(self.resource.devices)} devices of {self.resource.name}")
 
     async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
+        await self._refuse_undecodable(request, context)
+        try:
+            for req in request.container_requests:
+                self._check_request_size(len(request.container_requests), len(req.available_deviceIDs))
+            if sum(len(req.available_deviceIDs) for req in request.container_requests) <= INLINE_PREFERRED_IDS:
+                return self._preferred(request)
+        except AllocationError as err:
+            await self._abort(context, wire.status_code(err.code), err.message)
+        # A large request is checked and placed off the loop, one per resource at a time, so a flood of them cannot
+        # delay the Allocate calls of any resource; beyond a few queued, a flood is refused (the kubelet sends one
+        # at a time).
+        plugin = self.plugin
+        if plugin.preferred_waiting >= MAX_PREFERRED_WAITING:
+            await self._abort(
+                context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_PREFERRED_WAITING} GetPreferredAllocation calls of {self.resource.name} are in flight already"
+            )
+        if plugin._preferred_turn is None:
+            plugin._preferred_turn = asyncio.Semaphore(1)
+        plugin.preferred_waiting += 1
+        try:
+            async with plugin._preferred_turn:
+                return await asyncio.to_thread(self._preferred, request)
+        except AllocationError as err:
+            await self._abort(context, wire.status_code(err.code), err.message)
+            raise  # abort raises; this line is never reached
+        finally:
+            plugin.preferred_waiting -= 1
+
+    def _preferred(self, request: pb.PreferredAllocationRequest) -> pb.PreferredAllocationResponse:
+        """Check and place every container request (pure: on the loop or a worker thread); AllocationError."""
         responses = []
         for req in request.container_requests:
-            try:
-                self._check_request_size(len(request.container_requests), len(req.available_deviceIDs))
-                _check_preferred(req)
-            except AllocationError as err:
-                await self._abort(context, wire.status_code(err.code), err.message)
+            _check_preferred(req)
             ids = preferred_allocation(self.resource, req.available_deviceIDs, req.must_include_deviceIDs, req.allocation_size)
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
+        await self._refuse_undecodable(request, context)
         plugin = self.plugin
         if not request.container_requests:
             await self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"AllocateRequest for {self.resource.name} has no container requests")
-        _, unhealthy, available, held = plugin.health()
+        _, unhealthy, available, held, pending = plugin.health()
         if not available:
             await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION, f"the MPS control daemon of pool {self.resource.pool.name} is not ready")
+        if pending:
+            waiting = _on_pending(self.resource, request, pending)
+            if waiting:
+                await self._abort(
+                    context,
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"devices of {self.resource.name} on GPU(s) {brief(waiting, 4)} are not granted: those GPUs keep their previous "
+                    "configuration for the containers that hold them and switch to the new one once released",
+                )
         started = time.perf_counter()
         metrics = plugin.metrics()
         try:
@@ -432,13 +528,15 @@ class _Servicer(pb_grpc.DevicePluginServicer):
             if metrics:
                 metrics.allocated(self.resource.name, False, time.perf_counter() - started)
             await self._abort(context, wire.status_code(err.code), err.message)
+        plugin.recent_grants.append((time.monotonic(), tuple(i for req in request.container_requests for i in req.devices_ids)))
         if metrics:
             metrics.allocated(self.resource.name, True, time.perf_counter() - started)
         if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
             ids = [i for req in request.container_requests for i in req.devices_ids]
-            gpus = sorted({g for resp in responses for g in resp.envs.get("CUDA_VISIBLE_DEVICES", "").split(",") if g})
+            gpus = sorted({self.resource.devices[i].unit.uuid for i in ids})  # every ID is known: the grant checked them
             log.info("allocated %s: %s -> %s", self.resource.name, brief(ids), brief(gpus, 3))
         return pb.AllocateResponse(container_responses=responses)
 
     async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:
+        await self._refuse_undecodable(request, context)
         return pb.PreStartContainerResponse()

@@ -13,7 +13,7 @@ from ..alloc.cdi import CdiCheck
 from ..config.types import Config
 from ..health.monitor import HealthMonitor
 from ..model.devices import Resource
-from ..model.node import Gpu, NodeInfo
+from ..model.node import NodeInfo
 from ..discovery.inventory import Inventory
 from ..kube.client import NodeClient
 from ..kube.events import EventOutbox
@@ -53,6 +53,7 @@ class PluginDaemon:
         self.node: NodeInfo = serving.node
         self.config: Config = serving.config
         self._config_data = serving.config_data
+        self._label_refused = serving.profile is None and serving.profiles.current(serving.config) is not None
         self.cdi = CdiCheck(options.cdi_spec_dirs)
         self.cdi.on_config(self.config, serving.manager.resources)
         self.registry = CollectorRegistry()
@@ -62,7 +63,8 @@ class PluginDaemon:
         self.plugin_metrics.on_config(self.config, self.manager.resources)
         self.manager.attach_metrics(self.plugin_metrics)
         profiles = serving.profiles
-        self.monitor = HealthMonitor(inventory, self.node, self.state, options.health, node_check=self._device_nodes)
+        self.serving = serving
+        self.monitor: HealthMonitor = serving.monitor  # its first pass ran before the servers did (Serving.start)
         directory = pod_directory or client
         self.events = EventOutbox(client) if client else None  # the watchdog's Events, posted on a thread of their own
         self.agent = NodeAgent(
@@ -95,16 +97,10 @@ class PluginDaemon:
             else None
         )
 
-    def _device_nodes(self, gpu: Gpu) -> str | None:
-        """With deviceSpecs, a GPU whose device nodes are missing on the host cannot be handed out: Unhealthy."""
-        if not self.config.device_specs:
-            return None
-        missing = missing_device_nodes(self.config.device_root, gpu)
-        return f"deviceSpecs: device node(s) missing under deviceRoot {self.config.device_root}: {', '.join(missing)}" if missing else None
-
     def on_config(self, config: Config, resources: list[Resource]) -> None:
         """A config reload: the device-node health check follows its deviceSpecs and deviceRoot."""
         self.config = config
+        self.serving.device_nodes.config = config
 
     def start(self) -> None:
         if self.config.device_specs:
@@ -114,9 +110,9 @@ class PluginDaemon:
         if self.metrics_server:
             self.metrics_server.start()
         if not self.manager.started:
-            self.manager.start()
+            self.serving.start()
         self.monitor.start()
-        self.reloader.start(self.config, self._config_data)  # the config plan_serving already parsed
+        self.reloader.start(self.config, self._config_data, self._label_refused)  # the config plan_serving already parsed
         if self.events:
             self.events.start()
         self.agent.start()

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..alloc.plan import build_resources
 from ..model.devices import Resource
 from ..config.parse import parse_config_bytes, read_config_bytes
-from ..config.types import Config, default_config
+from ..config.types import Config, ConfigError, default_config
 from ..discovery.inventory import Inventory
 from ..kube.client import NodeClient
 from ..model.node import NodeInfo
@@ -26,6 +26,7 @@ class Plan:
     resources: list[Resource]
     client: NodeClient | None  # connected only when the node label picks the profile
     config_data: bytes | None  # the file the config was parsed from: a change after it is reloaded, never missed
+    profile: str | None  # the profile served (None: the default), which the label may not name
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,22 @@ def plan_node(
     inventory: Inventory, start: ConfigFile, profile: str | None, label_interval: float, connect: Callable[[], NodeClient | None]
 ) -> Plan:
     """Discover the node, pick the profile (the flag, else the node label when the config has several, else the
-    default) and build its resources; ConfigError when the profile does not work on the node."""
+    default) and build its resources; ConfigError when the profile does not work on the node. A profile the node
+    label names that does not work (a typo, a pool the node cannot serve) is refused as a reload would refuse it:
+    the default profile serves, and hot reload tries the label again (and says why it refuses it) until it changes."""
     node = inventory.discover()
     config = start.config
     label_decides = profile is None and len(config.profiles) > 1
     client = connect() if label_decides else None
     profiles = ProfileSource(profile, client, label_interval)
     chosen = profiles.current(config)
-    resources = build_resources(config, node, chosen)
+    try:
+        resources = build_resources(config, node, chosen)
+    except ConfigError as err:
+        if not label_decides or not chosen:
+            raise
+        log.error("the node label asks for profile %s, which is refused: %s; serving the default profile %s", chosen, err, config.default_profile)
+        chosen = None
+        resources = build_resources(config, node, None)
     log.info("serving profile %s", chosen or config.default_profile)
-    return Plan(node, config, profiles, resources, client, start.data)
+    return Plan(node, config, profiles, resources, client, start.data, chosen)

@@ -105,12 +105,14 @@ class ConfigReloader(BackgroundLoop):
         self._attempt: tuple[str, str | None] = self._running  # the state this round tries to serve
         self._failures = RepeatLimiter(log, window=max(60.0, interval))
 
-    def start(self, config: Config, data: bytes | None = None) -> None:
+    def start(self, config: Config, data: bytes | None = None, label_refused: bool = False) -> None:
         """Follow changes from now on. `config` is what the plugin serves, parsed from `data` (the file's bytes; the
-        file as it is now when not given): content that differs from it, even if written meanwhile, is applied."""
+        file as it is now when not given): content that differs from it, even if written meanwhile, is applied.
+        `label_refused`: start-up served the default profile because the one the node label names was refused; the
+        first round tries the label again and refuses it as any reload would (logged, counted, until it changes)."""
         self._config = config
         self._pending = self._observe()
-        self._running = (self._pending if data is None else _digest(data), self.profiles.current(config))
+        self._running = (self._pending if data is None else _digest(data), None if label_refused else self.profiles.current(config))
         self._start_thread()
 
     def stop(self) -> None:

@@ -5,13 +5,18 @@ it dials the plugin back, calls GetDevicePluginOptions and starts ListAndWatch; 
 capacity/allocatable per resource; it admits pods with the kubelet's device choice
 (GetPreferredAllocation as a hint, shortfall filled in random order, one Allocate per
 container and resource); and it restarts like the kubelet (every socket deleted,
-kubelet.sock recreated, allocations kept). Simplifications: no Topology Manager
-alignment, no reuse of init-container devices, no checkpoint file.
+kubelet.sock recreated, allocations kept); it writes its allocations to
+`kubelet_internal_checkpoint` in the kubelet's format after every allocation and pod
+deletion. Simplifications: no Topology Manager alignment, no reuse of init-container
+devices, no checksum (0).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
+import os
 import random
 import stat
 import threading
@@ -90,6 +95,7 @@ class ResourceStatus:
     registered: bool
     messages: int  # ListAndWatch messages received since registration
     topology: dict[str, list[int]]
+    endpoint: str = ""  # the socket (file name) of the registration it holds
 
 
 class _Endpoint:
@@ -208,6 +214,26 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         log.info("registered %s at %s", request.resource_name, request.endpoint)
         return pb.Empty()
 
+    def _write_checkpoint(self) -> None:
+        """The kubelet's checkpoint of allocations (written whole, then renamed, as the kubelet's checkpoint manager does)."""
+        with self._cond:
+            entries = [
+                {
+                    "PodUID": uid,
+                    "ContainerName": container,
+                    "ResourceName": resource,
+                    "DeviceIDs": {"-1": list(ids)},
+                    "AllocResp": base64.b64encode(self._responses[(uid, container, resource)].SerializeToString()).decode(),
+                }
+                for (uid, container, resource), ids in self._allocated.items()
+                if (uid, container, resource) in self._responses
+            ]
+            registered = {name: self._status(e).healthy for name, e in self._endpoints.items()}
+            path = self.plugin_dir / "kubelet_internal_checkpoint"
+            temporary = path.with_name(path.name + ".tmp")
+            temporary.write_text(json.dumps({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": registered}, "Checksum": 0}))
+            os.replace(temporary, path)
+
     def _consume(self, endpoint: _Endpoint) -> None:
         try:
             for message in endpoint.stub.ListAndWatch(pb.Empty()):
@@ -248,6 +274,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             registered=not endpoint.stopped,
             messages=endpoint.messages,
             topology={i: [n.ID for n in d.topology.nodes] for i, d in endpoint.devices.items()},
+            endpoint=endpoint.socket.name,
         )
 
     def wait_for(self, predicate: Callable[[dict[str, ResourceStatus]], bool], timeout: float = 10.0) -> bool:
@@ -285,12 +312,19 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                     with self._cond:
                         self._allocated[key] = ids  # held while Allocate runs, as the kubelet does
                     response = self._allocate(resource, ids)
-                    self._responses[key] = response
+                    with self._cond:
+                        self._responses[key] = response
+                    self._write_checkpoint()
                     results[container.name][resource] = response
         except AdmissionError:
             self.delete_pod(pod.uid)
             raise
         return results
+
+    def grants(self) -> list[tuple[str, str, str, list[str], pb.ContainerAllocateResponse]]:
+        """Every allocation the kubelet holds now: (pod UID, container, resource, device IDs, the plugin's answer)."""
+        with self._cond:
+            return [(*key, list(ids), self._responses[key]) for key, ids in self._allocated.items() if key in self._responses]
 
     def allocated(self, pod: Pod) -> dict[str, dict[str, list[str]]]:
         """Device IDs per container and resource of an admitted pod."""
@@ -354,6 +388,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             for key in [k for k in self._allocated if k[0] == uid]:
                 del self._allocated[key]
                 self._responses.pop(key, None)
+        self._write_checkpoint()
 
     def _devices_to_allocate(self, resource: str, needed: int) -> list[str]:
         with self._cond:

@@ -8,6 +8,7 @@ Errors are injected per call and GPU index with `fail(call, index, error_class)`
 from __future__ import annotations
 
 import queue
+import time
 import types
 from dataclasses import dataclass, field
 
@@ -233,10 +234,14 @@ class FakeNvml(types.ModuleType):
             raise self.wait_error()
         if any(self.gpus[i].lost for i in self.event_sets[event_set]):
             raise real.NVMLError_GpuIsLost()  # like the driver: every wait fails at once while a lost GPU is in the set
-        try:
-            return self.events.get(timeout=timeout_ms / 1000)
-        except queue.Empty:
-            raise real.NVMLError_Timeout() from None
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:  # like the driver: only events of GPUs registered in this set are delivered
+            try:
+                event = self.events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise real.NVMLError_Timeout() from None
+            if event.device.gpu in self.event_sets[event_set]:
+                return event
 
     def nvmlEventSetFree(self, event_set):
         self._enter("nvmlEventSetFree")

@@ -92,7 +92,7 @@ MPS = "/run/gpu-share/mps/m"
         # CDI names instead of NVIDIA_VISIBLE_DEVICES
         (
             {"deviceListStrategy": "cdi", "cdiKind": "example.com/gpu"}, {"name": "e", "mode": "exclusive"}, [T[1], T[0]],
-            ContainerGrant(envs={"CUDA_VISIBLE_DEVICES": f"{T[0]},{T[1]}"}, cdi_devices=(f"example.com/gpu={T[0]}", f"example.com/gpu={T[1]}")),
+            ContainerGrant(envs={}, cdi_devices=(f"example.com/gpu={T[0]}", f"example.com/gpu={T[1]}")),
         ),
         # device nodes under deviceRoot: the control nodes, then each GPU's
         (
