@@ -398,3 +398,10 @@ def test_commands_print_one_clear_line(tmp_path, command, text, message):
     assert proc.returncode == 2
     assert proc.stderr == f"gpu-share: error: {path}: {message}" + proc.stderr.split(message, 1)[1]
     assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("key", ["", "   "])
+def test_a_blank_key_is_named_quoted(key):
+    err = refusal({"version": "v1", key: 1, "pools": [{"name": "a", "mode": "shared"}]})
+    assert_clear(err)
+    assert any(p.startswith(repr(key) + ": unknown key") for p in err.problems), err.problems
