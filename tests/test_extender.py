@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from deviceplugin.cluster import Pod
 from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.extender.cache import ClusterCache, pod_state
 from deviceplugin.extender.http import ExtenderHTTPServer
 from deviceplugin.extender.metrics import ExtenderMetrics
-from deviceplugin.extender.model import pod_request
+from deviceplugin.extender.model import HostCapacity, InputError, host_capacity, host_request, pod_request
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.service import ExtenderOptions, ExtenderService
 from deviceplugin.extender.verbs import Extender
@@ -263,16 +264,20 @@ def test_in_flight_reservation_until_the_binding_shows():
 def test_cached_views_and_scores_follow_the_annotation_and_assumed_pods():
     ext = extender({"n": annotation((10, 2), (10, 8)), "m": annotation((10, 0), (10, 0))})
     one = pod("one", {SHARE: 2})
-    first = {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))}
-    assert first["n"] > first["m"]  # binpack: the fuller node
+
+    def raw(*names: str) -> list[int]:
+        return ext.scorer.raw_scores(pod_request(one, managed), ext.cache.views(list(names), exclude="uid-one"))
+
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 10, "m": 9}  # binpack: the fuller node
+    before = raw("m")[0]
     ext.cache.set_node("n", annotation((10, 10), (10, 9)))  # republished: full, 1 free
-    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 0, "m": first["m"]}
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 0, "m": 10}
     assert ext.filter(args(one, "n", "m"))["NodeNames"] == ["m"]
     # An assumed pod on m replaces m's view: 8 of 20 shares taken scores higher than none.
     ext.cache.set_pod(pod_state(pod("big", {SHARE: 8}, node="m"), pod_request(pod("big", {SHARE: 8}), managed)))
     assert ext.cache.node("m")[1] == {SHARE: [0, 10]}  # and the filter reserved `one` there
     assert ext.cache.node("m", exclude="uid-one")[1] == {SHARE: [2, 10]}
-    assert ext.prioritize(args(one, "m"))[0]["Score"] > first["m"]
+    assert raw("m")[0] > before
 
 
 def test_reservations_are_bounded():
@@ -400,4 +405,75 @@ def test_fgd_learns_task_shapes_from_bound_pods_and_falls_back_to_binpack():
     clock[0] = 61.0
     fgd = {s["Host"]: s["Score"] for s in ext.prioritize(args(p, "a", "b"))}
     assert scorer.policy.name == "fgd" and fgd["a"] > fgd["b"]
-    assert cache.workload() == [(6, 10)] * 5
+    assert cache.workload() == [Pod(0, 0, num_gpu=1, gpu_milli=600)] * 5
+
+
+# --- the whole node: CPU, memory and pod slots -------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"containers": [{"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}, {"resources": {"limits": {"cpu": "500m", "memory": "1e9"}}}]},
+     (1500, 1024 + 954)),
+    # ordinary init containers run alone (with the sidecars started before them); sidecars run with the containers
+    ({"containers": [{"resources": {"requests": {"cpu": "1"}}}],
+      "initContainers": [{"resources": {"requests": {"cpu": "4"}}}, {"restartPolicy": "Always", "resources": {"requests": {"cpu": "1", "memory": "1Mi"}}},
+                         {"resources": {"requests": {"cpu": "3500m", "memory": "3Gi"}}}]},
+     (4500, 3073)),
+    ({"containers": [{"resources": {"requests": {"cpu": "2"}}}], "overhead": {"cpu": "250m", "memory": "64Mi"}}, (2250, 64)),
+    ({"containers": [{"resources": {"requests": {"cpu": "2"}}}], "resources": {"requests": {"cpu": "3", "memory": "0.5Gi"}}}, (3000, 512)),
+    ({"containers": [{}]}, (0, 0)),
+])
+def test_host_request_counts_as_kube_scheduler_does(spec, expected):
+    assert host_request(spec) == expected
+
+
+def test_bad_quantities_and_missing_allocatable():
+    with pytest.raises(InputError, match=r"Pod.spec.containers\[0\].resources.cpu: '1x' is not a quantity"):
+        host_request({"containers": [{"resources": {"requests": {"cpu": "1x"}}}]})
+    assert host_capacity({"status": {"allocatable": {"cpu": "95500m", "memory": "1Gi", "pods": "110"}}}) == HostCapacity(95500, 1024, 110)
+    assert host_capacity({"status": {"allocatable": {"cpu": "9" * 80}}}) == HostCapacity()  # unreadable: unlimited
+
+
+def host_pod(name: str, cpu: str, memory: str = "1Gi", node: str = "", shares: int = 0) -> dict:
+    body = pod(name, {SHARE: shares} if shares else {}, node=node)
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu, "memory": memory}
+    return body
+
+
+def test_views_count_every_pods_cpu_memory_and_slot_and_the_reservations():
+    cache = ClusterCache()
+    cache.set_node("n", annotation((10, 0)), HostCapacity(8000, 32768, 4))
+    for name, cpu in (("web", "1500m"), ("batch", "2")):  # no shares: still on the node's CPU, memory and slots
+        body = host_pod(name, cpu, node="n")
+        cache.set_pod(pod_state(body, pod_request(body, managed)))
+    assert cache.views(["n"])[0].host_free == (4500, 30720, 2)
+    ext = Extender(cache, Scorer("binpack"), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    inflight = host_pod("inflight", "4", "8Gi", shares=2)
+    assert ext.filter(args(inflight, "n"))["NodeNames"] == ["n"]  # reserved until its binding shows
+    assert cache.views(["n"])[0].host_free == (500, 22528, 1)
+    assert cache.views(["n"], exclude="uid-inflight")[0].host_free == (4500, 30720, 2)
+    cache.delete_pod("uid-web")
+    assert cache.views(["n"])[0].host_free == (2000, 23552, 2)
+
+
+def test_fgdstrand_through_the_extender_keeps_cpu_for_the_idle_gpus():
+    """Two nodes of 8 idle GPUs; one has 30 cores free, the other 96. A 1-share pod asking for 16 cores would leave
+    the first 14 cores for 8 GPUs (the workload asks 12 per GPU): fgdstrand sends it to the other. FGD sees no
+    difference: both nodes still run every shape afterwards."""
+    cache = ClusterCache()
+    gpus = [(10, 0)] * 8
+    cache.set_node("tight", annotation(*gpus), HostCapacity(30_000, 400_000, 110))
+    cache.set_node("roomy", annotation(*gpus), HostCapacity(96_000, 400_000, 110))
+    cache.set_node("busy", annotation((10, 10)), HostCapacity(96_000, 400_000, 110))
+    for i in range(4):  # the workload: 1 GPU and 12 cores each
+        body = host_pod(f"w{i}", "12", "40Gi", node="busy", shares=10)
+        cache.set_pod(pod_state(body, pod_request(body, managed)))
+    learned = cache.workload()
+    assert learned == [Pod(12_000, 40_960, num_gpu=1, gpu_milli=1000)] * 4
+    heavy = host_pod("heavy", "16", "8Gi", shares=1)
+    scores = {}
+    for policy in ("fgd", "fgdstrand"):
+        ext = Extender(cache, Scorer(policy, workload=cache.workload), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+        scores[policy] = {s["Host"]: s["Score"] for s in ext.prioritize(args(heavy, "tight", "roomy"))}
+    assert scores["fgdstrand"] == {"roomy": 10, "tight": 9}
+    assert scores["fgd"] == {"roomy": 10, "tight": 10}

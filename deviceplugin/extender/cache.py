@@ -1,4 +1,4 @@
-"""The extender's state: each node's units (its annotation), the pods it does not count yet, and reservations.
+"""The extender's state: each node's units (its annotation) and host capacity, its pods, and reservations.
 
 A node's annotation lags its pods by up to one agent round (10 s) plus the publisher's debounce, so the
 free shares of a node are: the annotation's free, minus the shares of every pod bound or nominated to the
@@ -7,6 +7,10 @@ passed for this node a moment ago and whose binding it has not seen yet (in-flig
 scheduler binds asynchronously, so the next pod's filter can come before the previous pod's binding).
 A reservation covers the nodes the pod was passed for (at most `max_reservation_nodes`) and ends when the
 pod is seen bound, is deleted, is filtered again, or after `reservation_ttl` seconds.
+
+Every bound or nominated pod (share pod or not) also takes its CPU, memory and a pod slot from its node's
+allocatable, and so does every in-flight reservation, so the policies that weigh CPU and memory (fgdstrand's
+stranded GPUs) see each node as kube-scheduler does.
 
 Pure and thread-safe; the watches feed it, the HTTP handlers read it. Bounded: reservations are capped.
 """
@@ -20,13 +24,14 @@ from dataclasses import dataclass
 
 from .. import defaults
 from ..kube.annotation import pod_digest
+from ..cluster import Pod
 from .fit import FreeShares, free_shares, place
-from .model import InputError, NodeInventory, PodRequest, parse_annotation
+from .model import HostCapacity, InputError, NodeInventory, PodRequest, model_pod, parse_annotation
 
 
 @dataclass(frozen=True)
 class PodState:
-    """A pod with managed-resource requests that is bound or nominated to a node."""
+    """A pod that is bound or nominated to a node (its request may name no managed resource)."""
 
     uid: str
     node: str
@@ -38,17 +43,23 @@ class NodeView:
     """One node as the verbs see it: inventory, free shares now, and what they need precomputed.
 
     `room[resource]`: the most shares one container can take there (the largest free unit, or the sum with
-    allowSpanGPUs), so the common pod's fit is one comparison. `scores`: the scorer's memo for this state.
-    A cached view is replaced, never changed, when the node's annotation or assumed pods change.
+    allowSpanGPUs), so the common pod's fit is one comparison. `host`: allocatable, and `host_free`: what is left
+    of it (CPU milli, memory MiB, pod slots). `scores`: the scorer's memo for this state.
+    A cached view is replaced, never changed, when the node's annotation, capacity or pods change.
     """
 
-    __slots__ = ("name", "inventory", "free", "error", "room", "scores")
+    __slots__ = ("name", "inventory", "free", "error", "room", "scores", "host", "host_free")
 
-    def __init__(self, name: str, inventory: NodeInventory | None, free: FreeShares, error: str = "") -> None:
+    def __init__(
+        self, name: str, inventory: NodeInventory | None, free: FreeShares, error: str = "",
+        host: HostCapacity = HostCapacity(), host_free: tuple[int, int, int] | None = None,
+    ) -> None:
         self.name = name
         self.inventory = inventory
         self.free = free
         self.error = error  # why there is no inventory
+        self.host = host
+        self.host_free = host_free if host_free is not None else (host.cpu_milli, host.memory_mib, host.pods)
         resources = inventory.resources if inventory is not None else {}
         self.room = {r: sum(units) if resources[r].allow_span else max(units, default=0) for r, units in free.items()}
         self.scores: dict[tuple, int] = {}
@@ -58,6 +69,7 @@ class NodeView:
 class _Node:
     inventory: NodeInventory | None
     error: str = ""  # why there is no inventory
+    host: HostCapacity = HostCapacity()
     view: NodeView | None = None  # after assumed pods, before reservations; None: to recompute
 
 
@@ -86,14 +98,15 @@ class ClusterCache:
         self._seq = 0
 
     # --- fed by the watches ------------------------------------------------------------------
-    def set_node(self, name: str, annotation: str | None) -> None:
+    def set_node(self, name: str, annotation: str | None, host: HostCapacity = HostCapacity()) -> None:
+        """A node's annotation and allocatable (unlimited where the Node does not say)."""
         if annotation is None:
-            entry = _Node(None, "node has no gpu-share inventory annotation (no gpu-share plugin, or it has not published yet)")
+            entry = _Node(None, "node has no gpu-share inventory annotation (no gpu-share plugin, or it has not published yet)", host)
         else:
             try:
-                entry = _Node(parse_annotation(name, annotation))
+                entry = _Node(parse_annotation(name, annotation), host=host)
             except InputError as err:
-                entry = _Node(None, f"node's gpu-share inventory annotation is unusable: {err}")
+                entry = _Node(None, f"node's gpu-share inventory annotation is unusable: {err}", host)
         with self._lock:
             self._nodes[name] = entry
 
@@ -101,13 +114,13 @@ class ClusterCache:
         with self._lock:
             self._nodes.pop(name, None)
 
-    def replace_nodes(self, nodes: dict[str, str | None]) -> None:
-        """After a (re)list: exactly these nodes."""
+    def replace_nodes(self, nodes: dict[str, tuple[str | None, HostCapacity]]) -> None:
+        """After a (re)list: exactly these nodes, each (annotation, allocatable)."""
         with self._lock:
             for name in set(self._nodes) - set(nodes):
                 del self._nodes[name]
-            for name, annotation in nodes.items():
-                self.set_node(name, annotation)
+            for name, (annotation, host) in nodes.items():
+                self.set_node(name, annotation, host)
 
     def set_pod(self, pod: PodState) -> None:
         with self._lock:
@@ -181,16 +194,25 @@ class ClusterCache:
         with self._lock:
             self._drop_reservation(uid)
 
-    def workload(self) -> list[tuple[int, int]]:
-        """(count, largest unit total) of the largest request of every bound share pod: the task shapes."""
+    def workload(self) -> list[Pod]:
+        """Every pod bound or nominated to a node with a gpu-share inventory, as a cluster-model pod: the task shapes.
+
+        A share pod is its largest request (k shares of units of N: k/N of a GPU) with its CPU and memory; any
+        other pod on those nodes is CPU-only, as in the trace the policies were measured on.
+        """
         with self._lock:
             out = []
             for pod in self._pods.values():
                 entry = self._nodes.get(pod.node)
-                resource, count = pod.request.largest
-                info = entry.inventory.resources.get(resource) if entry is not None and entry.inventory is not None else None
+                if entry is None or entry.inventory is None:
+                    continue
+                request = pod.request
+                if request.empty:
+                    out.append(Pod(request.cpu_milli, request.memory_mib))
+                    continue
+                info = entry.inventory.resources.get(request.largest[0])
                 if info is not None and info.units:
-                    out.append((count, max(info.totals)))
+                    out.append(model_pod(request, max(info.totals)))
             return out
 
     def counts(self) -> dict[str, int]:
@@ -198,7 +220,7 @@ class ClusterCache:
             return {
                 "nodes": len(self._nodes),
                 "nodes_with_inventory": sum(1 for n in self._nodes.values() if n.inventory is not None),
-                "assumed_pods": sum(1 for p in self._pods.values() if not self._counted(p)),
+                "assumed_pods": sum(1 for p in self._pods.values() if not p.request.empty and not self._counted(p)),
                 "reservations": len(self._reservations),
             }
 
@@ -209,21 +231,32 @@ class ClusterCache:
             return NodeView(name, None, {}, "node is not known to the extender (not in its node cache)")
         if entry.inventory is None:
             if entry.view is None:
-                entry.view = NodeView(name, None, {}, entry.error)
+                entry.view = NodeView(name, None, {}, entry.error, entry.host)
             return entry.view
         if exclude and exclude in self._pods_on.get(name, ()):
-            view = NodeView(name, entry.inventory, self._free(name, entry.inventory, exclude))  # a nominated pod filtered again: rare
+            view = self._fresh_view(name, entry, exclude)  # a nominated pod filtered again: rare
         else:
             if entry.view is None:
-                entry.view = NodeView(name, entry.inventory, self._free(name, entry.inventory, ""))
+                entry.view = self._fresh_view(name, entry, "")
             view = entry.view
         reserved = self._reserved(name, exclude)
         if not reserved:
             return view
         free = {r: list(units) for r, units in view.free.items()}
+        cpu, memory, slots = view.host_free
         for request in reserved:
             place(request, entry.inventory, free)  # a pod that no longer fits takes nothing
-        return NodeView(name, entry.inventory, free)
+            cpu, memory, slots = cpu - request.cpu_milli, memory - request.memory_mib, slots - 1
+        return NodeView(name, entry.inventory, free, host=entry.host, host_free=(cpu, memory, slots))
+
+    def _fresh_view(self, name: str, entry: _Node, exclude: str) -> NodeView:
+        assert entry.inventory is not None
+        host = entry.host
+        cpu, memory, slots = host.cpu_milli, host.memory_mib, host.pods
+        for uid, pod in self._pods_on.get(name, {}).items():
+            if uid != exclude:
+                cpu, memory, slots = cpu - pod.request.cpu_milli, memory - pod.request.memory_mib, slots - 1
+        return NodeView(name, entry.inventory, self._free(name, entry.inventory, exclude), host=host, host_free=(cpu, memory, slots))
 
     def _counted(self, pod: PodState) -> bool:
         entry = self._nodes.get(pod.node)
@@ -233,7 +266,7 @@ class ClusterCache:
         """The annotation's free shares minus the assumed pods' (a pod that no longer fits takes nothing)."""
         free = free_shares(inventory)
         for uid, pod in self._pods_on.get(name, {}).items():
-            if uid != exclude and pod.digest not in inventory.pods:
+            if uid != exclude and not pod.request.empty and pod.digest not in inventory.pods:
                 place(pod.request, inventory, free)
         return free
 
@@ -271,6 +304,6 @@ def pod_state(pod: dict, request: PodRequest) -> PodState | None:
     if status.get("phase") in ("Succeeded", "Failed"):
         return None
     node = (pod.get("spec") or {}).get("nodeName") or status.get("nominatedNodeName")
-    if not node or request.empty:
+    if not node or not request.uid:
         return None
-    return PodState(request.uid, str(node), request, pod_digest(request.namespace, request.name))
+    return PodState(request.uid, str(node), request, "" if request.empty else pod_digest(request.namespace, request.name))

@@ -13,7 +13,7 @@ from .cache import ClusterCache, NodeView
 from .fit import NO_INVENTORY, place
 from .metrics import ExtenderMetrics
 from .model import InputError, PodRequest, pod_request
-from .score import Scorer
+from .score import NO_ROOM, Scorer, ranked
 
 MAX_NODE_NAMES = 50_000
 
@@ -64,9 +64,9 @@ class Extender:
         if request.empty:
             return [{"Host": name, "Score": 0} for name in names]
         views = self.cache.views(names, exclude=request.uid)
-        scores = self.scorer.scores(*request.largest, views)
         resource, count = _single(request) or ("", 0)
-        return [{"Host": view.name, "Score": score if score and _fits(request, view, resource, count) else 0} for view, score in zip(views, scores)]
+        raw = [s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM for view, s in zip(views, self.scorer.raw_scores(request, views))]
+        return [{"Host": view.name, "Score": score} for view, score in zip(views, ranked(raw))]
 
     def _args(self, args: dict) -> tuple[PodRequest, list[str]]:
         if not isinstance(args, dict):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ..loop import BackgroundLoop
 from .cache import ClusterCache, pod_state
-from .model import InputError, pod_request
+from .model import InputError, host_capacity, pod_request
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,8 @@ def _lines(response, stop) -> Iterator[bytes]:
 
 
 class ClusterWatch:
-    """The two watches that keep the cache current: Nodes (their annotation) and Pods (bound or nominated)."""
+    """The two watches that keep the cache current: Nodes (their annotation and allocatable) and Pods (bound or
+    nominated, every pod: all of them take CPU, memory and a pod slot)."""
 
     def __init__(self, api, cache: ClusterCache, annotation_key: str, managed: Callable[[str], bool],
                  settings: WatchSettings = WatchSettings(), on_restart: Callable[[str], None] = lambda kind: None) -> None:
@@ -192,7 +193,7 @@ class ClusterWatch:
         return ((node.get("metadata") or {}).get("annotations") or {}).get(self.annotation_key)
 
     def _nodes(self, items: list[dict]) -> None:
-        self.cache.replace_nodes({n["metadata"]["name"]: self._annotation(n) for n in items})
+        self.cache.replace_nodes({n["metadata"]["name"]: (self._annotation(n), host_capacity(n)) for n in items})
         settle_heap()
 
     def _node_event(self, kind: str, node: dict) -> None:
@@ -200,7 +201,7 @@ class ClusterWatch:
         if kind == "DELETED":
             self.cache.delete_node(name)
         else:
-            self.cache.set_node(name, self._annotation(node))
+            self.cache.set_node(name, self._annotation(node), host_capacity(node))
 
     def _state(self, pod: dict):
         try:
