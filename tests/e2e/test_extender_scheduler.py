@@ -1,0 +1,127 @@
+"""The extender inside a real kube-scheduler, and the admission policy on a real API server (skipped without the binaries).
+
+Simulated GPU nodes (Node objects, their kubelets' admission and the node plugins' annotations played by
+benchmarks/standin.py), the `gpu-share extender` service in this process, kube-scheduler v1.36 calling it.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from benchmarks.standin import GpuNode, StandInPlugins, scheduler_config, share_pod_body
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def namespace(core: Any, name: str) -> None:
+    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})  # no ServiceAccount controller
+
+
+@pytest.fixture(scope="module")
+def extender_url(controlplane: Any):
+    from kubernetes import client
+
+    from deviceplugin.extender.service import ExtenderOptions, ExtenderService
+
+    service = ExtenderService(client.CoreV1Api(controlplane.api_client()), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand"))
+    service.start()
+    try:
+        assert wait_until(lambda: service.watch.ready()[0], 30), service.watch.ready()
+        yield f"http://127.0.0.1:{service.server.port}"
+    finally:
+        service.stop()
+
+
+def test_a_burst_of_share_pods_through_the_extender_all_admitted_none_pending_that_fits(controlplane: Any, extender_url: str) -> None:
+    from kubernetes import client
+
+    run = secrets.token_hex(3)
+    api = controlplane.api_client()
+    core = client.CoreV1Api(api)
+    labels = {"gpu-share-e2e": f"burst-{run}"}
+    nodes = [GpuNode(f"burst-{run}-{i}", gpus=4, cpu_milli=64_000, memory_mib=262_144) for i in range(4)]
+    plugins = StandInPlugins(api, nodes, labels, republish=(0.5, 1.5), seed=7)
+    plugins.create_nodes()
+    plugins.start()
+    ns = f"burst-{run}"
+    namespace(core, ns)
+    name = f"gs-{run}"
+    controlplane.scheduler(scheduler_config(name, extender_url, weight=20, strategy="MostAllocated"), name)
+    try:
+        rng = random.Random(11)
+        sizes: list[int] = []
+        while sum(sizes) < 150:  # 160 shares on 16 GPUs: a burst of about 95 % of them, 1-10 shares each
+            sizes.append(rng.randint(1, 10))
+        for i, shares in enumerate(sizes):
+            core.create_namespaced_pod(ns, share_pod_body(f"p{i}", shares, 1000, 1024, name, labels))
+
+        def pending() -> list[tuple[str, int]]:
+            pods = core.list_namespaced_pod(ns).items
+            return [(p.metadata.name, int(p.spec.containers[0].resources.limits["example.com/gpu-share"])) for p in pods if not p.spec.node_name]
+
+        def settled() -> bool:
+            """Every pod is bound, or fits on no GPU now and the nodes have published their last change."""
+            waiting = pending()
+            free = [f for units in plugins.free().values() for f in units]
+            return not plugins.pending_republish() and all(count > max(free) for _, count in waiting)
+
+        assert wait_until(settled, 120), (pending(), plugins.free())
+        assert plugins.failures == [] and plugins.errors == []
+        assert plugins.admitted == len(sizes) - len(pending())
+        assert plugins.used_shares() >= 140, plugins.free()  # a GPU's last free shares go only to pods that fit them
+    finally:
+        controlplane.stop_process(f"kube-scheduler#{name}")
+        plugins.stop()
+
+
+def test_the_admission_policy_refuses_a_pod_larger_than_any_gpu_on_the_real_api_server(controlplane: Any) -> None:
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    api = controlplane.api_client()
+    core, admission = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
+    documents = list(yaml.safe_load_all((ROOT / "daemonset/admission/gpu-share-admission.yaml").read_text()))
+    config_map, policy, binding = documents
+    namespace(core, config_map["metadata"]["namespace"])
+    core.create_namespaced_config_map(config_map["metadata"]["namespace"], config_map)
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding)
+    ns = f"admission-{secrets.token_hex(3)}"
+    namespace(core, ns)
+
+    def create(name: str, shares: int) -> str:
+        """'' when the API server admits the pod (dry run), else its refusal."""
+        try:
+            core.create_namespaced_pod(ns, share_pod_body(name, shares, 100, 64, "default-scheduler", {}), dry_run="All")
+            return ""
+        except ApiException as err:
+            assert err.status == 422, err
+            return str(err.body)
+
+    # A new policy takes effect once the API server has compiled it: wait for the first refusal.
+    assert wait_until(lambda: bool(create("too-big", 12)), 30)
+    message = create("too-big", 12)
+    assert ("ValidatingAdmissionPolicy 'gpu-share-shares-per-gpu' with binding 'gpu-share-shares-per-gpu' denied request: container main asks "
+            "for 12 example.com/gpu-share but no GPU has more than 10: one container's shares come from one GPU. Ask for at most 10 "
+            "example.com/gpu-share, or for a whole GPU (example.com/gpu)") in message
+    assert create("fits", 10) == ""
+    admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+    admission.delete_validating_admission_policy(policy["metadata"]["name"])
