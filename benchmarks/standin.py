@@ -235,3 +235,46 @@ def scheduler_config(name: str, extender_url: str | None, weight: int = 5, strat
             "nodeCacheCapable": True, "ignorable": False, "managedResources": [{"name": m, "ignoredByScheduler": False} for m in managed],
         }]
     return config
+
+
+# --- the DRA path -------------------------------------------------------------------------------------------
+DRA_DRIVER = "gpu-share.example.com"  # driver_name("example.com")
+DRA_CLASS = DRA_DRIVER  # the DeviceClass assumed: named as the driver, selecting its devices
+
+
+def device_class() -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRA_CLASS},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]}}
+
+
+def resource_slice(node: GpuNode, replicas: int = 10) -> dict:
+    """The node's ResourceSlice as the DRA node plugin publishes it: one shared device per GPU (DraDevice.to_api)."""
+    from deviceplugin.dra.devices import dra_devices
+    from deviceplugin.model.node import Gpu, NodeInfo
+
+    info = NodeInfo(gpus=tuple(Gpu(index=i, uuid=f"GPU-dra00000-0000-4000-8000-{i:012d}", model="sim", memory_mib=81920) for i in range(node.gpus)),
+                    name=node.name)
+    devices = [d.to_api(DRA_DRIVER, info) for d in dra_devices([node_resource(node.gpus, replicas, "binpack")])]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node.name}-{DRA_DRIVER}"},
+            "spec": {"driver": DRA_DRIVER, "nodeName": node.name, "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}}
+
+
+def share_claim(name: str, shares: int) -> dict:
+    """A ResourceClaim asking the class for one device's `shares`."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRA_CLASS, "capacity": {"requests": {"shares": str(shares)}}}}]}}}
+
+
+def claim_pod_body(name: str, claim: str, cpu_milli: int, memory_mib: int, scheduler: str, labels: dict[str, str]) -> dict:
+    body = share_pod_body(name, 0, cpu_milli, memory_mib, scheduler, labels)
+    body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return body
+
+
+def dra_extender_entry(extender_url: str, weight: int) -> dict:
+    """The second extender entry, for DRA pods: no managedResources (so kube-scheduler calls it for every pod), the
+    `/dra/` verbs (which answer pods without claims at once), ignorable (an extender outage never blocks other pods)."""
+    return {"urlPrefix": extender_url + "/dra", "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": weight, "httpTimeout": "5s",
+            "nodeCacheCapable": True, "ignorable": True}

@@ -477,3 +477,49 @@ def test_fgdstrand_through_the_extender_keeps_cpu_for_the_idle_gpus():
         scores[policy] = {s["Host"]: s["Score"] for s in ext.prioritize(args(heavy, "tight", "roomy"))}
     assert scores["fgdstrand"] == {"roomy": 10, "tight": 9}
     assert scores["fgd"] == {"roomy": 10, "tight": 10}
+
+
+# --- DRA claims ----------------------------------------------------------------------------------------
+
+
+def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
+    from benchmarks.standin import DRA_CLASS, DRA_DRIVER, GpuNode, claim_pod_body, resource_slice, share_claim
+    from deviceplugin.extender.dra import claim_info, slice_info
+
+    cache = ClusterCache(driver=DRA_DRIVER, classes=frozenset({DRA_CLASS}))
+    for name in ("a", "b"):
+        cache.set_node(name, None, HostCapacity(64_000, 262_144, 110))
+        cache.set_slice(f"{name}-slice", slice_info(resource_slice(GpuNode(name, 2, 64_000, 262_144)), DRA_DRIVER))
+    # a: gpu-0 holds 6 shares (an allocated claim); b: empty.
+    held = share_claim("held", 6)
+    held["metadata"].update(namespace="team", uid="uid-held")
+    held["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": DRA_DRIVER, "pool": "a", "device": "gpu-0", "shareID": "0b0c0d0e-0000-4000-8000-000000000001",
+         "consumedCapacity": {"shares": "6", "memory": "48Gi"}}]}}, "reservedFor": [{"resource": "pods", "name": "x", "uid": "uid-x"}]}
+    cache.set_claim(("team", "held"), claim_info(held, DRA_DRIVER, frozenset({DRA_CLASS})))
+    assert cache.node("a")[1] == {DRA_DRIVER: [4, 10]} and cache.node("b")[1] == {DRA_DRIVER: [10, 10]}
+    want = share_claim("want", 4)
+    want["metadata"].update(namespace="team", uid="uid-want")
+    cache.set_claim(("team", "want"), claim_info(want, DRA_DRIVER, frozenset({DRA_CLASS})))
+    ext = Extender(cache, Scorer("binpack"), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    body = claim_pod_body("p", "want", 1000, 1024, "s", {})
+    body["metadata"].update(namespace="team", uid="uid-p")
+    # The device-plugin entry has nothing to judge; the DRA entry sends it where it fills gpu-0 (first fit there).
+    assert ext.filter(args(body, "a", "b"))["NodeNames"] == ["a", "b"]
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(body, "a", "b"), dra=True)} == {"a": 10, "b": 9}
+    assert ext.filter(args(body, "a", "b"), dra=True)["NodeNames"] == ["a", "b"]  # and reserves 4 shares on both
+    assert cache.node("a")[1] == {DRA_DRIVER: [0, 10]}
+    # Allocated on a and reserved for the pod: counted once, by the claim; the reservation ends.
+    want["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": DRA_DRIVER, "pool": "a", "device": "gpu-0", "shareID": "0b0c0d0e-0000-4000-8000-000000000002",
+         "consumedCapacity": {"shares": "4"}}]}}, "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}]}
+    cache.set_claim(("team", "want"), claim_info(want, DRA_DRIVER, frozenset({DRA_CLASS})))
+    assert cache.node("a")[1] == {DRA_DRIVER: [0, 10]} and cache.node("b")[1] == {DRA_DRIVER: [10, 10]}
+    assert cache.dra_request(body) == ()
+    # A claim that fits no single device is filtered out with the reason; a pod without claims passes untouched.
+    big = share_claim("big", 11)
+    big["metadata"].update(namespace="team", uid="uid-big")
+    cache.set_claim(("team", "big"), claim_info(big, DRA_DRIVER, frozenset({DRA_CLASS})))
+    result = ext.filter(args(claim_pod_body("q", "big", 0, 0, "s", {}) | {"metadata": {"namespace": "team", "name": "q", "uid": "uid-q"}}, "b"), dra=True)
+    assert "each GPU of this node has at most 10" in result["FailedAndUnresolvableNodes"]["b"]
+    assert ext.prioritize(args(pod("plain", {}), "a", "b"), dra=True) == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from .. import defaults
 from ..kube.annotation import pod_digest
 from ..cluster import Pod
+from .dra import FIRST_FIT, MAX_POD_CLAIMS, ClaimInfo, SliceInfo, shares_of
 from .fit import FreeShares, free_shares, place
-from .model import HostCapacity, InputError, NodeInventory, PodRequest, model_pod, parse_annotation
+from .model import ContainerRequest, HostCapacity, InputError, NodeInventory, NodeResource, PodRequest, Unit, model_pod, parse_annotation
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,10 @@ class NodeView:
 
 @dataclass
 class _Node:
-    inventory: NodeInventory | None
+    inventory: NodeInventory | None  # the annotation's resources and the DRA driver's devices
     error: str = ""  # why there is no inventory
     host: HostCapacity = HostCapacity()
+    annotation: NodeInventory | None = None  # the annotation's alone
     view: NodeView | None = None  # after assumed pods, before reservations; None: to recompute
 
 
@@ -83,8 +85,12 @@ class _Reservation:
 
 class ClusterCache:
     def __init__(
-        self, reservation_ttl: float = defaults.RESERVATION_TTL, max_reservations: int = 256, max_reservation_nodes: int = 256, clock: Callable[[], float] = time.monotonic
+        self, reservation_ttl: float = defaults.RESERVATION_TTL, max_reservations: int = 256, max_reservation_nodes: int = 256,
+        clock: Callable[[], float] = time.monotonic, driver: str = "", classes: frozenset[str] = frozenset(),
     ) -> None:
+        """`driver`, `classes`: the gpu-share DRA driver and the DeviceClasses whose claims ask it for shares ("": no DRA)."""
+        self.driver = driver
+        self.classes = classes
         self.reservation_ttl = reservation_ttl
         self.max_reservations = max_reservations
         self.max_reservation_nodes = max_reservation_nodes
@@ -96,6 +102,14 @@ class ClusterCache:
         self._reservations: dict[str, _Reservation] = {}  # uid -> reservation, oldest first
         self._reserved_on: dict[str, set[str]] = {}  # node -> uids
         self._seq = 0
+        # DRA: the driver's slices, the claims and templates, and per node its devices as units of one resource.
+        self._slices: dict[str, SliceInfo] = {}  # slice name -> slice
+        self._claims: dict[tuple[str, str], ClaimInfo] = {}  # (namespace, name) -> claim
+        self._templates: dict[tuple[str, str], tuple[tuple[int, int, int], ...]] = {}  # (namespace, name) -> requests
+        self._results: dict[tuple[str, str], dict[tuple[str, str], tuple[tuple[int, int], ...]]] = {}  # (pool, device) -> claim -> (shares, memory)
+        self._pool_node: dict[str, str] = {}
+        self._dra: dict[str, NodeResource] = {}  # node -> its devices
+        self._share_bytes = 0  # one share's memory on some device (a claim naming only memory)
 
     # --- fed by the watches ------------------------------------------------------------------
     def set_node(self, name: str, annotation: str | None, host: HostCapacity = HostCapacity()) -> None:
@@ -104,11 +118,13 @@ class ClusterCache:
             entry = _Node(None, "node has no gpu-share inventory annotation (no gpu-share plugin, or it has not published yet)", host)
         else:
             try:
-                entry = _Node(parse_annotation(name, annotation), host=host)
+                inventory = parse_annotation(name, annotation)
+                entry = _Node(inventory, host=host, annotation=inventory)
             except InputError as err:
                 entry = _Node(None, f"node's gpu-share inventory annotation is unusable: {err}", host)
         with self._lock:
             self._nodes[name] = entry
+            self._merge(name)
 
     def delete_node(self, name: str) -> None:
         with self._lock:
@@ -148,6 +164,84 @@ class ClusterCache:
             for pod in wanted.values():
                 if self._pods.get(pod.uid) != pod:
                     self.set_pod(pod)
+
+    def set_slice(self, name: str, info: SliceInfo | None) -> None:
+        """A ResourceSlice of the driver (None: deleted, or not the driver's)."""
+        with self._lock:
+            old = self._slices.pop(name, None)
+            if info is not None:
+                self._slices[name] = info
+            self._rebuild({s.node for s in (old, info) if s is not None})
+
+    def replace_slices(self, slices: dict[str, SliceInfo]) -> None:
+        with self._lock:
+            nodes = {s.node for s in self._slices.values()} | {s.node for s in slices.values()}
+            self._slices = dict(slices)
+            self._rebuild(nodes)
+
+    def set_claim(self, key: tuple[str, str], info: ClaimInfo | None) -> None:
+        """A ResourceClaim by (namespace, name) (None: deleted)."""
+        with self._lock:
+            touched = self._unclaim(key)
+            if info is not None:
+                self._claims[key] = info
+                touched |= self._claim(key, info)
+                if info.allocated:
+                    for uid in info.reserved_for:  # the allocation now counts what the pod's reservation held
+                        self._drop_reservation(uid)
+            self._rebuild(touched)
+
+    def replace_claims(self, claims: dict[tuple[str, str], ClaimInfo]) -> None:
+        with self._lock:
+            touched: set[str] = set()
+            for key in set(self._claims) - set(claims):
+                touched |= self._unclaim(key)
+            for key, info in claims.items():
+                touched |= self._unclaim(key) | self._claim(key, info)
+                self._claims[key] = info
+            self._rebuild(touched)
+
+    def set_template(self, key: tuple[str, str], requests: tuple[tuple[int, int, int], ...] | None) -> None:
+        with self._lock:
+            if requests is None:
+                self._templates.pop(key, None)
+            else:
+                self._templates[key] = requests
+
+    def replace_templates(self, templates: dict[tuple[str, str], tuple[tuple[int, int, int], ...]]) -> None:
+        with self._lock:
+            self._templates = dict(templates)
+
+    def dra_request(self, pod: dict) -> tuple[ContainerRequest, ...]:
+        """What a pod's claims not yet allocated ask of the driver: per request, `count` containers of its shares.
+
+        Allocated claims are counted on their devices already (their consumedCapacity), so they ask nothing more.
+        """
+        spec = pod.get("spec") or {}
+        entries = spec.get("resourceClaims") or []
+        if not self.driver or not isinstance(entries, list):
+            return ()
+        namespace = str((pod.get("metadata") or {}).get("namespace", ""))
+        generated = {str(s.get("name")): s.get("resourceClaimName") for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or []) if isinstance(s, dict)}
+        out: list[ContainerRequest] = []
+        with self._lock:
+            for entry in entries[:MAX_POD_CLAIMS]:
+                if not isinstance(entry, dict):
+                    continue
+                name = entry.get("resourceClaimName") or generated.get(str(entry.get("name")))
+                if name:
+                    claim = self._claims.get((namespace, str(name)))
+                    if claim is None or claim.allocated:
+                        continue  # not created yet (kube-scheduler waits for it), or counted
+                    requests = claim.requests
+                elif entry.get("resourceClaimTemplateName"):
+                    requests = self._templates.get((namespace, str(entry["resourceClaimTemplateName"])), ())
+                else:
+                    continue
+                for i, (count, shares, memory) in enumerate(requests):
+                    wanted = shares_of(shares, memory, self._share_bytes)
+                    out += [ContainerRequest(f"claim {entry.get('name')} request {i}", ((self.driver, wanted),))] * count
+        return tuple(out)
 
     # --- read by the HTTP handlers ------------------------------------------------------------
     def node(self, name: str, exclude: str = "") -> tuple[NodeInventory | None, FreeShares | str]:
@@ -280,6 +374,68 @@ class ClusterCache:
             self._drop_reservation(uid)
         live = sorted((self._reservations[u] for u in self._reserved_on.get(name, ()) if u != exclude), key=lambda r: r.seq)
         return [r.request for r in live]
+
+    def _claim(self, key: tuple[str, str], info: ClaimInfo) -> set[str]:
+        """Record the claim's results on their devices; the nodes touched."""
+        per_device: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        for pool, device, shares, memory in info.consumed:
+            per_device.setdefault((pool, device), []).append((shares, memory))
+        for where, held in per_device.items():
+            self._results.setdefault(where, {})[key] = tuple(held)
+        return {self._pool_node[pool] for pool, _ in per_device if pool in self._pool_node}
+
+    def _unclaim(self, key: tuple[str, str]) -> set[str]:
+        old = self._claims.pop(key, None)
+        if old is None:
+            return set()
+        touched = set()
+        for pool, device, _, _ in old.consumed:
+            held = self._results.get((pool, device))
+            if held is not None:
+                held.pop(key, None)
+                if not held:
+                    del self._results[(pool, device)]
+            if pool in self._pool_node:
+                touched.add(self._pool_node[pool])
+        return touched
+
+    def _rebuild(self, nodes: set[str]) -> None:
+        """Each node's devices as units of the driver's resource, free = shares minus what claims hold."""
+        if not nodes:
+            return
+        by_node: dict[str, list[tuple[str, SliceInfo]]] = {}
+        for name, info in self._slices.items():
+            self._pool_node[info.pool] = info.node
+            if info.node in nodes:
+                by_node.setdefault(info.node, []).append((name, info))
+        for node in nodes:
+            units = []
+            for _, info in sorted(by_node.get(node, [])):  # kube-scheduler's order: slices by name, devices as listed
+                for device in info.devices:
+                    if device.share_bytes:
+                        self._share_bytes = self._share_bytes or device.share_bytes
+                    held = self._results.get((info.pool, device.name), {})
+                    used = sum(device.shares if s < 0 else shares_of(s, m, device.share_bytes) for results in held.values() for s, m in results)
+                    used = min(used, device.shares)
+                    units.append(Unit(device.name, device.index, "", device.shares, used, device.shares - used, "Healthy"))
+            if units:
+                self._dra[node] = NodeResource(self.driver, node, False, FIRST_FIT, tuple(units))
+            else:
+                self._dra.pop(node, None)
+            self._merge(node)
+
+    def _merge(self, name: str) -> None:
+        entry = self._nodes.get(name)
+        if entry is None:
+            return
+        dra, base = self._dra.get(name), entry.annotation
+        if dra is None:
+            entry.inventory = base
+        elif base is None:
+            entry.inventory = NodeInventory(name, 0, {dra.name: dra}, frozenset())
+        else:
+            entry.inventory = NodeInventory(name, base.generation, {**base.resources, dra.name: dra}, base.pods)
+        entry.view = None
 
     def _dirty(self, name: str) -> None:
         entry = self._nodes.get(name)

@@ -7,19 +7,18 @@ and checked; a bad one raises InputError naming the field and the reason.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import cached_property
 
 from ..cluster import MILLI, Pod
+from ..dra.devices import MAX_QUANTITY_LENGTH, parse_quantity
 from ..kube.annotation import HEALTH_VALUES, VERSION
 
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit for all annotations of an object
 MAX_UNITS = 4096  # per node
 MAX_SHARES = 1_000_000  # per unit or per container request
 MAX_CONTAINERS = 256  # per pod
-MAX_QUANTITY_CHARS = 64
 UNLIMITED = 1 << 62  # a host capacity the Node does not state
 
 
@@ -292,24 +291,15 @@ def _add(a: list[int], b: list[int]) -> list[int]:
     return [x + y for x, y in zip(a, b)]
 
 
-_QUANTITY = re.compile(r"^([+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:([eE][+-]?[0-9]{1,3})|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$")
-_SUFFIX: dict[str, Decimal | int] = {
-    "": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "P": 10**15, "E": 10**18, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60,
-}
-
-
 def _scaled(value: object, scale: float, down: bool) -> int:
     """A Kubernetes quantity ("500m", "2", "1.5Gi", "1e9") times `scale`, rounded down or up; bounded."""
     text = str(value)
-    match = _QUANTITY.match(text) if len(text) <= MAX_QUANTITY_CHARS else None
-    if match is None:
-        raise InputError(f"{text[:MAX_QUANTITY_CHARS]!r} is not a quantity")
-    number, exponent, suffix = match.groups()
     try:
-        amount = Decimal(number) * (Decimal(10) ** int(exponent[1:]) if exponent else Decimal(_SUFFIX[suffix or ""])) * Decimal(scale)
-    except InvalidOperation:
-        raise InputError(f"{text!r} is not a quantity") from None
+        amount = parse_quantity(text) * Decimal(scale)
+    except ValueError:
+        raise InputError(f"{text[:MAX_QUANTITY_LENGTH]!r} is not a quantity") from None
+    if amount < 0:
+        raise InputError(f"{text!r} is negative")
     if amount > UNLIMITED:
         return UNLIMITED
     whole = int(amount)

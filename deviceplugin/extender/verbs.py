@@ -3,11 +3,17 @@
 ExtenderArgs `{"Pod", "Nodes", "NodeNames"}` in (nodeCacheCapable: `Nodes` is null, `NodeNames` lists the
 candidates); ExtenderFilterResult `{"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}` or
 HostPriorityList `[{"Host", "Score"}]` (0-10) out. The Go types carry no JSON tags: the field names are Go's.
+
+Two modes, one per extender entry of the scheduler configuration: the device-plugin mode judges a pod's extended
+resources (`<domain>/*`; kube-scheduler calls it only for pods asking for them), the DRA mode (`dra=True`, the
+`/dra/` paths) judges only what the pod's ResourceClaims ask of the gpu-share driver; kube-scheduler calls that
+entry for every pod (DRA pods request no extended resource), so a pod without claims is answered at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from .cache import ClusterCache, NodeView
 from .fit import NO_INVENTORY, place
@@ -25,9 +31,9 @@ class Extender:
         self.managed = managed
         self.metrics = metrics
 
-    def filter(self, args: dict) -> dict:
+    def filter(self, args: dict, dra: bool = False) -> dict:
         try:
-            request, names = self._args(args)
+            request, names = self._args(args, dra)
         except InputError as err:
             return {"NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(err)}
         passed: list[str] = []
@@ -58,9 +64,9 @@ class Extender:
                 self.metrics.filtered_out.labels(reason).inc(count)
         return {"NodeNames": passed, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
 
-    def prioritize(self, args: dict) -> list[dict]:
+    def prioritize(self, args: dict, dra: bool = False) -> list[dict]:
         """Scores for the nodes the pod fits; nodes it does not fit score 0 (the filter already refused them)."""
-        request, names = self._args(args)  # InputError: the HTTP layer answers 400
+        request, names = self._args(args, dra)  # InputError: the HTTP layer answers 400
         if request.empty:
             return [{"Host": name, "Score": 0} for name in names]
         views = self.cache.views(names, exclude=request.uid)
@@ -68,7 +74,7 @@ class Extender:
         raw = [s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM for view, s in zip(views, self.scorer.raw_scores(request, views))]
         return [{"Host": view.name, "Score": score} for view, score in zip(views, ranked(raw))]
 
-    def _args(self, args: dict) -> tuple[PodRequest, list[str]]:
+    def _args(self, args: dict, dra: bool) -> tuple[PodRequest, list[str]]:
         if not isinstance(args, dict):
             raise InputError("ExtenderArgs: must be a JSON object")
         names = args.get("NodeNames")
@@ -76,7 +82,19 @@ class Extender:
             raise InputError("ExtenderArgs.NodeNames: missing; configure the extender with nodeCacheCapable: true")
         if not isinstance(names, list) or len(names) > MAX_NODE_NAMES or not all(isinstance(n, str) for n in names):
             raise InputError(f"ExtenderArgs.NodeNames: must be a list of at most {MAX_NODE_NAMES} node names")
-        return pod_request(args.get("Pod"), self.managed), names
+        pod = args.get("Pod")
+        if not dra:
+            return pod_request(pod, self.managed), names
+        if not isinstance(pod, dict) or not (pod.get("spec") or {}).get("resourceClaims"):
+            return NOTHING, names  # not a DRA pod: not this entry's business
+        return replace(pod_request(pod, _none), together=self.cache.dra_request(pod)), names
+
+
+NOTHING = PodRequest("", "", "", (), ())
+
+
+def _none(name: str) -> bool:
+    return False
 
 
 def _fits(request: PodRequest, view: NodeView, resource: str, count: int) -> bool:

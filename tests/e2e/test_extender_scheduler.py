@@ -125,3 +125,59 @@ def test_the_admission_policy_refuses_a_pod_larger_than_any_gpu_on_the_real_api_
     assert create("fits", 10) == ""
     admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
     admission.delete_validating_admission_policy(policy["metadata"]["name"])
+
+
+def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(controlplane: Any) -> None:
+    """kube-scheduler alone allocates DRA claims first fit and spreads by CPU (LeastAllocated): the 4-share claim
+    would go to the emptier node and split a fresh GPU. The extender's DRA entry sends it to the node whose GPU
+    has exactly 4 shares left."""
+    from kubernetes import client
+
+    from benchmarks.standin import DRA_CLASS, DRA_DRIVER, claim_pod_body, create_node, device_class, dra_extender_entry, resource_slice, share_claim
+    from deviceplugin.extender.service import ExtenderOptions, ExtenderService
+
+    run = secrets.token_hex(3)
+    api = controlplane.api_client()
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    labels = {"gpu-share-e2e": f"dra-{run}"}
+    ns = f"dra-{run}"
+    namespace(core, ns)
+    if not any(c.metadata.name == DRA_CLASS for c in resource.list_device_class().items):
+        resource.create_device_class(device_class())
+    tight, empty = (GpuNode(f"dra-{run}-{k}", gpus=2, cpu_milli=16_000, memory_mib=65_536) for k in ("tight", "empty"))
+    for node in (tight, empty):
+        create_node(core, node, labels, {})
+        resource.create_resource_slice(resource_slice(node))
+    # tight: 6 of gpu-0's 10 shares held by an allocated claim, and half its CPU used by a plain pod.
+    held = resource.create_namespaced_resource_claim(ns, share_claim("held", 6))
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": DRA_DRIVER, "pool": tight.name, "device": "gpu-0",
+                                           "shareID": "0b0c0d0e-0000-4000-8000-00000000000a", "consumedCapacity": {"shares": "6", "memory": str(6 * 8192 << 20)}}]},
+                  "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [tight.name]}]}]}}
+    resource.patch_namespaced_resource_claim_status("held", ns, {"status": {"allocation": allocation}})
+    busy = share_pod_body("busy", 0, 8000, 1024, "none", labels)
+    busy["spec"]["nodeName"] = tight.name
+    core.create_namespaced_pod(ns, busy)
+    assert held.metadata.uid
+    service = ExtenderService(client.CoreV1Api(api), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", dra_classes=(DRA_CLASS,)))
+    service.start()
+    name = f"gs-dra-{run}"
+    try:
+        assert wait_until(lambda: service.watch.ready()[0], 30), service.watch.ready()
+        url = f"http://127.0.0.1:{service.server.port}"
+        config = scheduler_config(name, None)
+        config["extenders"] = [dra_extender_entry(url, weight=20)]
+        controlplane.scheduler(config, name)
+        resource.create_namespaced_resource_claim(ns, share_claim("want", 4))
+        core.create_namespaced_pod(ns, claim_pod_body("p", "want", 1000, 1024, name, labels))
+
+        def allocated() -> Any:
+            claim = resource.read_namespaced_resource_claim("want", ns)
+            return claim.status.allocation if claim.status else None
+
+        assert wait_until(lambda: allocated() is not None and bool(core.read_namespaced_pod("p", ns).spec.node_name), 60), controlplane.log_tail(f"kube-scheduler#{name}")
+        (result,) = allocated().devices.results
+        assert (result.pool, result.device, core.read_namespaced_pod("p", ns).spec.node_name) == (tight.name, "gpu-0", tight.name)
+        assert service.metrics.requests.labels("dra-prioritize", "ok")._value.get() >= 1
+    finally:
+        controlplane.stop_process(f"kube-scheduler#{name}")
+        service.stop()
