@@ -273,8 +273,9 @@ def claim_pod_body(name: str, claim: str, cpu_milli: int, memory_mib: int, sched
     return body
 
 
-def dra_extender_entry(extender_url: str, weight: int) -> dict:
-    """The second extender entry, for DRA pods: no managedResources (so kube-scheduler calls it for every pod), the
-    `/dra/` verbs (which answer pods without claims at once), ignorable (an extender outage never blocks other pods)."""
-    return {"urlPrefix": extender_url + "/dra", "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": weight, "httpTimeout": "5s",
+def every_pod_entry(extender_url: str, weight: int) -> dict:
+    """The second extender entry: no managedResources (so kube-scheduler calls it for every pod), the `/all/` verbs
+    (DRA claims, and CPU-only pods scored by the GPUs they would strand; share pods answered at once), ignorable (an
+    extender outage never blocks other pods)."""
+    return {"urlPrefix": extender_url + "/all", "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": weight, "httpTimeout": "5s",
             "nodeCacheCapable": True, "ignorable": True}

@@ -506,8 +506,8 @@ def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
     body["metadata"].update(namespace="team", uid="uid-p")
     # The device-plugin entry has nothing to judge; the DRA entry sends it where it fills gpu-0 (first fit there).
     assert ext.filter(args(body, "a", "b"))["NodeNames"] == ["a", "b"]
-    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(body, "a", "b"), dra=True)} == {"a": 10, "b": 9}
-    assert ext.filter(args(body, "a", "b"), dra=True)["NodeNames"] == ["a", "b"]  # and reserves 4 shares on both
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(body, "a", "b"), every_pod=True)} == {"a": 10, "b": 9}
+    assert ext.filter(args(body, "a", "b"), every_pod=True)["NodeNames"] == ["a", "b"]  # and reserves 4 shares on both
     assert cache.node("a")[1] == {DRA_DRIVER: [0, 10]}
     # Allocated on a and reserved for the pod: counted once, by the claim; the reservation ends.
     want["status"] = {"allocation": {"devices": {"results": [
@@ -520,6 +520,25 @@ def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
     big = share_claim("big", 11)
     big["metadata"].update(namespace="team", uid="uid-big")
     cache.set_claim(("team", "big"), claim_info(big, DRA_DRIVER, frozenset({DRA_CLASS})))
-    result = ext.filter(args(claim_pod_body("q", "big", 0, 0, "s", {}) | {"metadata": {"namespace": "team", "name": "q", "uid": "uid-q"}}, "b"), dra=True)
+    result = ext.filter(args(claim_pod_body("q", "big", 0, 0, "s", {}) | {"metadata": {"namespace": "team", "name": "q", "uid": "uid-q"}}, "b"), every_pod=True)
     assert "each GPU of this node has at most 10" in result["FailedAndUnresolvableNodes"]["b"]
-    assert ext.prioritize(args(pod("plain", {}), "a", "b"), dra=True) == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
+    assert ext.prioritize(args(pod("share", {SHARE: 1}), "a", "b"), every_pod=True) == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
+
+
+def test_every_pod_entry_sends_a_cpu_only_pod_where_it_strands_no_gpu():
+    """fgdstrand on a 16-core pod without GPUs: a node of 8 idle GPUs and 30 free cores would be left unable to feed
+    them; a node whose GPUs are all used, or one without GPUs, loses nothing."""
+    cache = ClusterCache()
+    cache.set_node("gpus", annotation(*[(10, 0)] * 8), HostCapacity(30_000, 400_000, 110))
+    cache.set_node("full", annotation(*[(10, 10)] * 8), HostCapacity(30_000, 400_000, 110))
+    cache.set_node("cpu", None, HostCapacity(64_000, 256_000, 110))
+    for i in range(4):  # the workload: 1 GPU and 12 cores each
+        body = host_pod(f"w{i}", "12", "40Gi", node="busy", shares=10)
+        cache.set_pod(pod_state(body, pod_request(body, managed)))
+    cache.set_node("busy", annotation((10, 10)), HostCapacity(96_000, 400_000, 110))
+    ext = Extender(cache, Scorer("fgdstrand", workload=cache.workload), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    plain = host_pod("plain", "16", "8Gi")
+    assert ext.filter(args(plain, "gpus", "full", "cpu"), every_pod=True)["NodeNames"] == ["gpus", "full", "cpu"]
+    assert cache.counts()["reservations"] == 0  # nothing of ours to reserve
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full", "cpu"), every_pod=True)} == {"gpus": 9, "full": 10, "cpu": 10}
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full"))} == {"gpus": 0, "full": 0}  # the share entry: not its pod

@@ -24,7 +24,7 @@ def add_arguments(extender: argparse.ArgumentParser) -> None:
                           help="how long a pod passed by the filter counts on its nodes before its binding shows (default %(default)g)")
     extender.add_argument("--dra-class", action="append", metavar="NAME",
                           help="a DeviceClass whose ResourceClaims ask the DRA driver gpu-share.<domain> for shares: score them too, on "
-                               "/dra/filter and /dra/prioritize (repeatable; default: no DRA, no ResourceSlice or claim watches)")
+                               "/all/filter and /all/prioritize (repeatable; default: no DRA, no ResourceSlice or claim watches)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,8 +41,8 @@ class ExtenderHTTPServer:
     ) -> None:
         verbs: dict[str, tuple[str, Callable[[dict], object]]] = {
             "/filter": ("filter", extender.filter), "/prioritize": ("prioritize", extender.prioritize),
-            "/dra/filter": ("dra-filter", lambda args: extender.filter(args, dra=True)),
-            "/dra/prioritize": ("dra-prioritize", lambda args: extender.prioritize(args, dra=True)),
+            "/all/filter": ("all-filter", lambda args: extender.filter(args, every_pod=True)),
+            "/all/prioritize": ("all-prioritize", lambda args: extender.prioritize(args, every_pod=True)),
         }
 
         class Handler(BaseHTTPRequestHandler):
@@ -77,7 +77,7 @@ class ExtenderHTTPServer:
             def do_POST(self) -> None:
                 path = self.path.split("?")[0]
                 if path not in verbs:
-                    return self._text(404, "not found: POST /filter, /prioritize, /dra/filter or /dra/prioritize")
+                    return self._text(404, "not found: POST /filter, /prioritize, /all/filter or /all/prioritize")
                 verb, handle = verbs[path]
                 started = time.perf_counter()
                 try:

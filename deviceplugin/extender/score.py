@@ -79,6 +79,8 @@ class Scorer:
         Memoised on each node's view (replaced when the node changes) and across nodes in the same state.
         """
         policy = self.policy
+        if request.empty:
+            return self._host_only(policy, request, views)
         resource = request.largest[0]
         pods: dict[int, Pod] = {}  # unit total -> the pod in the cluster model
         out = []
@@ -95,6 +97,25 @@ class Scorer:
             score = view.scores.get(key)
             if score is None:
                 score = self._score(policy, pod, info.totals, tuple(view.free[resource]), view.host, view.host_free)  # type: ignore[arg-type]
+                if len(view.scores) >= MAX_MEMO_SCORES:
+                    view.scores.clear()
+                view.scores[key] = score
+            out.append(score)
+        return out
+
+    def _host_only(self, policy: Policy, request: PodRequest, views: list[NodeView]) -> list[int]:
+        """A pod asking for no share (CPU-only): scored on each node's GPUs (its largest resource's units) and host; a
+        node without a gpu-share inventory as a node without GPUs (nothing to strand there)."""
+        pod = Pod(request.cpu_milli, request.memory_mib)
+        key = (self._generation, "", pod)
+        out = []
+        for view in views:
+            score = view.scores.get(key)
+            if score is None:
+                resources = [r for r in view.inventory.resources.values() if r.units] if view.inventory is not None else []
+                info = max(resources, key=lambda r: len(r.units), default=None)
+                totals, free = (info.totals, tuple(view.free[info.name])) if info is not None else ((), ())
+                score = self._score(policy, pod, totals, free, view.host, view.host_free)  # type: ignore[arg-type]
                 if len(view.scores) >= MAX_MEMO_SCORES:
                     view.scores.clear()
                 view.scores[key] = score

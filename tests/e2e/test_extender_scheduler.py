@@ -133,7 +133,7 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
     has exactly 4 shares left."""
     from kubernetes import client
 
-    from benchmarks.standin import DRA_CLASS, DRA_DRIVER, claim_pod_body, create_node, device_class, dra_extender_entry, resource_slice, share_claim
+    from benchmarks.standin import DRA_CLASS, DRA_DRIVER, claim_pod_body, create_node, device_class, every_pod_entry, resource_slice, share_claim
     from deviceplugin.extender.service import ExtenderOptions, ExtenderService
 
     run = secrets.token_hex(3)
@@ -165,7 +165,7 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
         assert wait_until(lambda: service.watch.ready()[0], 30), service.watch.ready()
         url = f"http://127.0.0.1:{service.server.port}"
         config = scheduler_config(name, None)
-        config["extenders"] = [dra_extender_entry(url, weight=20)]
+        config["extenders"] = [every_pod_entry(url, weight=20)]
         controlplane.scheduler(config, name)
         resource.create_namespaced_resource_claim(ns, share_claim("want", 4))
         core.create_namespaced_pod(ns, claim_pod_body("p", "want", 1000, 1024, name, labels))
@@ -177,7 +177,7 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
         assert wait_until(lambda: allocated() is not None and bool(core.read_namespaced_pod("p", ns).spec.node_name), 60), controlplane.log_tail(f"kube-scheduler#{name}")
         (result,) = allocated().devices.results
         assert (result.pool, result.device, core.read_namespaced_pod("p", ns).spec.node_name) == (tight.name, "gpu-0", tight.name)
-        assert service.metrics.requests.labels("dra-prioritize", "ok")._value.get() >= 1
+        assert service.metrics.requests.labels("all-prioritize", "ok")._value.get() >= 1
     finally:
         controlplane.stop_process(f"kube-scheduler#{name}")
         service.stop()
