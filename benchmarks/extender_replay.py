@@ -10,7 +10,8 @@ highest extender score (ties to the first in node order), and on that node the u
 node plugin's GetPreferredAllocation (deviceplugin/alloc/placement.py) on a built Resource. After each binding the
 node republishes its annotation. A fractional pod asks for its request rounded up to shares of 1/`replicas`
 GPU; a pod of k whole GPUs has k containers of `replicas` shares each; every pod asks for its CPU and memory.
-CPU-only pods never reach the extender: they are placed by the cluster policy alone, as in the simulator. Every
+CPU-only pods go through the extender's every-pod entry (`prioritize(..., every_pod=True)`, scored by the GPUs they
+would strand) after kube-scheduler's own filters, the node with the highest score taking them. Every
 bound pod reaches the extender's cache as its pod watch would deliver it, and each node's allocatable is the
 trace's, so the extender sees each node's free CPU and memory. The task shapes the extender learns are those of
 the pod list (the workload the cluster runs), as the simulator's: from the pods' shares, CPU and memory, without
@@ -33,7 +34,7 @@ from functools import lru_cache
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.alloc.placement import preferred_allocation
-from deviceplugin.cluster import MILLI, NEEDS_SHAPES, Node, Pod, make_policy, place
+from deviceplugin.cluster import MILLI, Node, Pod, place
 from deviceplugin.cluster.model import host_fits
 from deviceplugin.cluster.report import parse_policies, parse_seeds
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order
@@ -114,7 +115,6 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     capacity = MILLI * experiment.gpus
     pods = arrivals(experiment.pods, capacity, experiment.inflate, rng)
     nodes = [experiment.nodes[i].copy() for i in node_order(len(experiment.nodes), rng)]
-    alone_policy = make_policy(policy_name, experiment.shapes if policy_name in NEEDS_SHAPES else None, random.Random(seed + 1))
     workload = learned_workload(experiment, replicas)
     cache = ClusterCache()
     extender = Extender(cache, Scorer(policy_name, workload=lambda: workload), lambda r: r == SHARE, ExtenderMetrics(CollectorRegistry(), cache.counts))
@@ -122,8 +122,8 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     digests: list[list[str]] = [[] for _ in nodes]  # the share pods each node's annotation lists
     index = {n.name: i for i, n in enumerate(nodes)}
     for i, node in enumerate(nodes):
-        if node.gpu_free:
-            cache.set_node(node.name, annotation(node_resource(len(node.gpu_free), replicas, node_policy), used[i], node_policy), host(node))
+        text = annotation(node_resource(len(node.gpu_free), replicas, node_policy), used[i], node_policy) if node.gpu_free else None
+        cache.set_node(node.name, text, host(node))
     target = int(100 * experiment.inflate + 0.5)
     arrived = allocated = 0
     at_target: list[int] = []
@@ -131,7 +131,7 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     for k, pod in enumerate(pods):
         uid = f"p{k}"
         if pod.num_gpu == 0:
-            chosen = _alone(alone_policy, pod, nodes)
+            chosen = _cpu_through_extender(extender, pod, nodes, index, replicas, uid)
         else:
             chosen = _through_extender(extender, pod, nodes, index, used, digests, replicas, node_policy, uid, counts)
         if chosen is not None:
@@ -146,17 +146,16 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     return ReplayResult(policy_name, seed, allocation, alone, *counts["share"], *counts["whole"])
 
 
-def _alone(policy, pod: Pod, nodes: list[Node]) -> int | None:
-    """A CPU-only pod: the cluster policy alone (the extender is not asked), as the simulator places it."""
-    best = None
-    for i, node in enumerate(nodes):
-        choice = policy.score(pod, node)
-        if choice is not None and (best is None or choice.score > best[0]):
-            best = (choice.score, i, choice.gpus)
-    if best is None:
+def _cpu_through_extender(extender: Extender, pod: Pod, nodes: list[Node], index: dict[str, int], replicas: int, uid: str) -> int | None:
+    """A CPU-only pod: kube-scheduler's own filters, then the every-pod entry's scores (ties to the first in order)."""
+    candidates = [n.name for n in nodes if host_fits(pod, n)]
+    if not candidates:
         return None
-    place(pod, nodes[best[1]], best[2])
-    return best[1]
+    scores = extender.prioritize({"Pod": share_pod(pod, replicas, uid), "Nodes": None, "NodeNames": candidates}, every_pod=True)
+    top = max(s["Score"] for s in scores)
+    i = index[next(s["Host"] for s in scores if s["Score"] == top)]
+    place(pod, nodes[i], ())
+    return i
 
 
 def _through_extender(extender: Extender, pod: Pod, nodes: list[Node], index: dict[str, int], used: list[list[int]],

@@ -382,8 +382,7 @@ def test_the_simulator_through_the_extender_packs_as_the_policy_alone():
         for seed in (1, 2, 3):
             result = replay(experiment, policy, seed)
             assert result.share_pods > 0 and result.share_agree == result.share_pods and result.whole_agree == result.whole_pods, result
-            if policy != "spread":  # spread's 0-100 scores tie more once rounded to the extender's 0-10 (docs/packing.md)
-                assert result.allocation == result.alone, result
+            assert result.allocation == result.alone, result  # ranked scores: the policy's choice is the extender's top node
 
 
 def test_fgd_learns_task_shapes_from_bound_pods_and_falls_back_to_binpack():
@@ -542,3 +541,4 @@ def test_every_pod_entry_sends_a_cpu_only_pod_where_it_strands_no_gpu():
     assert cache.counts()["reservations"] == 0  # nothing of ours to reserve
     assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full", "cpu"), every_pod=True)} == {"gpus": 9, "full": 10, "cpu": 10}
     assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full"))} == {"gpus": 0, "full": 0}  # the share entry: not its pod
+

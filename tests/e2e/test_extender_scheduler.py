@@ -30,6 +30,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.25
     return predicate()
 
 
+def shipped_config(name: str, extender_url: str) -> dict:
+    """daemonset/extender/scheduler/kube-scheduler-config.yaml as shipped, with the extender's URL here and profile `name`."""
+    config = yaml.safe_load((ROOT / "daemonset/extender/scheduler/kube-scheduler-config.yaml").read_text())
+    for entry in config["extenders"]:
+        entry["urlPrefix"] = entry["urlPrefix"].replace("http://gpu-share-extender.gpu-share.svc:8888", extender_url)
+    config["profiles"] = [{"schedulerName": name}]
+    return {k: v for k, v in config.items() if k not in ("apiVersion", "kind")}
+
+
 def namespace(core: Any, name: str) -> None:
     core.create_namespace({"metadata": {"name": name}})
     core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})  # no ServiceAccount controller
@@ -64,7 +73,7 @@ def test_a_burst_of_share_pods_through_the_extender_all_admitted_none_pending_th
     ns = f"burst-{run}"
     namespace(core, ns)
     name = f"gs-{run}"
-    controlplane.scheduler(scheduler_config(name, extender_url, weight=20, strategy="MostAllocated"), name)
+    controlplane.scheduler(shipped_config(name, extender_url), name)
     try:
         rng = random.Random(11)
         sizes: list[int] = []
