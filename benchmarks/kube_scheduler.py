@@ -31,6 +31,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -147,11 +148,13 @@ class Run:
         self.created += 1
 
     def bound(self) -> tuple[set[str], int]:
-        """Names of the bound pods, and how many pods are decided: bound or marked unschedulable."""
+        """Names of the bound pods that hold their resources (not failed at admission), and how many pods are
+        decided: bound (admitted or failed) or marked unschedulable."""
         pods = self.core.list_namespaced_pod(self.ns).items
-        bound = {p.metadata.name for p in pods if p.spec.node_name}
+        failed = sum(1 for p in pods if p.spec.node_name and p.status.phase == "Failed")
+        bound = {p.metadata.name for p in pods if p.spec.node_name and p.status.phase != "Failed"}
         unschedulable = sum(1 for p in pods if not p.spec.node_name and any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or []))
-        return bound, len(bound) + unschedulable
+        return bound, len(bound) + failed + unschedulable
 
     def settle(self, started: float, wave: int = 0) -> tuple[set[str], float]:
         """Wait until settled; (bound pods, seconds from `started` until every pod of the `wave` was decided once:
@@ -265,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); seed {args.seed}; "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, {data.simulated['130']:.2f} % at 130 %")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below: stop what this run started
     cp = ControlPlane.start(bin_dir)
     port = _free_port()
     extender = start_extender(cp, port)

@@ -515,6 +515,12 @@ def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
     cache.set_claim(("team", "want"), claim_info(want, DRA_DRIVER, frozenset({DRA_CLASS})))
     assert cache.node("a")[1] == {DRA_DRIVER: [0, 10]} and cache.node("b")[1] == {DRA_DRIVER: [10, 10]}
     assert cache.dra_request(body) == ()
+    # The pod bound: fgd and fgdstrand learn its shape from what its claim holds (4 of 10 shares), with its CPU.
+    bound = claim_pod_body("p", "want", 1000, 1024, "s", {})
+    bound["metadata"].update(namespace="team", uid="uid-p")
+    bound["spec"]["nodeName"] = "a"
+    cache.set_pod(pod_state(bound, pod_request(bound, managed)))
+    assert cache.workload() == [Pod(1000, 1024, num_gpu=1, gpu_milli=400)]
     # A claim that fits no single device is filtered out with the reason; a pod without claims passes untouched.
     big = share_claim("big", 11)
     big["metadata"].update(namespace="team", uid="uid-big")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from .. import defaults
 from ..kube.annotation import pod_digest
-from ..cluster import Pod
+from ..cluster import MILLI, Pod
 from .dra import FIRST_FIT, MAX_POD_CLAIMS, ClaimInfo, SliceInfo, shares_of
 from .fit import FreeShares, free_shares, place
 from .model import ContainerRequest, HostCapacity, InputError, NodeInventory, NodeResource, PodRequest, Unit, model_pod, parse_annotation
@@ -291,16 +291,22 @@ class ClusterCache:
     def workload(self) -> list[Pod]:
         """Every pod bound or nominated to a node with a gpu-share inventory, as a cluster-model pod: the task shapes.
 
-        A share pod is its largest request (k shares of units of N: k/N of a GPU) with its CPU and memory; any
-        other pod on those nodes is CPU-only, as in the trace the policies were measured on.
+        A share pod is its largest request (k shares of units of N: k/N of a GPU) with its CPU and memory, a pod
+        holding allocated DRA claims of the driver what its claims' results hold; any other pod on those nodes is
+        CPU-only, as in the trace the policies were measured on.
         """
         with self._lock:
+            claimed = self._claimed_shares()
             out = []
             for pod in self._pods.values():
                 entry = self._nodes.get(pod.node)
                 if entry is None or entry.inventory is None:
                     continue
                 request = pod.request
+                held = claimed.get(pod.uid)
+                if held and request.empty:
+                    out.append(_claimed_pod(held, request))
+                    continue
                 if request.empty:
                     out.append(Pod(request.cpu_milli, request.memory_mib))
                     continue
@@ -374,6 +380,23 @@ class ClusterCache:
             self._drop_reservation(uid)
         live = sorted((self._reservations[u] for u in self._reserved_on.get(name, ()) if u != exclude), key=lambda r: r.seq)
         return [r.request for r in live]
+
+    def _claimed_shares(self) -> dict[str, list[tuple[int, int]]]:
+        """Pod UID -> (shares, device's shares) of each result its allocated claims hold."""
+        pool_of = {node: pool for pool, node in self._pool_node.items()}
+        totals = {(pool_of.get(node, node), u.uuid): u.total for node, r in self._dra.items() for u in r.units}
+        out: dict[str, list[tuple[int, int]]] = {}
+        for info in self._claims.values():
+            if not info.allocated or not info.consumed or not info.reserved_for:
+                continue
+            held = []
+            for pool, device, shares, memory in info.consumed:
+                total = totals.get((pool, device))
+                if total:
+                    held.append((total if shares < 0 else min(total, shares_of(shares, memory, self._share_bytes)), total))
+            for uid in info.reserved_for:
+                out.setdefault(uid, []).extend(held)
+        return out
 
     def _claim(self, key: tuple[str, str], info: ClaimInfo) -> set[str]:
         """Record the claim's results on their devices; the nodes touched."""
@@ -452,6 +475,14 @@ class ClusterCache:
                 uids.discard(uid)
                 if not uids:
                     del self._reserved_on[name]
+
+
+def _claimed_pod(held: list[tuple[int, int]], request: PodRequest) -> Pod:
+    """A DRA pod as the cluster model sees it: whole devices count together, else its largest share of one."""
+    if len(held) > 1 and all(shares == total for shares, total in held):
+        return Pod(request.cpu_milli, request.memory_mib, num_gpu=len(held), gpu_milli=MILLI)
+    shares, total = max(held, key=lambda st: st[0] / st[1])
+    return model_pod(PodRequest("", "", "", (ContainerRequest("", (("", shares),)),), (), request.cpu_milli, request.memory_mib), total)
 
 
 def pod_state(pod: dict, request: PodRequest) -> PodState | None:
