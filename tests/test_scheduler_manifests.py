@@ -47,7 +47,10 @@ def test_second_scheduler_is_the_official_image_named_gpu_share():
     docs = {d["kind"]: d for d in documents(EXTENDER / "scheduler" / "second-scheduler.yaml")}
     container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
-    assert scheduler_configs()[1]["profiles"] == [{"schedulerName": "gpu-share"}]
+    (profile,) = scheduler_configs()[1]["profiles"]
+    assert profile["schedulerName"] == "gpu-share"
+    (fit,) = profile["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit" and fit["args"]["scoringStrategy"]["type"] == "MostAllocated"  # docs/scheduler.md
 
 
 def test_extender_rbac_only_reads():
