@@ -63,7 +63,7 @@ class NodeView:
         self.host_free = host_free if host_free is not None else (host.cpu_milli, host.memory_mib, host.pods)
         resources = inventory.resources if inventory is not None else {}
         self.room = {r: sum(units) if resources[r].allow_span else max(units, default=0) for r, units in free.items()}
-        self.scores: dict[tuple, int] = {}
+        self.scores: dict[str, int] = {}
 
 
 @dataclass

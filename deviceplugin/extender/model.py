@@ -55,6 +55,11 @@ class NodeResource:
     def totals(self) -> tuple[int, ...]:
         return tuple(u.total for u in self.units)
 
+    @cached_property
+    def largest(self) -> int:
+        """The largest unit's shares (0 without units)."""
+        return max(self.totals, default=0)
+
 
 @dataclass(frozen=True)
 class NodeInventory:

@@ -37,6 +37,10 @@ def ranked(raw: list[int]) -> list[int]:
     return [rank.get(s, 0) for s in raw]
 
 
+def _key(generation: int, resource: str, pod: Pod) -> str:
+    return f"{generation}|{resource}|{pod.cpu_milli}|{pod.memory_mib}|{pod.num_gpu}|{pod.gpu_milli}"
+
+
 class Scorer:
     """Scores are a pure function of (request, units' totals and free shares, host capacity and free) for one
     policy: memoised, bounded."""
@@ -82,18 +86,22 @@ class Scorer:
         if request.empty:
             return self._host_only(policy, request, views)
         resource = request.largest[0]
-        pods: dict[int, Pod] = {}  # unit total -> the pod in the cluster model
+        pods: dict[int, tuple[Pod, str]] = {}  # unit total -> the pod in the cluster model, its memo key
+        total, pod, key = -1, None, ""
         out = []
         for view in views:
-            info = view.inventory.resources.get(resource) if view.inventory is not None else None
+            inventory = view.inventory
+            info = inventory.resources.get(resource) if inventory is not None else None
             if info is None or not info.units:
                 out.append(NO_ROOM)
                 continue
-            total = max(info.totals)
-            pod = pods.get(total)
-            if pod is None:
-                pod = pods[total] = model_pod(request, total)
-            key = (self._generation, resource, pod)
+            if info.largest != total:  # nodes alike share the last one
+                total = info.largest
+                entry = pods.get(total)
+                if entry is None:
+                    made = model_pod(request, total)
+                    entry = pods[total] = (made, _key(self._generation, resource, made))  # a str caches its hash
+                pod, key = entry
             score = view.scores.get(key)
             if score is None:
                 score = self._score(policy, pod, info.totals, tuple(view.free[resource]), view.host, view.host_free)  # type: ignore[arg-type]
@@ -107,7 +115,7 @@ class Scorer:
         """A pod asking for no share (CPU-only): scored on each node's GPUs (its largest resource's units) and host; a
         node without a gpu-share inventory as a node without GPUs (nothing to strand there)."""
         pod = Pod(request.cpu_milli, request.memory_mib)
-        key = (self._generation, "", pod)
+        key = _key(self._generation, "", pod)
         out = []
         for view in views:
             score = view.scores.get(key)
