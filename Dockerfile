@@ -1,4 +1,4 @@
-# gpu-share: the device plugin image. Build: docker build -t ghcr.io/example/gpu-share:0.1.0 .
+# gpu-share: the device plugin image. Build: docker build -t ghcr.io/example/gpu-share:0.2.0 .
 # Stage 1 builds wheels for gpu-share and its runtime dependencies, at the versions pinned in requirements.lock.
 FROM python:3.13-slim-trixie AS build
 WORKDIR /src
@@ -22,4 +22,6 @@ ENV PYTHONUNBUFFERED=1
 # plugin as root: the kubelet's device-plugins and pod-resources directories are root-only (0750).
 USER 10001
 EXPOSE 9410
-ENTRYPOINT ["gpu-share", "run"]
+# `docker run IMAGE` runs the plugin; `docker run IMAGE discover` (demo, config check, ...) any other subcommand.
+ENTRYPOINT ["gpu-share"]
+CMD ["run"]

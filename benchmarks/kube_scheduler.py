@@ -21,7 +21,7 @@ unschedulable once), and `gpu-share simulate`'s fgdstrand on the same sample and
 Device plugin: stand-in node plugins (benchmarks/standin.py) admit bound pods with GetPreferredAllocation and
 republish the inventory annotation 2-5 s later. DRA: each node's ResourceSlice (DraDevice.to_api), one
 ResourceClaim per GPU pod; kube-scheduler allocates the claims itself. The extender runs as its own process
-(`gpu-share extender --policy fgdstrand --dra-class gpu-share.example.com`).
+(`gpu-share extender --policy fgdstrand --dra-class gpu-share-shares`).
 """
 
 from __future__ import annotations

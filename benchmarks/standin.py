@@ -239,12 +239,13 @@ def scheduler_config(name: str, extender_url: str | None, weight: int = 5, strat
 
 # --- the DRA path -------------------------------------------------------------------------------------------
 DRA_DRIVER = "gpu-share.example.com"  # driver_name("example.com")
-DRA_CLASS = DRA_DRIVER  # the DeviceClass assumed: named as the driver, selecting its devices
+DRA_CLASS = "gpu-share-shares"  # daemonset/dra's class of shared devices
 
 
-def device_class() -> dict:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": DRA_CLASS},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRA_DRIVER}"'}}]}}
+def device_class(name: str = DRA_CLASS) -> dict:
+    """A DeviceClass of the driver's shared devices (as daemonset/dra's, without the domain replacement)."""
+    selector = f"device.driver == '{DRA_DRIVER}' && device.attributes[device.driver].mode in ['time-slicing', 'mps']"
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": selector}}]}}
 
 
 def resource_slice(node: GpuNode, replicas: int = 10) -> dict:
@@ -260,10 +261,10 @@ def resource_slice(node: GpuNode, replicas: int = 10) -> dict:
                      "devices": devices}}
 
 
-def share_claim(name: str, shares: int) -> dict:
+def share_claim(name: str, shares: int, device_class: str = DRA_CLASS) -> dict:
     """A ResourceClaim asking the class for one device's `shares`."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRA_CLASS, "capacity": {"requests": {"shares": str(shares)}}}}]}}}
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"shares": str(shares)}}}}]}}}
 
 
 def claim_pod_body(name: str, claim: str, cpu_milli: int, memory_mib: int, scheduler: str, labels: dict[str, str]) -> dict:

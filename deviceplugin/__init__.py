@@ -14,4 +14,4 @@ import os
 # must be set before grpc is imported, hence here (an operator's own setting wins).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -20,6 +20,11 @@ PROFILE_LABEL_INTERVAL = 60.0  # seconds between reads of the node's profile lab
 LABEL_INTERVAL = 5.0  # at most one patch of the node's labels and annotations per this many seconds
 POD_RESOURCES_BACKOFF_MAX = 80.0  # longest poll interval after RESOURCE_EXHAUSTED
 SHUTDOWN_GRACE = 20.0  # seconds from SIGTERM/SIGINT to a forced exit, inside the pod's default 30 s
+# `gpu-share run --api dra`
+KUBELET_ROOT = "/var/lib/kubelet"  # holds plugins_registry/ (registration sockets) and plugins/<driver>/ (the DRA socket, checkpoint)
+DRA_CDI_ROOT = "/var/run/cdi"  # where the driver writes one CDI spec per prepared claim
+DRA_HEALTH_INTERVAL = 10.0  # seconds between full health lists on an idle stream (below the 30 s timeout each device declares)
+DRA_HEALTH_TIMEOUT = 30  # health_check_timeout_seconds per device: the kubelet reads a device Unknown after it
 # `gpu-share mps`
 MPS_BACKOFF_MAX = 30.0  # longest wait before restarting a control daemon
 # `gpu-share extender`

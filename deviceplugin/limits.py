@@ -20,6 +20,7 @@ MAX_POOLS = 64  # per profile
 MAX_REPLICAS = 1024  # shares per GPU or MIG instance, given as replicas or computed from memoryPerShare
 MAX_SELECTOR_ITEMS = 256  # entries in each of gpus.indexes, gpus.uuids and gpus.models
 MAX_GPU_INDEX = 1023
+MIN_USEFUL_SHARE_MIB = 256  # below this a share cannot hold a CUDA context (~250-500 MiB): a warning, not an error
 MPS_MAX_CLIENTS = 48  # clients of one MPS server per GPU (Volta and later); also keeps 100 % / replicas >= 1
 
 # The node. The kubelet receives at most 4 MiB per ListAndWatch message; every resource stays well below it.

@@ -16,7 +16,14 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 API_DIR = PROTO_DIR.parent / "deviceplugin" / "api"
-PROTOS = ("deviceplugin.proto", "podresources.proto")
+PROTOS = (
+    "deviceplugin.proto",
+    "podresources.proto",
+    "dra_v1.proto",  # k8s.io.kubelet.pkg.apis.dra.v1
+    "dra_v1beta1.proto",  # k8s.io.kubelet.pkg.apis.dra.v1beta1
+    "dra_health_v1alpha1.proto",  # v1alpha1.DRAResourceHealth
+    "pluginregistration_v1.proto",  # pluginregistration.Registration
+)
 
 
 def generate(out_dir: Path) -> list[Path]:

@@ -349,8 +349,10 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     labels = d.api.labels
     assert labels["example.com/gpu.product"] == "Tesla-T4" and labels["example.com/gpu.count"] == "2"
     assert labels["example.com/gpu.memory"] == "15360" and labels["example.com/gpu.present"] == "true"
-    assert labels["example.com/cuda.driver.major"] == "550" and labels["example.com/cuda.driver.minor"] == "54"
-    assert labels["example.com/cuda.driver.rev"] == "15" and labels["example.com/cuda.runtime.major"] == "12"
+    assert labels["example.com/cuda.driver-version.major"] == "550" and labels["example.com/cuda.driver-version.minor"] == "54"
+    assert labels["example.com/cuda.driver-version.revision"] == "15" and labels["example.com/cuda.driver-version.full"] == "550.54.15"
+    assert labels["example.com/cuda.runtime-version.major"] == "12" and labels["example.com/cuda.runtime-version.full"] == "12.4"
+    assert not any(".driver." in k or ".runtime." in k for k in labels)  # GFD's deprecated names: only as an option
     assert labels["example.com/gpu.family"] == "turing" and labels["example.com/gpu.compute.major"] == "7"
     assert labels["example.com/gpu.compute.minor"] == "5"
     assert labels["example.com/gpu.sharing-strategy"] == "time-slicing" and labels["example.com/gpu.replicas"] == "4"
@@ -428,6 +430,11 @@ def test_gfd_label_values():
     assert labels["example.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED" and labels["example.com/gpu.family"] == "hopper"
     assert labels["example.com/gpu.sharing-strategy"] == "mps" and labels["example.com/gpu.replicas"] == "4"
     assert node_labels("example.com", h100, shared)["example.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    deprecated = node_labels("example.com", node("2xT4"), [], deprecated_cuda_labels=True)
+    assert {k: v for k, v in deprecated.items() if ".driver." in k or ".runtime." in k} == {
+        "example.com/cuda.driver.major": "550", "example.com/cuda.driver.minor": "54", "example.com/cuda.driver.rev": "15",
+        "example.com/cuda.runtime.major": "12", "example.com/cuda.runtime.minor": "4"}
+    assert deprecated["example.com/cuda.driver-version.full"] == "550.54.15"  # the current names stay
 
 
 def test_api_errors_do_not_stop_the_agent(daemon, kubelet):

@@ -13,7 +13,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
-    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile")}
+    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra", "dra_slices")}
     assert results["admission-smoke"]["allocate"]["n"] == 50 and results["admission-smoke"]["devices"] == 512
     assert "over the 2097152 byte budget" in results["scale-smoke"]["60000_devices_refused_with"]
     assert results["recovery-smoke"]["socket_created_to_register_max_ms"] < 10_000
@@ -24,9 +24,12 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert [r["nodes"] for r in results["extender-smoke"]["filter_prioritize"]] == [50, 200]
     assert results["extender-smoke"]["annotation"]["mig_instances"] == 56 and results["extender-smoke"]["memory"]["cache_mib"] > 0
     assert set(results["extender-smoke"]["node_choice_agreement"]) == {"binpack", "spread", "fgdstrand"}
+    assert results["dra-smoke"]["disk"]["prepare_one_claim"]["n"] == 20 and results["dra-smoke"]["claims_prepared_beside"] == 100
     hostile = results["hostile-smoke"]
     assert all(row["refused_with"] not in ("", "not refused") for row in hostile["refusals"])
     abuse = hostile["metrics_abuse"]
     assert abuse["holding"]["threads"] <= abuse["before"]["threads"] + 1 and abuse["flooding"]["scrapes_failed"] == 0
+    dra = results["dra_slices-smoke"]
+    assert "skipped" in dra or (dra["devices"] == 20 and dra["rounds"] == 3 and dra["xid_to_taint_visible"]["max_ms"] > 0)
     for name in ("admission", "scale", "recovery", "footprint", "scrape", "extender", "hostile"):
         assert proc.stdout.count(f"\n{name}\n") + proc.stdout.startswith(f"{name}\n") == 1

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from .conftest import EXAMPLES, GPU_CLI
 
 A100_MIG = str(EXAMPLES / "nodes" / "8xA100-80GB-mig.yaml")
@@ -139,3 +141,19 @@ def test_node_file_with_a_duplicate_key_names_the_line(tmp_path):
     proc = gpu_share("discover", "--node", str(node))
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"gpu-share: error: node file {node}: line 3, column 58: duplicate key 'memoryMiB' (first at line 3); YAML would keep only the last"
+
+
+@pytest.mark.parametrize("pools, warning", [
+    ([{"name": "mig", "mode": "mig", "gpus": {"models": ["*A100*"]}}, {"name": "s", "mode": "shared"}],
+     "pool mig has no usable GPU on this node (no GPU matches its gpus); it advertises nothing"),
+    ([{"name": "s", "mode": "shared", "replicas": 1024}],
+     "pool s: a share of GPU 0 (Tesla T4) is 15 MiB (1024 shares), less than a CUDA context needs (about 256 MiB); lower replicas or use memoryPerShare"),
+])
+def test_config_check_warns_of_pools_that_cannot_work_on_the_node(pools, warning):
+    from deviceplugin.alloc.check import check_profile
+    from deviceplugin.config.parse import parse_config
+
+    from .conftest import node
+
+    result = check_profile(parse_config({"version": "v1", "pools": pools}), node("2xT4"), "default")
+    assert result.error is None and warning in result.warnings

@@ -101,7 +101,7 @@ def test_run_without_driver_exits_at_once_with_a_hint(plugin_dir):
     proc = subprocess.run([*GPU_CLI, "run", "--plugin-dir", str(plugin_dir)], capture_output=True, text=True, timeout=15)
     assert proc.returncode == 1
     assert "gpu-share: error: NVML could not be loaded: nvmlInit failed" in proc.stderr
-    assert "gpu-share run --node examples/nodes/2xT4.yaml" in proc.stderr
+    assert "gpu-share demo --node examples/nodes/2xT4.yaml" in proc.stderr
 
 
 @needs_no_driver

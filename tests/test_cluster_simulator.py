@@ -147,8 +147,9 @@ def test_trace_errors_name_the_file_line_and_column(tmp_path: Path):
         load_nodes(tmp_path / "nodes.csv")
     with pytest.raises(TraceError, match="does not exist"):
         find_trace_dir(str(tmp_path / "nowhere"))
-    with pytest.raises(TraceError, match="does not exist"):
+    with pytest.raises(TraceError) as err:
         resolve("nosuch", str(TRACES), "openb_pod_list_{}.csv")
+    assert str(err.value) == f"trace file {TRACES / 'openb_pod_list_nosuch.csv'} does not exist; the names {TRACES} has: toy"  # what --pods takes there
 
 
 def test_simulate_command_prints_the_table_and_writes_json(tmp_path: Path):
@@ -198,3 +199,9 @@ def test_replicas_that_change_no_request_change_nothing():
     for policy in ("fgd", "fgdstrand", "bestfit"):
         exact = Experiment(TOY_NODES, TOY_PODS).run(policy, 3)
         assert Experiment(TOY_NODES, TOY_PODS, replicas=100).run(policy, 3).placements == exact.placements
+
+
+def test_failed_pods_read_as_a_count():
+    from deviceplugin.cluster.report import _count
+
+    assert (_count(2607.0), _count(3.5)) == ("2607", "3.5")  # a mean over seeds: whole when every run failed as many

@@ -58,7 +58,7 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ("not a mapping", "(top level): must be a mapping, got string 'not a mapping'"),
         ({"pools": []}, "version: is required"),
         (pools({"name": "a", "mode": "shared"}, version="v2"), "version: unsupported version 'v2' (supported: v1)"),
-        (pools({"name": "a", "mode": "shared"}, colour="red"), "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deviceListStrategy, deviceRoot, deviceSpecs, domain, memoryWatchdog, mpsRoot, pools, profiles, sharedProductSuffix, version)"),
+        (pools({"name": "a", "mode": "shared"}, colour="red"), "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deprecatedCudaLabels, deviceListStrategy, deviceRoot, deviceSpecs, domain, memoryWatchdog, mpsRoot, pools, profiles, sharedProductSuffix, version)"),
         ({"version": "v1"}, "pools: is required"),
         ({"version": "v1", "pools": []}, "pools: must list at least one pool"),
         ({"version": "v1", "pools": {"a": 1}}, "pools: must be a list, got a mapping"),
@@ -218,3 +218,24 @@ def test_domain_comes_from_the_environment_when_the_file_has_none(monkeypatch):
     monkeypatch.setenv("GPU_SHARE_DOMAIN", "Not_A_Domain")
     with pytest.raises(ConfigError, match=r"domain \(from \$GPU_SHARE_DOMAIN\): 'Not_A_Domain' is not a lowercase DNS subdomain"):
         parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared"}]})
+
+
+def test_an_nvidia_device_plugin_config_points_to_the_migration_guide():
+    nvidia = {"version": "v1", "flags": {"migStrategy": "none"}, "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+    with pytest.raises(ConfigError) as err:
+        parse_config(nvidia)
+    assert "flags, sharing: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys" in err.value.problems
+
+
+def test_problems_in_a_file_name_the_key_and_its_line():
+    from deviceplugin.config.parse import parse_config_text
+
+    text = "version: v1\nprofiles:\n  inference:\n    pools:\n      - name: a\n        mode: shared\n        replicas: 0\n      - mode: bogus\n"
+    with pytest.raises(ConfigError) as err:
+        parse_config_text(text, "f.yaml")
+    assert err.value.problems == [
+        "profiles.inference.pools[0].replicas: must be >= 1, got 0 (line 7)",
+        "profiles.inference.pools[1].name: is required (line 8)",  # missing: the line of the pool it is missing from
+        "profiles.inference.pools[1].mode: must be one of exclusive, shared, mig, got 'bogus' (line 8)",
+        "defaultProfile: 'default' is not a profile (profiles: inference)",  # not in the file: no line
+    ]

@@ -92,9 +92,43 @@ def test_demo_names_the_configs_allocation_policy():
     assert "Shares in use per GPU (spread puts each container on the emptiest GPU):" in lines
 
 
-def test_demo_leaves_mps_pools_out_and_says_why():
-    lines: list[str] = []
-    rc = run_demo(str(EXAMPLES / "nodes" / "2xT4.yaml"), str(EXAMPLES / "config" / "profiles.yaml"), out=lines.append, profile="mps")
-    assert rc == 2
-    assert "  note: example.com/gpu-share is an MPS pool: it waits for `gpu-share mps`, which the demo does not run, and is left out" in lines
-    assert lines[-1] == "Nothing to show: this config advertises no resource the demo can serve on this node."
+@pytest.mark.parametrize("limits", ["proportional", "strict"])
+def test_demo_runs_mps_pools_with_a_simulated_control_daemon_and_shows_their_limits(limits, tmp_path):
+    config = tmp_path / "mps.yaml"
+    config.write_text(f"version: v1\npools: [{{name: mps, mode: shared, backend: mps, mpsLimits: {limits}, replicas: 4}}]\n")
+    rc, lines = demo(EXAMPLES / "nodes" / "2xT4.yaml", config)
+    text = "\n".join(lines)
+    assert rc == 0 and lines[-1] == "Done: sockets removed, temporary directory cleaned up.", text
+    header = "  MPS pool mps (example.com/gpu-share, mpsLimits " + limits + "): a simulated control daemon serves GPUs 0, 1; daemon-wide limits: "
+    small = next(line for line in lines if line.startswith("  chat-small"))
+    if limits == "strict":  # the daemon holds 1/4 of the threads and of each T4's 15360 MiB
+        assert header + "set_default_active_thread_percentage 25; set_default_device_pinned_mem_limit 0 3840M; set_default_device_pinned_mem_limit 1 3840M" in lines
+        assert small.endswith("shares 1/4, 3840 MiB, 25% compute; MPS enforces the daemon-wide limits"), small
+        assert "uses MPS with strict limits: one share per container, got 3" in text
+    else:  # each client its own, from its shares
+        assert header + "none (each client gets its own CUDA_MPS_* limits)" in lines
+        assert small.endswith("MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3840M"), small
+        large = next(line for line in lines if line.startswith("  chat-large"))
+        assert large.endswith("MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=11520M"), large
+
+
+def test_demo_with_a_node_and_no_config_serves_runs_default():
+    import subprocess
+
+    from .conftest import GPU_CLI
+
+    proc = subprocess.run([*GPU_CLI, "demo", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert "config the default (every GPU shared in 10, as `gpu-share run` without --config)" in text
+    assert re.search(r"^  example.com/gpu-share +20 +20$", text, flags=re.M), text
+    assert "shares 1/10, 1536 MiB, 10% compute (time-sliced: a fair turn, not enforced)" in text
+
+
+def test_demo_under_another_domain_never_says_example_com(tmp_path):
+    config = tmp_path / "acme.yaml"
+    config.write_text("version: v1\ndomain: acme.io\npools: [{name: s, mode: shared, replicas: 4}]\n")
+    rc, lines = demo(EXAMPLES / "nodes" / "2xT4.yaml", config)
+    text = "\n".join(lines)
+    assert rc == 0 and "example.com" not in text, text
+    assert "node-a: skipped: gpu-share: container server asks for 6 shares of acme.io/gpu-share on one GPU" in text

@@ -109,7 +109,7 @@ def test_no_driver_message(install):
         install(fake)
     message = str(err.value)
     assert message.startswith("NVML could not be loaded: nvmlInit failed: NVML Shared Library Not Found")
-    assert "gpu-share run --node examples/nodes/2xT4.yaml" in message
+    assert "gpu-share demo --node examples/nodes/2xT4.yaml" in message
 
 
 def test_xid_events_are_attributed_to_mig_instances(install):

@@ -61,3 +61,40 @@ def test_podresources_wire_names_and_numbers():
     assert _fields(pr.ClaimResource) == {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4, "share_id": 5}
     methods = {m.name for m in pr.DESCRIPTOR.services_by_name["PodResourcesLister"].methods}
     assert methods == {"List", "GetAllocatableResources", "Get"}
+
+
+def test_dra_wire_names_and_numbers():
+    from deviceplugin.api import dra_health_v1alpha1_pb2 as health
+    from deviceplugin.api import dra_v1_pb2 as v1
+    from deviceplugin.api import dra_v1beta1_pb2 as v1beta1
+    from deviceplugin.api import pluginregistration_v1_pb2 as reg
+
+    assert v1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
+    assert v1beta1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1beta1"
+    assert health.DESCRIPTOR.package == "v1alpha1"
+    assert reg.DESCRIPTOR.package == "pluginregistration"
+    assert _fields(v1.Device) == {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4, "share_id": 5}
+    assert _fields(v1beta1.Device) == {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
+    for api in (v1, v1beta1):
+        assert _fields(api.Claim) == {"namespace": 1, "uid": 2, "name": 3}
+        assert _fields(api.NodePrepareResourceResponse) == {"devices": 1, "error": 2}
+        assert _fields(api.NodeUnprepareResourceResponse) == {"error": 1}
+    assert _fields(health.DeviceHealth) == {"device": 1, "health": 2, "last_updated_time": 3, "health_check_timeout_seconds": 4, "message": 5}
+    assert _fields(reg.PluginInfo) == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
+    assert _fields(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
+    methods = {
+        m.full_name
+        for module in (v1, v1beta1, health, reg)
+        for s in module.DESCRIPTOR.services_by_name.values()
+        for m in s.methods
+    }
+    assert methods == {
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin.NodePrepareResources",
+        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin.NodeUnprepareResources",
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin.NodePrepareResources",
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin.NodeUnprepareResources",
+        "v1alpha1.DRAResourceHealth.NodeWatchResources",
+        "pluginregistration.Registration.GetInfo",
+        "pluginregistration.Registration.NotifyRegistrationStatus",
+    }
+    assert health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name["NodeWatchResources"].server_streaming

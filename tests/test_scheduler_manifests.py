@@ -8,13 +8,12 @@ import celpy
 import pytest
 import yaml
 
-from deviceplugin import __version__
 from deviceplugin.cli.main import build_parser
 
 from .conftest import ROOT
 
 EXTENDER = ROOT / "daemonset" / "extender"
-ADMISSION = ROOT / "daemonset" / "admission" / "gpu-share-admission.yaml"
+ADMISSION = ROOT / "daemonset" / "admission"
 EXTENDER_KEYS = {"urlPrefix", "filterVerb", "prioritizeVerb", "weight", "httpTimeout", "nodeCacheCapable", "ignorable", "managedResources"}
 
 
@@ -60,19 +59,23 @@ def test_extender_rbac_only_reads():
                               "verbs": ["get", "list", "watch"]}]
     deployment = documents(EXTENDER / "01-deployment.yaml")[0]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["command"] == ["gpu-share", "extender"] and container["ports"][0]["containerPort"] == 8888  # not the image's `run`
+    assert container["command"] == ["gpu-share", "extender"] and container["ports"][0]["containerPort"] == 8888
     args = build_parser().parse_args(["extender", *container["args"]])  # every flag exists
     assert args.port == container["ports"][0]["containerPort"]
-    assert container["image"] == f"ghcr.io/example/gpu-share:{__version__}"  # the kustomization's image and version
+    assert container["image"] == "gpu-share"  # the kustomization's images set it
+    assert container["env"] == [{"name": "GPU_SHARE_DOMAIN", "valueFrom": {"configMapKeyRef": {"name": "gpu-share-settings", "key": "domain"}}}]
     assert {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]} == {"/readyz", "/healthz"}
 
 
 # --- the admission policy, evaluated by a CEL interpreter -------------------------------------------
 
 
-def admit(pod: dict) -> tuple[bool, str]:
-    """(allowed, message) as the API server would evaluate the policy with its params ConfigMap."""
-    params, policy = (d for d in documents(ADMISSION) if d["kind"] in ("ConfigMap", "ValidatingAdmissionPolicy"))
+def admit(pod: dict, data: dict[str, str] | None = None) -> tuple[bool, str]:
+    """(allowed, message) as the API server would evaluate the policy with its params ConfigMap (or these `data`)."""
+    (params,) = documents(ADMISSION / "params.yaml")
+    if data is not None:
+        params = {**params, "data": data}
+    (policy,) = documents(ADMISSION / "policy.yaml")
     spec = policy["spec"]
     env = celpy.Environment()
     activation = {"object": celpy.json_to_cel(pod), "params": celpy.json_to_cel(params)}
@@ -96,22 +99,34 @@ def pod(*containers: dict, init: tuple[dict, ...] = ()) -> dict:
 
 
 def test_admission_refuses_more_shares_than_any_gpu_and_says_what_to_ask_for():
-    allowed, message = admit(pod({"example.com/gpu-share": "12"}))
+    allowed, message = admit(pod({"example.com/gpu-share": "21"}))
     assert not allowed
     assert message == (
-        "container c0 asks for 12 example.com/gpu-share but no GPU has more than 10: one container's shares come from one GPU. "
-        "Ask for at most 10 example.com/gpu-share, or for a whole GPU (example.com/gpu)"
+        "container c0 asks for 21 example.com/gpu-share but no GPU has more than 20: one container's shares come from one GPU. "
+        "Ask for at most 20 example.com/gpu-share, or for a whole GPU (example.com/gpu)"
     )
-    assert admit(pod({"example.com/gpu-share": "10"}, {}, {"cpu": "2"})) == (True, "")
+    assert admit(pod({"example.com/gpu-share": "20"}, {}, {"cpu": "2"})) == (True, "")
     assert admit(pod({"example.com/gpu": "4"}))[0]  # not listed: not checked
     assert admit(pod({"example.com/mig-3g.40gb": "2"}))[0]  # several MIG instances: fine
-    allowed, message = admit(pod({"example.com/gpu-share": "1"}, init=({"example.com/gpu-share": "11"},)))
-    assert not allowed and message.startswith("container c9 asks for 11")
+    allowed, message = admit(pod({"example.com/gpu-share": "1"}, init=({"example.com/gpu-share": "21"},)))
+    assert not allowed and message.startswith("container c9 asks for 21")
     assert admit({"spec": {"containers": [{"name": "plain"}]}}) == (True, "")
 
 
+def test_admission_takes_the_domain_from_its_params():
+    data = {"domain": "acme.io", "gpu-share": "4", "small": "2"}
+    allowed, message = admit(pod({"acme.io/small": "3"}), data)
+    assert not allowed and message == (
+        "container c0 asks for 3 acme.io/small but no GPU has more than 2: one container's shares come from one GPU. "
+        "Ask for at most 2 acme.io/small, or for a whole GPU (acme.io/gpu)"
+    )
+    assert admit(pod({"example.com/gpu-share": "50"}), data)[0]  # another domain: not checked
+    assert admit(pod({"acme.io/gpu-share": "4"}), data)[0]
+    assert admit(pod({"example.com/gpu-share": "50"}), {"gpu-share": "4"})[0]  # params without a domain check nothing
+
+
 def test_admission_policy_binds_to_its_params():
-    docs = {d["kind"]: d for d in documents(ADMISSION)}
+    docs = {d["kind"]: d for name in ("policy.yaml", "params.yaml", "binding.yaml") for d in documents(ADMISSION / name)}
     binding = docs["ValidatingAdmissionPolicyBinding"]["spec"]
     assert binding["policyName"] == docs["ValidatingAdmissionPolicy"]["metadata"]["name"]
     assert binding["paramRef"]["name"] == docs["ConfigMap"]["metadata"]["name"] and binding["validationActions"] == ["Deny"]
@@ -122,9 +137,9 @@ def test_admission_policy_binds_to_its_params():
 
 
 SAMPLES = [
-    {"server": {"example.com/gpu-share": 12}},
-    {"a": {"example.com/gpu-share": 10}, "b": {"example.com/gpu": 3}},
-    {"a": {"example.com/gpu-share": 2}, "b": {"example.com/gpu-share": 11}},
+    {"server": {"example.com/gpu-share": 21}},
+    {"a": {"example.com/gpu-share": 20}, "b": {"example.com/gpu": 3}},
+    {"a": {"example.com/gpu-share": 2}, "b": {"example.com/gpu-share": 21}},
     {"plain": {}},
 ]
 
@@ -133,10 +148,11 @@ SAMPLES = [
 def test_the_demo_answers_as_the_policy_does(containers):
     from deviceplugin.sim.scheduler import admission_refusal
 
-    params = next(d for d in documents(ADMISSION) if d["kind"] == "ConfigMap")
+    (params,) = documents(ADMISSION / "params.yaml")
     body = {"spec": {"containers": [{"name": n, "resources": {"limits": {r: str(c) for r, c in req.items()}}} for n, req in containers.items()]}}
     allowed, message = admit(body)
-    assert admission_refusal(containers, {k: int(v) for k, v in params["data"].items()}) == (None if allowed else message)
+    limits = {k: int(v) for k, v in params["data"].items() if k != "domain"}
+    assert admission_refusal(containers, limits, params["data"]["domain"]) == (None if allowed else message)
 
 
 def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():

@@ -21,7 +21,8 @@ from deviceplugin.config.parse import parse_config_text
 from .conftest import ROOT
 
 VERSIONS = ("1.37.0", "1.36.0")  # the newest two minor versions kubernetes-validate ships
-MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml") if p.name != "kustomization.yaml")
+MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml") if p.name != "kustomization.yaml" and p.parent.name not in ("config", "transformers"))
+CONFIG = ROOT / "daemonset" / "config" / "config.yaml"  # the shipped config (the kustomization's and the chart's)
 KUBECTL = shutil.which("kubectl")
 
 
@@ -55,7 +56,7 @@ def test_kustomization_holds_only_the_plugin_and_the_version_of_the_package():
     top = sorted(p.name for p in (ROOT / "daemonset").glob("*.yaml") if p.name != "kustomization.yaml")
     assert kustomization["resources"] == top
     kinds = {d["kind"] for name in top for d in _documents(ROOT / "daemonset" / name)}
-    assert kinds == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Service",
+    assert kinds == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service",
                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     assert kustomization["images"] == [{"name": "gpu-share", "newName": "ghcr.io/example/gpu-share", "newTag": __version__}]
     assert not list((ROOT / "daemonset").glob("*.json"))
@@ -75,8 +76,9 @@ def _render(tmp_path: Path, edit=lambda text: text) -> list[dict]:
 def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     def knobs(text: str) -> str:
         text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace("newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share")
-        text = text.replace('newTag: "0.1.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
-        return text.replace("# components:", "components: [optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi]\n#")
+        text = text.replace('newTag: "0.2.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
+        every = "[admission, extender, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi, domain]"
+        return re.sub(r"^components:\n(?:(?:  |#).*\n)*", f"components: {every}\n", text, flags=re.M)
 
     documents = _render(tmp_path, knobs)
     daemonsets = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in documents if d["kind"] == "DaemonSet"}
@@ -86,18 +88,55 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
         assert spec["runtimeClassName"] == "nvidia"
         keys = {e["key"] for term in spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] for e in term["matchExpressions"]}
         assert {k.split("/")[0] for k in keys if "gpu-share." in k} == {"gpu.acme.io"}
+    extender = next(d for d in documents if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert extender["image"] == "registry.acme.io/gpu-share:9.9.9"
     plugin = daemonsets["gpu-share"]
     assert plugin["hostPID"] is True and plugin["containers"][0]["securityContext"]["capabilities"]["add"] == ["KILL"]
     assert {"/etc/cdi", "/var/run/cdi"} <= {m["mountPath"] for m in plugin["containers"][0]["volumeMounts"]}
     namespaced = [d for d in documents if "namespace" in d["metadata"]]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Namespace"}
+    assert not [d["metadata"] for d in namespaced if d["kind"] in cluster_scoped]
     assert {s["namespace"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]} == {"gpu-system"}
     assert [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"] == ["gpu-system"]
     settings = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-settings")
     assert settings["data"] == {"domain": "gpu.acme.io"}
+    params = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-admission-limits")
+    assert params["data"]["domain"] == "gpu.acme.io"
+    binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["metadata"]["name"] == "gpu-share-shares-per-gpu")
+    assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
+    config = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-config")
+    assert config["data"]["config.yaml"] == CONFIG.read_text()
+    assert "example.com" not in yaml.safe_dump_all(documents)
     for document in documents:
         if document["kind"] != "ServiceMonitor":
             kubernetes_validate.validate(document, VERSIONS[0], strict=True)
+
+
+@pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
+def test_an_overlay_changes_the_domain_in_one_place(tmp_path):
+    """An overlay merging its domain into gpu-share-settings and listing the base's `domain` component: every key
+    under the new domain (a base's own replacements run before an overlay's edits)."""
+    base = tmp_path / "daemonset"
+    shutil.copytree(ROOT / "daemonset", base)
+    kustomization = base / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace("#  - optional/mps ", "  - optional/mps "))
+    overlay = tmp_path / "prod"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "resources: [../daemonset]\n"
+        "configMapGenerator: [{name: gpu-share-settings, behavior: merge, literals: [domain=acme.io]}]\n"
+        "components: [../daemonset/domain]\n")
+    proc = subprocess.run([KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    documents = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert "example.com" not in proc.stdout
+    keys = {e["key"] for d in documents if d["kind"] == "DaemonSet"
+            for t in d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            for e in t["matchExpressions"]}
+    assert {"acme.io/gpu-share.enabled", "acme.io/gpu-share.config"} <= keys
+    params = next(d for d in documents if d["metadata"]["name"] == "gpu-share-admission-limits")
+    assert params["data"]["domain"] == "acme.io"
 
 
 @pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
@@ -122,6 +161,7 @@ def test_daemonset_wiring():
     # Every flag the manifest passes exists.
     from deviceplugin.cli.main import build_parser
 
+    assert container["command"] == ["gpu-share", "run"]  # the image's entrypoint is `gpu-share`, its default command `run`
     build_parser().parse_args(["run", *container["args"]])
 
 
@@ -131,8 +171,7 @@ def _config_blocks() -> list[tuple[str, str]]:
         for block in re.findall(r"```yaml\n(.*?)```", path.read_text(), flags=re.S):
             if re.search(r"^(version|pools|profiles):", block, flags=re.M):  # a config, complete or not
                 blocks.append((path.name, block))
-    configmap = _documents(ROOT / "daemonset" / "02-configmap.yaml")[0]
-    blocks.append(("02-configmap.yaml", configmap["data"]["config.yaml"]))
+    blocks.append(("daemonset/config/config.yaml", CONFIG.read_text()))
     blocks += [(path.name, path.read_text()) for path in sorted((ROOT / "examples" / "config").glob("*.yaml"))]
     return blocks
 

@@ -6,9 +6,10 @@ import logging
 from dataclasses import replace
 
 from ..config.types import MPS_LIMIT_REASON, Config, ConfigError, PoolConfig, max_replicas
-from ..limits import LIST_BUDGET_BYTES
+from ..limits import LIST_BUDGET_BYTES, MIN_USEFUL_SHARE_MIB
 from ..model.devices import UNHEALTHY, Device, Resource, Unit, share_id
 from ..model.node import Gpu, NodeInfo
+from ..model.shares import share_memory_mib
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,18 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
             pool_resources = _pool_resources(pool, selected[pool.path])
         except ValueError as err:
             raise ConfigError([str(err)], config.source) from None
+        if not pool_resources:  # a mixed mig pool without MIG instances yields no resource name at all
+            why = "no GPU matches its gpus" if not selected[pool.path] else "its GPUs have no MIG instance"
+            log.warning("pool %s has no usable GPU on this node (%s); it advertises nothing", pool.name, why)
         for name, label, units in pool_resources:
             if not units:
                 log.warning("pool %s has no usable GPU on this node; %s is not advertised", pool.name, name)
                 continue
+            smallest = min(units, key=share_memory_mib) if pool.shared else None
+            if smallest is not None and share_memory_mib(smallest) < MIN_USEFUL_SHARE_MIB:
+                log.warning("pool %s: a share of GPU %d (%s) is %d MiB (%d shares), less than a CUDA context needs (about %d MiB); "
+                            "lower replicas or use memoryPerShare", pool.name, smallest.gpu.index, smallest.gpu.model,
+                            share_memory_mib(smallest), smallest.replicas, MIN_USEFUL_SHARE_MIB)
             problem = _over_budget(pool, units, budget_bytes)
             if problem:
                 raise ConfigError([problem], config.source)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ..config.types import ConfigError
+from ..config.types import ConfigError, WatchdogPolicy
 from ..model.devices import Resource
 from ..model.shares import share_memory_mib
 from . import flags
@@ -27,13 +27,14 @@ def add_arguments(check: argparse.ArgumentParser) -> None:
     which = check.add_mutually_exclusive_group()
     which.add_argument("--profile", help="profile to check on the node (default: defaultProfile, as `run --profile` would serve)")
     which.add_argument("--all-profiles", action="store_true", help="check every profile on the node and report each one's result")
+    check.add_argument("--labels", action="store_true", help="with --node: also show the node labels the plugin would publish there")
 
 
 def run(args: argparse.Namespace) -> int:
-    return check_config(args.file, args.node, args.profile, args.all_profiles)
+    return check_config(args.file, args.node, args.profile, args.all_profiles, labels=args.labels)
 
 
-def check_config(file: str, node_file: str | None, profile: str | None, all_profiles: bool, out: Out = print) -> int:
+def check_config(file: str, node_file: str | None, profile: str | None, all_profiles: bool, out: Out = print, labels: bool = False) -> int:
     """0 when the config is valid (on the node, when given); ConfigError otherwise (with --all-profiles, after every profile's report)."""
     from ..config.parse import load_config
 
@@ -63,7 +64,14 @@ def check_config(file: str, node_file: str | None, profile: str | None, all_prof
         for warning in result.warnings:
             out(f"  warning: {warning}")
         if result.error is None:
-            _show(result.resources, out)
+            _show(result.resources, config.watchdog_policy, out)
+            if labels:
+                from ..kube.labels import node_labels
+
+                published = node_labels(config.domain, node, result.resources, config.shared_product_suffix, config.deprecated_cuda_labels)
+                out(f"  node labels the plugin would publish ({len(published)}; a label someone else set first is left alone):")
+                for key, value in sorted(published.items()):
+                    out(f"    {key}={value}")
         elif not all_profiles:
             raise result.error
         else:
@@ -75,7 +83,9 @@ def check_config(file: str, node_file: str | None, profile: str | None, all_prof
     return 0
 
 
-def _show(resources: list[Resource], out: Out) -> None:
+def _show(resources: list[Resource], watchdog_policy: WatchdogPolicy, out: Out) -> None:
+    from ..alloc.preview import container_preview
+
     for resource in resources:
         backend = f", {resource.pool.backend}" if resource.pool.shared else ""
         out(f"  {resource.name} ({resource.pool.mode}{backend}): {len(resource.devices)} devices")
@@ -85,3 +95,6 @@ def _show(resources: list[Resource], out: Out) -> None:
                 out(f"    {what}: {unit.replicas} shares of {share_memory_mib(unit)} MiB")
             else:
                 out(f"    {what}: 1 device, {unit.memory_mib} MiB")
+        preview = container_preview(resource, watchdog_policy)
+        out(f"    a container of {preview.what} receives: memory {preview.memory_mib} MiB, compute {preview.compute_percent} %; {preview.enforced}")
+        out("      env " + " ".join(f"{k}={v}" for k, v in sorted(preview.envs.items())))

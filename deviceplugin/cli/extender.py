@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import defaults
-from ..config.types import DEFAULT_DOMAIN
+from ..config.types import DEFAULT_DOMAIN, DOMAIN_ENV
 from ..signals import catch_signals, wait_for_signal
 from . import flags
 
@@ -14,7 +14,8 @@ HELP = "run the kube-scheduler extender (filter, prioritize) for share pods"
 
 def add_arguments(extender: argparse.ArgumentParser) -> None:
     flags.add_logging(extender)
-    extender.add_argument("--domain", default=DEFAULT_DOMAIN, help="resources <domain>/* are managed; reads the <domain>/gpu-share.inventory annotation")
+    extender.add_argument("--domain", default=DEFAULT_DOMAIN,
+                          help=f"resources <domain>/* are managed; reads the <domain>/gpu-share.inventory annotation (default: ${DOMAIN_ENV}, else example.com)")
     extender.add_argument("--port", type=flags.port, default=defaults.EXTENDER_PORT, metavar="PORT",
                           help="HTTP port of /filter, /prioritize, /metrics, /healthz, /readyz (default %(default)s)")
     extender.add_argument("--policy", default=defaults.EXTENDER_POLICY,

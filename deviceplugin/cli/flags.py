@@ -4,8 +4,41 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
+from collections.abc import Mapping
 
+from ..errors import FlagError
 from ..runtime.startup import check_readable_file
+
+# NVIDIA's device plugin's environment variables where a flag means the same (its --config-file, --fail-on-init-error).
+NVIDIA_ENV = {"--config": "CONFIG_FILE", "--fail-on-init-error": "FAIL_ON_INIT_ERROR"}
+ENV_TWIN_COMMANDS = ("run", "mps", "extender")  # what DaemonSets and Deployments run
+
+
+def env_twin(option: str) -> str:
+    """The environment twin of a flag: `--reload-interval` -> GPU_SHARE_RELOAD_INTERVAL."""
+    return "GPU_SHARE_" + option[2:].upper().replace("-", "_")
+
+
+def apply_env_twins(command: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
+    """Defaults from the environment for every flag of `command` that takes a value: GPU_SHARE_<FLAG>, or NVIDIA's name
+    (NVIDIA_ENV) where it has one; a flag on the command line still wins. A bad value is a FlagError naming the variable."""
+    for action in command._actions:
+        option = next((o for o in action.option_strings if o.startswith("--")), None)
+        if option is None or action.nargs == 0:
+            continue
+        for name in (env_twin(option), NVIDIA_ENV.get(option)):
+            if name is None or name not in environ:
+                continue
+            value = environ[name]
+            try:
+                converted = action.type(value) if callable(action.type) else value
+            except (argparse.ArgumentTypeError, ValueError) as err:
+                raise FlagError(name, repr(value), str(err), f"the environment twin of {option}") from None
+            if action.choices is not None and converted not in action.choices:
+                raise FlagError(name, repr(value), f"must be one of {', '.join(map(str, action.choices))}", f"the environment twin of {option}")
+            action.default = converted
+            break
 
 
 def positive_float(text: str) -> float:
@@ -46,6 +79,13 @@ def xid_list(text: str) -> frozenset[int]:
         raise argparse.ArgumentTypeError(f"must be comma-separated XID numbers, got {text!r}") from None
 
 
+def name_list(text: str) -> frozenset[str]:
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"must be comma-separated pool names, got {text!r}")
+    return names
+
+
 def dir_list(text: str) -> tuple[str, ...]:
     dirs = tuple(d.strip() for d in text.split(",") if d.strip())
     if not dirs or not all(d.startswith("/") for d in dirs):
@@ -60,7 +100,8 @@ def add_logging(command: argparse.ArgumentParser, level: str = "info") -> None:
 
 def add_plan(command: argparse.ArgumentParser) -> None:
     """What `run` and `mps` plan from: the config, the node, the profile (and the API, for the profile label)."""
-    command.add_argument("--config", help="config file (default: every GPU shared, 10 shares each)")
+    command.add_argument("--config", "--config-file", dest="config", help="config file (default: every GPU shared, 10 shares each); "
+                         "--config-file is NVIDIA's name for it (a gpu-share config, not NVIDIA's format: docs/migration.md)")
     command.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
     command.add_argument("--profile", help="config profile to serve (default: the node label <domain>/gpu-share.config, else defaultProfile)")
     command.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")

@@ -17,7 +17,7 @@ from .. import __version__
 from ..config.types import ConfigError
 from ..discovery.inventory import InventoryError
 from ..errors import FlagError, StartupError
-from . import config_check, demo, discover, extender, mps, run, simulate
+from . import admission_params, config_check, flags, demo, discover, extender, mps, run, simulate
 
 log = logging.getLogger("gpu-share")
 
@@ -38,12 +38,19 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     add(sub, "run", run)
     add(sub, "mps", mps)
     config = sub.add_parser("config", help="config file tools")
-    add(config.add_subparsers(dest="config_command", required=True), "check", config_check, top="config")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    add(config_commands, "check", config_check, top="config")
+    add(config_commands, "admission-params", admission_params, top="config")
     add(sub, "discover", discover)
     add(sub, "extender", extender)
     add(sub, "demo", demo)
     add(sub, "simulate", simulate)
     return parser
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
 
 
 def _command(argv: list[str]) -> str | None:
@@ -53,7 +60,15 @@ def _command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else argv
-    args = build_parser(only=_command(words)).parse_args(words)
+    command = _command(words)
+    parser = build_parser(only=command)
+    if command in flags.ENV_TWIN_COMMANDS:
+        try:
+            flags.apply_env_twins(_subcommand(parser, command))
+        except FlagError as err:
+            print(f"gpu-share: error: {err}", file=sys.stderr)
+            return 2
+    args = parser.parse_args(words)
     # gRPC's C core logs every GOAWAY of a restarting kubelet at INFO on stderr, outside our log format and
     # levels; keep it to errors unless the operator asks for more.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
@@ -62,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `gpu-share demo | head`: the reader is gone; nothing more to say, and no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        return 0
     except (ConfigError, FlagError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 2

@@ -19,6 +19,9 @@ def add_arguments(mps: argparse.ArgumentParser) -> None:
     flags.add_logging(mps)
     flags.add_plan(mps)
     mps.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY, help="the control binary (default %(default)s)")
+    mps.add_argument("--pools", type=flags.name_list, default=frozenset(), metavar="NAMES",
+                     help="comma-separated MPS pools to serve (default: every MPS pool of the node's profile); one container "
+                          "per pool gives each daemon the pool's /dev/shm")
     mps.add_argument("--backoff-max", type=flags.positive_float, default=defaults.MPS_BACKOFF_MAX,
                      help="longest wait before restarting a daemon (default %(default)g)")
     mps.add_argument("--reload-interval", type=flags.positive_float, default=defaults.RELOAD_INTERVAL, metavar="SECONDS",
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         inventory.close()  # the node is known; the daemons need no NVML
     if plan.profiles.client is None and not args.profile:
         plan.profiles.client = connect()  # without --profile the node label picks it, from now on too
-    supervisor = MpsSupervisor(args.mps_control, args.backoff_max)
+    supervisor = MpsSupervisor(args.mps_control, args.backoff_max, pools=args.pools)
     supervisor.on_config(plan.config, plan.resources)
     reloader = ConfigReloader(args.config, plan.node, plan.profiles, args.reload_interval, [supervisor])
     reloader.start(plan.config, plan.config_data)

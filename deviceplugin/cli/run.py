@@ -13,6 +13,7 @@ from .. import defaults
 from ..discovery.inventory import InventoryError
 from ..health.monitor import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
 from ..signals import catch_signals, raise_fd_limit, wait_for_signal
+from ..errors import StartupError
 from ..runtime.startup import check_directory, check_plugin_dir
 from . import flags
 
@@ -22,13 +23,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpu-share")
 
-HELP = "run the device plugin daemon"
+HELP = "run the device plugin daemon (or, with --api dra, the DRA driver)"
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     flags.add_logging(run)
     flags.add_plan(run)
     seconds = flags.positive_float
+    run.add_argument("--api", choices=["deviceplugin", "dra"], default="deviceplugin",
+                     help="the kubelet API to serve: the device-plugin API (default) or a DRA driver (Kubernetes 1.34+)")
+    add_dra_arguments(run)
     run.add_argument("--reload-interval", type=seconds, default=defaults.RELOAD_INTERVAL, metavar="SECONDS",
                      help="seconds between checks of the config file and the profile label (default %(default)g)")
     run.add_argument("--plugin-dir", default=defaults.PLUGIN_DIR, help="kubelet device-plugin directory (default %(default)s)")
@@ -62,6 +66,26 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--proc-root", default=defaults.PROC_ROOT, help="the host's /proc, for mapping GPU processes to containers (default %(default)s)")
     run.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY,
                      help="control client asked whether each MPS pool's daemon answers (default %(default)s)")
+
+
+def add_dra_arguments(run: argparse.ArgumentParser) -> None:
+    """The flags of `--api dra`, named as NVIDIA's DRA driver names them; each has an environment twin."""
+    dra = run.add_argument_group("DRA driver (--api dra)")
+    dra.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="the Kubernetes node, the driver's pool (default $NODE_NAME, else the host name)")
+    dra.add_argument("--kubelet-root", default=os.environ.get("KUBELET_ROOT", defaults.KUBELET_ROOT), metavar="DIR",
+                     help="the kubelet's root directory (default $KUBELET_ROOT, else %(default)s)")
+    dra.add_argument("--kubelet-registrar-directory-path", default=os.environ.get("KUBELET_REGISTRAR_DIRECTORY_PATH"), metavar="DIR",
+                     help="where the kubelet looks for registration sockets (default $KUBELET_REGISTRAR_DIRECTORY_PATH, else <kubelet-root>/plugins_registry)")
+    dra.add_argument("--kubelet-plugins-directory-path", default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH"), metavar="DIR",
+                     help="parent of the driver's directory with its DRA socket and checkpoint (default $KUBELET_PLUGINS_DIRECTORY_PATH, else <kubelet-root>/plugins)")
+    dra.add_argument("--cdi-root", default=os.environ.get("CDI_ROOT", defaults.DRA_CDI_ROOT), metavar="DIR",
+                     help="where a CDI spec per prepared claim is written (default $CDI_ROOT, else %(default)s)")
+    dra.add_argument("--pod-uid", default=os.environ.get("POD_UID", ""), metavar="UID",
+                     help="put this UID in the socket names, so two driver pods can overlap in a rolling update (kubelet 1.33+; default $POD_UID)")
+    dra.add_argument("--claim-cache", type=flags.boolean, default=True, metavar="BOOL",
+                     help="serve prepare from a watch of the ResourceClaims allocated on this node (default true); false: one GET per claim")
+    dra.add_argument("--health-stream-interval", type=flags.positive_float, default=defaults.DRA_HEALTH_INTERVAL, metavar="SECONDS",
+                     help="seconds between full device-health lists to the kubelet when nothing changes (default %(default)g)")
 
 
 def node_name() -> str:
@@ -121,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
     catch_signals(args.shutdown_grace)
     raise_fd_limit()
     flags.check_plan_flags(args)
+    if args.api == "dra":
+        return run_dra(args)
     check_plugin_dir(args.plugin_dir)
     check_directory("--proc-root", args.proc_root, "the host's /proc, for mapping GPU processes to pods")
     from ..discovery.backend import open_inventory
@@ -156,6 +182,50 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         serving.manager.stop()
         inventory.close()
+        raise
+    wait_for_signal()
+    daemon.stop()
+    return 0
+
+
+def run_dra(args: argparse.Namespace) -> int:
+    """`gpu-share run --api dra`: the DRA driver until SIGTERM/SIGINT (runtime.dra)."""
+    from ..discovery.backend import open_inventory
+    from ..dra.kubeletplugin import PluginSettings
+    from ..runtime.plan import read_config
+
+    if args.node_name:
+        os.environ["NODE_NAME"] = args.node_name  # node_name() and the API client read it
+    root = Path(args.kubelet_root)
+    registrar = Path(args.kubelet_registrar_directory_path or root / "plugins_registry")
+    check_plugin_dir(str(registrar), "--kubelet-registrar-directory-path")
+    start = read_config(args.config)
+    inventory = open_inventory(args.node)
+    from ..kube.client import ApiAccessError, core_api
+    from ..runtime.dra import DraDaemon, DraOptions
+
+    try:
+        api_client = core_api(args.kubeconfig).api_client
+    except ApiAccessError as err:
+        inventory.close()
+        raise StartupError(f"the DRA driver needs the Kubernetes API (ResourceClaims, ResourceSlices): {err}") from None
+    dra = DraOptions(
+        registrar_dir=registrar,
+        plugins_dir=Path(args.kubelet_plugins_directory_path or root / "plugins"),
+        cdi_root=Path(args.cdi_root),
+        instance=args.pod_uid,
+        claim_cache=args.claim_cache,
+        plugin=PluginSettings(health_interval=args.health_stream_interval),
+    )
+    try:
+        daemon = DraDaemon(inventory, daemon_options(args), dra, api_client, start, kubeconfig=args.kubeconfig)
+    except BaseException:
+        inventory.close()
+        raise
+    try:
+        daemon.start()
+    except BaseException:
+        daemon.stop()
         raise
     wait_for_signal()
     daemon.stop()

@@ -107,7 +107,7 @@ def render(summaries: list[Summary], trace: str, published: dict[str, float]) ->
     lines = [head]
     for s in summaries:
         paper = f"{published[s.policy]:6.2f}" if s.policy in published else f"{'-':>6}"
-        lines.append(f"{s.policy:<12} {s.mean:8.2f} {s.stdev:5.2f} {s.low:6.2f} {s.high:6.2f} {paper} {s.unallocated_gpus:12.1f} {s.failed_pods:11.1f} {s.seconds:6.2f}")
+        lines.append(f"{s.policy:<12} {s.mean:8.2f} {s.stdev:5.2f} {s.low:6.2f} {s.high:6.2f} {paper} {s.unallocated_gpus:12.1f} {_count(s.failed_pods):>11} {s.seconds:6.2f}")
     if published:
         lines.append(f"paper: the published mean for trace {trace}.")
     lines.append(CITATION)
@@ -178,6 +178,11 @@ def plot(path: str, results: list[RunResult], title: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def _count(mean: float) -> str:
+    """A mean of counts over the seeds: whole when every run had the same (2607, not 2607.0)."""
+    return f"{mean:.0f}" if mean.is_integer() else f"{mean:.1f}"
 
 
 def run_simulate(args: argparse.Namespace) -> int:

@@ -57,10 +57,15 @@ def resolve(name_or_path: str, trace_dir: str | None, template: str) -> Path:
     name itself when it ends in .csv, else `template` filled with it."""
     if os.sep in name_or_path or Path(name_or_path).is_file():
         path = Path(name_or_path)
-    else:
-        path = find_trace_dir(trace_dir) / (name_or_path if name_or_path.endswith(".csv") else template.format(name_or_path))
+        if not path.is_file():
+            raise TraceError(f"trace file {path} does not exist")
+        return path
+    folder = find_trace_dir(trace_dir)
+    path = folder / (name_or_path if name_or_path.endswith(".csv") else template.format(name_or_path))
     if not path.is_file():
-        raise TraceError(f"trace file {path} does not exist")
+        prefix, suffix = template.split("{}")
+        names = sorted(p.name[len(prefix):-len(suffix)] for p in folder.glob(template.format("*")))
+        raise TraceError(f"trace file {path} does not exist; the names {folder} has: {', '.join(names) or 'none'}")
     return path
 
 

@@ -11,7 +11,7 @@ from ..logs import safe_text
 from .names import resource_name_problem
 from .paths import POOL_NAME, POOL_NAME_RULE, mps_root_problem, path_problem
 from .schema import Fields, SchemaError, join, list_of
-from .yamlfile import YamlProblem, decode, load_yaml, read_bounded
+from .yamlfile import YamlProblem, decode, load_yaml_lines, read_bounded
 
 from .types import (
     ALLOCATION_POLICIES,
@@ -50,6 +50,7 @@ _TOP_KEYS = {
     "cdiKind": str,
     "deviceSpecs": bool,
     "sharedProductSuffix": bool,
+    "deprecatedCudaLabels": bool,
     "deviceRoot": str,
     "mpsRoot": str,
     "defaultProfile": str,
@@ -57,6 +58,7 @@ _TOP_KEYS = {
     "pools": list,
     "profiles": dict,
 }
+_NVIDIA_TOP_KEYS = ("flags", "resources", "sharing")  # the top of NVIDIA's device plugin config (version v1 too)
 _POOL_KEYS = {
     "name": str,
     "mode": str,
@@ -65,6 +67,7 @@ _POOL_KEYS = {
     "memoryPerShare": str,
     "backend": str,
     "mpsLimits": str,
+    "exclusiveProcess": bool,
     "allowSpanGPUs": bool,
     "strategy": str,
     "gpus": dict,
@@ -95,16 +98,24 @@ def parse_config_text(text: str, source: str = "config") -> Config:
     if len(text) > limits.MAX_CONFIG_BYTES:
         raise ConfigError([f"file: is {len(text)} characters, over the limit of {limits.MAX_CONFIG_BYTES}"], source)
     try:
-        data, duplicates = load_yaml(text)
+        data, duplicates, lines = load_yaml_lines(text)
     except YamlProblem as err:
         raise ConfigError([str(err)], source) from None
     try:
         config = parse_config(data, source)
     except ConfigError as err:
-        raise ConfigError(duplicates + err.problems, source) from None
+        raise ConfigError(duplicates + [_with_line(p, lines) for p in err.problems], source) from None
     if duplicates:
         raise ConfigError(duplicates, source)
     return config
+
+
+def _with_line(problem: str, lines: dict[str, int]) -> str:
+    """`key.path: reason (line N)` where the file has that key (a missing key: its parent's line)."""
+    path = problem.split(": ", 1)[0]
+    while path and path not in lines:
+        path = path[: path.rindex("[")] if path.endswith("]") else path.rpartition(".")[0]
+    return f"{problem} (line {lines[path]})" if path else problem
 
 
 def parse_quantity_mib(text: str) -> int:
@@ -146,6 +157,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
         top = Fields(data, "", _TOP_KEYS, problems.items)
     except SchemaError as err:
         raise ConfigError([str(err)], source) from None
+    nvidia = sorted(k for k in _NVIDIA_TOP_KEYS if isinstance(data, dict) and k in data)
+    problems.check(not nvidia, f"{', '.join(nvidia)}: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys")
 
     def choice(key: str, default: Choice, allowed: tuple[Choice, ...]) -> Choice:
         value = problems.attempt(top.get, key, default) or default
@@ -163,6 +176,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
     problems.check(bool(_CDI_KIND.match(cdi_kind)), f"cdiKind: must be <vendor>/<class> such as nvidia.com/gpu, got {cdi_kind!r}")
     device_specs = problems.attempt(top.get, "deviceSpecs", False) or False
     shared_product_suffix = problems.attempt(top.get, "sharedProductSuffix", False) or False
+    deprecated_cuda_labels = problems.attempt(top.get, "deprecatedCudaLabels", False) or False
     device_root = problems.attempt(top.get, "deviceRoot", "/") or "/"
     problems.check(path_problem(device_root) is None, f"deviceRoot: {path_problem(device_root)}")
     mps_root = problems.attempt(top.get, "mpsRoot", DEFAULT_MPS_ROOT) or DEFAULT_MPS_ROOT
@@ -213,6 +227,7 @@ def parse_config(data: Any, source: str = "config") -> Config:
         cdi_kind=cdi_kind,
         device_specs=device_specs,
         shared_product_suffix=shared_product_suffix,
+        deprecated_cuda_labels=deprecated_cuda_labels,
         device_root=device_root,
         mps_root=mps_root,
         watchdog_policy=watchdog_policy,
@@ -270,6 +285,8 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
             except ValueError as err:
                 problems.append(f"{join(path, 'memoryPerShare')}: {err}")
     fields.check(backend == "mps" or not fields.has("mpsLimits"), "mpsLimits", "only applies to backend mps")
+    fields.check(backend == "mps" or not fields.has("exclusiveProcess"), "exclusiveProcess", "only applies to backend mps")
+    exclusive_process = fields.get("exclusiveProcess", False)
     mps_limits = fields.get("mpsLimits", "strict")
     fields.check(mps_limits in MPS_LIMITS, "mpsLimits", f"must be one of {', '.join(MPS_LIMITS)}, got {mps_limits!r}")
     allow_span = fields.get("allowSpanGPUs", False)
@@ -292,6 +309,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         backend=one_of(backend, BACKENDS, "timeSlicing"),
         mps_limits=one_of(mps_limits, MPS_LIMITS, "strict"),
         allow_span=allow_span,
+        exclusive_process=exclusive_process,
         mig_strategy=one_of(strategy, MIG_STRATEGIES, "mixed"),
         gpus=selector,
         path=path,

@@ -9,6 +9,7 @@ Every key, its default and an example are in docs/configuration.md. In short::
     cdiKind: nvidia.com/gpu          # CDI names are <cdiKind>=<UUID>
     deviceSpecs: false               # add /dev/nvidia* device specs to Allocate
     sharedProductSuffix: false       # gpu.product label gets GFD's -SHARED when GPUs are shared
+    deprecatedCudaLabels: false      # also GFD's deprecated cuda.driver.* and cuda.runtime.* labels
     deviceRoot: /                    # where /dev and /proc/driver/nvidia are found
     mpsRoot: /run/gpu-share/mps      # MPS pipe, log and shm directories, per pool
     memoryWatchdog: {policy: report, quarantine: false}
@@ -101,6 +102,7 @@ class PoolConfig:
     backend: Backend = "timeSlicing"
     mps_limits: MpsLimits = "strict"
     allow_span: bool = False
+    exclusive_process: bool = False  # backend mps: `gpu-share mps` puts the pool's GPUs in EXCLUSIVE_PROCESS while it serves
     mig_strategy: MigStrategy = "mixed"
     gpus: GpuSelector = field(default_factory=GpuSelector)
     path: str = "pools[0]"  # where the pool is in the file, for messages
@@ -136,6 +138,7 @@ class Config:
     cdi_kind: str = "nvidia.com/gpu"
     device_specs: bool = False
     shared_product_suffix: bool = False  # GFD's -SHARED on the gpu.product label when GPUs are shared
+    deprecated_cuda_labels: bool = False  # also GFD's deprecated cuda.driver.*, cuda.runtime.* labels
     device_root: str = "/"
     mps_root: str = DEFAULT_MPS_ROOT
     watchdog_policy: WatchdogPolicy = "report"

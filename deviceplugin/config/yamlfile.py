@@ -23,6 +23,7 @@ from yaml.resolver import Resolver
 
 from ..limits import MAX_CONFIG_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
 from ..logs import safe_text
+from .schema import join
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -94,6 +95,26 @@ class BoundedLoader(Composer, _Events, SafeConstructor, Resolver):
         self._depth = 0
         self._nodes = 0
         self.duplicates: list[str] = []
+        self.lines: dict[str, int] = {}  # key path as parse.py names it (`profiles.a.pools[1].replicas`) -> its line
+
+    def construct_document(self, node: Any) -> Any:
+        self._map_lines(node, "")
+        return super().construct_document(node)
+
+    def _map_lines(self, node: Any, path: str) -> None:
+        """Where each key and list item is, by the path a problem names (schema.join's form)."""
+        if isinstance(node, MappingNode):
+            for key_node, value in node.value:
+                if key_node.tag == _MERGE_TAG or not isinstance(key_node.value, str):
+                    continue
+                child = join(path, key_node.value)
+                self.lines.setdefault(child, key_node.start_mark.line + 1)
+                self._map_lines(value, child)
+        elif isinstance(node, SequenceNode):
+            for i, item in enumerate(node.value):
+                child = f"{path}[{i}]"
+                self.lines.setdefault(child, item.start_mark.line + 1)
+                self._map_lines(item, child)
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         """Record duplicate keys (with both lines) instead of keeping the last one silently."""
@@ -148,10 +169,16 @@ def _where(mark: Any) -> str:
 
 def load_yaml(text: str) -> tuple[Any, list[str]]:
     """The document in `text` and one problem per duplicate key, or YamlProblem."""
+    data, duplicates, _ = load_yaml_lines(text)
+    return data, duplicates
+
+
+def load_yaml_lines(text: str) -> tuple[Any, list[str], dict[str, int]]:
+    """load_yaml, and the line of every key path (`profiles.a.pools[1].replicas`), for problems to name it."""
     loader = None
     try:
         loader = BoundedLoader(text)
-        return loader.get_single_data(), loader.duplicates
+        return loader.get_single_data(), loader.duplicates, loader.lines
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         reason = " ".join(p for p in (err.context, err.problem) if p)

@@ -23,7 +23,7 @@ NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of an event or proce
 _MIG_PROFILE = re.compile(r"MIG (\d+g\.\d+gb(?:\+\w+)*)")
 NO_DRIVER_HINT = (
     "is the NVIDIA driver installed and the container started with the NVIDIA runtime? "
-    "Without a GPU, run on a simulated node: gpu-share run --node examples/nodes/2xT4.yaml"
+    "Without a GPU, run on a simulated node: gpu-share demo --node examples/nodes/2xT4.yaml"
 )
 
 

@@ -35,7 +35,8 @@ def label_value(text: str) -> str:
     return _LABEL_VALUE.sub("-", text)[:63].strip("-_.")
 
 
-def node_labels(domain: str, node: NodeInfo, resources: list[Resource], shared_product_suffix: bool = False) -> dict[str, str]:
+def node_labels(domain: str, node: NodeInfo, resources: list[Resource], shared_product_suffix: bool = False,
+                deprecated_cuda_labels: bool = False) -> dict[str, str]:
     """GPU feature discovery's labels where the concept is the same (names and meanings), per-pool details as
     `<domain>/gpu-share.<pool>.*`. Every key is documented in docs/operations.md."""
     labels = {"gpu.count": str(len(node.gpus)), "gpu.present": str(bool(node.gpus)).lower()}
@@ -45,8 +46,11 @@ def node_labels(domain: str, node: NodeInfo, resources: list[Resource], shared_p
         labels["gpu.product"] = label_value(first.model + ("-SHARED" if shared and shared_product_suffix else ""))
         labels["gpu.memory"] = str(first.memory_mib)
         labels.update(_compute_labels(first.compute_capability))
-    labels.update(_version_labels("cuda.driver", node.driver_version, ("major", "minor", "rev")))
-    labels.update(_version_labels("cuda.runtime", node.cuda_driver_version, ("major", "minor")))
+    labels.update(_version_labels("cuda.driver-version", node.driver_version, ("major", "minor", "revision")))
+    labels.update(_version_labels("cuda.runtime-version", node.cuda_driver_version, ("major", "minor")))
+    if deprecated_cuda_labels:  # GFD's names before cuda.driver-version.*, for selectors not yet moved
+        labels.update(_version_labels("cuda.driver", node.driver_version, ("major", "minor", "rev")))
+        labels.update(_version_labels("cuda.runtime", node.cuda_driver_version, ("major", "minor")))
     # Node-wide sharing as GFD has it: the shared pool over the most GPUs decides.
     widest = max(shared, key=lambda r: len(r.gpus), default=None)
     labels["gpu.sharing-strategy"] = _strategy(widest) if widest else "none"
@@ -82,9 +86,13 @@ def _compute_labels(capability: str) -> dict[str, str]:
 
 
 def _version_labels(prefix: str, version: str, parts: tuple[str, ...]) -> dict[str, str]:
-    """`550.54.15` -> cuda.driver.major=550, .minor=54, .rev=15 (only the numeric parts present)."""
+    """`550.54.15` -> <prefix>.major=550, .minor=54, .revision=15 (only the numeric parts present), and with the
+    `-version` names GFD's `.full` (the whole version)."""
     numbers = version.split(".")
-    return {f"{prefix}.{part}": number for part, number in zip(parts, numbers) if number.isdigit()}
+    labels = {f"{prefix}.{part}": number for part, number in zip(parts, numbers) if number.isdigit()}
+    if prefix.endswith("-version") and label_value(version):
+        labels[f"{prefix}.full"] = label_value(version)
+    return labels
 
 
 def inventory(
@@ -164,14 +172,16 @@ class NodePublisher:
     one, in one request (retried with the next round while it fails).
     """
 
-    def __init__(self, client: NodeClient, domain: str, min_interval: float = defaults.LABEL_INTERVAL, shared_product_suffix: bool = False) -> None:
+    def __init__(self, client: NodeClient, domain: str, min_interval: float = defaults.LABEL_INTERVAL, shared_product_suffix: bool = False,
+                 deprecated_cuda_labels: bool = False) -> None:
         self.client = client
         self.domain = domain
         self.shared_product_suffix = shared_product_suffix  # gpu.product gets GFD's -SHARED when a pool shares GPUs
+        self.deprecated_cuda_labels = deprecated_cuda_labels  # also GFD's deprecated cuda.driver.*, cuda.runtime.*
         self.min_interval = min_interval
         self._lock = threading.Lock()  # one publish at a time
         self._wanted_lock = threading.Lock()  # held only to hand over `_wanted`: a reload never waits on the API
-        self._wanted = (domain, shared_product_suffix)  # from the latest config; adopted by the next publish
+        self._wanted = (domain, shared_product_suffix, deprecated_cuda_labels)  # from the latest config; adopted by the next publish
         self._retired_labels: dict[str, None] = {}  # keys owned under earlier domains, to remove
         self._retired_annotations: dict[str, None] = {}
         self._labels: dict[str, str] | None = None  # ours, as last published
@@ -186,16 +196,17 @@ class NodePublisher:
         return f"{self.domain}/{OWNED_ANNOTATION}"
 
     def on_config(self, config: Config, resources: list[Resource]) -> None:
-        """A config reload (runtime.reload): its domain and product suffix apply from the next publish on."""
+        """A config reload (runtime.reload): its domain and label settings apply from the next publish on."""
         with self._wanted_lock:
-            self._wanted = (config.domain, config.shared_product_suffix)
+            self._wanted = (config.domain, config.shared_product_suffix, config.deprecated_cuda_labels)
 
     def publish_node(self, node: NodeInfo, resources: list[Resource], annotation: dict) -> bool:
         """Publish the labels of `node` serving `resources`, under the domain of the latest config, and `annotation`."""
         with self._lock:
             if not self._adopt_config():
                 return False
-            return self._publish(node_labels(self.domain, node, resources, self.shared_product_suffix), annotation)
+            labels = node_labels(self.domain, node, resources, self.shared_product_suffix, self.deprecated_cuda_labels)
+            return self._publish(labels, annotation)
 
     def publish(self, labels: dict[str, str], annotation: dict) -> bool:
         """Patch what changed since the last patch; False when nothing changed or the debounce holds it back."""
@@ -205,7 +216,7 @@ class NodePublisher:
     def _adopt_config(self) -> bool:
         """Take the latest config's settings; a new domain retires the old one's keys (False: its keys are unknown yet)."""
         with self._wanted_lock:
-            domain, self.shared_product_suffix = self._wanted
+            domain, self.shared_product_suffix, self.deprecated_cuda_labels = self._wanted
         if domain == self.domain:
             return True
         if self._labels is None and not self._read_node():  # which labels the old domain owns

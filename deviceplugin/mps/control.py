@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from .. import defaults
+from .computemode import ComputeModeError, ComputeModes
 from .paths import MpsPaths
 from ..signals import child_signal_mask
 from ..model.devices import Resource
@@ -105,8 +106,11 @@ class MpsDaemon:
         backoff_initial: float = 1.0,
         backoff_max: float = defaults.MPS_BACKOFF_MAX,
         probe_interval: float = 5.0,
+        compute_modes: ComputeModes | None = None,
     ) -> None:
         self.resource = resource
+        self.compute_modes = compute_modes or ComputeModes()  # used only for a pool with exclusiveProcess
+        self._modes_before: dict[str, int] | None = None  # GPU uuid -> the mode it had, while this daemon set EXCLUSIVE_PROCESS
         self.paths = MpsPaths.of(mps_root, resource.pool.name)
         self.binary = binary
         self.start_timeout = start_timeout
@@ -127,7 +131,7 @@ class MpsDaemon:
     @property
     def spec(self) -> tuple:
         """What the daemon is started with (directories, GPUs, limits): a daemon of another spec is another daemon."""
-        return (self.paths, self.gpus, tuple(self.limit_commands()))
+        return (self.paths, self.gpus, tuple(self.limit_commands()), self.resource.pool.exclusive_process)
 
     @property
     def env(self) -> dict[str, str]:
@@ -169,6 +173,9 @@ class MpsDaemon:
                 process.wait()
         if self._thread:
             self._thread.join()
+        if self._modes_before is not None:  # the daemon is gone: the GPUs get back the mode they had
+            self.compute_modes.restore(self._modes_before)
+            self._modes_before = None
 
     def send(self, commands: list[str], timeout: float = 10.0) -> str:
         """Run the control client with these commands on stdin."""
@@ -200,6 +207,11 @@ class MpsDaemon:
         if control_pipe.exists() and self._answers():
             raise MpsError(f"another control daemon already answers on {control_pipe} (a second gpu-share mps?): not starting one more")
         control_pipe.unlink(missing_ok=True)  # a killed daemon leaves its pipe behind; a client would hang on it
+        if self.resource.pool.exclusive_process and self._modes_before is None:  # kept across restarts, restored by stop()
+            try:
+                self._modes_before = self.compute_modes.make_exclusive(self.gpus.split(","))
+            except ComputeModeError as err:
+                raise MpsError(str(err)) from None
         try:
             self._process = subprocess.Popen([self.binary, "-f"], env=self.env, stdin=subprocess.DEVNULL, preexec_fn=child_signal_mask)
         except OSError as err:

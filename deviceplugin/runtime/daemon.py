@@ -76,7 +76,7 @@ class PluginDaemon:
             watchdog=MemoryWatchdog(self.config.watchdog_policy, events=self.events.post if self.events else None),
         )
         self.publisher = (
-            PublishLoop(NodePublisher(client, self.config.domain, options.label_interval, self.config.shared_product_suffix), self.state, self.node, lambda: self.manager.resources, options.agent.interval)
+            PublishLoop(NodePublisher(client, self.config.domain, options.label_interval, self.config.shared_product_suffix, self.config.deprecated_cuda_labels), self.state, self.node, lambda: self.manager.resources, options.agent.interval)
             if client
             else None
         )

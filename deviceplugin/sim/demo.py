@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import socket
 import tempfile
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..agent.loop import AgentSettings
 from ..alloc.check import collect_warnings
 from ..config.types import ConfigError
+from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
 from ..alloc.container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
 from ..runtime.daemon import DaemonOptions, PluginDaemon
 from ..health.monitor import HealthSettings
+from ..mps.computemode import ComputeModes
+from ..mps.control import MpsDaemon
+from . import mps_control
 from .scheduler import run_scheduler_step
 from .kubelet import AdmissionError, Container, KubeletSimulator, Pod
 from ..model.devices import SHARE_SEPARATOR, Resource
@@ -71,7 +77,8 @@ def sample_pods(resources: list[Resource]) -> list[Sample]:
     return samples
 
 
-def run_demo(node_file: str, config_file: str, out=print, profile: str | None = None) -> int:
+def run_demo(node_file: str, config_file: str | None, out=print, profile: str | None = None) -> int:
+    """`config_file` None: `run`'s default config."""
     with tempfile.TemporaryDirectory(prefix="gpu-share-demo-") as tmp:
         plugin_dir = Path(tmp) / "device-plugins"
         kubelet = KubeletSimulator(plugin_dir, seed=1)
@@ -82,10 +89,12 @@ def run_demo(node_file: str, config_file: str, out=print, profile: str | None = 
             kubelet.stop()
 
 
-def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str, profile: str | None, out) -> int:
+def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str | None, profile: str | None, out) -> int:
     inventory = SimulatedInventory.from_file(node_file, proc_root=tmp / "proc")
+    control = mps_control.wrapper(tmp)
     options = DaemonOptions(
-        config_file=config_file,
+        config_file=_with_mps_root(config_file, tmp) if config_file else None,
+        mps_control=str(control),
         profile=profile,
         plugin_dir=kubelet.plugin_dir,
         pod_resources_socket=kubelet.pod_resources_socket,
@@ -102,21 +111,34 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
         except ConfigError as err:
             out(f"The plugin refuses this config on node {inventory.discover().name}, as `gpu-share run` would:")
             out("  " + "\n  ".join(err.problems))
-            out(f"(`gpu-share config check {config_file} --node {node_file}` shows the same; pick another --node or --config)")
+            out(f"(`gpu-share config check {config_file or 'CONFIG'} --node {node_file}` shows the same; pick another --node or --config)")
             return 2
     node = daemon.node
     index_of = {g.uuid: g.index for g in node.gpus} | {m.uuid: g.index for g in node.gpus for m in g.mig_devices}
+    resources = list(daemon.manager.resources)
+    # `gpu-share mps`'s supervisor, with a simulated control daemon: the MPS pools become ready as on a node.
+    daemons = [MpsDaemon(r, r.settings.mps_root, binary=str(control), start_timeout=5, probe_interval=0.5, compute_modes=_ShownModes())
+               for r in resources if r.pool.mps]
+    for mps in daemons:
+        mps.start()
     daemon.start()
     try:
-        resources = [r for r in daemon.manager.resources if not r.pool.mps]
         names = {r.name for r in resources}
-        out(f"Node {node.name} ({node_file}): {len(node.gpus)} GPUs; config {config_file}")
+        out(f"Node {node.name} ({node_file}): {len(node.gpus)} GPUs; config {config_file or 'the default (every GPU shared in 10, as `gpu-share run` without --config)'}")
         for warning in warnings:
             out(f"  warning: {warning}")
-        for mps in (r for r in daemon.manager.resources if r.pool.mps):
-            out(f"  note: {mps.name} is an MPS pool: it waits for `gpu-share mps`, which the demo does not run, and is left out")
+        for mps in daemons:
+            held = mps.paths.log / mps_control.LIMITS_FILE
+            if not _wait(lambda: mps.paths.ready.exists(), 10):
+                out(f"the MPS control daemon of pool {mps.resource.pool.name} was not ready within 10 s")
+                return 1
+            limits = held.read_text().split("\n")[:-1] if held.exists() else []
+            out(f"  MPS pool {mps.resource.pool.name} ({mps.resource.name}, mpsLimits {mps.resource.pool.mps_limits}): a simulated control daemon "
+                f"serves GPUs {', '.join(str(g.index) for g in mps.resource.gpus)}; daemon-wide limits: {'; '.join(limits) or 'none (each client gets its own CUDA_MPS_* limits)'}")
+            if mps.resource.pool.exclusive_process:
+                out("    exclusiveProcess: gpu-share mps puts these GPUs in EXCLUSIVE_PROCESS while it serves and restores their mode on quit (not simulated)")
         if not resources:
-            out("Nothing to show: this config advertises no resource the demo can serve on this node.")
+            out("Nothing to show: this config advertises no resource on this node.")
             return 2
         if not kubelet.wait_for(lambda st: names <= {n for n, s in st.items() if s.allocatable}, timeout=15):
             out("the plugin did not register with the built-in kubelet within 15 s")
@@ -137,7 +159,7 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
                 for resource_name, ids in by_resource.items():
                     envs = results[container][resource_name].envs
                     gpus = sorted({index_of[i.split(SHARE_SEPARATOR)[0]] for i in ids})
-                    rows.append((sample.pod.name, sample.shows, request, ",".join(map(str, gpus)), _short(ids), _env_summary(envs)))
+                    rows.append((sample.pod.name, sample.shows, request, ",".join(map(str, gpus)), _short(ids), _env_summary(envs, sample.resource)))
                     _run_process(inventory, sample, container, ids)
         _table(rows, out)
         shared = [r for r in resources if r.pool.shared]
@@ -155,8 +177,45 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
         run_scheduler_step(resources, out, (too_big.resource, too_big.count))
     finally:
         daemon.stop()
+        for mps in daemons:
+            mps.stop()
     out("\nDone: sockets removed, temporary directory cleaned up.")
     return 0
+
+
+class _ShownModes(ComputeModes):
+    """No NVML in the demo: compute modes are described (above), not set."""
+
+    def make_exclusive(self, uuids: list[str]) -> dict[str, int]:
+        return {}
+
+
+def _with_mps_root(config_file: str, tmp: Path) -> str:
+    """A copy of the config with `mpsRoot` in the demo's directory (its MPS pipes and markers) when a pool has backend
+    mps; else the file itself, so the plugin reports its problems with their lines (an unreadable file too)."""
+    try:
+        data, _ = load_yaml(decode(read_bounded(config_file)))
+    except (OSError, YamlProblem):
+        return config_file
+    if not isinstance(data, dict):
+        return config_file
+    profiles = data.get("profiles")
+    bodies = [data, *(profiles.values() if isinstance(profiles, dict) else ())]
+    pools = [p for body in bodies if isinstance(body, dict) and isinstance(body.get("pools"), list) for p in body["pools"]]
+    if not any(isinstance(p, dict) and p.get("backend") == "mps" for p in pools):
+        return config_file
+    copy = tmp / "config.yaml"
+    copy.write_text(yaml.safe_dump({**data, "mpsRoot": str(tmp / "mps")}, sort_keys=False))
+    return str(copy)
+
+
+def _wait(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 _next_pid = iter(range(4000, 1 << 22))
@@ -206,17 +265,24 @@ def _capacity_table(kubelet: KubeletSimulator, out) -> None:
     _table(rows, out)
 
 
-def _env_summary(envs) -> str:
+def _env_summary(envs, resource: Resource) -> str:
     parts = [f"NVIDIA_VISIBLE_DEVICES={envs['NVIDIA_VISIBLE_DEVICES']}"]
     if ENV_SHARE_COUNT in envs:
         parts.append(f"shares {envs[ENV_SHARE_COUNT]}/{envs[ENV_SHARE_TOTAL]}, {envs[ENV_MEMORY_LIMIT]} MiB, {envs[ENV_COMPUTE_PERCENT]}% compute")
+        if not resource.pool.mps:
+            parts[-1] += " (time-sliced: a fair turn, not enforced)"
+        elif "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in envs:
+            parts.append(f"MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={envs['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']} "
+                         f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={envs['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT']}")
+        else:
+            parts.append("MPS enforces the daemon-wide limits")
     return "; ".join(parts)
 
 
 def _short(ids: list[str]) -> str:
-    shares = sorted(i.split(SHARE_SEPARATOR)[1] for i in ids if SHARE_SEPARATOR in i)
+    shares = sorted((i.split(SHARE_SEPARATOR)[1] for i in ids if SHARE_SEPARATOR in i), key=int)
     if shares:
-        return "shares " + ",".join(shares)
+        return f"{len(shares)} ({SHARE_SEPARATOR}{','.join(shares)})"
     return "MIG instance" if ids[0].startswith("MIG-") else "whole GPU"
 
 

@@ -13,6 +13,7 @@ import urllib.request
 from prometheus_client import CollectorRegistry
 
 from ..config.parse import parse_config
+from ..config.types import DEFAULT_DOMAIN
 from ..extender.cache import ClusterCache
 from ..extender.fit import place
 from ..extender.http import ExtenderHTTPServer
@@ -23,17 +24,15 @@ from ..extender.verbs import Extender
 from ..model.node import Gpu, NodeInfo
 from ..kube.labels import InventoryAnnotation
 from ..model.usage import ContainerShare, Usage
+from ..alloc.admission import admission_limits
 from ..alloc.plan import build_resources
 from ..model.devices import Resource
 
-SHARE = "example.com/gpu-share"
-
-
-def admission_refusal(containers: dict[str, dict[str, int]], limits: dict[str, int], domain: str = "example.com") -> str | None:
-    """What daemonset/admission's policy answers for a pod's containers ({name: {resource: count}}), None if admitted.
+def admission_refusal(containers: dict[str, dict[str, int]], limits: dict[str, int], domain: str = DEFAULT_DOMAIN) -> str | None:
+    """What the admission policy (daemonset/admission/policy.yaml) answers for a pod's containers ({name: {resource: count}}), None if admitted.
 
     The same rule and message as the policy's CEL (tests/test_scheduler_manifests.py checks they agree);
-    `limits` maps the resource name after `<domain>/` to the largest shares of one unit.
+    `limits` maps the resource name after `<domain>/` to the largest shares of one unit (the params' data).
     """
     for name, requests in containers.items():
         for key, largest in limits.items():
@@ -46,35 +45,32 @@ def admission_refusal(containers: dict[str, dict[str, int]], limits: dict[str, i
     return None
 
 
-def admission_limits(resources: list[Resource]) -> dict[str, int]:
-    """The policy's params for these resources: per shared resource whose container shares come from one unit
-    (not `allowSpanGPUs`), the largest shares of one unit."""
-    return {r.name.split("/", 1)[1]: max(u.replicas for u in r.units) for r in resources if r.pool.shared and not r.pool.allow_span}
-
-
 def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Resource, int] | None = None) -> None:
     """`too_big`: the demo's pod that cannot fit (its resource and count), answered here as the policy would."""
     out("\nWith the scheduler extender and the admission policy (daemonset/extender, daemonset/admission):")
     if too_big is not None and too_big[0].pool.shared:
         resource, count = too_big
         domain = resource.name.split("/", 1)[0]
-        message = admission_refusal({"server": {resource.name: count}}, admission_limits([resource]), domain)
+        limits = {name.split("/", 1)[1]: n for name, n in admission_limits([resource]).items()}
+        message = admission_refusal({"server": {resource.name: count}}, limits, domain)
         if message:
             out(f"  too-big ({count} shares) is refused at creation: {message}")
         else:
             out(f"  too-big ({count} shares) passes the admission policy ({resource.name} may span GPUs); the node refuses it")
-    config = parse_config({"version": "v1", "pools": [{"name": "inference", "mode": "shared", "resource": "gpu-share", "replicas": 6}]})
+    domain = resources[0].pool.domain if resources else DEFAULT_DOMAIN  # the demo node's, as the extender's --domain
+    share = f"{domain}/gpu-share"
+    config = parse_config({"version": "v1", "domain": domain, "pools": [{"name": "inference", "mode": "shared", "resource": "gpu-share", "replicas": 6}]})
     cache = ClusterCache()
     # node-a: 3 + 3 free on two GPUs; node-b: GPU 0 full, GPU 1 with 6 free.
     for name, used in (("node-a", (3, 3)), ("node-b", (6, 0))):
-        cache.set_node(name, json.dumps(_annotation(name, config, used)))
+        cache.set_node(name, json.dumps(_annotation(name, config, share, used)))
     metrics = ExtenderMetrics(CollectorRegistry(), cache.counts)
-    extender = Extender(cache, Scorer("binpack"), lambda r: r.startswith("example.com/"), metrics)
+    extender = Extender(cache, Scorer("binpack"), lambda r: r.startswith(domain + "/"), metrics)
     server = ExtenderHTTPServer(extender, metrics, lambda: (True, "ready"), port=0, host="127.0.0.1")
     server.start()
     try:
         pod = {"metadata": {"name": "six-shares", "namespace": "default", "uid": "demo-six"},
-               "spec": {"containers": [{"name": "server", "resources": {"limits": {SHARE: "6"}}}]}}
+               "spec": {"containers": [{"name": "server", "resources": {"limits": {share: "6"}}}]}}
         url = f"http://127.0.0.1:{server.port}"
         result = _post(url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["node-a", "node-b"]})
         out("  six-shares (6 shares): kube-scheduler's default check sees 6 free on both nodes; the extender's filter says:")
@@ -85,18 +81,18 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
             inventory, free = cache.node(entry["Host"], exclude="demo-six")  # without its own reservation
             assert inventory is not None and not isinstance(free, str)  # both nodes were set just above
             (placement,) = place(pod_request(pod, extender.managed), inventory, dict(free)).placements
-            gpu = inventory.resources[SHARE].units[placement.unit].gpu
+            gpu = inventory.resources[share].units[placement.unit].gpu
             out(f"    {entry['Host']}: fits (score {entry['Score']}/10): bound there, its 6 shares land on GPU {gpu}, as the node plugin chooses")
     finally:
         server.stop()
 
 
-def _annotation(name: str, config, used: tuple[int, ...]) -> dict:
+def _annotation(name: str, config, share: str, used: tuple[int, ...]) -> dict:
     gpus = tuple(Gpu(index=i, uuid=f"GPU-demo{name[-1]}000-0000-4000-8000-00000000000{i}", model="NVIDIA L4", memory_mib=23034) for i in range(len(used)))
     node = NodeInfo(gpus=gpus, name=name)
     resources = build_resources(config, node)
     shares = tuple(
-        ContainerShare("default", f"tenant-{i}", "main", SHARE, "inference", u.uuid, u.uuid, tuple(f"{u.uuid}::{k}" for k in range(n)), n, 0, True)
+        ContainerShare("default", f"tenant-{i}", "main", share, "inference", u.uuid, u.uuid, tuple(f"{u.uuid}::{k}" for k in range(n)), n, 0, True)
         for i, (u, n) in enumerate(zip(resources[0].units, used))
         if n
     )

@@ -103,16 +103,28 @@ def test_a_burst_of_share_pods_through_the_extender_all_admitted_none_pending_th
 
 def test_the_admission_policy_refuses_a_pod_larger_than_any_gpu_on_the_real_api_server(controlplane: Any) -> None:
     from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     api = controlplane.api_client()
     core, admission = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
-    documents = list(yaml.safe_load_all((ROOT / "daemonset/admission/gpu-share-admission.yaml").read_text()))
-    config_map, policy, binding = documents
-    namespace(core, config_map["metadata"]["namespace"])
-    core.create_namespaced_config_map(config_map["metadata"]["namespace"], config_map)
+    config_map, policy, binding = (yaml.safe_load((ROOT / "daemonset/admission" / f).read_text()) for f in ("params.yaml", "policy.yaml", "binding.yaml"))
+    limit = int(config_map["data"]["gpu-share"])
+    params_ns = config_map["metadata"]["namespace"]
+    if not any(n.metadata.name == params_ns for n in core.list_namespace().items):
+        namespace(core, params_ns)
+    core.create_namespaced_config_map(params_ns, config_map)
     admission.create_validating_admission_policy(policy)
     admission.create_validating_admission_policy_binding(binding)
+    try:
+        refused_and_admitted(core, limit)
+    finally:
+        admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        admission.delete_validating_admission_policy(policy["metadata"]["name"])
+        core.delete_namespaced_config_map(config_map["metadata"]["name"], params_ns)
+
+
+def refused_and_admitted(core: Any, limit: int) -> None:
+    from kubernetes.client.rest import ApiException
+
     ns = f"admission-{secrets.token_hex(3)}"
     namespace(core, ns)
 
@@ -126,14 +138,12 @@ def test_the_admission_policy_refuses_a_pod_larger_than_any_gpu_on_the_real_api_
             return str(err.body)
 
     # A new policy takes effect once the API server has compiled it: wait for the first refusal.
-    assert wait_until(lambda: bool(create("too-big", 12)), 30)
-    message = create("too-big", 12)
-    assert ("ValidatingAdmissionPolicy 'gpu-share-shares-per-gpu' with binding 'gpu-share-shares-per-gpu' denied request: container main asks "
-            "for 12 example.com/gpu-share but no GPU has more than 10: one container's shares come from one GPU. Ask for at most 10 "
-            "example.com/gpu-share, or for a whole GPU (example.com/gpu)") in message
-    assert create("fits", 10) == ""
-    admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
-    admission.delete_validating_admission_policy(policy["metadata"]["name"])
+    assert wait_until(lambda: bool(create("too-big", limit + 1)), 30)
+    message = create("too-big", limit + 1)
+    assert (f"ValidatingAdmissionPolicy 'gpu-share-shares-per-gpu' with binding 'gpu-share-shares-per-gpu' denied request: container main asks "
+            f"for {limit + 1} example.com/gpu-share but no GPU has more than {limit}: one container's shares come from one GPU. Ask for at most "
+            f"{limit} example.com/gpu-share, or for a whole GPU (example.com/gpu)") in message
+    assert create("fits", limit) == ""
 
 
 def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(controlplane: Any) -> None:
@@ -142,7 +152,7 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
     has exactly 4 shares left."""
     from kubernetes import client
 
-    from benchmarks.standin import DRA_CLASS, DRA_DRIVER, claim_pod_body, create_node, device_class, every_pod_entry, resource_slice, share_claim
+    from benchmarks.standin import DRA_DRIVER, claim_pod_body, create_node, device_class, every_pod_entry, resource_slice, share_claim
     from deviceplugin.extender.service import ExtenderOptions, ExtenderService
 
     run = secrets.token_hex(3)
@@ -151,14 +161,14 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
     labels = {"gpu-share-e2e": f"dra-{run}"}
     ns = f"dra-{run}"
     namespace(core, ns)
-    if not any(c.metadata.name == DRA_CLASS for c in resource.list_device_class().items):
-        resource.create_device_class(device_class())
+    dra_class = f"gpu-share-shares-{run}"  # the session's API server is shared: a class of this test's own
+    resource.create_device_class(device_class(dra_class))
     tight, empty = (GpuNode(f"dra-{run}-{k}", gpus=2, cpu_milli=16_000, memory_mib=65_536) for k in ("tight", "empty"))
     for node in (tight, empty):
         create_node(core, node, labels, {})
         resource.create_resource_slice(resource_slice(node))
     # tight: 6 of gpu-0's 10 shares held by an allocated claim, and half its CPU used by a plain pod.
-    held = resource.create_namespaced_resource_claim(ns, share_claim("held", 6))
+    held = resource.create_namespaced_resource_claim(ns, share_claim("held", 6, dra_class))
     allocation = {"devices": {"results": [{"request": "gpu", "driver": DRA_DRIVER, "pool": tight.name, "device": "gpu-0",
                                            "shareID": "0b0c0d0e-0000-4000-8000-00000000000a", "consumedCapacity": {"shares": "6", "memory": str(6 * 8192 << 20)}}]},
                   "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [tight.name]}]}]}}
@@ -167,7 +177,7 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
     busy["spec"]["nodeName"] = tight.name
     core.create_namespaced_pod(ns, busy)
     assert held.metadata.uid
-    service = ExtenderService(client.CoreV1Api(api), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", dra_classes=(DRA_CLASS,)))
+    service = ExtenderService(client.CoreV1Api(api), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", dra_classes=(dra_class,)))
     service.start()
     name = f"gs-dra-{run}"
     try:
@@ -176,7 +186,7 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
         config = scheduler_config(name, None)
         config["extenders"] = [every_pod_entry(url, weight=20)]
         controlplane.scheduler(config, name)
-        resource.create_namespaced_resource_claim(ns, share_claim("want", 4))
+        resource.create_namespaced_resource_claim(ns, share_claim("want", 4, dra_class))
         core.create_namespaced_pod(ns, claim_pod_body("p", "want", 1000, 1024, name, labels))
 
         def allocated() -> Any:

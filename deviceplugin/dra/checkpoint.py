@@ -1,0 +1,192 @@
+"""The driver's own record of prepared claims, by claim UID: one small JSON file per claim.
+
+NodeUnprepareResources names only a claim's UID, namespace and name, and the claim may be gone from the API, so
+what prepare did (the devices and shares each claim holds, its CDI spec) is written here before prepare answers.
+A restarted plugin, or another instance during a rolling update, reads it back: unprepare still removes the
+right spec, a repeated prepare returns the same CDI IDs, and the per-device share ledger is rebuilt from it.
+
+One file per claim (`<dir>/<claim UID>.json`) keeps a prepare's write small whatever the number of claims. A write
+goes to a temporary file, is fsynced and renamed over the old one: a reader or a crashed process never sees half a
+record. The directory itself is not fsynced: only a kernel crash or a power loss can lose a rename, and those also
+end every container using the claim; the kubelet prepares each claim again before it starts them anew (and an
+unprepare of a claim not on record succeeds), so nothing is handed out twice. Each file carries a CRC32 of its
+record; one that does not parse or whose checksum is wrong is renamed `<name>.corrupt` and logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SUFFIX = ".json"
+MAX_RECORDS = 65_536  # files read at start-up; far more than a node can hold
+MAX_RECORD_BYTES = 1024 * 1024
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def valid_uid(uid: str) -> bool:
+    """A UID that can name a record file (Kubernetes UIDs are UUIDs)."""
+    return _UID.fullmatch(uid) is not None
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One allocation result prepared for a claim."""
+
+    request: str  # the base request name (`<req>` of `<req>/<sub>`)
+    pool: str
+    device: str
+    cdi_ids: tuple[str, ...]
+    share_id: str | None
+    shares: int  # shares of the device it holds (1 for a whole device, 0 for admin access)
+    memory_mib: int  # GPU memory those shares give
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request": self.request, "pool": self.pool, "device": self.device, "cdiIDs": list(self.cdi_ids),
+            "shareID": self.share_id, "shares": self.shares, "memoryMiB": self.memory_mib,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
+        return cls(
+            request=str(data["request"]), pool=str(data["pool"]), device=str(data["device"]),
+            cdi_ids=tuple(str(i) for i in data["cdiIDs"]), share_id=None if data.get("shareID") is None else str(data["shareID"]),
+            shares=int(data["shares"]), memory_mib=int(data["memoryMiB"]),
+        )
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    devices: tuple[PreparedDevice, ...]
+    cdi_spec: str  # the spec file's path ("" when none was written)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uid": self.uid, "namespace": self.namespace, "name": self.name, "cdiSpec": self.cdi_spec, "devices": [d.to_json() for d in self.devices]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
+        return cls(
+            uid=str(data["uid"]), namespace=str(data["namespace"]), name=str(data["name"]), cdi_spec=str(data["cdiSpec"]),
+            devices=tuple(PreparedDevice.from_json(d) for d in data["devices"]),
+        )
+
+
+class Checkpoint:
+    """The prepared claims, kept in memory and in `directory`; not thread-safe (the driver serialises its callers).
+
+    `refresh()` reads the directory again when another process (a rolling-update twin, under the same file lock)
+    changed it.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        self._claims: dict[str, PreparedClaim] = {}
+        self._stat: tuple[int, int] | None = None
+        self.refresh()
+
+    def __contains__(self, uid: str) -> bool:
+        return uid in self._claims
+
+    def __len__(self) -> int:
+        return len(self._claims)
+
+    def get(self, uid: str) -> PreparedClaim | None:
+        return self._claims.get(uid)
+
+    def claims(self) -> Iterator[PreparedClaim]:
+        return iter(list(self._claims.values()))
+
+    def put(self, claim: PreparedClaim) -> None:
+        data = json.dumps(claim.to_json(), sort_keys=True, separators=(",", ":"))
+        record = f'{{"version":{FORMAT_VERSION},"checksum":{zlib.crc32(data.encode())},"claim":{data}}}'
+        atomic_write(self._path(claim.uid), record.encode())
+        self._claims = {**self._claims, claim.uid: claim}
+        self._stat = self._dir_stat()
+
+    def remove(self, uid: str) -> None:
+        if uid not in self._claims:
+            return
+        try:
+            os.unlink(self._path(uid))
+        except FileNotFoundError:
+            pass
+        self._claims = {k: v for k, v in self._claims.items() if k != uid}
+        self._stat = self._dir_stat()
+
+    def refresh(self) -> bool:
+        """Read the records again if the directory changed since it was last read or written here; True if it was."""
+        stat = self._dir_stat()
+        if stat == self._stat:
+            return False
+        self._claims = self._load()
+        self._stat = self._dir_stat()
+        return True
+
+    def _path(self, uid: str) -> Path:
+        if not valid_uid(uid):  # prepare.check_ref refuses such claims first
+            raise ValueError(f"claim UID {uid[:80]!r} is not a UID")
+        return self.directory / f"{uid}{SUFFIX}"
+
+    def _dir_stat(self) -> tuple[int, int]:
+        st = os.stat(self.directory)
+        return (st.st_ino, st.st_mtime_ns)
+
+    def _load(self) -> dict[str, PreparedClaim]:
+        claims: dict[str, PreparedClaim] = {}
+        for entry in sorted(os.scandir(self.directory), key=lambda e: e.name)[:MAX_RECORDS]:
+            if not entry.name.endswith(SUFFIX) or entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            try:
+                if entry.stat().st_size > MAX_RECORD_BYTES:
+                    raise ValueError(f"over {MAX_RECORD_BYTES} bytes")
+                outer = json.loads(path.read_bytes())
+                if outer.get("version") != FORMAT_VERSION:
+                    raise ValueError(f"unknown format version {outer.get('version')!r}")
+                data = json.dumps(outer["claim"], sort_keys=True, separators=(",", ":"))
+                if zlib.crc32(data.encode()) != outer["checksum"]:
+                    raise ValueError("checksum mismatch")
+                claim = PreparedClaim.from_json(outer["claim"])
+                if f"{claim.uid}{SUFFIX}" != entry.name:
+                    raise ValueError(f"holds claim {claim.uid}")
+                claims[claim.uid] = claim
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+                aside = path.with_name(path.name + ".corrupt")
+                log.error("DRA checkpoint record %s cannot be read (%s); moved to %s, that claim is not on record", path, err, aside)
+                try:
+                    os.replace(path, aside)
+                except OSError:
+                    pass
+        return claims
+
+
+def atomic_write(path: Path, content: bytes, durable: bool = True) -> None:
+    """Write `content` to `path` so that a reader, or a process that crashes, sees the old file or the new one,
+    never a mix; with `durable` the content is fsynced before the rename. The temporary file's name starts with a
+    dot, which CDI runtimes, the kubelet's plugin watcher and the checkpoint skip."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -1,0 +1,316 @@
+"""The driver's node logic, transport-free: a claim's allocation -> prepared devices, CDI specs and the checkpoint.
+
+`Driver.prepare` takes a claim as the API returns it (a resource.k8s.io/v1 ResourceClaim, camelCase dict) and
+keeps only the allocation results of this driver and this node's pool. Every refusal is a `ClaimError` with a
+message for the pod's event, never an exception of another kind for bad input:
+
+- the claim was replaced (another UID) or is not allocated;
+- a result names a device this node does not publish, a pool other than the node's, or opaque config;
+- a device is Unhealthy (`dra.health`);
+- a whole device is already prepared for another claim;
+- the shares prepared claims hold on a shared device, with this claim's, would exceed its N shares (the ledger:
+  kube-scheduler checks `shares` and `memory` each on its own, so only the driver can see a claim that names one
+  and gets the other by default; see `devices.claim_share`).
+
+Prepare and unprepare are idempotent and serialised (`SerialLock`); the ledger is rebuilt from the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.types import Config
+from ..logs import brief, safe_text
+from ..model.devices import Resource
+from ..state import NodeState
+from .cdi import CdiWriter, cdi_device_name, cdi_id
+from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice, valid_uid
+from .devices import ClaimError, ClaimShare, DraDevice, by_name, claim_share, dra_devices
+from .health import unhealthy_reason
+from .lock import SerialLock
+
+log = logging.getLogger(__name__)
+
+MAX_RESULTS_PER_CLAIM = 32  # the API's own bound on allocation results
+MAX_CONFIGS_PER_CLAIM = 64  # class and claim configs together (the API allows 32 claim configs)
+MAX_NAME_CHARS = 253
+MAX_CLAIMS_PER_CALL = 4096  # a pod's claims, or several pods' batched: far more is not a kubelet
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A claim as the kubelet names it."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"{safe_text(self.namespace, 63)}/{safe_text(self.name, MAX_NAME_CHARS)}"
+
+
+class Driver:
+    """See the module docstring. Thread-safe."""
+
+    def __init__(self, driver: str, pool: str, checkpoint: Checkpoint, cdi: CdiWriter, state: NodeState, lock: SerialLock) -> None:
+        self.driver = driver
+        self.pool = pool  # the node's pool: the node name
+        self.checkpoint = checkpoint
+        self.cdi = cdi
+        self.state = state
+        self.lock = lock
+        self._devices: dict[str, DraDevice] = {}
+        self._ledger: dict[str, int] = {}
+        with self.lock:
+            self._rebuild_ledger()
+
+    @property
+    def devices(self) -> list[DraDevice]:
+        return list(self._devices.values())
+
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
+        """A config reload (runtime.reload): new claims are prepared against the devices it yields; prepared
+        claims keep what they hold."""
+        self._devices = by_name(dra_devices(resources))
+
+    # --- the two calls ---------------------------------------------------------------------------
+    def prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedClaim:
+        """The claim prepared (the recorded answer when it already is); ClaimError with a message otherwise."""
+        uid = str(_get(claim, "metadata", "uid") or "")
+        if uid != ref.uid:
+            raise ClaimError(f"claim {ref} got replaced: the API has UID {safe_text(uid)}, the kubelet asked for {safe_text(ref.uid)}")
+        allocation = _get(claim, "status", "allocation")
+        if not allocation:
+            raise ClaimError(f"claim {ref} is not allocated")
+        with self.lock:
+            self._refresh()
+            known = self.checkpoint.get(ref.uid)
+            if known is not None:
+                self._ensure_spec(known, ref, allocation)
+                return known
+            holdings = self._holdings(ref, allocation)
+            grants = [share.grant() for _, share in holdings]
+            spec = str(self.cdi.write(ref.uid, grants)) if holdings else ""
+            devices = tuple(
+                PreparedDevice(
+                    request=_base_request(result),
+                    pool=self.pool,
+                    device=share.device.name,
+                    cdi_ids=(cdi_id(self.cdi.kind, cdi_device_name(ref.uid, i)), *grant.cdi_devices),
+                    share_id=share.share_id,
+                    shares=0 if result.get("adminAccess") else share.shares,
+                    memory_mib=share.memory_mib,
+                )
+                for i, ((result, share), grant) in enumerate(zip(holdings, grants))
+            )
+            prepared = PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=devices, cdi_spec=spec)
+            try:
+                self.checkpoint.put(prepared)
+            except BaseException:
+                self.cdi.remove(spec)
+                raise
+            self._add(prepared, 1)
+            return prepared
+
+    def unprepare(self, ref: ClaimRef) -> None:
+        """Undo prepare from the checkpoint alone (the claim may be gone); a claim not prepared here is done."""
+        with self.lock:
+            self._refresh()
+            known = self.checkpoint.get(ref.uid)
+            if known is None:
+                return
+            self.cdi.remove(known.cdi_spec)
+            self.checkpoint.remove(ref.uid)
+            self._add(known, -1)
+
+    # --- what the metrics read -------------------------------------------------------------------
+    def ledger(self) -> dict[str, int]:
+        """Shares prepared claims hold, per device name (1 for a whole device)."""
+        return dict(self._ledger)
+
+    def prepared(self) -> list[PreparedClaim]:
+        return list(self.checkpoint.claims())
+
+    # --- inside ----------------------------------------------------------------------------------
+    def _holdings(self, ref: ClaimRef, allocation: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], ClaimShare]]:
+        """This driver's results with the shares each holds, checked against health and the ledger."""
+        devices_part = allocation.get("devices") or {}
+        results = [r for r in _list(devices_part.get("results"), "results", ref) if isinstance(r, Mapping) and r.get("driver") == self.driver]
+        if len(results) > MAX_RESULTS_PER_CLAIM:
+            raise ClaimError(f"claim {ref} has {len(results)} results for {self.driver}, more than {MAX_RESULTS_PER_CLAIM}")
+        configs = _list(devices_part.get("config"), "config", ref)
+        if len(configs) > MAX_CONFIGS_PER_CLAIM:
+            raise ClaimError(f"claim {ref} has {len(configs)} device configs, more than {MAX_CONFIGS_PER_CLAIM}")
+        ours = [c for c in configs if isinstance(c, Mapping) and _get(c, "opaque", "driver") == self.driver]
+        if ours:
+            raise ClaimError(f"claim {ref}: {self.driver} takes no opaque device config (found {len(ours)}); select devices by attributes and capacity")
+        foreign = sorted({str(r.get("pool")) for r in results if r.get("pool") != self.pool})
+        if foreign:
+            raise ClaimError(f"claim {ref} is allocated on pool {brief(foreign, 3)} of {self.driver}, not on this node's pool {self.pool}")
+        view = self.state.snapshot()
+        devices = self._devices
+        holdings: list[tuple[Mapping[str, Any], ClaimShare]] = []
+        wanted: dict[str, int] = {}
+        for result in results:
+            name = str(result.get("device") or "")
+            device = devices.get(name)
+            if device is None:
+                raise ClaimError(f"claim {ref}: device {safe_text(name, 63)} is not published by this node (did the config change since allocation?)")
+            share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
+            reason = unhealthy_reason(device, view)
+            if reason:
+                raise ClaimError(f"claim {ref}: device {name} is Unhealthy: {reason}")
+            if not result.get("adminAccess"):
+                wanted[name] = wanted.get(name, 0) + share.shares
+            holdings.append((result, share))
+        for name, count in wanted.items():
+            device, held = devices[name], self._ledger.get(name, 0)
+            if not device.shared and (held or count > 1):
+                raise ClaimError(f"claim {ref}: device {name} is already prepared for another claim")
+            if device.shared and held + count > device.shares:
+                raise ClaimError(
+                    f"claim {ref}: device {name} has {device.shares} shares; prepared claims hold {held} and this claim needs {count} "
+                    "(a claim naming only one of the capacities shares and memory is granted the larger)"
+                )
+        return holdings
+
+    def _ensure_spec(self, known: PreparedClaim, ref: ClaimRef, allocation: Mapping[str, Any]) -> None:
+        """A prepared claim whose spec file is gone or damaged (the CDI root is a tmpfs and the node rebooted, or a
+        crash cut the file): write it again under the same names, from the same allocation."""
+        if not known.cdi_spec or self.cdi.intact(known.cdi_spec):
+            return
+        devices = self._devices
+        results = [r for r in _list((allocation.get("devices") or {}).get("results"), "results", ref) if isinstance(r, Mapping) and r.get("driver") == self.driver]
+        grants = []
+        for result in results[:MAX_RESULTS_PER_CLAIM]:
+            device = devices.get(str(result.get("device") or ""))
+            if device is None:
+                raise ClaimError(f"claim {ref} is prepared but its CDI spec is gone and device {safe_text(str(result.get('device')), 63)} is no longer published")
+            grants.append(claim_share(device, result.get("consumedCapacity"), result.get("shareID")).grant())
+        self.cdi.write(ref.uid, grants)
+        log.info("claim %s: CDI spec written again (it was gone)", ref)
+
+    def _refresh(self) -> None:
+        if self.checkpoint.refresh():
+            self._rebuild_ledger()
+
+    def _rebuild_ledger(self) -> None:
+        self._ledger = {}
+        for claim in self.checkpoint.claims():
+            self._add(claim, 1)
+
+    def _add(self, claim: PreparedClaim, sign: int) -> None:
+        for device in claim.devices:
+            if device.shares:
+                left = self._ledger.get(device.device, 0) + sign * device.shares
+                if left > 0:
+                    self._ledger[device.device] = left
+                else:
+                    self._ledger.pop(device.device, None)
+
+
+def _get(data: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(data, Mapping):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _list(value: Any, what: str, ref: ClaimRef) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ClaimError(f"claim {ref}: allocation {what} is not a list")
+    return value
+
+
+def _base_request(result: Mapping[str, Any]) -> str:
+    """`<req>` of a `firstAvailable` result's `<req>/<sub>`: containers name the top-level request."""
+    return str(result.get("request") or "").split("/", 1)[0]
+
+
+ClaimReader = Callable[[ClaimRef], Mapping[str, Any]]  # the claim from the API; ClaimError when it cannot be read
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One claim's answer: prepared, or why not."""
+
+    claim: PreparedClaim | None
+    error: str = ""
+
+
+def check_ref(ref: ClaimRef) -> None:
+    """ClaimError for a claim identity no API object can have."""
+    if not valid_uid(ref.uid):
+        raise ClaimError(f"claim {ref}: UID {safe_text(ref.uid)} is not a UID (1-128 letters, digits, '.', '_', '-')")
+    if not ref.namespace or len(ref.namespace) > 63 or not ref.name or len(ref.name) > MAX_NAME_CHARS:
+        raise ClaimError(f"claim {ref}: namespace (1-63 characters) and name (1-{MAX_NAME_CHARS}) are required")
+
+
+def prepare_claims(
+    driver: Driver, read: ClaimReader, refs: Sequence[ClaimRef], fetch: Executor | None = None, deadline: float | None = None
+) -> dict[str, Outcome]:
+    """NodePrepareResources for a batch: one outcome per distinct UID. Claims are read first (in `fetch`, when
+    given and there are several), then prepared one by one; a claim's failure never affects another's. A claim not
+    begun by `deadline` (time.monotonic()) fails with a message, so the call answers before the kubelet gives up."""
+
+    def late(ref: ClaimRef) -> str | None:
+        if deadline is not None and time.monotonic() > deadline:
+            return f"claim {ref}: not prepared, the call's deadline was near (the kubelet asks again)"
+        return None
+
+    def read_one(ref: ClaimRef) -> Mapping[str, Any] | str:
+        try:
+            check_ref(ref)
+            too_late = late(ref)
+            if too_late:
+                return too_late
+            return read(ref)
+        except ClaimError as err:
+            return str(err)
+        except Exception as err:  # a bug or an unexpected client error: this claim fails with a message
+            log.exception("reading claim %s failed", ref)
+            return f"claim {ref}: internal error reading it: {type(err).__name__}: {safe_text(str(err), 300)}"
+
+    unique = list({ref.uid: ref for ref in refs}.values())
+    claims = list(fetch.map(read_one, unique)) if fetch is not None and len(unique) > 1 else [read_one(r) for r in unique]
+    outcomes: dict[str, Outcome] = {}
+    for ref, claim in zip(unique, claims):
+        if isinstance(claim, str):
+            outcomes[ref.uid] = Outcome(None, claim)
+            continue
+        too_late = late(ref)
+        if too_late:
+            outcomes[ref.uid] = Outcome(None, too_late)
+            continue
+        try:
+            outcomes[ref.uid] = Outcome(driver.prepare(ref, claim))
+        except ClaimError as err:
+            outcomes[ref.uid] = Outcome(None, str(err))
+        except Exception as err:
+            log.exception("preparing claim %s failed", ref)
+            outcomes[ref.uid] = Outcome(None, f"claim {ref}: internal error: {type(err).__name__}: {safe_text(str(err), 300)}")
+    return outcomes
+
+
+def unprepare_claims(driver: Driver, refs: Sequence[ClaimRef]) -> dict[str, str]:
+    """NodeUnprepareResources for a batch: UID -> error ("" when done)."""
+    errors: dict[str, str] = {}
+    for ref in {ref.uid: ref for ref in refs}.values():
+        try:
+            check_ref(ref)
+            driver.unprepare(ref)
+            errors[ref.uid] = ""
+        except ClaimError as err:
+            errors[ref.uid] = str(err)
+        except Exception as err:
+            log.exception("unpreparing claim %s failed", ref)
+            errors[ref.uid] = f"claim {ref}: internal error: {type(err).__name__}: {safe_text(str(err), 300)}"
+    return errors

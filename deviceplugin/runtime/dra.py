@@ -1,0 +1,131 @@
+"""The composition root of `gpu-share run --api dra`: the DRA driver on a node.
+
+Config plan and discovery (`runtime.plan`), NodeState with the health monitor and MPS readiness, the kubelet plugin (`dra.kubeletplugin`:
+serve, then register), the claim reader's watch cache, the ResourceSlice publisher (`dra.slices`), metrics with
+`/healthz` and `/readyz`, and hot reload fanning out to all of them. `stop` undoes `start` in reverse order and
+removes only this instance's sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from .. import defaults
+from ..config.types import Config, ConfigError
+from ..discovery.inventory import Inventory
+from ..dra.cdi import CdiWriter
+from ..dra.checkpoint import Checkpoint
+from ..dra.claims import ApiClaims
+from ..dra.devices import driver_name
+from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
+from ..dra.lock import LOCK_FILE, SerialLock
+from ..dra.prepare import Driver
+from ..dra.mpsready import MpsReadiness
+from ..dra.registration import PluginPaths
+from ..dra.slices import SlicePublisher
+from ..health.monitor import HealthMonitor
+from ..kube.client import NodeClient
+from ..mps.control import MpsLiveness
+from ..model.devices import Resource
+from ..obs.drametrics import DraCollector, DraMetrics
+from ..obs.http import MetricsServer
+from ..obs.metrics import MetricSources, StateCollector
+from ..state import NodeState
+from .options import DaemonOptions
+from .plan import ConfigFile, plan_node
+from .reload import ConfigConsumer, ConfigReloader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DraOptions:
+    """The DRA driver's settings beside `DaemonOptions` (whose node_name is the Kubernetes node: the pool)."""
+
+    registrar_dir: Path = Path(defaults.KUBELET_ROOT) / "plugins_registry"
+    plugins_dir: Path = Path(defaults.KUBELET_ROOT) / "plugins"
+    cdi_root: Path = Path(defaults.DRA_CDI_ROOT)
+    instance: str = ""  # the pod UID for rolling-update socket names; "" for the plain names
+    claim_cache: bool = True
+    plugin: PluginSettings = PluginSettings()
+
+
+class DraDaemon:
+    def __init__(
+        self, inventory: Inventory, options: DaemonOptions, dra: DraOptions, api_client: Any, start: ConfigFile, kubeconfig: str | None = None
+    ) -> None:
+        self.inventory = inventory
+        self.options = options
+        node_name = options.node_name
+        plan = plan_node(inventory, start, options.profile, options.profile_label_interval, lambda: NodeClient.connect(node_name, kubeconfig))
+        self.node, self.config, self.resources = plan.node, plan.config, plan.resources
+        self._config_data = plan.config_data
+        self.driver_name = driver_name(self.config.domain)
+        self.state = NodeState()
+        self.monitor = HealthMonitor(inventory, self.node, self.state, options.health)
+        self.mps = MpsReadiness(self.state, MpsLiveness(options.mps_control), self.resources, options.timings.watch_interval)
+        self.paths = PluginPaths(dra.registrar_dir, dra.plugins_dir, self.driver_name, dra.instance)
+        self.paths.check()
+        self.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        self.driver = Driver(
+            self.driver_name, node_name, Checkpoint(self.paths.checkpoint), CdiWriter(dra.cdi_root, self.driver_name), self.state, SerialLock(self.paths.data_dir / LOCK_FILE)
+        )
+        self.driver.on_config(self.config, self.resources)
+        self.claims = ApiClaims(api_client, self.driver_name, node_name, cache=dra.claim_cache)
+        self.registry = CollectorRegistry()
+        self.metrics = DraMetrics(self.registry)
+        self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
+        self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state)
+        consumers: list[ConfigConsumer] = [self, self.mps, self.plugin, self.slices]
+        self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers)
+        self.registry.register(DraCollector(self.driver, lambda: self.plugin.registered))
+        self.registry.register(self.slices.collector())
+        self.registry.register(StateCollector(MetricSources(self.node, self.state, reloader=self.reloader)))
+        self.metrics_server = (
+            MetricsServer(self.registry, self._healthz, self._readyz, options.metrics_port, options.metrics_host, node=node_name) if options.metrics_port else None
+        )
+
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
+        """Refuse a reload that renames the driver (a new domain): the kubelet knows it by name, so that needs a restart."""
+        if driver_name(config.domain) != self.driver_name:
+            raise ConfigError([f"domain: changing it renames the DRA driver ({self.driver_name} -> {driver_name(config.domain)}); restart the plugin to apply it"])
+        self.config, self.resources = config, resources
+
+    def _healthz(self) -> tuple[bool, str]:
+        return (True, "ok") if self.plugin.started else (False, "the DRA sockets are not served")
+
+    def _readyz(self) -> tuple[bool, str]:
+        if not self.plugin.registered:
+            return False, f"not ready: the kubelet has not registered {self.driver_name}" + (f" ({self.plugin.registration.last_error})" if self.plugin.registration.last_error else "")
+        if not self.claims.synced:
+            return False, "not ready: the ResourceClaim cache has not listed yet"
+        return True, "ok"
+
+    def start(self) -> None:
+        if self.metrics_server:
+            self.metrics_server.start()
+        self.monitor.start()
+        self.mps.start()
+        self.plugin.start()
+        self.claims.start()
+        self.slices.on_config(self.config, self.resources)
+        self.slices.start()
+        self.reloader.start(self.config, self._config_data)
+        log.info("DRA driver %s: %d devices in pool %s", self.driver_name, len(self.driver.devices), self.options.node_name)
+
+    def stop(self) -> None:
+        self.reloader.stop()
+        self.slices.stop()
+        self.plugin.stop()
+        self.claims.stop()
+        self.mps.stop()
+        self.monitor.stop()
+        if self.metrics_server:
+            self.metrics_server.stop()
+        self.inventory.close()
+

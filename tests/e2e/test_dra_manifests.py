@@ -1,0 +1,168 @@
+"""daemonset/dra/ on the real API server: every object is accepted as rendered by kustomize, and the admission
+policies hold: the driver's ServiceAccount, with a token bound to its pod on one node, may write only that node's
+slices, and no DeviceClass may back `<domain>/gpu-share`."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.conftest import ROOT, wait_until
+from tests.support.kubeobjects import apply, ready_node, request
+
+KUBECTL = shutil.which("kubectl")
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+_ids = itertools.count()
+
+pytestmark = pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed (kustomize renders the manifests)")
+
+
+def _rendered() -> list[dict[str, Any]]:
+    proc = subprocess.run([str(KUBECTL), "kustomize", str(ROOT / "daemonset" / "dra")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def installed(controlplane: Any) -> Any:
+    api = controlplane.api_client()
+    try:
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": "gpu-share"}})
+    except client.ApiException as err:
+        assert err.status == 409
+    for obj in _rendered():
+        apply(api, obj)
+    return controlplane
+
+
+def _driver_client(cp: Any, node: str) -> Any:
+    """An API client with the token of a gpu-share-dra pod bound to `node` (TokenRequest, bound to the pod)."""
+    admin = cp.api_client()
+    pod = client.CoreV1Api(admin).create_namespaced_pod("gpu-share", {
+        "metadata": {"generateName": "gpu-share-dra-"},
+        "spec": {"serviceAccountName": "gpu-share-dra", "nodeName": node, "containers": [{"name": "driver", "image": "registry.invalid/gpu-share:1"}]},
+    })
+    token = request(admin, "POST", "/api/v1/namespaces/gpu-share/serviceaccounts/gpu-share-dra/token", {
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600,
+                 "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}},
+    })["status"]["token"]
+    configuration = client.Configuration()
+    configuration.host = cp.server
+    configuration.verify_ssl = False
+    configuration.api_key = {"BearerToken": token}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    return client.ApiClient(configuration)
+
+
+def _slice(node: str, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpu-share.example.com-{next(_ids):04d}"},
+            "spec": {"driver": "gpu-share.example.com", "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, **spec}}
+
+
+def _refusal(api: Any, method: str, path: str, body: Any = None, query: list | None = None) -> str:
+    """The Forbidden message of a refused request; "" if it was allowed."""
+    try:
+        request(api, method, path, body, query)
+    except client.ApiException as err:
+        assert err.status == 403, err
+        return str(err.body)
+    return ""
+
+
+def test_every_object_is_accepted_by_the_api_server(installed: Any) -> None:
+    api = installed.api_client()
+    kinds = {obj["kind"] for obj in _rendered()}
+    assert kinds == {"ConfigMap", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "DaemonSet",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    daemonset = request(api, "GET", "/apis/apps/v1/namespaces/gpu-share/daemonsets/gpu-share-dra")
+    mounts = {m["mountPath"] for m in daemonset["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu-share.example.com", "/var/run/cdi"} <= mounts
+
+
+def test_the_driver_may_write_only_slices_of_its_own_node(installed: Any) -> None:
+    admin = installed.api_client()
+    mine, other = f"vap-{next(_ids)}", f"vap-{next(_ids)}"
+    ready_node(admin, mine)
+    ready_node(admin, other)
+    driver = _driver_client(installed, mine)
+    foreign = _slice(other)
+    # The policy takes effect a moment after it is created: probe with dry runs until it refuses.
+    assert wait_until(lambda: _refusal(driver, "POST", SLICES, foreign, [("dryRun", "All")]) != "", timeout=10)
+    assert f"only ResourceSlices of the node its pod runs on ({mine})" in _refusal(driver, "POST", SLICES, foreign)
+    own = request(driver, "POST", SLICES, _slice(mine))  # its own node: allowed (RBAC and the policy)
+    own["spec"]["devices"] = [{"name": "gpu-0"}]
+    request(driver, "PUT", f"{SLICES}/{own['metadata']['name']}", own)
+    theirs = request(admin, "POST", SLICES, _slice(other))
+    assert _refusal(driver, "DELETE", f"{SLICES}/{theirs['metadata']['name']}")
+    assert _refusal(driver, "POST", SLICES, {**_slice(mine), "spec": {**_slice(mine)["spec"], "driver": "other.example.com"}})
+    every = _slice(mine)
+    del every["spec"]["nodeName"]
+    every["spec"]["allNodes"] = True
+    assert _refusal(driver, "POST", SLICES, every)
+    request(driver, "DELETE", f"{SLICES}/{own['metadata']['name']}")
+    assert _refusal(admin, "POST", SLICES, _slice(other)) == ""  # the admin is not limited
+
+
+def test_no_device_class_may_back_the_share_resource(installed: Any) -> None:
+    api = installed.api_client()
+    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"shares-{next(_ids)}"},
+           "spec": {"extendedResourceName": "example.com/gpu-share", "selectors": [{"cel": {"expression": "device.driver == 'gpu-share.example.com'"}}]}}
+    refused: list[str] = []
+
+    def refuses() -> bool:
+        try:
+            apply(api, cls, dry_run=True)
+        except client.ApiException as err:
+            assert err.status == 422, err
+            refused.append(str(err.body))
+            return True
+        return False
+
+    assert wait_until(refuses, timeout=10)
+    assert "k distinct GPUs with one share each" in refused[-1] and "capacity: {requests: {shares: k}}" in refused[-1]
+    cls["spec"]["extendedResourceName"] = "example.com/gpu-shared-elsewhere"
+    apply(api, cls, dry_run=True)  # any other name is fine
+
+
+def test_the_dra_only_component_refuses_share_pods_with_the_claim_to_write(installed: Any, tmp_path: Any) -> None:
+    copy = tmp_path / "dra"
+    shutil.copytree(ROOT / "daemonset" / "dra", copy)
+    text = (copy / "kustomization.yaml").read_text().replace("# components:\n#   - optional/dra-only", "components:\n  - optional/dra-only")
+    (copy / "kustomization.yaml").write_text(text)
+    proc = subprocess.run([str(KUBECTL), "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rendered = [d for d in yaml.safe_load_all(proc.stdout) if d and d["metadata"]["name"] == "gpu-share-dra-only-share-requests"]
+    assert sorted(d["kind"] for d in rendered) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    api = installed.api_client()
+    ns = f"dra-only-{next(_ids)}"
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": ns, "labels": {"gpu-share-test": ns}}})
+    client.CoreV1Api(api).create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    for obj in rendered:
+        if obj["kind"] == "ValidatingAdmissionPolicyBinding":  # this namespace only: other tests share the API server
+            obj["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"gpu-share-test": ns}}}
+        apply(api, obj)
+
+    def pod(limits: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"generateName": "p-"}, "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1", "resources": {"limits": limits}}]}}
+
+    refused: list[str] = []
+
+    def refuses() -> bool:
+        try:
+            client.CoreV1Api(api).create_namespaced_pod(ns, pod({"example.com/gpu-share": "3"}), dry_run="All")
+        except client.ApiException as err:
+            assert err.status == 422, err
+            refused.append(str(err.body))
+            return True
+        return False
+
+    assert wait_until(refuses, timeout=10)
+    assert "container app asks for example.com/gpu-share, which no node serves" in refused[-1] and "capacity: {requests: {shares:" in refused[-1]
+    client.CoreV1Api(api).create_namespaced_pod(ns, pod({"example.com/gpu": "1"}), dry_run="All")  # whole GPUs are mapped: allowed

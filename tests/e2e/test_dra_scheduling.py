@@ -1,0 +1,222 @@
+"""The published slices as a real kube-scheduler allocates them: claims asking shares or memory land on one GPU
+each and never over its capacity, a tainted GPU gets no new claim, MIG and whole-GPU claims, the extended-resource
+mapping of `<domain>/gpu`, the shipped example claims, and scheduling again after the kubelet's wipe.
+
+There is no kube-controller-manager: the tests create the ResourceClaims themselves and pods name them
+(`resourceClaimName`); each pod is pinned to the test's node, since other tests' nodes publish slices too.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from deviceplugin.alloc.plan import build_resources
+from deviceplugin.config.parse import parse_config, parse_config_text
+from deviceplugin.dra.devices import driver_name, parse_quantity
+from deviceplugin.dra.slices import SlicePublisher
+from deviceplugin.state import NodeState
+from tests.conftest import EXAMPLES, ROOT, node, wait_until
+from tests.support.kubeobjects import namespace, ready_node, request, slices
+
+DRIVER = driver_name("example.com")
+SCHEDULER = "gpu-share-dra-e2e"
+DRA = ROOT / "daemonset" / "dra"
+CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def cluster(controlplane: Any) -> Iterator[Any]:
+    """The shipped DeviceClasses and a kube-scheduler of our own name (other tests may run the default one)."""
+    api = controlplane.api_client()
+    for document in yaml.safe_load_all((DRA / "02-deviceclasses.yaml").read_text()):
+        try:
+            request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", document)
+        except client.ApiException as err:
+            assert err.status == 409, err
+    controlplane.scheduler({"profiles": [{"schedulerName": SCHEDULER}]}, name="dra-e2e")
+    yield controlplane
+    controlplane.stop_process("kube-scheduler#dra-e2e")
+
+
+class Node:
+    """A simulated node with the publisher running for it, and a namespace for its pods."""
+
+    def __init__(self, cluster: Any, node_file: str, config: Any) -> None:
+        self.api = cluster.api_client()
+        n = next(_ids)
+        self.name = ready_node(self.api, f"sched-{n}-{node_file.lower()}")["metadata"]["name"]
+        self.ns = namespace(self.api, f"dra-{n}")
+        self.info = node(node_file)
+        self.state = NodeState()
+        self.publisher = SlicePublisher(self.api, self.name, DRIVER, self.info, self.state, backoff_initial=0.02, backoff_max=0.2)
+        self.publisher.on_config(config, build_resources(config, self.info))
+        self.publisher.start()
+        assert self.publisher.wait_published(10)
+
+    def claim(self, name: str, cls: str = "gpu-share-shares", requests: dict[str, str] | None = None, selector: str | None = None) -> None:
+        exactly: dict[str, Any] = {"deviceClassName": cls}
+        if requests:
+            exactly["capacity"] = {"requests": requests}
+        if selector:
+            exactly["selectors"] = [{"cel": {"expression": selector}}]
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+        request(self.api, "POST", CLAIMS.format(ns=self.ns), body)
+
+    def pod(self, name: str, claim: str | None = None, limits: dict[str, str] | None = None) -> None:
+        container: dict[str, Any] = {"name": "app", "image": "registry.invalid/app:1"}
+        spec: dict[str, Any] = {"schedulerName": SCHEDULER, "nodeSelector": {"kubernetes.io/hostname": self.name}, "containers": [container]}
+        if claim:
+            spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+            container["resources"] = {"claims": [{"name": "gpu"}]}
+        if limits:
+            container["resources"] = {"limits": limits}
+        client.CoreV1Api(self.api).create_namespaced_pod(self.ns, {"metadata": {"name": name}, "spec": spec})
+
+    def bound(self, pod: str, timeout: float = 20) -> bool:
+        """The scheduler bound the pod to the node (a pod found unschedulable first is tried again on slice changes)."""
+        core = client.CoreV1Api(self.api)
+        return wait_until(lambda: core.read_namespaced_pod(pod, self.ns).spec.node_name == self.name, timeout=timeout)
+
+    def unschedulable(self, pod: str, timeout: float = 20) -> bool:
+        """The scheduler found no room for the pod (and did not bind it)."""
+        core = client.CoreV1Api(self.api)
+
+        def refused() -> bool:
+            found = core.read_namespaced_pod(pod, self.ns)
+            return not found.spec.node_name and any(
+                c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in found.status.conditions or [])
+
+        return wait_until(refused, timeout=timeout)
+
+    def allocation(self, claim: str) -> list[dict[str, Any]]:
+        found = request(self.api, "GET", CLAIMS.format(ns=self.ns) + f"/{claim}")
+        return (found.get("status", {}).get("allocation") or {}).get("devices", {}).get("results", [])
+
+    def stop(self) -> None:
+        self.publisher.stop()
+
+
+@pytest.fixture
+def make_node(cluster: Any) -> Iterator[Any]:
+    nodes: list[Node] = []
+
+    def make(node_file: str, config: Any) -> Node:
+        nodes.append(Node(cluster, node_file, config))
+        return nodes[-1]
+
+    yield make
+    for n in nodes:
+        n.stop()
+
+
+def _shared(replicas: int) -> Any:
+    return parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": replicas}]})
+
+
+def _capacity(n: Node) -> dict[str, dict[str, Decimal]]:
+    return {d["name"]: {k: parse_quantity(v["value"]) for k, v in d.get("capacity", {}).items()}
+            for s in slices(n.api, n.name) for d in s["spec"].get("devices", [])}
+
+
+def test_share_and_memory_claims_land_on_one_gpu_each_and_never_over_capacity(make_node: Any) -> None:
+    n = make_node("2xT4", _shared(4))  # T4: 4 shares of 3840 MiB each
+    asks = [("a", {"shares": "3"}), ("b", {"shares": "3"}), ("c", {"memory": "3840Mi"}), ("d", {"shares": "1"}),
+            ("e", {"shares": "1"}), ("f", {"memory": "7680Mi"})]
+    for name, requests in asks:
+        n.claim(name, requests=requests)
+        n.pod(name, claim=name)
+    # First fit: a and b take 3 shares of a GPU each, c and d fill them, nothing is left for e and f.
+    placed = {name: name in "abcd" for name, _ in asks}
+    for name, _ in asks:
+        assert n.bound(name) if placed[name] else n.unschedulable(name), name
+    used: dict[str, dict[str, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    for name, requests in asks:
+        results = n.allocation(name)
+        if not placed[name]:
+            assert results == []
+            continue
+        assert len(results) == 1, results  # one GPU per claim
+        result = results[0]
+        assert result["driver"] == DRIVER and result["pool"] == n.name and result["shareID"]
+        for capacity, quantity in result["consumedCapacity"].items():
+            used[result["device"]][capacity] += parse_quantity(quantity)
+        wanted = {k: parse_quantity(v) for k, v in requests.items()}
+        assert all(parse_quantity(result["consumedCapacity"][k]) == v for k, v in wanted.items())
+    capacity = _capacity(n)
+    assert set(used) == {"gpu-0", "gpu-1"}
+    for device, consumed in used.items():
+        assert all(consumed[k] <= capacity[device][k] for k in consumed), (device, dict(consumed))
+        assert consumed["shares"] == capacity[device]["shares"]  # full: e and f found no room
+
+
+def test_a_tainted_gpu_gets_no_new_claim_and_gets_them_again_once_healthy(make_node: Any) -> None:
+    n = make_node("2xT4", _shared(2))
+    n.state.set_health({n.info.gpus[0].uuid: "XID 79"}, frozenset({n.info.gpus[0].uuid}))
+    assert n.publisher.wait_published(1)
+    for name in ("a", "b", "c"):
+        n.claim(name, requests={"shares": "1"})
+        n.pod(name, claim=name)
+        if name == "c":
+            assert n.unschedulable(name)
+        else:
+            assert n.bound(name) and [r["device"] for r in n.allocation(name)] == ["gpu-1"]
+    n.state.set_health({})  # recovered: the waiting pod gets the GPU
+    assert n.publisher.wait_published(1)
+    assert n.bound("c") and [r["device"] for r in n.allocation("c")] == ["gpu-0"]
+
+
+def test_mig_and_whole_gpu_claims_and_the_extended_resource_mapping(make_node: Any) -> None:
+    mig = make_node("8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed"))
+    mig.claim("m", cls="gpu-share-mig", selector="device.attributes[device.driver].migProfile == '3g.40gb'")
+    mig.pod("m", claim="m")
+    assert mig.bound("m")
+    [result] = mig.allocation("m")
+    assert result["device"].startswith("gpu-1-mig-") and "shareID" not in result
+    whole = make_node("2xT4", parse_config({"version": "v1", "pools": [{"name": "w", "mode": "exclusive"}]}))
+    whole.claim("g", cls="gpu-share-gpu")
+    whole.pod("g", claim="g")
+    assert whole.bound("g") and [r["device"] for r in whole.allocation("g")] == ["gpu-0"]
+    whole.pod("legacy", limits={"example.com/gpu": "1"})  # an unchanged device-plugin pod
+    assert whole.bound("legacy")
+    status = client.CoreV1Api(whole.api).read_namespaced_pod("legacy", whole.ns).status.extended_resource_claim_status
+    assert status and status.request_mappings[0].resource_name == "example.com/gpu"
+    assert [r["device"] for r in whole.allocation(status.resource_claim_name)] == ["gpu-1"]
+    whole.pod("too-many", limits={"example.com/gpu": "1"})
+    assert whole.unschedulable("too-many")
+
+
+def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
+    shares = make_node("8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed"))
+    for example in ("claim-shares", "claim-memory", "claim-mig"):
+        for document in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()):
+            if document["kind"] == "ResourceClaim":
+                request(shares.api, "POST", CLAIMS.format(ns=shares.ns), document)
+            else:
+                document["spec"] |= {"schedulerName": SCHEDULER, "nodeSelector": {"kubernetes.io/hostname": shares.name}}
+                client.CoreV1Api(shares.api).create_namespaced_pod(shares.ns, document)
+        pod = next(d for d in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()) if d["kind"] == "Pod")
+        assert shares.bound(pod["metadata"]["name"]), example
+    [memory] = shares.allocation("twenty-gib")
+    device = next(d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == memory["device"])
+    step = parse_quantity(device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])  # one share's memory
+    consumed = parse_quantity(memory["consumedCapacity"]["memory"])
+    assert consumed % step == 0 and 20 * 1024**3 <= consumed < 20 * 1024**3 + step  # rounded up to whole shares
+
+
+def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
+    n = make_node("2xT4", _shared(2))
+    request(n.api, "DELETE", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={n.name}")])
+    n.claim("after", requests={"shares": "2"})
+    n.pod("after", claim="after")
+    assert n.bound("after")
+    assert len(n.allocation("after")) == 1

@@ -1,0 +1,434 @@
+"""The Helm chart (deploy/helm/gpu-share), rendered by the real helm binary: lint, every toggle, a non-default domain
+reaching every object, the settings it derives from the config, the same objects as the kustomization, and the
+admission params equal to what `config check` shows for every shipped config on every shipped node."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from deviceplugin import __version__
+from deviceplugin.alloc.admission import config_sha256, fleet_limits
+from deviceplugin.cli.admission_params import admission_params
+from deviceplugin.cli.config_check import check_config
+from deviceplugin.cli.main import build_parser
+from deviceplugin.config.parse import load_config
+from deviceplugin.config.types import ConfigError
+
+from .conftest import EXAMPLES, GPU_CLI, ROOT, node
+
+CHART = ROOT / "deploy" / "helm" / "gpu-share"
+CONFIG = ROOT / "daemonset" / "config" / "config.yaml"
+NODES = sorted((EXAMPLES / "nodes").glob("*.yaml"))
+CONFIGS = sorted((EXAMPLES / "config").glob("*.yaml")) + [CONFIG]
+KUBE_VERSION = "1.36.0"  # a version kubernetes-validate ships
+
+
+def _helm() -> str | None:
+    """$HELM, else helm on PATH, else beside the interpreter (.ci/install-helm puts it in .venv/bin)."""
+    found = os.environ.get("HELM") or shutil.which("helm")
+    beside = Path(sys.executable).parent / "helm"
+    return found or (str(beside) if beside.is_file() else None)
+
+
+HELM = _helm()
+needs_helm = pytest.mark.skipif(HELM is None, reason="helm is not installed (.ci/install-helm installs it into .venv/bin)")
+EVERY_COMPONENT = {"mps.enabled": "true", "extender.enabled": "true", "scheduler.enabled": "true",
+                   "serviceMonitor.enabled": "true", "dashboards.enabled": "true"}
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    proc = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=60)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def render(values: dict[str, str] | None = None, *extra: str, namespace: str = "gpu-share") -> list[dict]:
+    sets = [f"--set={k}={v}" for k, v in (values or {}).items()]
+    proc = helm("template", "gs", str(CHART), "--namespace", namespace, *sets, *extra)
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def by_kind(documents: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in documents}
+
+
+def test_chart_version_is_the_package_version():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["version"] == chart["appVersion"] == __version__
+
+
+@needs_helm
+def test_helm_lint_passes_with_every_component():
+    sets = ",".join(f"{k}={v}" for k, v in EVERY_COMPONENT.items())
+    proc = helm("lint", str(CHART), "--strict", "--set", sets)
+    assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout, proc.stdout
+
+
+@needs_helm
+def test_default_install_is_the_plugin_with_its_admission_policies_and_schema_valid():
+    documents = render()
+    assert sorted(by_kind(documents)) == sorted([
+        ("ServiceAccount", "gpu-share"), ("ClusterRole", "gpu-share-node"), ("ClusterRoleBinding", "gpu-share-node"),
+        ("ClusterRole", "gpu-share-pods"), ("ClusterRoleBinding", "gpu-share-pods"), ("ConfigMap", "gpu-share-config"),
+        ("DaemonSet", "gpu-share"), ("Service", "gpu-share-metrics"),
+        ("ValidatingAdmissionPolicy", "gpu-share-own-node"), ("ValidatingAdmissionPolicyBinding", "gpu-share-own-node"),
+        ("ConfigMap", "gpu-share-admission-limits"), ("ValidatingAdmissionPolicy", "gpu-share-shares-per-gpu"),
+        ("ValidatingAdmissionPolicyBinding", "gpu-share-shares-per-gpu"),
+    ])
+    for document in documents:
+        kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+    plugin = by_kind(documents)[("DaemonSet", "gpu-share")]["spec"]["template"]["spec"]
+    assert plugin["containers"][0]["image"] == f"ghcr.io/example/gpu-share:{__version__}"
+    assert "hostPID" not in plugin and "runtimeClassName" not in plugin
+
+
+TOGGLES = {
+    "mps.enabled": {("DaemonSet", "gpu-share-mps-mps")},
+    "extender.enabled": {("ServiceAccount", "gpu-share-extender"), ("ClusterRole", "gpu-share-extender"),
+                         ("ClusterRoleBinding", "gpu-share-extender"), ("Deployment", "gpu-share-extender"), ("Service", "gpu-share-extender"),
+                         ("ConfigMap", "gpu-share-scheduler-extender")},
+    "serviceMonitor.enabled": {("ServiceMonitor", "gpu-share")},
+    "dashboards.enabled": {("ConfigMap", "gpu-share-dashboards")},
+}
+
+
+@needs_helm
+@pytest.mark.parametrize("toggle", sorted(TOGGLES))
+def test_each_toggle_adds_its_component(toggle):
+    base = set(by_kind(render()))
+    documents = render({toggle: "true"})
+    assert set(by_kind(documents)) - base == TOGGLES[toggle]
+    for document in documents:
+        if document["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+
+
+@needs_helm
+def test_toggles_remove_what_they_name():
+    kept = set(by_kind(render({"admission.enabled": "false", "nodePatchPolicy.enabled": "false"})))
+    assert not {k for k in kept if k[0].startswith("ValidatingAdmissionPolicy")} and ("ConfigMap", "gpu-share-admission-limits") not in kept
+    assert not render({"plugin.enabled": "false", "admission.enabled": "false"})
+    proc = helm("template", "gs", str(CHART), "--set", "scheduler.enabled=true", check=False)
+    assert proc.returncode != 0 and "scheduler.enabled: the second scheduler calls the extender: set extender.enabled=true" in proc.stderr
+
+
+@needs_helm
+def test_a_domain_reaches_every_component_and_no_example_com_is_left():
+    documents = render({"domain": "acme.io", "image.repository": "registry.acme.io/gpu-share", "image.tag": "9.9.9", **EVERY_COMPONENT},
+                       namespace="gpu-system")
+    text = yaml.safe_dump_all(documents)
+    assert "example.com" not in text
+    objects = by_kind(documents)
+    for name in ("gpu-share", "gpu-share-mps-mps"):
+        spec = objects[("DaemonSet", name)]["spec"]["template"]["spec"]
+        container = spec["containers"][0]
+        assert container["image"] == "registry.acme.io/gpu-share:9.9.9"
+        assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in container["env"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert all({"key": "acme.io/gpu-share.enabled", "operator": "In", "values": ["true"]} in t["matchExpressions"] for t in terms)
+    mps_terms = objects[("DaemonSet", "gpu-share-mps-mps")]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {"key": "acme.io/gpu-share.config", "operator": "In", "values": ["mps"]} in mps_terms[0]["matchExpressions"]
+    extender = objects[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in extender["env"] and extender["image"] == "registry.acme.io/gpu-share:9.9.9"
+    scheduler = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
+    call, every_pod = scheduler["extenders"]
+    assert every_pod["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888/all"
+    assert call["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888"
+    assert {r["name"] for r in call["managedResources"]} >= {"acme.io/gpu-share", "acme.io/gpu"}
+    assert all(r["name"].startswith("acme.io/") for r in call["managedResources"])
+    assert objects[("ConfigMap", "gpu-share-admission-limits")]["data"]["domain"] == "acme.io"
+    binding = objects[("ValidatingAdmissionPolicyBinding", "gpu-share-shares-per-gpu")]["spec"]
+    assert binding["paramRef"] == {"name": "gpu-share-admission-limits", "namespace": "gpu-system", "parameterNotFoundAction": "Allow"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    for document in documents:
+        namespace = document["metadata"].get("namespace")
+        if document["kind"] in cluster_scoped:
+            assert namespace is None, document["metadata"]  # a cluster-scoped object has no namespace
+        elif document["kind"] == "RoleBinding":
+            assert namespace == "kube-system"  # the scheduler's authentication reader
+        else:
+            assert namespace == "gpu-system", document["metadata"]
+
+
+@needs_helm
+def test_pod_settings_come_from_values():
+    documents = render({"plugin.runtimeClassName": "nvidia", "plugin.priorityClassName": "gpu-critical", "plugin.nodeSelector.pool": "gpu",
+                        "plugin.extraArgs[0]": "--health-recovery=600", "plugin.extraEnv[0].name": "FAIL_ON_INIT_ERROR",
+                        "plugin.resources.limits.memory": "512Mi", "plugin.tolerations": "null", "image.digest": "sha256:" + "a" * 64},
+                       "--set-string", "plugin.extraEnv[0].value=false")
+    spec = by_kind(documents)[("DaemonSet", "gpu-share")]["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert spec["runtimeClassName"] == "nvidia" and spec["priorityClassName"] == "gpu-critical" and spec["nodeSelector"] == {"pool": "gpu"}
+    assert "tolerations" not in spec
+    assert container["args"][-1] == "--health-recovery=600" and container["env"][-1] == {"name": "FAIL_ON_INIT_ERROR", "value": "false"}
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+    assert container["image"] == "ghcr.io/example/gpu-share@sha256:" + "a" * 64
+    build_parser().parse_args(["run", *container["args"]])  # every flag the chart passes exists
+
+
+def _with_config(text: str) -> list[str]:
+    """helm flags installing `text` as the config, with the admission values computed for it."""
+    values = yaml.safe_load(admission_params_for(text))
+    return ["--set-string", "config=" + text.replace(",", "\\,"), "--set", f"admission.configSha256={values['admission']['configSha256']}"] + [
+        arg for name, count in values["admission"]["limits"].items() for arg in ("--set-string", f"admission.limits.{name}={count}")]
+
+
+def admission_params_for(text: str) -> str:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
+        file.write(text)
+        file.flush()
+        return admission_params(file.name, [str(n) for n in NODES], "gpu-share", chart_values=True)
+
+
+@needs_helm
+def test_kill_policy_and_cdi_follow_the_installed_config():
+    text = "version: v1\ndeviceListStrategy: cdi\nmemoryWatchdog: {policy: kill}\npools: [{name: s, mode: shared, replicas: 4}]\n"
+    documents = render(None, *_with_config(text))
+    spec = by_kind(documents)[("DaemonSet", "gpu-share")]["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True and spec["containers"][0]["securityContext"]["capabilities"]["add"] == ["KILL"]
+    assert {"/etc/cdi", "/var/run/cdi"} <= {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    assert by_kind(documents)[("ConfigMap", "gpu-share-admission-limits")]["data"] == {"domain": "example.com", "gpu-share": "4"}
+    assert by_kind(documents)[("ConfigMap", "gpu-share-config")]["data"]["config.yaml"] == text
+
+
+@needs_helm
+def test_a_config_without_its_admission_values_is_refused_by_name():
+    proc = helm("template", "gs", str(CHART), "--set-file", f"config={EXAMPLES / 'config' / 'default.yaml'}", check=False)
+    assert proc.returncode != 0
+    assert "admission: its limits were computed for another config" in proc.stderr and "gpu-share config admission-params" in proc.stderr
+    for values, message in (({"domain": "Bad_Domain"}, "- at '/domain': 'Bad_Domain' does not match pattern"),
+                            ({"admission.limits.gpu-share": "many"}, "- at '/admission/limits/gpu-share': 'many' does not match pattern '^[0-9]+$'"),
+                            ({"plugin.nodeSelecter.pool": "gpu"}, "- at '/plugin': additional properties 'nodeSelecter' not allowed"),
+                            ({"imge.repository": "x"}, "- at '/imge': missing property 'enabled'"),  # a typo, not a component block
+                            ({"plugin.metricsPort": "http"}, "- at '/plugin/metricsPort': got string, want integer")):
+        proc = helm("template", "gs", str(CHART), *[f"--set={k}={v}" for k, v in values.items()], check=False)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    # Without the schema (--skip-schema-validation) the templates still refuse a bad domain by name.
+    proc = helm("template", "gs", str(CHART), "--skip-schema-validation", "--set", "domain=Bad_Domain", check=False)
+    assert proc.returncode != 0 and 'domain: must be a DNS subdomain such as acme.io, got "Bad_Domain"' in proc.stderr, proc.stderr
+
+
+@needs_helm
+def test_one_mps_daemonset_per_mps_pool_of_the_config_on_the_nodes_of_its_profiles():
+    text = ("version: v1\ndefaultProfile: fast\nprofiles:\n"
+            "  fast: {pools: [{name: quick, mode: shared, backend: mps, replicas: 4, exclusiveProcess: true}]}\n"
+            "  both: {pools: [{name: quick, mode: shared, backend: mps, replicas: 4, gpus: {indexes: [0]}}, {name: big, mode: shared, backend: mps, replicas: 2, resource: big-share}]}\n"
+            "  whole: {pools: [{name: w, mode: exclusive}]}\n")
+    objects = by_kind(render({"mps.enabled": "true"}, *_with_config(text)))
+    assert {k for k in objects if k[0] == "DaemonSet"} == {("DaemonSet", "gpu-share"), ("DaemonSet", "gpu-share-mps-quick"), ("DaemonSet", "gpu-share-mps-big")}
+    for pool, profiles, default in (("quick", ["both", "fast"], True), ("big", ["both"], False)):
+        spec = objects[("DaemonSet", f"gpu-share-mps-{pool}")]["spec"]["template"]["spec"]
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms[0]["matchExpressions"][1] == {"key": "example.com/gpu-share.config", "operator": "In", "values": profiles}
+        assert (len(terms) == 2 and terms[1]["matchExpressions"][1] == {"key": "example.com/gpu-share.config", "operator": "DoesNotExist"}) == default
+        shm = next(v for v in spec["volumes"] if v["name"] == "mps-shm")
+        assert shm["hostPath"]["path"] == f"/run/gpu-share/mps/{pool}/shm"
+        container = spec["containers"][0]
+        assert f"--pools={pool}" in container["args"]
+        assert container["securityContext"].get("privileged", False) == (pool == "quick")  # exclusiveProcess sets compute modes
+        kubernetes_validate.validate(objects[("DaemonSet", f"gpu-share-mps-{pool}")], KUBE_VERSION, strict=True)
+        build_parser().parse_args(["mps", *container["args"]])
+    proc = helm("template", "gs", str(CHART), "--set", "mps.enabled=true", *_with_config("version: v1\npools: [{name: s, mode: shared}]\n"), check=False)
+    assert proc.returncode != 0 and "mps.enabled: the config has no pool with backend: mps" in proc.stderr
+
+
+@needs_helm
+def test_both_ways_of_calling_the_extender_are_the_shipped_scheduler_config():
+    """The second scheduler's config and the `extenders` entry for the cluster's own scheduler equal
+    daemonset/extender/scheduler/'s (kube-scheduler's field names: a typo would be silently ignored)."""
+    objects = by_kind(render({"extender.enabled": "true", "scheduler.enabled": "true"}))
+    shipped = yaml.safe_load((ROOT / "daemonset" / "extender" / "scheduler" / "kube-scheduler-config.yaml").read_text())["extenders"]
+    way1 = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-extender")]["data"]["extenders.yaml"])["extenders"]
+    way2 = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
+    assert way1 == way2["extenders"] == shipped
+    shipped_second = next(d for d in yaml.safe_load_all((ROOT / "daemonset" / "extender" / "scheduler" / "second-scheduler.yaml").read_text())
+                          if d and d["kind"] == "ConfigMap")
+    assert way2["profiles"] == yaml.safe_load(shipped_second["data"]["config.yaml"])["profiles"]
+
+
+# --- one source of truth: the chart and the kustomization install the same objects ---------------------------
+
+
+def _kustomize(tmp_path: Path, namespace: str = "gpu-share") -> list[dict]:
+    """daemonset/ with the MPS and extender components, in `namespace`."""
+    copy = tmp_path / "daemonset"
+    shutil.copytree(ROOT / "daemonset", copy)
+    kustomization = copy / "kustomization.yaml"
+    text = kustomization.read_text().replace("#  - optional/mps", "  - optional/mps").replace("#  - extender", "  - extender")
+    kustomization.write_text(text.replace("namespace: gpu-share", f"namespace: {namespace}"))
+    proc = subprocess.run(["kubectl", "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def _pod_spec(document: dict) -> dict:
+    """A pod spec without what only tells the two installs apart (labels, how the domain reaches the env)."""
+    spec = yaml.safe_load(yaml.safe_dump(document["spec"]["template"]["spec"]))
+    for container in spec["containers"]:
+        container.pop("imagePullPolicy", None)
+        env = [e for e in container.pop("env", []) if e["name"] != "GPU_SHARE_DOMAIN"]
+        if env:
+            container["env"] = env
+        container["args"] = [a for a in container["args"] if not a.startswith("--metrics-port=")]
+    return spec
+
+
+@needs_helm
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def test_chart_and_kustomization_install_the_same_objects(tmp_path):
+    chart = by_kind(render({"mps.enabled": "true", "extender.enabled": "true"}))
+    kustomized = by_kind(_kustomize(tmp_path))
+    for ours, theirs in ((("DaemonSet", "gpu-share"),) * 2, (("DaemonSet", "gpu-share-mps-mps"), ("DaemonSet", "gpu-share-mps")),
+                         (("Deployment", "gpu-share-extender"),) * 2):
+        assert _pod_spec(chart[ours]) == _pod_spec(kustomized[theirs]), ours
+    for key in (("ConfigMap", "gpu-share-config"), ("ConfigMap", "gpu-share-admission-limits")):
+        assert chart[key]["data"] == kustomized[key]["data"], key
+    for key in (("ValidatingAdmissionPolicy", "gpu-share-shares-per-gpu"), ("ClusterRole", "gpu-share-node"), ("ClusterRole", "gpu-share-pods")):
+        assert chart[key].get("spec", chart[key].get("rules")) == kustomized[key].get("spec", kustomized[key].get("rules")), key
+
+
+# --- the admission params ------------------------------------------------------------------------------------
+
+
+def _shown_limits(config: Path, node_file: Path) -> dict[str, int]:
+    """The largest `N shares of` per shared resource that `config check --all-profiles` prints on the node."""
+    lines: list[str] = []
+    try:
+        check_config(str(config), str(node_file), None, True, out=lines.append)
+    except ConfigError:
+        pass  # a profile failing there counts nothing, as in the params
+    limits: dict[str, int] = {}
+    resource = None
+    for line in lines:
+        header = re.match(r"^  (\S+) \(shared, (timeSlicing|mps)\):", line)
+        if header or re.match(r"^  \S+ \(", line):
+            resource = header[1] if header else None
+        shares = re.match(r"^    GPU .*: (\d+) shares of", line)
+        if shares and resource:
+            limits[resource] = max(limits.get(resource, 0), int(shares[1]))
+    return limits
+
+
+@pytest.mark.parametrize("node_file", NODES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_admission_params_equal_what_config_check_shows(config, node_file):
+    parsed = load_config(config)
+    span = {p.resource for pools in parsed.profiles.values() for p in pools if p.allow_span}
+    shown = {name: n for name, n in _shown_limits(config, node_file).items() if name not in span}
+    assert fleet_limits(parsed, [node(node_file.stem)]).limits == shown
+
+
+def test_shipped_params_are_computed_from_the_shipped_config():
+    nodes = [str(n) for n in NODES]
+    (params,) = [d for d in yaml.safe_load_all((ROOT / "daemonset" / "admission" / "params.yaml").read_text()) if d]
+    assert params == yaml.safe_load(admission_params(str(CONFIG), nodes, "gpu-share", chart_values=False))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["admission"]
+    computed = yaml.safe_load(admission_params(str(CONFIG), nodes, "gpu-share", chart_values=True))["admission"]
+    assert {k: values[k] for k in ("configSha256", "limits")} == computed
+    assert computed["configSha256"] == config_sha256(CONFIG.read_text()) and computed["limits"] == {"gpu-share": "20"}
+
+
+def test_admission_params_command_needs_nodes_for_memory_per_share():
+    proc = subprocess.run([*GPU_CLI, "config", "admission-params", str(CONFIG)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert "profiles.inference.pools[0].memoryPerShare: the share count depends on the GPU's memory: give --node FILE" in proc.stderr
+    proc = subprocess.run([*GPU_CLI, "config", "admission-params", str(EXAMPLES / "config" / "default.yaml")], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert yaml.safe_load(proc.stdout)["data"] == {"domain": "example.com", "gpu-share": "10"}
+
+
+# --- against a real API server ---------------------------------------------------------------------------
+
+
+def _kubectl(controlplane, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    kubectl = controlplane.bin / "kubectl" if (controlplane.bin / "kubectl").is_file() else shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    return subprocess.run([str(kubectl), f"--kubeconfig={controlplane.admin_kubeconfig}", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _share_pod(name: str, resource: str, count: int) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "containers": [{"name": "server", "image": "busybox", "resources": {"limits": {resource: str(count)}}}]}})
+
+
+@needs_helm
+def test_chart_output_passes_server_side_dry_run(controlplane):
+    namespace = f"gs-chart-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    documents = [d for d in render({"domain": "acme.io", **EVERY_COMPONENT}, namespace=namespace) if d["kind"] != "ServiceMonitor"]  # no CRD there
+    proc = _kubectl(controlplane, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(documents))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(server dry run)") == len(documents), proc.stdout
+
+
+@needs_helm
+def test_helm_install_under_another_domain_admits_exactly_what_one_gpu_holds(controlplane):
+    """`helm install --set domain=acme.io` on a real API server: every component installs, and the admission policy
+    refuses 21 shares of acme.io/gpu-share and admits 20 (the most one 80 GB GPU has under the shipped inference
+    profile); `helm uninstall` removes it all."""
+    namespace = f"gs-helm-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    assert _kubectl(controlplane, "create", "serviceaccount", "default", "-n", namespace).returncode == 0  # no SA controller
+    kubeconfig = f"--kubeconfig={controlplane.admin_kubeconfig}"
+    sets = [f"--set={k}={v}" for k, v in {"domain": "acme.io", "image.repository": "registry.acme.io/gpu-share", **EVERY_COMPONENT}.items()
+            if k != "serviceMonitor.enabled"]  # no Prometheus Operator CRD there
+    policies_before = _kubectl(controlplane, "get", "validatingadmissionpolicies", "-o", "name").stdout.split()  # other tests' too
+    helm("install", "gpu-share", str(CHART), "--namespace", namespace, kubeconfig, *sets)
+    try:
+        proc = _kubectl(controlplane, "get", "daemonsets,deployments", "-n", namespace, "-o", "name")
+        assert sorted(proc.stdout.split()) == ["daemonset.apps/gpu-share", "daemonset.apps/gpu-share-mps-mps",
+                                               "deployment.apps/gpu-share-extender", "deployment.apps/gpu-share-scheduler"], proc.stdout + proc.stderr
+        deadline = time.monotonic() + 30
+        while True:  # the API server loads a new policy within about a second
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("big", "acme.io/gpu-share", 21))
+            if "asks for 21" in proc.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert proc.returncode != 0 and (
+            "container server asks for 21 acme.io/gpu-share but no GPU has more than 20: one container's shares come from one GPU. "
+            "Ask for at most 20 acme.io/gpu-share, or for a whole GPU (acme.io/gpu)") in proc.stderr, proc.stderr
+        for resource, count in (("acme.io/gpu-share", 20), ("example.com/gpu-share", 50), ("acme.io/gpu", 8)):
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("ok", resource, count))
+            assert proc.returncode == 0, (resource, count, proc.stderr)
+    finally:
+        helm("uninstall", "gpu-share", "--namespace", namespace, kubeconfig)
+    proc = _kubectl(controlplane, "get", "validatingadmissionpolicies", "-o", "name")
+    assert sorted(proc.stdout.split()) == sorted(policies_before), proc.stdout  # uninstall removed what the chart installed
+
+
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def test_kustomization_output_passes_server_side_dry_run(controlplane, tmp_path):
+    namespace = f"gs-kustomize-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    documents = [d for d in _kustomize(tmp_path, namespace) if d["kind"] != "Namespace"]  # created above
+    proc = _kubectl(controlplane, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(documents))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("(server dry run)") == len(documents), proc.stdout
+
+
+def test_changelog_heads_with_the_package_version():
+    first = next(line for line in (ROOT / "CHANGELOG.md").read_text().splitlines() if line.startswith("## "))
+    assert first.split()[1] == __version__, first
+
+
+@needs_helm
+def test_a_new_components_values_block_needs_only_its_enabled_toggle():
+    """Room for the next component (the DRA driver): a block with `enabled` passes the schema; off, it renders nothing."""
+    assert render({"dra.enabled": "false", "dra.image": "x"}) == render()

@@ -1,0 +1,212 @@
+"""The driver's node logic without transport: prepare, repeat, unprepare, the share ledger, health, the checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from deviceplugin.dra.cdi import cdi_kind
+from deviceplugin.dra.checkpoint import Checkpoint
+from deviceplugin.dra.devices import ClaimError
+from deviceplugin.dra.prepare import prepare_claims, unprepare_claims
+from deviceplugin.state import NodeState
+from tests.support.dra import DRIVER, claim, make_driver, result
+
+T4 = 15360
+
+
+def _env(spec_path: str, index: int = 0) -> dict[str, str]:
+    spec = json.loads(Path(spec_path).read_text())
+    return dict(e.split("=", 1) for e in spec["devices"][index]["containerEdits"]["env"])
+
+
+def test_prepare_writes_a_cdi_spec_with_mps_limits_from_the_consumed_capacity(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path)
+    ref, body = claim([result("gpu-1", shares=3, request="gpu/t4")])
+    prepared = driver.prepare(ref, body)
+    (device,) = prepared.devices
+    assert device.request == "gpu" and device.device == "gpu-1" and device.pool == "2xT4" and device.shares == 3
+    assert device.cdi_ids == (f"{cdi_kind(DRIVER)}={ref.uid}-0",) and cdi_kind(DRIVER) == "k8s.gpu-share.example.com/claim"
+    assert Path(prepared.cdi_spec).name == f"{DRIVER}_{ref.uid}.json"
+    env = _env(prepared.cdi_spec)
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "75" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={3 * T4 // 4}M"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000001"
+    assert env["GPU_SHARE_COUNT"] == "3" and env["GPU_SHARE_TOTAL"] == "4" and "CUDA_MPS_PIPE_DIRECTORY" in env
+    spec = json.loads(Path(prepared.cdi_spec).read_text())
+    assert {m["containerPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]} == {env["CUDA_MPS_PIPE_DIRECTORY"], "/dev/shm"}
+    assert driver.ledger() == {"gpu-1": 3}
+
+
+def test_prepare_again_gives_the_same_answer_and_unprepare_undoes_it_once(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path)
+    ref, body = claim([result("gpu-0", shares=2)])
+    first = driver.prepare(ref, body)
+    assert driver.prepare(ref, body) == first and driver.ledger() == {"gpu-0": 2}
+    Path(first.cdi_spec).unlink()  # a reboot emptied the CDI tmpfs; the checkpoint survived
+    assert driver.prepare(ref, body) == first and Path(first.cdi_spec).exists()
+    Path(first.cdi_spec).write_text("")  # a crash cut it (specs are not fsynced)
+    assert driver.prepare(ref, body) == first and _env(first.cdi_spec)["GPU_SHARE_COUNT"] == "2"
+    driver.unprepare(ref)
+    driver.unprepare(ref)
+    assert not Path(first.cdi_spec).exists() and driver.ledger() == {} and driver.prepared() == []
+
+
+def test_the_ledger_refuses_shares_beyond_the_device_and_a_restart_rebuilds_it(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path)
+    driver.prepare(*claim([result("gpu-0", shares=3)]))
+    memory_only = claim([result("gpu-0", shares=1, memory=f"{2 * T4 // 4}Mi")])  # names 1 share and 2 shares' memory: gets 2
+    with pytest.raises(ClaimError, match="device gpu-0 has 4 shares; prepared claims hold 3 and this claim needs 2"):
+        driver.prepare(*memory_only)
+    restarted = make_driver(tmp_path)
+    assert restarted.ledger() == {"gpu-0": 3}
+    with pytest.raises(ClaimError, match="hold 3 and this claim needs 2"):
+        restarted.prepare(*memory_only)
+    assert restarted.prepare(*claim([result("gpu-0", shares=1)])).devices[0].shares == 1
+    assert restarted.ledger() == {"gpu-0": 4}
+
+
+def test_an_unhealthy_device_is_refused_with_the_monitors_reason(tmp_path: Path) -> None:
+    state = NodeState()
+    driver = make_driver(tmp_path, state=state)
+    gpu1 = driver.devices[1].unit.gpu.uuid
+    state.set_health({gpu1: "XID 79 (GPU has fallen off the bus)"})
+    with pytest.raises(ClaimError, match=r"device gpu-1 is Unhealthy: GPU 1 .*XID 79"):
+        driver.prepare(*claim([result("gpu-1", shares=1)]))
+    state.set_quarantine(frozenset({driver.devices[0].unit.gpu.uuid}), frozenset())
+    with pytest.raises(ClaimError, match="quarantined by the residue guard"):
+        driver.prepare(*claim([result("gpu-0", shares=1)]))
+    assert driver.ledger() == {} and not list((tmp_path / "cdi").glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("body_change", "message"),
+    [
+        (lambda b: b["metadata"].update(uid="other"), "got replaced"),
+        (lambda b: b["status"].pop("allocation"), "is not allocated"),
+        (lambda b: b["status"]["allocation"]["devices"]["results"][0].update(pool="node-b"), "not on this node's pool 2xT4"),
+        (lambda b: b["status"]["allocation"]["devices"]["results"][0].update(device="gpu-7"), "device gpu-7 is not published"),
+        (lambda b: b["status"]["allocation"]["devices"]["results"][0].pop("shareID"), "has no shareID"),
+        (lambda b: b["status"]["allocation"]["devices"].update(config=[{"opaque": {"driver": DRIVER, "parameters": {}}}]), "takes no opaque device config"),
+        (lambda b: b["status"]["allocation"]["devices"].update(results=[result("gpu-0")] * 33), "more than 32"),
+    ],
+)
+def test_claims_the_driver_cannot_prepare_are_refused_with_a_message(tmp_path: Path, body_change, message: str) -> None:
+    driver = make_driver(tmp_path)
+    ref, body = claim([result("gpu-0", shares=1)])
+    body_change(body)
+    with pytest.raises(ClaimError, match=message):
+        driver.prepare(ref, body)
+
+
+def test_a_whole_gpu_is_prepared_for_one_claim_only_and_other_drivers_results_are_left_alone(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path, pools=[{"name": "w", "mode": "exclusive"}])
+    ref, body = claim([result("gpu-0"), result("gpu-0", driver="other.example.com", pool="x")])
+    (device,) = driver.prepare(ref, body).devices
+    assert device.shares == 1 and device.share_id is None  # only shares of a multi-allocatable device have one
+    with pytest.raises(ClaimError, match="already prepared for another claim"):
+        driver.prepare(*claim([result("gpu-0")]))
+
+
+def test_a_batch_answers_every_claim_and_one_failure_touches_no_other(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path)
+    good, bad = claim([result("gpu-0", shares=1)]), claim([result("gpu-9", shares=1)])
+    bodies = {good[0].uid: good[1], bad[0].uid: bad[1]}
+
+    def read(ref):
+        if ref.name == "gone":
+            raise ClaimError(f"claim {ref} not found in the API")
+        return bodies[ref.uid]
+
+    missing = claim([], name="gone")[0]
+    outcomes = prepare_claims(driver, read, [good[0], bad[0], missing, good[0]])
+    assert set(outcomes) == {good[0].uid, bad[0].uid, missing.uid}
+    assert outcomes[good[0].uid].claim is not None and not outcomes[good[0].uid].error
+    assert "gpu-9 is not published" in outcomes[bad[0].uid].error and "not found" in outcomes[missing.uid].error
+    assert unprepare_claims(driver, [good[0], bad[0]]) == {good[0].uid: "", bad[0].uid: ""}
+
+
+def test_a_corrupt_checkpoint_record_is_moved_aside_and_the_others_load(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path)
+    kept, cut = claim([result("gpu-0", shares=1)]), claim([result("gpu-1", shares=2)])
+    driver.prepare(*kept)
+    driver.prepare(*cut)
+    record = tmp_path / "claims" / f"{cut[0].uid}.json"
+    record.write_text(record.read_text().replace('"shares":2', '"shares":1'))  # the checksum no longer matches
+    checkpoint = Checkpoint(tmp_path / "claims")
+    assert [c.uid for c in checkpoint.claims()] == [kept[0].uid]
+    assert (tmp_path / "claims" / f"{cut[0].uid}.json.corrupt").exists()
+
+
+def test_a_rolling_update_twin_sees_the_others_records_under_the_shared_lock(tmp_path: Path) -> None:
+    one, two = make_driver(tmp_path), make_driver(tmp_path)
+    first = claim([result("gpu-0", shares=3)])
+    one.prepare(*first)
+    with pytest.raises(ClaimError, match="hold 3 and this claim needs 2"):
+        two.prepare(*claim([result("gpu-0", shares=2)]))
+    two.unprepare(first[0])
+    assert one.prepare(*claim([result("gpu-0", shares=4)])).devices[0].shares == 4
+
+
+def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Path) -> None:
+    from deviceplugin.dra.mpsready import MpsReadiness
+
+    class Liveness:
+        answers = False
+
+        def ready(self, paths) -> bool:
+            return self.answers
+
+    state, liveness = NodeState(), Liveness()
+    driver = make_driver(tmp_path, state=state)
+    readiness = MpsReadiness(state, liveness, [d.resource for d in driver.devices[:1]], interval=1.0)  # type: ignore[arg-type]
+    assert state.snapshot().unavailable_pools == {"s"}  # not ready before the first answer
+    readiness.check()
+    with pytest.raises(ClaimError, match="the MPS control daemon of pool s is not ready"):
+        driver.prepare(*claim([result("gpu-0", shares=1)]))
+    liveness.answers = True
+    readiness.check()
+    assert driver.prepare(*claim([result("gpu-0", shares=1)])).devices[0].shares == 1
+    readiness.on_config(None, [])  # the pool is gone from the config: no longer held back
+    assert state.snapshot().unavailable_pools == frozenset()
+
+
+def test_claims_not_begun_before_the_deadline_fail_with_a_message(tmp_path: Path) -> None:
+    import time
+
+    driver = make_driver(tmp_path)
+    ref, body = claim([result("gpu-0", shares=1)])
+    outcomes = prepare_claims(driver, lambda r: body, [ref], deadline=time.monotonic() - 1)
+    assert "deadline was near" in outcomes[ref.uid].error and driver.ledger() == {}
+
+
+def test_two_instances_serialise_on_the_lock_file(tmp_path: Path) -> None:
+    import threading
+
+    from deviceplugin.dra.lock import SerialLock
+
+    first, second = SerialLock(tmp_path / "serialize.lock"), SerialLock(tmp_path / "serialize.lock")  # two open file descriptions
+    entered = threading.Event()
+
+    def take() -> None:
+        with second:
+            entered.set()
+
+    with first:
+        thread = threading.Thread(target=take)
+        thread.start()
+        assert not entered.wait(0.3)  # held by the other instance
+    assert entered.wait(5)
+    thread.join()
+
+
+def test_rolling_update_socket_names_carry_the_pod_uid() -> None:
+    from deviceplugin.dra.registration import PluginPaths
+
+    plain = PluginPaths(Path("/var/lib/kubelet/plugins_registry"), Path("/var/lib/kubelet/plugins"), DRIVER)
+    twin = PluginPaths(plain.registrar_dir, plain.plugins_dir, DRIVER, instance="0b9a-uid")
+    assert (str(plain.dra_socket), str(plain.registration_socket)) == (
+        "/var/lib/kubelet/plugins/gpu-share.example.com/dra.sock", "/var/lib/kubelet/plugins_registry/gpu-share.example.com-reg.sock")
+    assert (twin.dra_socket.name, twin.registration_socket.name) == ("dra-0b9a-uid.sock", "gpu-share.example.com-0b9a-uid-reg.sock")
+    assert twin.checkpoint == plain.checkpoint  # the records are shared
