@@ -44,6 +44,15 @@ HELM = _helm()
 needs_helm = pytest.mark.skipif(HELM is None, reason="helm is not installed (.ci/install-helm installs it into .venv/bin)")
 EVERY_COMPONENT = {"mps.enabled": "true", "extender.enabled": "true", "scheduler.enabled": "true",
                    "serviceMonitor.enabled": "true", "dashboards.enabled": "true"}
+DRA = {"dra.enabled": "true"}  # not in EVERY_COMPONENT: the helm install test shares its API server with tests/e2e's DRA objects
+DRA_OBJECTS = {("ServiceAccount", "gpu-share-dra"), ("ClusterRole", "gpu-share-dra"), ("ClusterRoleBinding", "gpu-share-dra"),
+               ("DaemonSet", "gpu-share-dra"), ("DeviceClass", "gpu-share-gpu"), ("DeviceClass", "gpu-share-mig"),
+               ("DeviceClass", "gpu-share-shares"), ("ValidatingAdmissionPolicy", "gpu-share-dra-own-node-slices"),
+               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-own-node-slices"),
+               ("ValidatingAdmissionPolicy", "gpu-share-dra-no-share-mapping"),
+               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-no-share-mapping")}
+DRA_ONLY = {"dra.enabled": "true", "dra.draOnly": "true", "plugin.enabled": "false"}
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass"}
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -71,7 +80,7 @@ def test_chart_version_is_the_package_version():
 
 @needs_helm
 def test_helm_lint_passes_with_every_component():
-    sets = ",".join(f"{k}={v}" for k, v in EVERY_COMPONENT.items())
+    sets = ",".join(f"{k}={v}" for k, v in {**EVERY_COMPONENT, **DRA}.items())
     proc = helm("lint", str(CHART), "--strict", "--set", sets)
     assert "1 chart(s) linted, 0 chart(s) failed" in proc.stdout, proc.stdout
 
@@ -101,6 +110,7 @@ TOGGLES = {
                          ("ConfigMap", "gpu-share-scheduler-extender")},
     "serviceMonitor.enabled": {("ServiceMonitor", "gpu-share")},
     "dashboards.enabled": {("ConfigMap", "gpu-share-dashboards")},
+    "dra.enabled": DRA_OBJECTS,
 }
 
 
@@ -126,10 +136,10 @@ def test_toggles_remove_what_they_name():
 
 @needs_helm
 def test_a_domain_reaches_every_component_and_no_example_com_is_left():
-    documents = render({"domain": "acme.io", "image.repository": "registry.acme.io/gpu-share", "image.tag": "9.9.9", **EVERY_COMPONENT},
-                       namespace="gpu-system")
-    text = yaml.safe_dump_all(documents)
-    assert "example.com" not in text
+    sets = {"domain": "acme.io", "image.repository": "registry.acme.io/gpu-share", "image.tag": "9.9.9", **EVERY_COMPONENT, **DRA}
+    proc = helm("template", "gs", str(CHART), "--namespace", "gpu-system", *[f"--set={k}={v}" for k, v in sets.items()])
+    assert "example.com" not in proc.stdout  # comments included
+    documents = [d for d in yaml.safe_load_all(proc.stdout) if d]
     objects = by_kind(documents)
     for name in ("gpu-share", "gpu-share-mps-mps"):
         spec = objects[("DaemonSet", name)]["spec"]["template"]["spec"]
@@ -150,12 +160,23 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     assert {r["name"] for r in call["managedResources"]} >= {"acme.io/gpu-share", "acme.io/gpu"}
     assert all(r["name"].startswith("acme.io/") for r in call["managedResources"])
     assert objects[("ConfigMap", "gpu-share-admission-limits")]["data"]["domain"] == "acme.io"
+    dra = objects[("DaemonSet", "gpu-share-dra")]["spec"]["template"]["spec"]
+    assert dra["containers"][0]["image"] == "registry.acme.io/gpu-share:9.9.9"
+    assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in dra["containers"][0]["env"]
+    assert {v["hostPath"]["path"] for v in dra["volumes"] if v["name"] == "plugin-data"} == {"/var/lib/kubelet/plugins/gpu-share.acme.io"}
+    classes = {name: d["spec"] for (kind, name), d in objects.items() if kind == "DeviceClass"}
+    assert classes["gpu-share-gpu"]["extendedResourceName"] == "acme.io/gpu"
+    assert all("'gpu-share.' + 'acme.io'" in c["selectors"][0]["cel"]["expression"] for c in classes.values())
+    mapping = objects[("ValidatingAdmissionPolicy", "gpu-share-dra-no-share-mapping")]["spec"]["validations"][0]["expression"]
+    assert "'acme.io' + '/gpu-share'" in mapping
+    assert objects[("ClusterRoleBinding", "gpu-share-dra")]["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-share-dra", "namespace": "gpu-system"}]
+    only = by_kind(render({"domain": "acme.io", **DRA_ONLY}))[("ValidatingAdmissionPolicy", "gpu-share-dra-only-share-requests")]
+    assert only["spec"]["variables"][0]["expression"] == "'acme.io' + '/gpu-share'"
     binding = objects[("ValidatingAdmissionPolicyBinding", "gpu-share-shares-per-gpu")]["spec"]
     assert binding["paramRef"] == {"name": "gpu-share-admission-limits", "namespace": "gpu-system", "parameterNotFoundAction": "Allow"}
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     for document in documents:
         namespace = document["metadata"].get("namespace")
-        if document["kind"] in cluster_scoped:
+        if document["kind"] in CLUSTER_SCOPED:
             assert namespace is None, document["metadata"]  # a cluster-scoped object has no namespace
         elif document["kind"] == "RoleBinding":
             assert namespace == "kube-system"  # the scheduler's authentication reader
@@ -215,7 +236,8 @@ def test_a_config_without_its_admission_values_is_refused_by_name():
                             ({"admission.limits.gpu-share": "many"}, "- at '/admission/limits/gpu-share': 'many' does not match pattern '^[0-9]+$'"),
                             ({"plugin.nodeSelecter.pool": "gpu"}, "- at '/plugin': additional properties 'nodeSelecter' not allowed"),
                             ({"imge.repository": "x"}, "- at '/imge': missing property 'enabled'"),  # a typo, not a component block
-                            ({"plugin.metricsPort": "http"}, "- at '/plugin/metricsPort': got string, want integer")):
+                            ({"plugin.metricsPort": "http"}, "- at '/plugin/metricsPort': got string, want integer"),
+                            ({"dra.enabled": "true", "dra.draOnly": "yes"}, "- at '/dra/draOnly': got string, want boolean")):
         proc = helm("template", "gs", str(CHART), *[f"--set={k}={v}" for k, v in values.items()], check=False)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr
     # Without the schema (--skip-schema-validation) the templates still refuse a bad domain by name.
@@ -302,6 +324,108 @@ def test_chart_and_kustomization_install_the_same_objects(tmp_path):
         assert chart[key].get("spec", chart[key].get("rules")) == kustomized[key].get("spec", kustomized[key].get("rules")), key
 
 
+def _without_labels(document: dict) -> dict:
+    """The object without its labels and, cluster-scoped, without the namespace kustomize sets on it anyway."""
+    dropped = {"labels"} | ({"namespace"} if document["kind"] in CLUSTER_SCOPED else set())
+    return {**document, "metadata": {k: v for k, v in document["metadata"].items() if k not in dropped}}
+
+
+@needs_helm
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def test_chart_and_dra_kustomization_install_the_same_objects(tmp_path):
+    """The chart's DRA driver (dra.enabled, dra.draOnly) is daemonset/dra/ with its dra-only component, object for
+    object: the same pod, the same RBAC, DeviceClasses and policies (only the chart's labels differ)."""
+    copy = tmp_path / "dra"
+    shutil.copytree(ROOT / "daemonset" / "dra", copy)
+    kustomization = copy / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace("# components:\n#   - optional/dra-only", "components:\n  - optional/dra-only"))
+    proc = subprocess.run(["kubectl", "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    kustomized = by_kind([d for d in yaml.safe_load_all(proc.stdout) if d])
+    del kustomized[("ConfigMap", "gpu-share-dra-settings")]  # the kustomization's domain knob; the chart's is `domain`
+    chart = {k: d for k, d in by_kind(render(DRA_ONLY)).items() if d["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "gpu-share-dra"}
+    assert set(chart) == set(kustomized) == DRA_OBJECTS | {("ValidatingAdmissionPolicy", "gpu-share-dra-only-share-requests"),
+                                                          ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-only-share-requests")}
+    key = ("DaemonSet", "gpu-share-dra")
+    assert _pod_spec(chart.pop(key)) == _pod_spec(theirs := kustomized.pop(key))
+    assert by_kind(render(DRA))[key]["spec"]["updateStrategy"] == theirs["spec"]["updateStrategy"]
+    for key, theirs in kustomized.items():
+        assert _without_labels(chart[key]) == _without_labels(theirs), key
+
+
+@needs_helm
+def test_the_dra_driver_never_selects_a_device_plugin_node():
+    """The plugin needs <domain>/gpu-share.enabled=true, the DRA driver never runs where it is set: under the default
+    affinities, under a dra.affinity of one's own (the exclusion is added to each term), and a plugin.affinity without
+    the opt-in label is refused while the DRA driver is on."""
+    def terms(spec: dict) -> list[dict]:
+        return spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+    opt_in = {"key": "example.com/gpu-share.enabled", "operator": "In", "values": ["true"]}
+    excluded = {**opt_in, "operator": "NotIn"}
+    objects = by_kind(render(DRA))
+    plugin, dra = (objects[("DaemonSet", n)]["spec"]["template"]["spec"] for n in ("gpu-share", "gpu-share-dra"))
+    assert all(opt_in in t["matchExpressions"] for t in terms(plugin))
+    assert terms(dra) == [{"matchExpressions": [{"key": "example.com/gpu-share.api", "operator": "In", "values": ["dra"]}, excluded]}]
+    own = {"dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key": "pool",
+           "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+           "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchExpressions[0].key": "zone",
+           "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchExpressions[0].operator": "Exists"}
+    dra = by_kind(render({**DRA, **own}))[("DaemonSet", "gpu-share-dra")]["spec"]["template"]["spec"]
+    assert terms(dra) == [{"matchExpressions": [{"key": "pool", "operator": "Exists"}, excluded]},
+                          {"matchExpressions": [{"key": "zone", "operator": "Exists"}, excluded]}]
+    preferred = "dra.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution[0]"
+    dra = by_kind(render({**DRA, f"{preferred}.weight": "1", f"{preferred}.preference.matchExpressions[0].key": "zone",
+                          f"{preferred}.preference.matchExpressions[0].operator": "Exists"}))[("DaemonSet", "gpu-share-dra")]["spec"]["template"]["spec"]
+    assert terms(dra) == [{"matchExpressions": [excluded]}]  # an affinity without required node terms still gets the exclusion
+    plugin_terms = "plugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0]"
+    pool = {f"{plugin_terms}.key": "pool", f"{plugin_terms}.operator": "Exists"}
+    assert render(pool)  # without the DRA driver the plugin's affinity is the user's
+    proc = helm("template", "gs", str(CHART), *[f"--set={k}={v}" for k, v in {**DRA, **pool}.items()], check=False)
+    assert proc.returncode != 0 and "plugin.affinity: with dra.enabled every nodeSelectorTerm must require example.com/gpu-share.enabled" in proc.stderr
+    kept = {f"{plugin_terms}.key": "example.com/gpu-share.enabled", f"{plugin_terms}.operator": "In"}
+    assert ("DaemonSet", "gpu-share-dra") in by_kind(render({**DRA, **kept}, "--set-string", f"{plugin_terms}.values[0]=true"))
+
+
+@needs_helm
+def test_dra_pod_settings_and_class_options_come_from_values():
+    documents = render({**DRA, "dra.runtimeClassName": "nvidia", "dra.priorityClassName": "gpu-critical", "dra.nodeSelector.pool": "gpu",
+                        "dra.extraArgs[0]": "--health-stream-interval=30", "dra.extraEnv[0].name": "KUBELET_ROOT",
+                        "dra.extraEnv[0].value": "/var/lib/k0s/kubelet", "dra.resources.limits.memory": "512Mi", "dra.tolerations": "null",
+                        "dra.logFormat": "text", "dra.updateStrategy.rollingUpdate.maxSurge": "0",
+                        "dra.updateStrategy.rollingUpdate.maxUnavailable": "1", "dra.gpuExtendedResource": "false"})
+    objects = by_kind(documents)
+    ds = objects[("DaemonSet", "gpu-share-dra")]["spec"]
+    spec = ds["template"]["spec"]
+    container = spec["containers"][0]
+    assert spec["runtimeClassName"] == "nvidia" and spec["priorityClassName"] == "gpu-critical" and spec["nodeSelector"] == {"pool": "gpu"}
+    assert "tolerations" not in spec and ds["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert container["args"][-2:] == ["--log-format=text", "--health-stream-interval=30"]
+    assert container["env"][-1] == {"name": "KUBELET_ROOT", "value": "/var/lib/k0s/kubelet"}
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+    assert "extendedResourceName" not in objects[("DeviceClass", "gpu-share-gpu")]["spec"]
+    build_parser().parse_args(["run", *container["args"]])  # every flag the chart passes exists
+    for document in documents:
+        kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+
+
+@needs_helm
+def test_dra_only_adds_its_policy_and_needs_the_plugin_off():
+    base = set(by_kind(render({**DRA, "plugin.enabled": "false"})))
+    documents = render(DRA_ONLY)
+    assert set(by_kind(documents)) - base == {("ValidatingAdmissionPolicy", "gpu-share-dra-only-share-requests"),
+                                              ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-only-share-requests")}
+    assert ("ConfigMap", "gpu-share-config") in base  # the driver mounts the config without the plugin too
+    for document in documents:
+        kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+    proc = helm("template", "gs", str(CHART), "--set", "dra.enabled=true,dra.draOnly=true", check=False)
+    assert proc.returncode != 0 and "dra.draOnly: refuses every pod asking example.com/gpu-share, which the device plugin serves" in proc.stderr
+    # The driver reads the same config: a domain key of its own is refused without the plugin too.
+    proc = helm("template", "gs", str(CHART), "--set", "dra.enabled=true,plugin.enabled=false,admission.enabled=false",
+                "--set-string", "config=version: v1\ndomain: acme.io\n", check=False)
+    assert proc.returncode != 0 and "config: its domain key (acme.io) differs from the chart's domain (example.com)" in proc.stderr, proc.stderr
+
+
 # --- the admission params ------------------------------------------------------------------------------------
 
 
@@ -372,10 +496,11 @@ def _share_pod(name: str, resource: str, count: int) -> str:
 def test_chart_output_passes_server_side_dry_run(controlplane):
     namespace = f"gs-chart-{os.getpid()}"
     assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
-    documents = [d for d in render({"domain": "acme.io", **EVERY_COMPONENT}, namespace=namespace) if d["kind"] != "ServiceMonitor"]  # no CRD there
-    proc = _kubectl(controlplane, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(documents))
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.count("(server dry run)") == len(documents), proc.stdout
+    for values in ({**EVERY_COMPONENT, **DRA}, DRA_ONLY):
+        documents = [d for d in render({"domain": "acme.io", **values}, namespace=namespace) if d["kind"] != "ServiceMonitor"]  # no CRD there
+        proc = _kubectl(controlplane, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(documents))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.count("(server dry run)") == len(documents), proc.stdout
 
 
 @needs_helm
@@ -430,5 +555,5 @@ def test_changelog_heads_with_the_package_version():
 
 @needs_helm
 def test_a_new_components_values_block_needs_only_its_enabled_toggle():
-    """Room for the next component (the DRA driver): a block with `enabled` passes the schema; off, it renders nothing."""
-    assert render({"dra.enabled": "false", "dra.image": "x"}) == render()
+    """Room for the next component: a block with `enabled` passes the schema; off, it renders nothing."""
+    assert render({"next.enabled": "false", "next.image": "x"}) == render()

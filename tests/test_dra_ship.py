@@ -30,8 +30,10 @@ def test_the_knobs_agree_with_the_device_plugins_and_the_driver_is_named_after_t
     assert ours["namespace"] == base["namespace"]
     settings = dict(item.split("=", 1) for item in ours["configMapGenerator"][0]["literals"])
     assert settings == {"domain": "example.com", "driver": "gpu-share.example.com"}
-    assert f"domain={settings['domain']}" in base["configMapGenerator"][0]["literals"]
+    [base_settings] = [g for g in base["configMapGenerator"] if g["name"] == "gpu-share-settings"]
+    assert f"domain={settings['domain']}" in base_settings["literals"]
     assert ours["resources"] == sorted(p.name for p in DRA.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert ours["transformers"] == ["transformers/cluster-scoped.yaml"]
 
 
 @pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
@@ -52,6 +54,11 @@ def test_another_domain_renders_into_every_place_that_names_it(tmp_path: Path) -
     keys = {e["key"] for t in ds["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] for e in t["matchExpressions"]}
     assert keys == {"gpu.acme.io/gpu-share.api", "gpu.acme.io/gpu-share.enabled"}
     assert {s["namespace"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]} == {"gpu-system"}
+    namespaced = {(d["kind"], d["metadata"].get("namespace")) for d in documents}
+    assert namespaced == {
+        ("ServiceAccount", "gpu-system"), ("ConfigMap", "gpu-system"), ("DaemonSet", "gpu-system"), ("ClusterRole", None), ("ClusterRoleBinding", None),
+        ("ValidatingAdmissionPolicy", None), ("ValidatingAdmissionPolicyBinding", None), ("DeviceClass", None),
+    }  # cluster-scoped objects carry no namespace (kustomize would give them one)
 
 
 def test_rbac_grants_only_what_the_driver_calls() -> None:

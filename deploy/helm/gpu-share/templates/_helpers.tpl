@@ -83,3 +83,26 @@ those with exclusiveProcess, "default": defaultProfile}. */}}
 {{- $_ := set $found "default" ($config.defaultProfile | default "default") -}}
 {{- toJson $found -}}
 {{- end -}}
+
+{{/* The objects of files/dra/<.file> (daemonset/dra/'s, linked) as a JSON list, for the release: the domain in its
+CEL expressions (they quote it alone, 'example.com', for kustomize's replacements too), the chart's labels, the
+release namespace on the ServiceAccount and the ClusterRoleBinding's subjects. */}}
+{{- define "gpu-share.draObjects" -}}
+{{- $domain := include "gpu-share.domain" .root -}}
+{{- $text := .root.Files.Get (printf "files/dra/%s" .file) | replace "'example.com'" (squote $domain) -}}
+{{- $objects := list -}}
+{{- range regexSplit "(?m)^---$" $text -1 -}}
+{{- $object := fromYaml . -}}
+{{- if $object -}}
+{{- $_ := set $object.metadata "labels" (include "gpu-share.labels" (dict "root" $.root "component" "gpu-share-dra") | fromYaml) -}}
+{{- if eq $object.kind "ServiceAccount" -}}
+{{- $_ := set $object.metadata "namespace" $.root.Release.Namespace -}}
+{{- end -}}
+{{- range ($object.subjects | default list) -}}
+{{- $_ := set . "namespace" $.root.Release.Namespace -}}
+{{- end -}}
+{{- $objects = append $objects $object -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $objects -}}
+{{- end -}}
