@@ -9,8 +9,13 @@ memory, pod count, GPU model), then the extender's `filter` and `prioritize` ver
 highest extender score (ties to the first in node order), and on that node the units the kubelet gets from the
 node plugin's GetPreferredAllocation (deviceplugin/alloc/placement.py) on a built Resource. After each binding the
 node republishes its annotation. A fractional pod asks for its request rounded up to shares of 1/`replicas`
-GPU; a pod of k whole GPUs has k containers of `replicas` shares each. CPU-only pods never reach the extender:
-they are placed by the cluster policy alone, as in the simulator.
+GPU; a pod of k whole GPUs has k containers of `replicas` shares each; every pod asks for its CPU and memory.
+CPU-only pods go through the extender's every-pod entry (`prioritize(..., every_pod=True)`, scored by the GPUs they
+would strand) after kube-scheduler's own filters, the node with the highest score taking them. Every
+bound pod reaches the extender's cache as its pod watch would deliver it, and each node's allocatable is the
+trace's, so the extender sees each node's free CPU and memory. The task shapes the extender learns are those of
+the pod list (the workload the cluster runs), as the simulator's: from the pods' shares, CPU and memory, without
+GPU-model constraints (a pod's requests do not say them).
 
 Printed per policy, mean over the seeds: the allocation ratio through the extender beside the simulator's
 (the policy alone at the same `replicas`), and how often the node plugin took the unit the extender assumed.
@@ -29,16 +34,17 @@ from functools import lru_cache
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.alloc.placement import preferred_allocation
-from deviceplugin.cluster import MILLI, NEEDS_SHAPES, Node, Pod, make_policy, place
+from deviceplugin.cluster import MILLI, Node, Pod, place
 from deviceplugin.cluster.model import host_fits
 from deviceplugin.cluster.report import parse_policies, parse_seeds
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order
 from deviceplugin.cluster.traces import DEFAULT_NODES, POD_FILE, load_nodes, load_pods, resolve
 from deviceplugin.config.parse import parse_config
-from deviceplugin.extender.cache import ClusterCache
+from deviceplugin.extender.cache import ClusterCache, PodState
 from deviceplugin.extender.fit import place as extender_place
 from deviceplugin.extender.metrics import ExtenderMetrics
-from deviceplugin.extender.model import pod_request
+from deviceplugin.extender.model import HostCapacity, model_pod, pod_request
+from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
 from deviceplugin.model.node import Gpu, NodeInfo
@@ -71,20 +77,35 @@ def node_resource(gpus: int, replicas: int, policy: str) -> Resource:
     return build_resources(config, node)[0]
 
 
-def annotation(resource: Resource, used: list[int], policy: str) -> str:
+def annotation(resource: Resource, used: list[int], policy: str, pods: list[str] | tuple[str, ...] = ()) -> str:
     units = [{"uuid": u.uuid, "gpu": i, "total": u.replicas, "used": n, "free": u.replicas - n, "health": "Healthy"} for i, (u, n) in enumerate(zip(resource.units, used))]
-    return json.dumps({"version": 2, "generation": 1, "gpus": [], "pods": [],
+    return json.dumps({"version": 2, "generation": 1, "gpus": [], "pods": list(pods),
                        "resources": {SHARE: {"pool": "s", "allowSpanGPUs": False, "allocationPolicy": policy, "units": units}}})
 
 
 def share_pod(pod: Pod, replicas: int, uid: str) -> dict:
-    """The Pod object kube-scheduler would send for a cluster-model pod."""
+    """The Pod object kube-scheduler would send for a cluster-model pod (its CPU and memory on the first container)."""
     if pod.fractional:
         counts = [-(-pod.gpu_milli * replicas // MILLI)]
     else:
         counts = [replicas] * pod.num_gpu
-    containers = [{"name": f"c{i}", "resources": {"limits": {SHARE: str(n)}}} for i, n in enumerate(counts)]
+    containers: list[dict] = [{"name": f"c{i}", "resources": {"limits": {SHARE: str(n)}}} for i, n in enumerate(counts)] or [{"name": "c0", "resources": {}}]
+    containers[0]["resources"]["requests"] = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
     return {"metadata": {"name": uid, "namespace": "replay", "uid": uid}, "spec": {"containers": containers}}
+
+
+def host(node: Node) -> HostCapacity:
+    return HostCapacity(node.cpu_milli, node.memory_mib, node.max_pods)
+
+
+def learned_workload(experiment: Experiment, replicas: int) -> list[Pod]:
+    """The pod list as the extender's cache turns bound pods into cluster-model pods (what it learns shapes from)."""
+    managed = lambda r: r == SHARE  # noqa: E731
+    out = []
+    for pod in experiment.pods:
+        request = pod_request(share_pod(pod, replicas, "w"), managed)
+        out.append(Pod(pod.cpu_milli, pod.memory_mib) if request.empty else model_pod(request, replicas))
+    return out
 
 
 def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
@@ -94,25 +115,28 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     capacity = MILLI * experiment.gpus
     pods = arrivals(experiment.pods, capacity, experiment.inflate, rng)
     nodes = [experiment.nodes[i].copy() for i in node_order(len(experiment.nodes), rng)]
-    alone_policy = make_policy(policy_name, experiment.shapes if policy_name in NEEDS_SHAPES else None, random.Random(seed + 1))
-    shapes = [(-(-p.gpu_milli * replicas // MILLI), replicas) if p.fractional else (p.num_gpu * replicas, replicas) for p in pods if p.num_gpu]
+    workload = learned_workload(experiment, replicas)
     cache = ClusterCache()
-    extender = Extender(cache, Scorer(policy_name, workload=lambda: shapes), lambda r: r == SHARE, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    extender = Extender(cache, Scorer(policy_name, workload=lambda: workload), lambda r: r == SHARE, ExtenderMetrics(CollectorRegistry(), cache.counts))
     used = [[0] * len(n.gpu_free) for n in nodes]
+    digests: list[list[str]] = [[] for _ in nodes]  # the share pods each node's annotation lists
     index = {n.name: i for i, n in enumerate(nodes)}
     for i, node in enumerate(nodes):
-        if node.gpu_free:
-            cache.set_node(node.name, annotation(node_resource(len(node.gpu_free), replicas, node_policy), used[i], node_policy))
+        text = annotation(node_resource(len(node.gpu_free), replicas, node_policy), used[i], node_policy) if node.gpu_free else None
+        cache.set_node(node.name, text, host(node))
     target = int(100 * experiment.inflate + 0.5)
     arrived = allocated = 0
     at_target: list[int] = []
     counts = {"share": [0, 0], "whole": [0, 0]}
     for k, pod in enumerate(pods):
+        uid = f"p{k}"
         if pod.num_gpu == 0:
-            chosen = _alone(alone_policy, pod, nodes)
+            chosen = _cpu_through_extender(extender, pod, nodes, index, replicas, uid)
         else:
-            chosen = _through_extender(extender, pod, nodes, index, used, replicas, node_policy, f"p{k}", counts)
+            chosen = _through_extender(extender, pod, nodes, index, used, digests, replicas, node_policy, uid, counts)
         if chosen is not None:
+            request = pod_request(share_pod(pod, replicas, uid), extender.managed)  # the pod watch delivers the bound pod
+            cache.set_pod(PodState(uid, nodes[chosen].name, request, "" if request.empty else pod_digest("replay", uid)))
             allocated += pod.gpu_request
         arrived += pod.gpu_request
         if int(100 * arrived / capacity + 0.5) == target:
@@ -122,21 +146,20 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     return ReplayResult(policy_name, seed, allocation, alone, *counts["share"], *counts["whole"])
 
 
-def _alone(policy, pod: Pod, nodes: list[Node]) -> int | None:
-    """A CPU-only pod: the cluster policy alone (the extender is not asked), as the simulator places it."""
-    best = None
-    for i, node in enumerate(nodes):
-        choice = policy.score(pod, node)
-        if choice is not None and (best is None or choice.score > best[0]):
-            best = (choice.score, i, choice.gpus)
-    if best is None:
+def _cpu_through_extender(extender: Extender, pod: Pod, nodes: list[Node], index: dict[str, int], replicas: int, uid: str) -> int | None:
+    """A CPU-only pod: kube-scheduler's own filters, then the every-pod entry's scores (ties to the first in order)."""
+    candidates = [n.name for n in nodes if host_fits(pod, n)]
+    if not candidates:
         return None
-    place(pod, nodes[best[1]], best[2])
-    return best[1]
+    scores = extender.prioritize({"Pod": share_pod(pod, replicas, uid), "Nodes": None, "NodeNames": candidates}, every_pod=True)
+    top = max(s["Score"] for s in scores)
+    i = index[next(s["Host"] for s in scores if s["Score"] == top)]
+    place(pod, nodes[i], ())
+    return i
 
 
 def _through_extender(extender: Extender, pod: Pod, nodes: list[Node], index: dict[str, int], used: list[list[int]],
-                      replicas: int, node_policy: str, uid: str, counts: dict) -> int | None:
+                      digests: list[list[str]], replicas: int, node_policy: str, uid: str, counts: dict) -> int | None:
     candidates = [n.name for n in nodes if n.gpu_free and host_fits(pod, n) and pod.accepts(n.model)]  # kube-scheduler's own filters
     body = share_pod(pod, replicas, uid)
     passed = extender.filter({"Pod": body, "Nodes": None, "NodeNames": candidates})["NodeNames"]
@@ -162,7 +185,8 @@ def _through_extender(extender: Extender, pod: Pod, nodes: list[Node], index: di
     kind[0] += 1
     kind[1] += sorted(taken) == sorted(assumed)
     extender.cache.forget_reservation(uid)  # bound: the node republishes its annotation
-    extender.cache.set_node(name, annotation(resource, used[i], node_policy))
+    digests[i].append(pod_digest("replay", uid))
+    extender.cache.set_node(name, annotation(resource, used[i], node_policy, digests[i]), host(nodes[i]))
     want = Pod(pod.cpu_milli, pod.memory_mib, pod.num_gpu, count * MILLI // replicas if pod.fractional else MILLI, name=pod.name)
     place(want, nodes[i], tuple(sorted(taken)) if not pod.fractional else (taken[0],))
     return i

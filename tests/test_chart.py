@@ -154,7 +154,8 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     extender = objects[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in extender["env"] and extender["image"] == "registry.acme.io/gpu-share:9.9.9"
     scheduler = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
-    (call,) = scheduler["extenders"]
+    call, every_pod = scheduler["extenders"]
+    assert every_pod["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888/all"
     assert call["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888"
     assert {r["name"] for r in call["managedResources"]} >= {"acme.io/gpu-share", "acme.io/gpu"}
     assert all(r["name"].startswith("acme.io/") for r in call["managedResources"])
@@ -277,7 +278,9 @@ def test_both_ways_of_calling_the_extender_are_the_shipped_scheduler_config():
     way1 = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-extender")]["data"]["extenders.yaml"])["extenders"]
     way2 = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
     assert way1 == way2["extenders"] == shipped
-    assert way2["profiles"] == [{"schedulerName": "gpu-share"}]
+    shipped_second = next(d for d in yaml.safe_load_all((ROOT / "daemonset" / "extender" / "scheduler" / "second-scheduler.yaml").read_text())
+                          if d and d["kind"] == "ConfigMap")
+    assert way2["profiles"] == yaml.safe_load(shipped_second["data"]["config.yaml"])["profiles"]
 
 
 # --- one source of truth: the chart and the kustomization install the same objects ---------------------------

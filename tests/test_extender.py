@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from deviceplugin.cluster import Pod
 from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.extender.cache import ClusterCache, pod_state
 from deviceplugin.extender.http import ExtenderHTTPServer
 from deviceplugin.extender.metrics import ExtenderMetrics
-from deviceplugin.extender.model import pod_request
+from deviceplugin.extender.model import HostCapacity, InputError, host_capacity, host_request, pod_request
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.service import ExtenderOptions, ExtenderService
 from deviceplugin.extender.verbs import Extender
@@ -263,16 +264,20 @@ def test_in_flight_reservation_until_the_binding_shows():
 def test_cached_views_and_scores_follow_the_annotation_and_assumed_pods():
     ext = extender({"n": annotation((10, 2), (10, 8)), "m": annotation((10, 0), (10, 0))})
     one = pod("one", {SHARE: 2})
-    first = {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))}
-    assert first["n"] > first["m"]  # binpack: the fuller node
+
+    def raw(*names: str) -> list[int]:
+        return ext.scorer.raw_scores(pod_request(one, managed), ext.cache.views(list(names), exclude="uid-one"))
+
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 10, "m": 9}  # binpack: the fuller node
+    before = raw("m")[0]
     ext.cache.set_node("n", annotation((10, 10), (10, 9)))  # republished: full, 1 free
-    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 0, "m": first["m"]}
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 0, "m": 10}
     assert ext.filter(args(one, "n", "m"))["NodeNames"] == ["m"]
     # An assumed pod on m replaces m's view: 8 of 20 shares taken scores higher than none.
     ext.cache.set_pod(pod_state(pod("big", {SHARE: 8}, node="m"), pod_request(pod("big", {SHARE: 8}), managed)))
     assert ext.cache.node("m")[1] == {SHARE: [0, 10]}  # and the filter reserved `one` there
     assert ext.cache.node("m", exclude="uid-one")[1] == {SHARE: [2, 10]}
-    assert ext.prioritize(args(one, "m"))[0]["Score"] > first["m"]
+    assert raw("m")[0] > before
 
 
 def test_reservations_are_bounded():
@@ -377,8 +382,7 @@ def test_the_simulator_through_the_extender_packs_as_the_policy_alone():
         for seed in (1, 2, 3):
             result = replay(experiment, policy, seed)
             assert result.share_pods > 0 and result.share_agree == result.share_pods and result.whole_agree == result.whole_pods, result
-            if policy != "spread":  # spread's 0-100 scores tie more once rounded to the extender's 0-10 (docs/packing.md)
-                assert result.allocation == result.alone, result
+            assert result.allocation == result.alone, result  # ranked scores: the policy's choice is the extender's top node
 
 
 def test_fgd_learns_task_shapes_from_bound_pods_and_falls_back_to_binpack():
@@ -400,4 +404,147 @@ def test_fgd_learns_task_shapes_from_bound_pods_and_falls_back_to_binpack():
     clock[0] = 61.0
     fgd = {s["Host"]: s["Score"] for s in ext.prioritize(args(p, "a", "b"))}
     assert scorer.policy.name == "fgd" and fgd["a"] > fgd["b"]
-    assert cache.workload() == [(6, 10)] * 5
+    assert cache.workload() == [Pod(0, 0, num_gpu=1, gpu_milli=600)] * 5
+
+
+# --- the whole node: CPU, memory and pod slots -------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ({"containers": [{"resources": {"requests": {"cpu": "1", "memory": "1Gi"}}}, {"resources": {"limits": {"cpu": "500m", "memory": "1e9"}}}]},
+     (1500, 1024 + 954)),
+    # ordinary init containers run alone (with the sidecars started before them); sidecars run with the containers
+    ({"containers": [{"resources": {"requests": {"cpu": "1"}}}],
+      "initContainers": [{"resources": {"requests": {"cpu": "4"}}}, {"restartPolicy": "Always", "resources": {"requests": {"cpu": "1", "memory": "1Mi"}}},
+                         {"resources": {"requests": {"cpu": "3500m", "memory": "3Gi"}}}]},
+     (4500, 3073)),
+    ({"containers": [{"resources": {"requests": {"cpu": "2"}}}], "overhead": {"cpu": "250m", "memory": "64Mi"}}, (2250, 64)),
+    ({"containers": [{"resources": {"requests": {"cpu": "2"}}}], "resources": {"requests": {"cpu": "3", "memory": "0.5Gi"}}}, (3000, 512)),
+    ({"containers": [{}]}, (0, 0)),
+])
+def test_host_request_counts_as_kube_scheduler_does(spec, expected):
+    assert host_request(spec) == expected
+
+
+def test_bad_quantities_and_missing_allocatable():
+    with pytest.raises(InputError, match=r"Pod.spec.containers\[0\].resources.cpu: '1x' is not a quantity"):
+        host_request({"containers": [{"resources": {"requests": {"cpu": "1x"}}}]})
+    assert host_capacity({"status": {"allocatable": {"cpu": "95500m", "memory": "1Gi", "pods": "110"}}}) == HostCapacity(95500, 1024, 110)
+    assert host_capacity({"status": {"allocatable": {"cpu": "9" * 80}}}) == HostCapacity()  # unreadable: unlimited
+
+
+def host_pod(name: str, cpu: str, memory: str = "1Gi", node: str = "", shares: int = 0) -> dict:
+    body = pod(name, {SHARE: shares} if shares else {}, node=node)
+    body["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu, "memory": memory}
+    return body
+
+
+def test_views_count_every_pods_cpu_memory_and_slot_and_the_reservations():
+    cache = ClusterCache()
+    cache.set_node("n", annotation((10, 0)), HostCapacity(8000, 32768, 4))
+    for name, cpu in (("web", "1500m"), ("batch", "2")):  # no shares: still on the node's CPU, memory and slots
+        body = host_pod(name, cpu, node="n")
+        cache.set_pod(pod_state(body, pod_request(body, managed)))
+    assert cache.views(["n"])[0].host_free == (4500, 30720, 2)
+    ext = Extender(cache, Scorer("binpack"), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    inflight = host_pod("inflight", "4", "8Gi", shares=2)
+    assert ext.filter(args(inflight, "n"))["NodeNames"] == ["n"]  # reserved until its binding shows
+    assert cache.views(["n"])[0].host_free == (500, 22528, 1)
+    assert cache.views(["n"], exclude="uid-inflight")[0].host_free == (4500, 30720, 2)
+    cache.delete_pod("uid-web")
+    assert cache.views(["n"])[0].host_free == (2000, 23552, 2)
+
+
+def test_fgdstrand_through_the_extender_keeps_cpu_for_the_idle_gpus():
+    """Two nodes of 8 idle GPUs; one has 30 cores free, the other 96. A 1-share pod asking for 16 cores would leave
+    the first 14 cores for 8 GPUs (the workload asks 12 per GPU): fgdstrand sends it to the other. FGD sees no
+    difference: both nodes still run every shape afterwards."""
+    cache = ClusterCache()
+    gpus = [(10, 0)] * 8
+    cache.set_node("tight", annotation(*gpus), HostCapacity(30_000, 400_000, 110))
+    cache.set_node("roomy", annotation(*gpus), HostCapacity(96_000, 400_000, 110))
+    cache.set_node("busy", annotation((10, 10)), HostCapacity(96_000, 400_000, 110))
+    for i in range(4):  # the workload: 1 GPU and 12 cores each
+        body = host_pod(f"w{i}", "12", "40Gi", node="busy", shares=10)
+        cache.set_pod(pod_state(body, pod_request(body, managed)))
+    learned = cache.workload()
+    assert learned == [Pod(12_000, 40_960, num_gpu=1, gpu_milli=1000)] * 4
+    heavy = host_pod("heavy", "16", "8Gi", shares=1)
+    scores = {}
+    for policy in ("fgd", "fgdstrand"):
+        ext = Extender(cache, Scorer(policy, workload=cache.workload), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+        scores[policy] = {s["Host"]: s["Score"] for s in ext.prioritize(args(heavy, "tight", "roomy"))}
+    assert scores["fgdstrand"] == {"roomy": 10, "tight": 9}
+    assert scores["fgd"] == {"roomy": 10, "tight": 10}
+
+
+# --- DRA claims ----------------------------------------------------------------------------------------
+
+
+def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
+    from benchmarks.standin import DRA_CLASS, DRA_DRIVER, GpuNode, claim_pod_body, resource_slice, share_claim
+    from deviceplugin.extender.dra import claim_info, slice_info
+
+    cache = ClusterCache(driver=DRA_DRIVER, classes=frozenset({DRA_CLASS}))
+    for name in ("a", "b"):
+        cache.set_node(name, None, HostCapacity(64_000, 262_144, 110))
+        cache.set_slice(f"{name}-slice", slice_info(resource_slice(GpuNode(name, 2, 64_000, 262_144)), DRA_DRIVER))
+    # a: gpu-0 holds 6 shares (an allocated claim); b: empty.
+    held = share_claim("held", 6)
+    held["metadata"].update(namespace="team", uid="uid-held")
+    held["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": DRA_DRIVER, "pool": "a", "device": "gpu-0", "shareID": "0b0c0d0e-0000-4000-8000-000000000001",
+         "consumedCapacity": {"shares": "6", "memory": "48Gi"}}]}}, "reservedFor": [{"resource": "pods", "name": "x", "uid": "uid-x"}]}
+    cache.set_claim(("team", "held"), claim_info(held, DRA_DRIVER, frozenset({DRA_CLASS})))
+    assert cache.node("a")[1] == {DRA_DRIVER: [4, 10]} and cache.node("b")[1] == {DRA_DRIVER: [10, 10]}
+    want = share_claim("want", 4)
+    want["metadata"].update(namespace="team", uid="uid-want")
+    cache.set_claim(("team", "want"), claim_info(want, DRA_DRIVER, frozenset({DRA_CLASS})))
+    ext = Extender(cache, Scorer("binpack"), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    body = claim_pod_body("p", "want", 1000, 1024, "s", {})
+    body["metadata"].update(namespace="team", uid="uid-p")
+    # The device-plugin entry has nothing to judge; the DRA entry sends it where it fills gpu-0 (first fit there).
+    assert ext.filter(args(body, "a", "b"))["NodeNames"] == ["a", "b"]
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(body, "a", "b"), every_pod=True)} == {"a": 10, "b": 9}
+    assert ext.filter(args(body, "a", "b"), every_pod=True)["NodeNames"] == ["a", "b"]  # and reserves 4 shares on both
+    assert cache.node("a")[1] == {DRA_DRIVER: [0, 10]}
+    # Allocated on a and reserved for the pod: counted once, by the claim; the reservation ends.
+    want["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": DRA_DRIVER, "pool": "a", "device": "gpu-0", "shareID": "0b0c0d0e-0000-4000-8000-000000000002",
+         "consumedCapacity": {"shares": "4"}}]}}, "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}]}
+    cache.set_claim(("team", "want"), claim_info(want, DRA_DRIVER, frozenset({DRA_CLASS})))
+    assert cache.node("a")[1] == {DRA_DRIVER: [0, 10]} and cache.node("b")[1] == {DRA_DRIVER: [10, 10]}
+    assert cache.dra_request(body) == ()
+    # The pod bound: fgd and fgdstrand learn its shape from what its claim holds (4 of 10 shares), with its CPU.
+    bound = claim_pod_body("p", "want", 1000, 1024, "s", {})
+    bound["metadata"].update(namespace="team", uid="uid-p")
+    bound["spec"]["nodeName"] = "a"
+    cache.set_pod(pod_state(bound, pod_request(bound, managed)))
+    assert cache.workload() == [Pod(1000, 1024, num_gpu=1, gpu_milli=400)]
+    # A claim that fits no single device is filtered out with the reason; a pod without claims passes untouched.
+    big = share_claim("big", 11)
+    big["metadata"].update(namespace="team", uid="uid-big")
+    cache.set_claim(("team", "big"), claim_info(big, DRA_DRIVER, frozenset({DRA_CLASS})))
+    result = ext.filter(args(claim_pod_body("q", "big", 0, 0, "s", {}) | {"metadata": {"namespace": "team", "name": "q", "uid": "uid-q"}}, "b"), every_pod=True)
+    assert "each GPU of this node has at most 10" in result["FailedAndUnresolvableNodes"]["b"]
+    assert ext.prioritize(args(pod("share", {SHARE: 1}), "a", "b"), every_pod=True) == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
+
+
+def test_every_pod_entry_sends_a_cpu_only_pod_where_it_strands_no_gpu():
+    """fgdstrand on a 16-core pod without GPUs: a node of 8 idle GPUs and 30 free cores would be left unable to feed
+    them; a node whose GPUs are all used, or one without GPUs, loses nothing."""
+    cache = ClusterCache()
+    cache.set_node("gpus", annotation(*[(10, 0)] * 8), HostCapacity(30_000, 400_000, 110))
+    cache.set_node("full", annotation(*[(10, 10)] * 8), HostCapacity(30_000, 400_000, 110))
+    cache.set_node("cpu", None, HostCapacity(64_000, 256_000, 110))
+    for i in range(4):  # the workload: 1 GPU and 12 cores each
+        body = host_pod(f"w{i}", "12", "40Gi", node="busy", shares=10)
+        cache.set_pod(pod_state(body, pod_request(body, managed)))
+    cache.set_node("busy", annotation((10, 10)), HostCapacity(96_000, 400_000, 110))
+    ext = Extender(cache, Scorer("fgdstrand", workload=cache.workload), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    plain = host_pod("plain", "16", "8Gi")
+    assert ext.filter(args(plain, "gpus", "full", "cpu"), every_pod=True)["NodeNames"] == ["gpus", "full", "cpu"]
+    assert cache.counts()["reservations"] == 0  # nothing of ours to reserve
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full", "cpu"), every_pod=True)} == {"gpus": 9, "full": 10, "cpu": 10}
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full"))} == {"gpus": 0, "full": 0}  # the share entry: not its pod
+

@@ -30,11 +30,14 @@ def scheduler_configs() -> list[dict]:
 @pytest.mark.parametrize("config", scheduler_configs(), ids=["cluster-scheduler", "second-scheduler"])
 def test_scheduler_configs_call_the_extender(config):
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1" and config["kind"] == "KubeSchedulerConfiguration"
-    (extender,) = config["extenders"]
+    extender, every_pod = config["extenders"]
     assert set(extender) == EXTENDER_KEYS  # kube-scheduler's field names: a typo would be silently ignored
+    assert set(every_pod) == EXTENDER_KEYS - {"managedResources"}  # none: kube-scheduler calls it for every pod
+    assert every_pod["urlPrefix"] == extender["urlPrefix"] + "/all" and every_pod["ignorable"] is True and every_pod["weight"] == 20
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
     assert extender["filterVerb"] == "filter" and extender["prioritizeVerb"] == "prioritize"
     assert extender["urlPrefix"] == "http://gpu-share-extender.gpu-share.svc:8888"
+    assert extender["weight"] == 20  # the recommended configuration (docs/scheduler.md)
     names = {r["name"] for r in extender["managedResources"]}
     assert {"example.com/gpu-share", "example.com/gpu"} <= names and all(n.startswith("example.com/") for n in names)
 
@@ -43,12 +46,17 @@ def test_second_scheduler_is_the_official_image_named_gpu_share():
     docs = {d["kind"]: d for d in documents(EXTENDER / "scheduler" / "second-scheduler.yaml")}
     container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
-    assert scheduler_configs()[1]["profiles"] == [{"schedulerName": "gpu-share"}]
+    (profile,) = scheduler_configs()[1]["profiles"]
+    assert profile["schedulerName"] == "gpu-share"
+    (fit,) = profile["pluginConfig"]
+    assert fit["name"] == "NodeResourcesFit" and fit["args"]["scoringStrategy"]["type"] == "MostAllocated"  # docs/scheduler.md
 
 
 def test_extender_rbac_only_reads():
     role = next(d for d in documents(EXTENDER / "00-rbac.yaml") if d["kind"] == "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+                             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates"],
+                              "verbs": ["get", "list", "watch"]}]
     deployment = documents(EXTENDER / "01-deployment.yaml")[0]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["gpu-share", "extender"] and container["ports"][0]["containerPort"] == 8888

@@ -23,6 +23,9 @@ def add_arguments(extender: argparse.ArgumentParser) -> None:
     extender.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     extender.add_argument("--reservation-ttl", type=flags.positive_float, default=defaults.RESERVATION_TTL, metavar="SECONDS",
                           help="how long a pod passed by the filter counts on its nodes before its binding shows (default %(default)g)")
+    extender.add_argument("--dra-class", action="append", metavar="NAME",
+                          help="a DeviceClass whose ResourceClaims ask the DRA driver gpu-share.<domain> for shares: score them too, on "
+                               "/all/filter and /all/prioritize (repeatable; default: no DRA, no ResourceSlice or claim watches)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ..kube.annotation import QUARANTINED, UNHEALTHY
 from ..alloc.placement import choose_unit
+from .dra import FIRST_FIT
 from .model import NodeInventory, NodeResource, PodRequest
 
 # Failure categories: the `reason` label of the filtered-out metric.
@@ -83,7 +84,10 @@ def _check(node: NodeInventory, free: FreeShares, resource: str, count: int, con
 
 def _take(info: NodeResource, units: list[int], count: int) -> list[tuple[int, int]]:
     """(unit index, shares) taken for one container, chosen as the node plugin chooses."""
-    best = choose_unit(info.policy, units, info.totals, count)
+    if info.policy == FIRST_FIT:  # a DRA device: kube-scheduler's allocator takes the first that fits
+        best = next((i for i, n in enumerate(units) if n >= count), None)
+    else:
+        best = choose_unit(info.policy, units, info.totals, count)
     if best is not None:
         units[best] -= count
         return [(best, count)]

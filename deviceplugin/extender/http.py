@@ -39,7 +39,11 @@ class ExtenderHTTPServer:
         read_timeout: float = 10.0,
         max_body: int = MAX_BODY_BYTES,
     ) -> None:
-        verbs = {"/filter": ("filter", extender.filter), "/prioritize": ("prioritize", extender.prioritize)}
+        verbs: dict[str, tuple[str, Callable[[dict], object]]] = {
+            "/filter": ("filter", extender.filter), "/prioritize": ("prioritize", extender.prioritize),
+            "/all/filter": ("all-filter", lambda args: extender.filter(args, every_pod=True)),
+            "/all/prioritize": ("all-prioritize", lambda args: extender.prioritize(args, every_pod=True)),
+        }
 
         class Handler(BaseHTTPRequestHandler):
             timeout = read_timeout  # socket timeout for every read and write
@@ -73,7 +77,7 @@ class ExtenderHTTPServer:
             def do_POST(self) -> None:
                 path = self.path.split("?")[0]
                 if path not in verbs:
-                    return self._text(404, "not found: POST /filter or /prioritize")
+                    return self._text(404, "not found: POST /filter, /prioritize, /all/filter or /all/prioritize")
                 verb, handle = verbs[path]
                 started = time.perf_counter()
                 try:

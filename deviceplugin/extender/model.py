@@ -1,4 +1,4 @@
-"""What the extender knows: a node's units read from its inventory annotation, and a pod's share requests.
+"""What the extender knows: a node's units (its inventory annotation) and host capacity, and a pod's requests.
 
 Pure: inputs are the JSON the API server and kube-scheduler send, already decoded. Every input is bounded
 and checked; a bad one raises InputError naming the field and the reason.
@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cached_property
 
+from ..cluster import MILLI, Pod
+from ..dra.devices import MAX_QUANTITY_LENGTH, parse_quantity
 from ..kube.annotation import HEALTH_VALUES, VERSION
 
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit for all annotations of an object
 MAX_UNITS = 4096  # per node
 MAX_SHARES = 1_000_000  # per unit or per container request
 MAX_CONTAINERS = 256  # per pod
+UNLIMITED = 1 << 62  # a host capacity the Node does not state
 
 
 class InputError(ValueError):
@@ -50,6 +54,11 @@ class NodeResource:
     @cached_property
     def totals(self) -> tuple[int, ...]:
         return tuple(u.total for u in self.units)
+
+    @cached_property
+    def largest(self) -> int:
+        """The largest unit's shares (0 without units)."""
+        return max(self.totals, default=0)
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,8 @@ class PodRequest:
     uid: str
     together: tuple[ContainerRequest, ...]  # containers and restartable (sidecar) init containers
     alone: tuple[ContainerRequest, ...]  # ordinary init containers, one at a time before the others
+    cpu_milli: int = 0  # the pod's effective CPU request, as kube-scheduler counts it (host_request)
+    memory_mib: int = 0
 
     @property
     def empty(self) -> bool:
@@ -131,6 +142,24 @@ class PodRequest:
     def largest(self) -> tuple[str, int]:
         """(resource, count) of the largest container request (the pod must not be empty)."""
         return max(((r, n) for c in self.together + self.alone for r, n in c.shares), key=lambda rn: rn[1])
+
+
+def cluster_pod(count: int, total: int, cpu_milli: int = 0, memory_mib: int = 0) -> Pod:
+    """A request of `count` shares of units of `total` shares, in the cluster model's milli-GPUs."""
+    if total <= 1 or count > total:  # whole units
+        return Pod(cpu_milli, memory_mib, num_gpu=-(-count // max(total, 1)), gpu_milli=MILLI)
+    return Pod(cpu_milli, memory_mib, num_gpu=1, gpu_milli=-(-count * MILLI // total))
+
+
+def model_pod(request: PodRequest, total: int) -> Pod:
+    """The pod as the cluster model sees it on units of `total` shares: by its largest resource, k/N of a GPU, or
+    whole GPUs (containers each asking for whole units count together: 4 containers of N shares are 4 GPUs)."""
+    resource, count = request.largest
+    counts = [n for c in request.together for r, n in c.shares if r == resource]
+    unit = max(total, 1)
+    if len(counts) > 1 and all(n % unit == 0 for n in counts):
+        return Pod(request.cpu_milli, request.memory_mib, num_gpu=sum(counts) // unit, gpu_milli=MILLI)
+    return cluster_pod(count, total, request.cpu_milli, request.memory_mib)
 
 
 def pod_request(pod: object, managed) -> PodRequest:
@@ -143,6 +172,7 @@ def pod_request(pod: object, managed) -> PodRequest:
         raise InputError("Pod.spec: missing or not an object")
     together: list[ContainerRequest] = []
     alone: list[ContainerRequest] = []
+    cpu, memory = host_request(spec)
     for field in ("initContainers", "containers"):
         containers = spec.get(field) or []
         if not isinstance(containers, list) or len(containers) > MAX_CONTAINERS:
@@ -153,7 +183,9 @@ def pod_request(pod: object, managed) -> PodRequest:
                 continue
             sidecar = field == "initContainers" and container.get("restartPolicy") == "Always"
             (alone if field == "initContainers" and not sidecar else together).append(request)
-    return PodRequest(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")), tuple(together), tuple(alone))
+    return PodRequest(
+        str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")), tuple(together), tuple(alone), cpu, memory
+    )
 
 
 def _container_request(container, where: str, managed) -> ContainerRequest | None:
@@ -178,3 +210,102 @@ def _quantity(value, where: str) -> int:
     if not text.isdigit() or int(text) > MAX_SHARES:
         raise InputError(f"{where}: {value!r} is not a whole number of shares (0-{MAX_SHARES})")
     return int(text)
+
+
+@dataclass(frozen=True)
+class HostCapacity:
+    """A Node's allocatable CPU (milli), memory (MiB, rounded down) and pod slots."""
+
+    cpu_milli: int = UNLIMITED
+    memory_mib: int = UNLIMITED
+    pods: int = UNLIMITED
+
+
+def host_capacity(node: dict) -> HostCapacity:
+    """`status.allocatable` of a Node object; a missing or unreadable entry counts as unlimited."""
+    allocatable = ((node.get("status") or {}).get("allocatable") or {}) if isinstance(node, dict) else {}
+    values = []
+    for key, scale, down in (("cpu", 1000, True), ("memory", 1 / (1 << 20), True), ("pods", 1, True)):
+        try:
+            values.append(_scaled(allocatable[key], scale, down))
+        except (KeyError, InputError):
+            values.append(UNLIMITED)
+    return HostCapacity(*values)
+
+
+def host_request(spec: dict) -> tuple[int, int]:
+    """(CPU milli, memory MiB) the pod takes on its node, as kube-scheduler's NodeResourcesFit counts it.
+
+    The containers' requests and every sidecar (restartable init container) summed; each ordinary init container
+    with the sidecars started before it; the larger of the two; plus `overhead`. A pod-level `resources.requests`
+    replaces the containers' sum for the resources it names. A request defaults to the limit (as the API server
+    defaults it).
+    """
+    total = [0, 0]
+    sidecars = [0, 0]
+    init_peak = [0, 0]
+    for i, container in enumerate(_containers(spec, "containers")):
+        total = _add(total, _container_host(container, f"Pod.spec.containers[{i}]"))
+    for i, container in enumerate(_containers(spec, "initContainers")):
+        request = _container_host(container, f"Pod.spec.initContainers[{i}]")
+        if container.get("restartPolicy") == "Always":
+            total = _add(total, request)
+            sidecars = _add(sidecars, request)
+            running = sidecars
+        else:
+            running = _add(request, sidecars)
+        init_peak = [max(a, b) for a, b in zip(init_peak, running)]
+    result = [max(a, b) for a, b in zip(total, init_peak)]
+    pod_level = ((spec.get("resources") or {}).get("requests") or {}) if isinstance(spec.get("resources"), dict) else {}
+    for k, key in enumerate(("cpu", "memory")):
+        if key in pod_level:
+            result[k] = _host_quantity(pod_level, key, "Pod.spec.resources.requests")
+    overhead = spec.get("overhead") or {}
+    if isinstance(overhead, dict):
+        result = _add(result, [_host_quantity(overhead, k, "Pod.spec.overhead") for k in ("cpu", "memory")])
+    return result[0], result[1]
+
+
+def _containers(spec: dict, field: str) -> list[dict]:
+    containers = spec.get(field) or []
+    if not isinstance(containers, list) or len(containers) > MAX_CONTAINERS:
+        raise InputError(f"Pod.spec.{field}: must be a list of at most {MAX_CONTAINERS} containers")
+    return [c for c in containers if isinstance(c, dict)]
+
+
+def _container_host(container: dict, where: str) -> list[int]:
+    resources = container.get("resources") or {}
+    if not isinstance(resources, dict):
+        return [0, 0]
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    amounts = {**limits, **requests} if isinstance(requests, dict) and isinstance(limits, dict) else {}
+    return [_host_quantity(amounts, key, f"{where}.resources") for key in ("cpu", "memory")]
+
+
+def _host_quantity(amounts: dict, key: str, where: str) -> int:
+    """CPU in milli (rounded up) or memory in MiB (rounded up), 0 when absent."""
+    if key not in amounts:
+        return 0
+    try:
+        return _scaled(amounts[key], 1000 if key == "cpu" else 1 / (1 << 20), False)
+    except InputError as err:
+        raise InputError(f"{where}.{key}: {err}") from None
+
+
+def _add(a: list[int], b: list[int]) -> list[int]:
+    return [x + y for x, y in zip(a, b)]
+
+
+def _scaled(value: object, scale: float, down: bool) -> int:
+    """A Kubernetes quantity ("500m", "2", "1.5Gi", "1e9") times `scale`, rounded down or up; bounded."""
+    text = str(value)
+    try:
+        amount = parse_quantity(text) * Decimal(scale)
+    except ValueError:
+        raise InputError(f"{text[:MAX_QUANTITY_LENGTH]!r} is not a quantity") from None
+    if amount < 0:
+        raise InputError(f"{text!r} is negative")
+    if amount > UNLIMITED:
+        return UNLIMITED
+    whole = int(amount)
+    return whole if down or whole == amount else whole + 1

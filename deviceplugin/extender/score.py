@@ -1,45 +1,59 @@
 """Prioritize: the cluster placement policy (deviceplugin.cluster) scores each node that fits.
 
 The pod's largest container request of a resource becomes a cluster-model pod (a fraction of one unit, or
-whole units), and the node's units of that resource its GPUs with their free fraction; the policy's 0-100
-score is scaled (rounded) to the extender's 0-10. CPU and memory are left to kube-scheduler's own plugins.
-Policies that need the workload's task shapes (fgd) learn them from the share pods bound now, refreshed
-every `refresh` seconds; until there are any, binpack scores.
+whole units) with the pod's CPU and memory request, and the node a cluster-model node: its units of that
+resource as GPUs with their free fraction, its allocatable CPU, memory and pod slots with what its pods and
+in-flight reservations leave free. So fgdstrand sees the CPU and memory that strand GPUs, as in the simulator.
+
+kube-scheduler's extender scale is 0-10, and FGD's 0-100 scores differ by a point or two between good nodes:
+rounded, they tie. So the scores are ranked within each call: the nodes with the policy's best score get 10,
+the next distinct score 9, and so on down to 1 (0: no room). The node the policy would choose is always the
+extender's top node. Policies that need the workload's task shapes (fgd, fgdstrand) learn them from the pods
+bound now, refreshed every `refresh` seconds; until there are any, binpack scores.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from functools import lru_cache
 
 from ..cluster import MILLI, NEEDS_SHAPES, POLICIES, Node, Pod, Policy, TaskShapes, make_policy
 from .cache import NodeView
+from .model import HostCapacity, PodRequest, model_pod
 
 MAX_EXTENDER_SCORE = 10  # kube-scheduler's extenderv1.MaxExtenderPriority
-MAX_MEMO_SCORES = 32  # per node view: the (policy generation, resource, count) scores kept
+MAX_MEMO_SCORES = 32  # per node view: the (policy generation, request) scores kept
 USABLE_POLICIES = tuple(p for p in POLICIES if p != "random")
+NO_ROOM = -1
+_generations = itertools.count(1)  # one sequence for every Scorer: a view's memo never mixes two policies
 
 
-def cluster_pod(count: int, total: int) -> Pod:
-    """A request of `count` shares of units of `total` shares, in the cluster model's milli-GPUs."""
-    if total <= 1 or count > total:  # whole units
-        return Pod(0, 0, num_gpu=-(-count // max(total, 1)), gpu_milli=MILLI)
-    return Pod(0, 0, num_gpu=1, gpu_milli=-(-count * MILLI // total))
+def ranked(raw: list[int]) -> list[int]:
+    """The policy's 0-100 scores (NO_ROOM: does not fit) as 0-10: the best distinct score 10, the next 9, ... at least 1."""
+    levels = sorted({s for s in raw if s != NO_ROOM}, reverse=True)
+    rank = {s: max(1, MAX_EXTENDER_SCORE - i) for i, s in enumerate(levels)}
+    return [rank.get(s, 0) for s in raw]
+
+
+def _key(generation: int, resource: str, pod: Pod) -> str:
+    return f"{generation}|{resource}|{pod.cpu_milli}|{pod.memory_mib}|{pod.num_gpu}|{pod.gpu_milli}"
 
 
 class Scorer:
-    """Scores are a pure function of (request, units' totals, units' free shares) for one policy: memoised, bounded."""
+    """Scores are a pure function of (request, units' totals and free shares, host capacity and free) for one
+    policy: memoised, bounded."""
 
     def __init__(
         self,
         policy: str = "binpack",
         memo: int = 65536,
-        workload: Callable[[], list[tuple[int, int]]] = lambda: [],
+        workload: Callable[[], list[Pod]] = lambda: [],
         refresh: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`workload()`: (count, unit total) of the largest request of every bound share pod (for fgd)."""
+        """`workload()`: the pods bound now as cluster-model pods, to learn the task shapes from (fgd, fgdstrand)."""
         if policy not in USABLE_POLICIES:
             raise ValueError(f"--policy: {policy!r} is not one of {', '.join(USABLE_POLICIES)}")
         self.name = policy
@@ -49,41 +63,82 @@ class Scorer:
         self._fallback = make_policy("binpack")
         self._policy: Policy | None = None if policy in NEEDS_SHAPES else make_policy(policy)
         self._next_refresh = float("-inf")
-        self._generation = 0  # bumped when the policy is rebuilt: keys the views' memos
+        self._generation = next(_generations)  # renewed when the policy is rebuilt: keys the views' memos
         self._score = lru_cache(maxsize=memo)(self._compute)  # policies hash by identity
 
     @property
     def policy(self) -> Policy:
         """The policy scoring now (fgd: rebuilt from the workload every `refresh` seconds)."""
         if self.name in NEEDS_SHAPES and self.clock() >= self._next_refresh:
-            pods = [cluster_pod(count, total) for count, total in self.workload()]
-            self._policy = make_policy(self.name, TaskShapes.from_pods(pods)) if pods else None
+            pods = self.workload()
+            self._policy = make_policy(self.name, TaskShapes.from_pods(pods)) if any(p.num_gpu for p in pods) else None
             self._score.cache_clear()
-            self._generation += 1
+            self._generation = next(_generations)
             self._next_refresh = self.clock() + self.refresh
         return self._policy or self._fallback
 
-    def scores(self, resource: str, count: int, views: list[NodeView]) -> list[int]:
-        """0-10 on each node for the pod whose largest request is `count` shares of `resource` (0: no room).
+    def raw_scores(self, request: PodRequest, views: list[NodeView]) -> list[int]:
+        """The policy's 0-100 score on each node for the pod (by its largest request), NO_ROOM where it does not fit.
 
         Memoised on each node's view (replaced when the node changes) and across nodes in the same state.
         """
         policy = self.policy
-        key = (self._generation, resource, count)
+        if request.empty:
+            return self._host_only(policy, request, views)
+        resource = request.largest[0]
+        pods: dict[int, tuple[Pod, str]] = {}  # unit total -> the pod in the cluster model, its memo key
+        total, pod, key = -1, None, ""
         out = []
         for view in views:
+            inventory = view.inventory
+            info = inventory.resources.get(resource) if inventory is not None else None
+            if info is None or not info.units:
+                out.append(NO_ROOM)
+                continue
+            if info.largest != total:  # nodes alike share the last one
+                total = info.largest
+                entry = pods.get(total)
+                if entry is None:
+                    made = model_pod(request, total)
+                    entry = pods[total] = (made, _key(self._generation, resource, made))  # a str caches its hash
+                pod, key = entry
             score = view.scores.get(key)
             if score is None:
-                info = view.inventory.resources.get(resource) if view.inventory is not None else None
-                score = self._score(policy, count, info.totals, tuple(view.free[resource])) if info is not None and info.units else 0  # type: ignore[arg-type]
+                score = self._score(policy, pod, info.totals, tuple(view.free[resource]), view.host, view.host_free)  # type: ignore[arg-type]
                 if len(view.scores) >= MAX_MEMO_SCORES:
                     view.scores.clear()
                 view.scores[key] = score
             out.append(score)
         return out
 
+    def _host_only(self, policy: Policy, request: PodRequest, views: list[NodeView]) -> list[int]:
+        """A pod asking for no share (CPU-only): scored on each node's GPUs (its largest resource's units) and host; a
+        node without a gpu-share inventory as a node without GPUs (nothing to strand there)."""
+        pod = Pod(request.cpu_milli, request.memory_mib)
+        key = _key(self._generation, "", pod)
+        out = []
+        for view in views:
+            score = view.scores.get(key)
+            if score is None:
+                resources = [r for r in view.inventory.resources.values() if r.units] if view.inventory is not None else []
+                info = max(resources, key=lambda r: len(r.units), default=None)
+                totals, free = (info.totals, tuple(view.free[info.name])) if info is not None else ((), ())
+                score = self._score(policy, pod, totals, free, view.host, view.host_free)  # type: ignore[arg-type]
+                if len(view.scores) >= MAX_MEMO_SCORES:
+                    view.scores.clear()
+                view.scores[key] = score
+            out.append(score)
+        return out
+
+    def scores(self, request: PodRequest, views: list[NodeView]) -> list[int]:
+        """0-10 on each node, ranked (see the module doc)."""
+        return ranked(self.raw_scores(request, views))
+
     @staticmethod
-    def _compute(policy: Policy, count: int, totals: tuple[int, ...], free: tuple[int, ...]) -> int:
+    def _compute(policy: Policy, pod: Pod, totals: tuple[int, ...], free: tuple[int, ...], host: HostCapacity,
+                 host_free: tuple[int, int, int]) -> int:
         gpu_free = [min(MILLI, f * MILLI // max(t, 1)) for t, f in zip(totals, free)]
-        choice = policy.score(cluster_pod(count, max(totals)), Node("", 0, 0, "", gpu_free))
-        return 0 if choice is None else (choice.score * MAX_EXTENDER_SCORE + 50) // 100  # rounded: 0-10 is coarse enough
+        cpu, memory, slots = (max(0, v) for v in host_free)
+        node = Node("", host.cpu_milli, host.memory_mib, "", gpu_free, cpu, memory, host.pods, host.pods - slots)
+        choice = policy.score(pod, node)
+        return NO_ROOM if choice is None else choice.score

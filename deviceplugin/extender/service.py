@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from .. import defaults
 from ..config.types import DEFAULT_DOMAIN
+from ..dra.devices import driver_name
 from ..kube.annotation import ANNOTATION
 from .cache import ClusterCache
 from .http import ExtenderHTTPServer
@@ -28,6 +29,7 @@ class ExtenderOptions:
     workers: int = 8
     read_timeout: float = 10.0
     reservation_ttl: float = defaults.RESERVATION_TTL
+    dra_classes: tuple[str, ...] = ()  # DeviceClasses whose claims ask the DRA driver gpu-share.<domain> for shares; (): no DRA
     watch: WatchSettings = field(default_factory=WatchSettings)
 
 
@@ -35,11 +37,18 @@ class ExtenderService:
     def __init__(self, api, options: ExtenderOptions) -> None:
         prefix = options.domain + "/"
         managed = lambda name: name.startswith(prefix)  # noqa: E731
-        self.cache = ClusterCache(reservation_ttl=options.reservation_ttl)
+        driver = driver_name(options.domain) if options.dra_classes else ""
+        self.cache = ClusterCache(reservation_ttl=options.reservation_ttl, driver=driver, classes=frozenset(options.dra_classes))
         self.registry = CollectorRegistry()
         self.metrics = ExtenderMetrics(self.registry, self.cache.counts)
+        resource_api = None
+        if driver:
+            from kubernetes import client
+
+            resource_api = client.ResourceV1Api(api.api_client)
         self.watch = ClusterWatch(
-            api, self.cache, f"{options.domain}/{ANNOTATION}", managed, options.watch, lambda kind: self.metrics.watch_restarts.labels(kind).inc()
+            api, self.cache, f"{options.domain}/{ANNOTATION}", managed, options.watch, lambda kind: self.metrics.watch_restarts.labels(kind).inc(),
+            resource_api,
         )
         self.extender = Extender(self.cache, Scorer(options.policy, workload=self.cache.workload), managed, self.metrics)
         self.server = ExtenderHTTPServer(
@@ -65,7 +74,8 @@ def run_extender(args, wait: Callable[[], None]) -> int:
         print(f"gpu-share: error: no Kubernetes API access: {err}", file=sys.stderr)
         return 2
     try:
-        options = ExtenderOptions(domain=args.domain, port=args.port, policy=args.policy, reservation_ttl=args.reservation_ttl)
+        options = ExtenderOptions(domain=args.domain, port=args.port, policy=args.policy, reservation_ttl=args.reservation_ttl,
+                                  dra_classes=tuple(args.dra_class or ()))
         service = ExtenderService(api, options)
     except ValueError as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)

@@ -3,17 +3,25 @@
 ExtenderArgs `{"Pod", "Nodes", "NodeNames"}` in (nodeCacheCapable: `Nodes` is null, `NodeNames` lists the
 candidates); ExtenderFilterResult `{"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}` or
 HostPriorityList `[{"Host", "Score"}]` (0-10) out. The Go types carry no JSON tags: the field names are Go's.
+
+Two modes, one per extender entry of the scheduler configuration. The share mode judges a pod's extended resources
+(`<domain>/*`; kube-scheduler calls that entry only for pods asking for them). The every-pod mode (`every_pod=True`,
+the `/all/` paths; an entry without managedResources, which kube-scheduler calls for every pod) judges what a pod's
+ResourceClaims ask of the gpu-share DRA driver, and scores a pod that asks for no share at all (CPU-only) by the
+GPUs it would strand, as the simulator places CPU-only pods; a share pod is answered at once (the share entry
+judges it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from .cache import ClusterCache, NodeView
 from .fit import NO_INVENTORY, place
 from .metrics import ExtenderMetrics
 from .model import InputError, PodRequest, pod_request
-from .score import Scorer
+from .score import NO_ROOM, Scorer, ranked
 
 MAX_NODE_NAMES = 50_000
 
@@ -25,9 +33,9 @@ class Extender:
         self.managed = managed
         self.metrics = metrics
 
-    def filter(self, args: dict) -> dict:
+    def filter(self, args: dict, every_pod: bool = False) -> dict:
         try:
-            request, names = self._args(args)
+            request, names = self._args(args, every_pod)
         except InputError as err:
             return {"NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": str(err)}
         passed: list[str] = []
@@ -58,17 +66,19 @@ class Extender:
                 self.metrics.filtered_out.labels(reason).inc(count)
         return {"NodeNames": passed, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
 
-    def prioritize(self, args: dict) -> list[dict]:
+    def prioritize(self, args: dict, every_pod: bool = False) -> list[dict]:
         """Scores for the nodes the pod fits; nodes it does not fit score 0 (the filter already refused them)."""
-        request, names = self._args(args)  # InputError: the HTTP layer answers 400
-        if request.empty:
+        request, names = self._args(args, every_pod)  # InputError: the HTTP layer answers 400
+        if request is NOTHING or (request.empty and not every_pod):
             return [{"Host": name, "Score": 0} for name in names]
         views = self.cache.views(names, exclude=request.uid)
-        scores = self.scorer.scores(*request.largest, views)
-        resource, count = _single(request) or ("", 0)
-        return [{"Host": view.name, "Score": score if score and _fits(request, view, resource, count) else 0} for view, score in zip(views, scores)]
+        raw = self.scorer.raw_scores(request, views)
+        if not request.empty:  # a CPU-only pod fits wherever kube-scheduler's own filters let it
+            resource, count = _single(request) or ("", 0)
+            raw = [s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM for view, s in zip(views, raw)]
+        return [{"Host": view.name, "Score": score} for view, score in zip(views, ranked(raw))]
 
-    def _args(self, args: dict) -> tuple[PodRequest, list[str]]:
+    def _args(self, args: dict, every_pod: bool) -> tuple[PodRequest, list[str]]:
         if not isinstance(args, dict):
             raise InputError("ExtenderArgs: must be a JSON object")
         names = args.get("NodeNames")
@@ -76,7 +86,17 @@ class Extender:
             raise InputError("ExtenderArgs.NodeNames: missing; configure the extender with nodeCacheCapable: true")
         if not isinstance(names, list) or len(names) > MAX_NODE_NAMES or not all(isinstance(n, str) for n in names):
             raise InputError(f"ExtenderArgs.NodeNames: must be a list of at most {MAX_NODE_NAMES} node names")
-        return pod_request(args.get("Pod"), self.managed), names
+        pod = args.get("Pod")
+        request = pod_request(pod, self.managed)
+        if not every_pod:
+            return request, names
+        if not request.empty:
+            return NOTHING, names  # a share pod: the share entry's business
+        claims = self.cache.dra_request(pod) if isinstance(pod, dict) and (pod.get("spec") or {}).get("resourceClaims") else ()
+        return replace(request, together=claims), names  # no claims of ours: a CPU-only pod
+
+
+NOTHING = PodRequest("", "", "", (), ())  # answered at once
 
 
 def _fits(request: PodRequest, view: NodeView, resource: str, count: int) -> bool:

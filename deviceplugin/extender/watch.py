@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from ..loop import BackgroundLoop
 from .cache import ClusterCache, pod_state
-from .model import InputError, pod_request
+from .dra import claim_info, claim_requests, slice_info
+from .model import InputError, host_capacity, pod_request
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +165,12 @@ def _lines(response, stop) -> Iterator[bytes]:
 
 
 class ClusterWatch:
-    """The two watches that keep the cache current: Nodes (their annotation) and Pods (bound or nominated)."""
+    """The watches that keep the cache current: Nodes (their annotation and allocatable) and Pods (bound or
+    nominated, every pod: all of them take CPU, memory and a pod slot); with DRA (`resource_api`, the cache's
+    driver set) also the driver's ResourceSlices, every ResourceClaim and ResourceClaimTemplate."""
 
     def __init__(self, api, cache: ClusterCache, annotation_key: str, managed: Callable[[str], bool],
-                 settings: WatchSettings = WatchSettings(), on_restart: Callable[[str], None] = lambda kind: None) -> None:
+                 settings: WatchSettings = WatchSettings(), on_restart: Callable[[str], None] = lambda kind: None, resource_api=None) -> None:
         self.cache = cache
         self.annotation_key = annotation_key
         self.managed = managed
@@ -175,24 +178,34 @@ class ClusterWatch:
         self.pods = ResourceWatch(
             "pods", api.list_pod_for_all_namespaces, self._pods, self._pod_event, settings, lambda: on_restart("pods"), POD_SELECTOR
         )
+        self.watches = [self.nodes, self.pods]
+        if resource_api is not None and cache.driver:
+            self.watches += [
+                ResourceWatch("resourceslices", resource_api.list_resource_slice, self._slices, self._slice_event, settings,
+                              lambda: on_restart("resourceslices"), f"spec.driver={cache.driver}"),
+                ResourceWatch("resourceclaims", resource_api.list_resource_claim_for_all_namespaces, self._claims, self._claim_event, settings,
+                              lambda: on_restart("resourceclaims")),
+                ResourceWatch("resourceclaimtemplates", resource_api.list_resource_claim_template_for_all_namespaces, self._templates,
+                              self._template_event, settings, lambda: on_restart("resourceclaimtemplates")),
+            ]
 
     def start(self) -> None:
-        self.nodes.start()
-        self.pods.start()
+        for watch in self.watches:
+            watch.start()
 
     def stop(self) -> None:
-        self.nodes.stop()
-        self.pods.stop()
+        for watch in self.watches:
+            watch.stop()
 
     def ready(self) -> tuple[bool, str]:
-        waiting = [w.kind + (f" ({w.last_error})" if w.last_error else "") for w in (self.nodes, self.pods) if not w.synced]
+        waiting = [w.kind + (f" ({w.last_error})" if w.last_error else "") for w in self.watches if not w.synced]
         return (not waiting, "ready" if not waiting else f"not ready: waiting for the first list of {', '.join(waiting)}")
 
     def _annotation(self, node: dict) -> str | None:
         return ((node.get("metadata") or {}).get("annotations") or {}).get(self.annotation_key)
 
     def _nodes(self, items: list[dict]) -> None:
-        self.cache.replace_nodes({n["metadata"]["name"]: self._annotation(n) for n in items})
+        self.cache.replace_nodes({n["metadata"]["name"]: (self._annotation(n), host_capacity(n)) for n in items})
         settle_heap()
 
     def _node_event(self, kind: str, node: dict) -> None:
@@ -200,7 +213,7 @@ class ClusterWatch:
         if kind == "DELETED":
             self.cache.delete_node(name)
         else:
-            self.cache.set_node(name, self._annotation(node))
+            self.cache.set_node(name, self._annotation(node), host_capacity(node))
 
     def _state(self, pod: dict):
         try:
@@ -220,3 +233,29 @@ class ClusterWatch:
             self.cache.delete_pod(uid)
         else:
             self.cache.set_pod(state)
+
+    # --- DRA ----------------------------------------------------------------------------------------
+    def _slices(self, items: list[dict]) -> None:
+        infos = {str(o["metadata"]["name"]): slice_info(o, self.cache.driver) for o in items}
+        self.cache.replace_slices({k: v for k, v in infos.items() if v is not None})
+
+    def _slice_event(self, kind: str, obj: dict) -> None:
+        self.cache.set_slice(str(obj["metadata"]["name"]), None if kind == "DELETED" else slice_info(obj, self.cache.driver))
+
+    def _claims(self, items: list[dict]) -> None:
+        self.cache.replace_claims({_key(o): claim_info(o, self.cache.driver, self.cache.classes) for o in items})
+
+    def _claim_event(self, kind: str, obj: dict) -> None:
+        self.cache.set_claim(_key(obj), None if kind == "DELETED" else claim_info(obj, self.cache.driver, self.cache.classes))
+
+    def _templates(self, items: list[dict]) -> None:
+        self.cache.replace_templates({_key(o): claim_requests((o.get("spec") or {}).get("spec") or {}, self.cache.classes) for o in items})
+
+    def _template_event(self, kind: str, obj: dict) -> None:
+        requests = None if kind == "DELETED" else claim_requests((obj.get("spec") or {}).get("spec") or {}, self.cache.classes)
+        self.cache.set_template(_key(obj), requests)
+
+
+def _key(obj: dict) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))

@@ -21,13 +21,14 @@
 {{- toJson $config -}}
 {{- end -}}
 
-{{/* The `extenders` entry of a KubeSchedulerConfiguration calling the extender (both ways of docs/scheduler.md). */}}
+{{/* The `extenders` entries of a KubeSchedulerConfiguration calling the extender (both ways of docs/scheduler.md):
+the share entry, and the every-pod entry (DRA claims, CPU-only pods); weight 20 as measured there. */}}
 {{- define "gpu-share.extenderCall" -}}
 {{- $domain := include "gpu-share.domain" . -}}
 - urlPrefix: http://gpu-share-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
   filterVerb: filter
   prioritizeVerb: prioritize
-  weight: 5
+  weight: 20
   httpTimeout: 5s
   nodeCacheCapable: true
   ignorable: false
@@ -35,6 +36,13 @@
     {{- range .Values.extender.managedResources }}
     - name: {{ $domain }}/{{ . }}
     {{- end }}
+- urlPrefix: http://gpu-share-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}/all
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  weight: 20
+  httpTimeout: 5s
+  nodeCacheCapable: true
+  ignorable: true
 {{- end -}}
 
 {{- define "gpu-share.image" -}}

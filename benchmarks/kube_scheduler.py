@@ -1,0 +1,301 @@
+"""A sample of the openb trace through a real kube-apiserver + kube-scheduler, with and without the extender.
+
+    python -m benchmarks.kube_scheduler [--nodes 16] [--seed 42] [--configs all] [--json FILE]   # a few minutes on 2 cores
+
+Needs the control-plane binaries (`KUBEBUILDER_ASSETS`, as the tests; skipped without). The sample: `--nodes`
+nodes drawn from the trace's GPU node list (their GPUs, CPU and memory), and the trace's pod list shuffled and
+inflated to 130 % of the sample's GPU capacity exactly as `gpu-share simulate` draws arrivals (same seed, same
+pods), GPU-model constraints dropped (a pod's requests cannot say them), requests rounded to shares of 1/10 GPU.
+Every pod asks for its CPU and memory; a fractional pod for k shares of one GPU, a pod of g whole GPUs for g
+containers of 10 shares (device plugin) or a claim of g devices of 10 shares (DRA); CPU-only pods too.
+
+Per configuration, on fresh nodes: the pods up to 100 % of the GPU capacity are created while no scheduler runs
+(named in arrival order, which is the order kube-scheduler's queue takes them at start), then kube-scheduler
+starts; once it has settled, the rest (to 130 %) arrive as a burst. "Settled": every pod is bound or unschedulable,
+no node has a republish pending, and nothing changed for `QUIET` seconds. Reported: the GPU allocation ratio
+(the trace's milli-GPUs of bound pods over capacity) at 100 % and 130 % demand, failed admissions (device plugin:
+a container's shares that fit on no single GPU of its node, as the kubelet would fail it), the scheduler's first
+pass over the first wave in pods per second (from its first binding until every pod of the wave is bound or marked
+unschedulable once), and `gpu-share simulate`'s fgdstrand on the same sample and arrivals.
+
+Device plugin: stand-in node plugins (benchmarks/standin.py) admit bound pods with GetPreferredAllocation and
+republish the inventory annotation 2-5 s later. DRA: each node's ResourceSlice (DraDevice.to_api), one
+ResourceClaim per GPU pod; kube-scheduler allocates the claims itself. The extender runs as its own process
+(`gpu-share extender --policy fgdstrand --dra-class gpu-share-shares`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from deviceplugin.cluster import MILLI, Node, Pod
+from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, share_rounded
+from deviceplugin.cluster.traces import DEFAULT_NODES, POD_FILE, load_nodes, load_pods, resolve
+
+from .standin import (
+    DRA_CLASS, GpuNode, StandInPlugins, claim_pod_body, create_node, device_class, every_pod_entry, resource_slice, scheduler_config,
+    share_pod_body,
+)
+
+REPLICAS = 10
+QUIET = 4.0  # seconds without change that count as settled
+WAVE_TIMEOUT = 180.0
+SHIPPED = {"weight": 5, "strategy": "LeastAllocated", "every_pod": False}  # daemonset/extender/scheduler before this benchmark
+# (label, path, extender settings or None: weight of each entry, NodeResourcesFit's strategy, the every-pod entry too)
+CONFIGS = {
+    "dp-none": ("device plugin, no extender", "dp", None),
+    "dp-shipped": ("device plugin, share entry weight 5, LeastAllocated (shipped before)", "dp", SHIPPED),
+    "dp-w20-least": ("device plugin, both entries weight 20, LeastAllocated", "dp", {"weight": 20, "strategy": "LeastAllocated", "every_pod": True}),
+    "dp-w20-most": ("device plugin, both entries weight 20, MostAllocated", "dp", {"weight": 20, "strategy": "MostAllocated", "every_pod": True}),
+    "dra-none": ("DRA, no extender (first fit)", "dra", None),
+    "dra-w20-most": ("DRA, every-pod entry weight 20, MostAllocated", "dra", {"weight": 20, "strategy": "MostAllocated", "every_pod": True}),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    nodes: list[Node]
+    pods: list[Pod]  # in arrival order, rounded to shares
+    original: list[Pod]  # the same, as the trace asks (the KPI counts these)
+    simulated: dict[str, float]  # fgdstrand in the simulator: allocation at 100 % and 130 %
+
+
+def sample(trace_dir: str | None, nodes: int, seed: int) -> Sample:
+    rng = random.Random(seed)
+    all_nodes = load_nodes(resolve(DEFAULT_NODES, trace_dir, "openb_node_list_{}.csv"))
+    chosen = [n for n in rng.sample(list(all_nodes), nodes)]
+    pods = [Pod(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, name=p.name) for p in load_pods(resolve("default", trace_dir, POD_FILE))]
+    experiment = Experiment(chosen, pods, replicas=REPLICAS)
+    run_rng = random.Random(seed)  # drawn exactly as Experiment.run draws
+    capacity = MILLI * experiment.gpus
+    arrived = arrivals(experiment.pods, capacity, experiment.inflate, run_rng)
+    node_order(len(chosen), run_rng)
+    result = experiment.run("fgdstrand", seed)
+    simulated = {"100": 100 * result.curve[min(100, len(result.curve) - 1)], "130": 100 * result.curve[-1], "kpi130": 100 * result.allocation}
+    return Sample(chosen, [share_rounded(p, REPLICAS) for p in arrived], arrived, simulated)
+
+
+def _shares(pod: Pod) -> int:
+    return pod.gpu_milli * REPLICAS // MILLI
+
+
+class Run:
+    """One configuration on fresh nodes."""
+
+    def __init__(self, cp, api, extender_url: str, key: str, data: Sample) -> None:
+        from kubernetes import client
+
+        self.cp, self.api, self.key, self.data = cp, api, key, data
+        self.label, self.path, self.entry = CONFIGS[key]
+        self.core, self.resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+        run = secrets.token_hex(2)
+        self.ns = f"bench-{key}-{run}"
+        self.scheduler = f"bench-{key}-{run}"
+        self.labels = {"gpu-share-bench": self.ns}
+        self.nodes = [GpuNode(f"{self.ns}-{i}", len(n.gpu_free), n.cpu_milli, n.memory_mib) for i, n in enumerate(data.nodes)]
+        self.extender_url = extender_url
+        self.plugins: StandInPlugins | None = None
+        self.capacity = MILLI * sum(n.gpus for n in self.nodes)
+        self.created = 0
+
+    def setup(self) -> None:
+        self.core.create_namespace({"metadata": {"name": self.ns}})
+        self.core.create_namespaced_service_account(self.ns, {"metadata": {"name": "default"}})
+        if self.path == "dp":
+            self.plugins = StandInPlugins(self.api, self.nodes, self.labels, REPLICAS, "fgdstrand", republish=(2.0, 5.0), seed=1)
+            self.plugins.create_nodes()
+            self.plugins.start()
+        else:
+            for node in self.nodes:
+                create_node(self.core, node, self.labels, {})
+                self.resource.create_resource_slice(resource_slice(node, REPLICAS))
+
+    def config(self) -> dict:
+        if self.entry is None:
+            return scheduler_config(self.scheduler, None)
+        config = scheduler_config(self.scheduler, self.extender_url if self.path == "dp" else None, self.entry["weight"], self.entry["strategy"])
+        if self.entry["every_pod"]:
+            config["extenders"] = config.get("extenders", []) + [every_pod_entry(self.extender_url, self.entry["weight"])]
+        return config
+
+    def create(self, index: int, pod: Pod) -> None:
+        name = f"p{index:05d}"
+        if self.path == "dp" or not pod.num_gpu:
+            body = share_pod_body(name, 0, pod.cpu_milli, pod.memory_mib, self.scheduler, self.labels)
+            if pod.num_gpu:
+                count = _shares(pod)
+                containers = [{"name": f"c{i}", "image": "registry.invalid/none", "resources": {"limits": {"example.com/gpu-share": str(count)}}}
+                              for i in range(pod.num_gpu)]
+                containers[0]["resources"]["requests"] = body["spec"]["containers"][0]["resources"]["requests"]
+                body["spec"]["containers"] = containers
+        else:
+            claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": DRA_CLASS, "count": pod.num_gpu, "capacity": {"requests": {"shares": str(_shares(pod))}}}}]}}}
+            self.resource.create_namespaced_resource_claim(self.ns, claim)
+            body = claim_pod_body(name, name, pod.cpu_milli, pod.memory_mib, self.scheduler, self.labels)
+        self.core.create_namespaced_pod(self.ns, body)
+        self.created += 1
+
+    def bound(self) -> tuple[set[str], int]:
+        """Names of the bound pods that hold their resources (not failed at admission), and how many pods are
+        decided: bound (admitted or failed) or marked unschedulable."""
+        pods = self.core.list_namespaced_pod(self.ns).items
+        failed = sum(1 for p in pods if p.spec.node_name and p.status.phase == "Failed")
+        bound = {p.metadata.name for p in pods if p.spec.node_name and p.status.phase != "Failed"}
+        unschedulable = sum(1 for p in pods if not p.spec.node_name and any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or []))
+        return bound, len(bound) + failed + unschedulable
+
+    def settle(self, started: float, wave: int = 0) -> tuple[set[str], float]:
+        """Wait until settled; (bound pods, seconds from `started` until every pod of the `wave` was decided once:
+        bound or marked unschedulable, the scheduler's first pass over them)."""
+        last_change, seen, first_pass = time.monotonic(), -1, None
+        deadline = time.monotonic() + WAVE_TIMEOUT
+        while time.monotonic() < deadline:
+            bound, decided = self.bound()
+            if first_pass is None and decided >= wave:
+                first_pass = time.monotonic() - started
+            busy = decided < self.created or (self.plugins is not None and self.plugins.pending_republish())
+            if len(bound) != seen or busy:
+                seen, last_change = len(bound), time.monotonic()
+            elif time.monotonic() - last_change >= QUIET:
+                break
+            time.sleep(0.2)
+        return bound, first_pass if first_pass is not None else float("nan")
+
+    def pending_reasons(self) -> dict[str, int]:
+        """The scheduler's message on each pending pod, counted (the first 160 characters)."""
+        out: dict[str, int] = {}
+        for pod in self.core.list_namespaced_pod(self.ns).items:
+            if pod.spec.node_name:
+                continue
+            message = next((c.message or c.reason or "" for c in pod.status.conditions or [] if c.type == "PodScheduled"), "no condition")
+            out[message[:160]] = out.get(message[:160], 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1])[:5])
+
+    def ratio(self, bound: set[str], upto: int) -> float:
+        milli = sum(p.gpu_request for i, p in enumerate(self.data.original[:upto]) if f"p{i:05d}" in bound)
+        return 100 * milli / self.capacity
+
+    def run(self) -> dict:
+        self.setup()
+        demand, wave1 = 0, 0
+        for pod in self.data.original:  # the first wave: up to 100 % of capacity
+            if demand + pod.gpu_request > self.capacity:
+                break
+            demand += pod.gpu_request
+            wave1 += 1
+        for i, pod in enumerate(self.data.pods[:wave1]):
+            self.create(i, pod)
+        started = time.monotonic()
+        self.cp.scheduler(self.config(), self.scheduler)
+        try:
+            first: set[str] = set()
+            while not first and time.monotonic() - started < 60:  # throughput counts from the first binding
+                first = self.bound()[0]
+                time.sleep(0.05)
+            t_first = time.monotonic()
+            bound, seconds = self.settle(t_first, wave1)
+            at100 = self.ratio(bound, wave1)
+            why100 = self.pending_reasons()
+            throughput = (wave1 - len(first)) / seconds if seconds > 0 else float("nan")
+            for i, pod in enumerate(self.data.pods[wave1:], start=wave1):
+                self.create(i, pod)
+            bound, _ = self.settle(time.monotonic())
+            at130 = self.ratio(bound, len(self.data.pods))
+            gpu_pods = [i for i, p in enumerate(self.data.pods) if p.num_gpu]
+            pending_gpu = sum(1 for i in gpu_pods if f"p{i:05d}" not in bound)
+            why = self.pending_reasons()
+        finally:
+            self.cp.stop_process(f"kube-scheduler#{self.scheduler}")
+            if self.plugins is not None:
+                self.plugins.stop()
+        failures = len(self.plugins.failures) if self.plugins is not None else 0
+        return {"config": self.key, "label": self.label, "allocation_100": round(at100, 2), "allocation_130": round(at130, 2),
+                "failed_admissions": failures, "pods_per_second": round(throughput, 1), "pods": len(self.data.pods),
+                "gpu_pods_pending": pending_gpu, "pending_reasons": why, "pending_reasons_100": why100, "standin_errors": self.plugins.errors[:3] if self.plugins is not None else []}
+
+
+def start_extender(cp, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "deviceplugin.cli", "extender", "--kubeconfig", str(cp.admin_kubeconfig), "--port", str(port),
+               "--policy", "fgdstrand", "--dra-class", DRA_CLASS]
+    log = open(cp.work / "logs" / "extender.log", "wb")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_ready(url: str, timeout: float = 60.0) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if urllib.request.urlopen(url + "/readyz", timeout=2).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"extender at {url} not ready after {timeout:g} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trace-dir")
+    parser.add_argument("--nodes", type=int, default=16, help="nodes sampled from the trace (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--configs", default="all", help=f"comma-separated, of {', '.join(CONFIGS)} (default all)")
+    parser.add_argument("--json", type=Path, help="write the results here too")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", message="Unverified HTTPS request")  # the loopback API server's self-signed certificate
+    keys = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+    from tests.support.controlplane import ControlPlane, _free_port, assets_dir
+
+    bin_dir = assets_dir()
+    if bin_dir is None:
+        print("skipped: needs the control-plane binaries (KUBEBUILDER_ASSETS)")
+        return 0
+    data = sample(args.trace_dir, args.nodes, args.seed)
+    gpus = sum(len(n.gpu_free) for n in data.nodes)
+    print(f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); seed {args.seed}; "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, {data.simulated['130']:.2f} % at 130 %")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below: stop what this run started
+    cp = ControlPlane.start(bin_dir)
+    port = _free_port()
+    extender = start_extender(cp, port)
+    results = []
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url)
+        from kubernetes import client
+
+        api = cp.api_client()
+        client.ResourceV1Api(api).create_device_class(device_class())
+        print("| configuration | allocation % at 100 % demand | at 130 % | failed admissions | pods/s (first pass) | GPU pods left pending |")
+        print("|---|---|---|---|---|---|")
+        for key in keys:
+            result = Run(cp, api, url, key, data).run()
+            results.append(result)
+            print(f"| {result['label']} | {result['allocation_100']:.2f} | {result['allocation_130']:.2f} | {result['failed_admissions']} | "
+                  f"{result['pods_per_second']} | {result['gpu_pods_pending']} |", flush=True)
+    finally:
+        extender.terminate()
+        extender.wait(10)
+        cp.stop()
+    print(f"load after: {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"seed": args.seed, "nodes": len(data.nodes), "gpus": gpus, "simulated": data.simulated, "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

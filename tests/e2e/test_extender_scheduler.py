@@ -1,0 +1,203 @@
+"""The extender inside a real kube-scheduler, and the admission policy on a real API server (skipped without the binaries).
+
+Simulated GPU nodes (Node objects, their kubelets' admission and the node plugins' annotations played by
+benchmarks/standin.py), the `gpu-share extender` service in this process, kube-scheduler v1.36 calling it.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from benchmarks.standin import GpuNode, StandInPlugins, scheduler_config, share_pod_body
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def shipped_config(name: str, extender_url: str) -> dict:
+    """daemonset/extender/scheduler/kube-scheduler-config.yaml as shipped, with the extender's URL here and profile `name`."""
+    config = yaml.safe_load((ROOT / "daemonset/extender/scheduler/kube-scheduler-config.yaml").read_text())
+    for entry in config["extenders"]:
+        entry["urlPrefix"] = entry["urlPrefix"].replace("http://gpu-share-extender.gpu-share.svc:8888", extender_url)
+    config["profiles"] = [{"schedulerName": name}]
+    return {k: v for k, v in config.items() if k not in ("apiVersion", "kind")}
+
+
+def namespace(core: Any, name: str) -> None:
+    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})  # no ServiceAccount controller
+
+
+@pytest.fixture(scope="module")
+def extender_url(controlplane: Any):
+    from kubernetes import client
+
+    from deviceplugin.extender.service import ExtenderOptions, ExtenderService
+
+    service = ExtenderService(client.CoreV1Api(controlplane.api_client()), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand"))
+    service.start()
+    try:
+        assert wait_until(lambda: service.watch.ready()[0], 30), service.watch.ready()
+        yield f"http://127.0.0.1:{service.server.port}"
+    finally:
+        service.stop()
+
+
+def test_a_burst_of_share_pods_through_the_extender_all_admitted_none_pending_that_fits(controlplane: Any, extender_url: str) -> None:
+    from kubernetes import client
+
+    run = secrets.token_hex(3)
+    api = controlplane.api_client()
+    core = client.CoreV1Api(api)
+    labels = {"gpu-share-e2e": f"burst-{run}"}
+    nodes = [GpuNode(f"burst-{run}-{i}", gpus=4, cpu_milli=64_000, memory_mib=262_144) for i in range(4)]
+    plugins = StandInPlugins(api, nodes, labels, republish=(0.5, 1.5), seed=7)
+    plugins.create_nodes()
+    plugins.start()
+    ns = f"burst-{run}"
+    namespace(core, ns)
+    name = f"gs-{run}"
+    controlplane.scheduler(shipped_config(name, extender_url), name)
+    try:
+        rng = random.Random(11)
+        sizes: list[int] = []
+        while sum(sizes) < 150:  # 160 shares on 16 GPUs: a burst of about 95 % of them, 1-10 shares each
+            sizes.append(rng.randint(1, 10))
+        for i, shares in enumerate(sizes):
+            core.create_namespaced_pod(ns, share_pod_body(f"p{i}", shares, 1000, 1024, name, labels))
+
+        def pending() -> list[tuple[str, int]]:
+            pods = core.list_namespaced_pod(ns).items
+            return [(p.metadata.name, int(p.spec.containers[0].resources.limits["example.com/gpu-share"])) for p in pods if not p.spec.node_name]
+
+        def settled() -> bool:
+            """Every pod is bound, or fits on no GPU now and the nodes have published their last change."""
+            waiting = pending()
+            free = [f for units in plugins.free().values() for f in units]
+            return not plugins.pending_republish() and all(count > max(free) for _, count in waiting)
+
+        assert wait_until(settled, 120), (pending(), plugins.free())
+        assert plugins.failures == [] and plugins.errors == []
+        assert plugins.admitted == len(sizes) - len(pending())
+        assert plugins.used_shares() >= 128, plugins.free()  # most of the 160 shares: the scheduler placed the burst
+    finally:
+        controlplane.stop_process(f"kube-scheduler#{name}")
+        plugins.stop()
+
+
+def test_the_admission_policy_refuses_a_pod_larger_than_any_gpu_on_the_real_api_server(controlplane: Any) -> None:
+    from kubernetes import client
+
+    api = controlplane.api_client()
+    core, admission = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
+    config_map, policy, binding = (yaml.safe_load((ROOT / "daemonset/admission" / f).read_text()) for f in ("params.yaml", "policy.yaml", "binding.yaml"))
+    limit = int(config_map["data"]["gpu-share"])
+    # The shipped objects under names of this test's own, bound to this test's namespace only: the session's API
+    # server is shared with the chart's tests, and they are left in place (deleting a param-kind policy there delayed
+    # the next one's enforcement past the chart test's 30 s).
+    run = secrets.token_hex(3)
+    params_ns, name, ns = f"admission-params-{run}", f"gpu-share-shares-per-gpu-{run}", f"admission-{run}"
+    namespace(core, params_ns)
+    config_map["metadata"]["namespace"] = params_ns
+    policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = name
+    binding["spec"]["paramRef"]["namespace"] = params_ns
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+    core.create_namespaced_config_map(params_ns, config_map)
+    admission.create_validating_admission_policy(policy)
+    admission.create_validating_admission_policy_binding(binding)
+    refused_and_admitted(core, limit, name, ns)
+
+
+def refused_and_admitted(core: Any, limit: int, name: str, ns: str) -> None:
+    from kubernetes.client.rest import ApiException
+
+    namespace(core, ns)
+
+    def create(name: str, shares: int) -> str:
+        """'' when the API server admits the pod (dry run), else its refusal."""
+        try:
+            core.create_namespaced_pod(ns, share_pod_body(name, shares, 100, 64, "default-scheduler", {}), dry_run="All")
+            return ""
+        except ApiException as err:
+            assert err.status == 422, err
+            return str(err.body)
+
+    # A new policy takes effect once the API server has compiled it: wait for the first refusal.
+    assert wait_until(lambda: bool(create("too-big", limit + 1)), 30)
+    message = create("too-big", limit + 1)
+    assert (f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: container main asks "
+            f"for {limit + 1} example.com/gpu-share but no GPU has more than {limit}: one container's shares come from one GPU. Ask for at most "
+            f"{limit} example.com/gpu-share, or for a whole GPU (example.com/gpu)") in message
+    assert create("fits", limit) == ""
+
+
+def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(controlplane: Any) -> None:
+    """kube-scheduler alone allocates DRA claims first fit and spreads by CPU (LeastAllocated): the 4-share claim
+    would go to the emptier node and split a fresh GPU. The extender's DRA entry sends it to the node whose GPU
+    has exactly 4 shares left."""
+    from kubernetes import client
+
+    from benchmarks.standin import DRA_DRIVER, claim_pod_body, create_node, device_class, every_pod_entry, resource_slice, share_claim
+    from deviceplugin.extender.service import ExtenderOptions, ExtenderService
+
+    run = secrets.token_hex(3)
+    api = controlplane.api_client()
+    core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+    labels = {"gpu-share-e2e": f"dra-{run}"}
+    ns = f"dra-{run}"
+    namespace(core, ns)
+    dra_class = f"gpu-share-shares-{run}"  # the session's API server is shared: a class of this test's own
+    resource.create_device_class(device_class(dra_class))
+    tight, empty = (GpuNode(f"dra-{run}-{k}", gpus=2, cpu_milli=16_000, memory_mib=65_536) for k in ("tight", "empty"))
+    for node in (tight, empty):
+        create_node(core, node, labels, {})
+        resource.create_resource_slice(resource_slice(node))
+    # tight: 6 of gpu-0's 10 shares held by an allocated claim, and half its CPU used by a plain pod.
+    held = resource.create_namespaced_resource_claim(ns, share_claim("held", 6, dra_class))
+    allocation = {"devices": {"results": [{"request": "gpu", "driver": DRA_DRIVER, "pool": tight.name, "device": "gpu-0",
+                                           "shareID": "0b0c0d0e-0000-4000-8000-00000000000a", "consumedCapacity": {"shares": "6", "memory": str(6 * 8192 << 20)}}]},
+                  "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [tight.name]}]}]}}
+    resource.patch_namespaced_resource_claim_status("held", ns, {"status": {"allocation": allocation}})
+    busy = share_pod_body("busy", 0, 8000, 1024, "none", labels)
+    busy["spec"]["nodeName"] = tight.name
+    core.create_namespaced_pod(ns, busy)
+    assert held.metadata.uid
+    service = ExtenderService(client.CoreV1Api(api), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", dra_classes=(dra_class,)))
+    service.start()
+    name = f"gs-dra-{run}"
+    try:
+        assert wait_until(lambda: service.watch.ready()[0], 30), service.watch.ready()
+        url = f"http://127.0.0.1:{service.server.port}"
+        config = scheduler_config(name, None)
+        config["extenders"] = [every_pod_entry(url, weight=20)]
+        controlplane.scheduler(config, name)
+        resource.create_namespaced_resource_claim(ns, share_claim("want", 4, dra_class))
+        core.create_namespaced_pod(ns, claim_pod_body("p", "want", 1000, 1024, name, labels))
+
+        def allocated() -> Any:
+            claim = resource.read_namespaced_resource_claim("want", ns)
+            return claim.status.allocation if claim.status else None
+
+        assert wait_until(lambda: allocated() is not None and bool(core.read_namespaced_pod("p", ns).spec.node_name), 60), controlplane.log_tail(f"kube-scheduler#{name}")
+        (result,) = allocated().devices.results
+        assert (result.pool, result.device, core.read_namespaced_pod("p", ns).spec.node_name) == (tight.name, "gpu-0", tight.name)
+        assert service.metrics.requests.labels("all-prioritize", "ok")._value.get() >= 1
+    finally:
+        controlplane.stop_process(f"kube-scheduler#{name}")
+        service.stop()
