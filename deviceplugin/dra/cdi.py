@@ -1,9 +1,10 @@
 """CDI specs the driver writes per prepared claim: what the container runtime injects for the claim's devices.
 
-One spec file per claim (`<driver>_<claim UID>.json` under the CDI root), one CDI device per allocation result,
-named `<claim UID>-<result index>` (unique per claim; runtimes cache specs, so a name is never reused for other
-content). Its containerEdits carry the grant (`ClaimShare.grant()`): environment, mounts, device nodes. IDs are
-`<vendor>/<class>=<name>` with kind `k8s.<driver>/claim`.
+One spec file per claim (`<driver>_<claim UID>.json` under the CDI root), one CDI device per request of the
+claim, named `<claim UID>-<request index>` and answered with the request's first result (unique per claim;
+runtimes cache specs, so a name is never reused for other content). Its containerEdits carry the request's one
+grant (`devices.request_grant`: all its GPUs in one environment, since a runtime keeps one value of each
+variable): environment, mounts, device nodes. IDs are `<vendor>/<class>=<name>` with kind `k8s.<driver>/claim`.
 
 Specs are replaced atomically (rename) but not fsynced: the CDI root is normally a tmpfs (`/var/run/cdi`), where
 a reboot loses them anyway, and the checkpoint (which is fsynced) is the record. A prepare of a claim already

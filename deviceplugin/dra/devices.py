@@ -164,6 +164,17 @@ class ClaimShare:
         return share_memory_mib(self.device.unit, self.shares)
 
 
+def request_grant(shares: Sequence[ClaimShare]) -> ContainerGrant:
+    """One grant for all the devices of one request, so its container sees them all: a container runtime keeps one
+    value of each variable across the CDI devices it injects, so a grant per device would hide all GPUs but one."""
+    resources = {s.device.resource.name for s in shares}
+    if len(resources) > 1 and any(s.device.shared for s in shares):
+        raise ClaimError(f"one request holds shared devices of {len(resources)} pools ({', '.join(sorted(resources))}); ask for each in a request of its own")
+    if len(shares) == 1:
+        return shares[0].grant()
+    return unit_grant(shares[0].device.resource, [(s.device.unit, s.shares) for s in shares], mps_client_limits=True)
+
+
 def claim_share(device: DraDevice, consumed: Mapping[str, Any] | None, share_id: str | None) -> ClaimShare:
     """The shares an allocation result holds on `device`, from its `consumedCapacity`; ClaimError if they cannot be."""
     if not device.shared:

@@ -24,13 +24,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
+from ..alloc.container import ContainerGrant
 from ..config.types import Config
 from ..logs import brief, safe_text
 from ..model.devices import Resource
 from ..state import NodeState
 from .cdi import CdiWriter, cdi_device_name, cdi_id
 from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice, valid_uid
-from .devices import ClaimError, ClaimShare, DraDevice, by_name, claim_share, dra_devices
+from .devices import ClaimError, ClaimShare, DraDevice, by_name, claim_share, dra_devices, request_grant
 from .health import unhealthy_reason
 from .lock import SerialLock
 
@@ -94,19 +95,20 @@ class Driver:
                 self._ensure_spec(known, ref, allocation)
                 return known
             holdings = self._holdings(ref, allocation)
-            grants = [share.grant() for _, share in holdings]
+            groups, grants = _request_grants(holdings)
             spec = str(self.cdi.write(ref.uid, grants)) if holdings else ""
+            first = {indexes[0]: g for g, indexes in enumerate(groups)}  # a request's CDI device goes with its first result
             devices = tuple(
                 PreparedDevice(
                     request=_base_request(result),
                     pool=self.pool,
                     device=share.device.name,
-                    cdi_ids=(cdi_id(self.cdi.kind, cdi_device_name(ref.uid, i)), *grant.cdi_devices),
+                    cdi_ids=(cdi_id(self.cdi.kind, cdi_device_name(ref.uid, first[i])), *grants[first[i]].cdi_devices) if i in first else (),
                     share_id=share.share_id,
                     shares=0 if result.get("adminAccess") else share.shares,
                     memory_mib=share.memory_mib,
                 )
-                for i, ((result, share), grant) in enumerate(zip(holdings, grants))
+                for i, (result, share) in enumerate(holdings)
             )
             prepared = PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=devices, cdi_spec=spec)
             try:
@@ -186,13 +188,13 @@ class Driver:
             return
         devices = self._devices
         results = [r for r in _list((allocation.get("devices") or {}).get("results"), "results", ref) if isinstance(r, Mapping) and r.get("driver") == self.driver]
-        grants = []
+        holdings = []
         for result in results[:MAX_RESULTS_PER_CLAIM]:
             device = devices.get(str(result.get("device") or ""))
             if device is None:
                 raise ClaimError(f"claim {ref} is prepared but its CDI spec is gone and device {safe_text(str(result.get('device')), 63)} is no longer published")
-            grants.append(claim_share(device, result.get("consumedCapacity"), result.get("shareID")).grant())
-        self.cdi.write(ref.uid, grants)
+            holdings.append((result, claim_share(device, result.get("consumedCapacity"), result.get("shareID"))))
+        self.cdi.write(ref.uid, _request_grants(holdings)[1])
         log.info("claim %s: CDI spec written again (it was gone)", ref)
 
     def _refresh(self) -> None:
@@ -228,6 +230,15 @@ def _list(value: Any, what: str, ref: ClaimRef) -> Sequence[Any]:
     if not isinstance(value, list):
         raise ClaimError(f"claim {ref}: allocation {what} is not a list")
     return value
+
+
+def _request_grants(holdings: Sequence[tuple[Mapping[str, Any], ClaimShare]]) -> tuple[list[list[int]], list[ContainerGrant]]:
+    """The holdings' indexes per base request (in order of first appearance) and one grant per request."""
+    groups: dict[str, list[int]] = {}
+    for i, (result, _) in enumerate(holdings):
+        groups.setdefault(_base_request(result), []).append(i)
+    indexes = list(groups.values())
+    return indexes, [request_grant([holdings[i][1] for i in group]) for group in indexes]
 
 
 def _base_request(result: Mapping[str, Any]) -> str:

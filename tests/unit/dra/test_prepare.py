@@ -210,3 +210,19 @@ def test_rolling_update_socket_names_carry_the_pod_uid() -> None:
         "/var/lib/kubelet/plugins/gpu-share.example.com/dra.sock", "/var/lib/kubelet/plugins_registry/gpu-share.example.com-reg.sock")
     assert (twin.dra_socket.name, twin.registration_socket.name) == ("dra-0b9a-uid.sock", "gpu-share.example.com-0b9a-uid-reg.sock")
     assert twin.checkpoint == plain.checkpoint  # the records are shared
+
+
+def test_the_devices_of_one_request_share_one_cdi_device_so_a_container_sees_them_all(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path)
+    gpus = ("GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000001")
+    ref, body = claim([result("gpu-0", shares=1, request="two"), result("gpu-1", shares=2, request="two"), result("gpu-1", shares=1, request="one")])
+    prepared = driver.prepare(ref, body)
+    kind = cdi_kind(DRIVER)
+    assert [d.cdi_ids for d in prepared.devices] == [(f"{kind}={ref.uid}-0",), (), (f"{kind}={ref.uid}-1",)]
+    two, one = _env(prepared.cdi_spec, 0), _env(prepared.cdi_spec, 1)
+    assert two["NVIDIA_VISIBLE_DEVICES"] == two["CUDA_VISIBLE_DEVICES"] == ",".join(gpus) and two["GPU_SHARE_COUNT"] == "3"
+    assert two["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(T4 // 4 + 2 * T4 // 4)
+    assert one["NVIDIA_VISIBLE_DEVICES"] == gpus[1] and one["GPU_SHARE_COUNT"] == "1"
+    assert driver.ledger() == {"gpu-0": 1, "gpu-1": 3}
+    Path(prepared.cdi_spec).unlink()
+    assert driver.prepare(ref, body) == prepared and _env(prepared.cdi_spec, 0) == two  # rewritten the same way
