@@ -80,9 +80,12 @@ def test_the_daemonset_mounts_the_kubelets_directories_at_their_own_paths_and_ne
     container = pod["containers"][0]
     volumes = {v["name"]: v for v in pod["volumes"]}
     for mount in container["volumeMounts"]:
-        if mount["name"] in ("plugins-registry", "plugin-data", "cdi", "pod-resources"):
+        if mount["name"] in ("plugins-registry", "plugin-data", "cdi", "pod-resources", "mps-root"):
             assert volumes[mount["name"]]["hostPath"]["path"] == mount["mountPath"]
-    assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu-share.example.com", "/var/run/cdi", "/var/lib/kubelet/pod-resources"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {
+        "/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu-share.example.com", "/var/run/cdi", "/var/lib/kubelet/pod-resources",
+        "/run/gpu-share/mps",  # the MPS readiness check reads each pool's control pipe there (as the device plugin does)
+    }
     assert container["securityContext"]["privileged"] is True and "--api=dra" in container["args"]
     env = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}} and env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
