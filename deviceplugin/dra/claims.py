@@ -68,7 +68,8 @@ class ApiClaims:
     def __call__(self, ref: ClaimRef) -> Mapping[str, Any]:
         with self._lock:
             cached = self._cache.get((ref.namespace, ref.name))
-        if cached is not None and cached["metadata"].get("uid") == ref.uid and (cached.get("status") or {}).get("allocation"):
+        live = self._watch is not None and self._watch.live.is_set()  # a cache whose watch failed may be stale
+        if live and cached is not None and cached["metadata"].get("uid") == ref.uid and (cached.get("status") or {}).get("allocation"):
             return cached
         return self.get(ref)
 
@@ -147,6 +148,7 @@ class _ClaimWatch(BackgroundLoop):
         self.claims = claims
         self.backoff_max = backoff_max
         self.synced = threading.Event()
+        self.live = threading.Event()  # listed, and the watch has not failed since: the cache may serve prepare
         self._failures = RepeatLimiter(log, window=60.0)
         self._response: Any = None
         self._response_lock = threading.Lock()
@@ -170,11 +172,14 @@ class _ClaimWatch(BackgroundLoop):
                 if not version:
                     version = self._list()
                     self.synced.set()
+                    self.live.set()
                 version = self._watch(version)
                 delay = 0.5
             except _Gone:
+                self.live.clear()
                 version = ""
             except Exception as err:  # API errors, bad JSON, a bug: log, back off, go on
+                self.live.clear()
                 if self._stop.is_set():
                     return
                 self._failures.log(logging.WARNING, (type(err), str(err)[:100]), "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs", safe_text(str(err), 300), delay)
@@ -193,7 +198,9 @@ class _ClaimWatch(BackgroundLoop):
             if response.status != 200:
                 raise RuntimeError(f"list ResourceClaims: {response.status} {safe_text(response.data.decode(errors='replace'), 200)}")
             page = json.loads(response.data)
-            items.extend(_slim(c) for c in page.get("items") or ())
+            # Only this node's claims are kept, page by page: the cluster's claims never sit in memory together.
+            items.extend(_slim(c) for c in page.get("items") or () if isinstance(c, dict) and self.claims._ours(c))
+            del items[self.claims.max_cached:]
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 self.claims._replace(items)
