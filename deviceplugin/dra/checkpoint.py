@@ -128,10 +128,12 @@ class Checkpoint:
         self._claims = {k: v for k, v in self._claims.items() if k != uid}
         self._stat = self._dir_stat()
 
-    def refresh(self) -> bool:
-        """Read the records again if the directory changed since it was last read or written here; True if it was."""
+    def refresh(self, uid: str | None = None) -> bool:
+        """Read the records again if the directory changed since it was last read or written here, or if `uid`'s
+        record is on disk but not in memory (or the reverse): a twin's write within the directory's mtime tick
+        leaves the stat unchanged. True if read again."""
         stat = self._dir_stat()
-        if stat == self._stat:
+        if stat == self._stat and (uid is None or (uid in self._claims) == self._path(uid).exists()):
             return False
         self._claims = self._load()
         self._stat = self._dir_stat()

@@ -89,7 +89,7 @@ class Driver:
         if not allocation:
             raise ClaimError(f"claim {ref} is not allocated")
         with self.lock:
-            self._refresh()
+            self._refresh(ref.uid)
             known = self.checkpoint.get(ref.uid)
             if known is not None:
                 self._ensure_spec(known, ref, allocation)
@@ -122,7 +122,7 @@ class Driver:
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare from the checkpoint alone (the claim may be gone); a claim not prepared here is done."""
         with self.lock:
-            self._refresh()
+            self._refresh(ref.uid)
             known = self.checkpoint.get(ref.uid)
             if known is None:
                 return
@@ -197,8 +197,8 @@ class Driver:
         self.cdi.write(ref.uid, _request_grants(holdings)[1])
         log.info("claim %s: CDI spec written again (it was gone)", ref)
 
-    def _refresh(self) -> None:
-        if self.checkpoint.refresh():
+    def _refresh(self, uid: str) -> None:
+        if self.checkpoint.refresh(uid):
             self._rebuild_ledger()
 
     def _rebuild_ledger(self) -> None:
@@ -207,13 +207,17 @@ class Driver:
             self._add(claim, 1)
 
     def _add(self, claim: PreparedClaim, sign: int) -> None:
+        """Count a claim in (1) or out (-1); the ledger is replaced, never changed in place, so `ledger()` (a metrics
+        scrape, on another thread) reads a whole one."""
+        ledger = dict(self._ledger)
         for device in claim.devices:
             if device.shares:
-                left = self._ledger.get(device.device, 0) + sign * device.shares
+                left = ledger.get(device.device, 0) + sign * device.shares
                 if left > 0:
-                    self._ledger[device.device] = left
+                    ledger[device.device] = left
                 else:
-                    self._ledger.pop(device.device, None)
+                    ledger.pop(device.device, None)
+        self._ledger = ledger
 
 
 def _get(data: Any, *keys: str) -> Any:

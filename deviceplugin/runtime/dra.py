@@ -147,14 +147,18 @@ class DraDaemon:
         log.info("DRA driver %s: %d devices in pool %s", self.driver_name, len(self.driver.devices), self.options.node_name)
 
     def stop(self) -> None:
-        self.reloader.stop()
-        self.agent.stop()
-        self.slices.stop()
-        self.plugin.stop()
-        self.claims.stop()
-        self.mps.stop()
-        self.monitor.stop()
+        """Every part stops even when one before it fails (the sockets are always removed); the first failure is raised."""
+        parts = [self.reloader.stop, self.agent.stop, self.slices.stop, self.plugin.stop, self.claims.stop, self.mps.stop, self.monitor.stop]
         if self.metrics_server:
-            self.metrics_server.stop()
-        self.inventory.close()
+            parts.append(self.metrics_server.stop)
+        parts.append(self.inventory.close)
+        failed: Exception | None = None
+        for stop in parts:
+            try:
+                stop()
+            except Exception as err:
+                log.exception("stopping the DRA driver: %s failed", getattr(stop, "__qualname__", stop))
+                failed = failed or err
+        if failed:
+            raise failed
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -147,6 +148,23 @@ def test_a_rolling_update_twin_sees_the_others_records_under_the_shared_lock(tmp
         two.prepare(*claim([result("gpu-0", shares=2)]))
     two.unprepare(first[0])
     assert one.prepare(*claim([result("gpu-0", shares=4)])).devices[0].shares == 4
+
+
+def test_a_twins_write_within_one_mtime_tick_is_still_seen(tmp_path: Path) -> None:
+    """The directory's mtime moves in ticks of milliseconds: a twin's record written within the tick after this
+    instance last looked leaves the directory's stat unchanged; the record itself is still found."""
+    one, two = make_driver(tmp_path), make_driver(tmp_path)
+    held = claim([result("gpu-0", shares=1)])
+    one.prepare(*held)
+    records = tmp_path / "claims"
+    seen = os.stat(records)
+    late = claim([result("gpu-0", shares=2)])
+    two.prepare(*late)
+    os.utime(records, ns=(seen.st_atime_ns, seen.st_mtime_ns))  # as if within the same tick
+    one.unprepare(late[0])
+    assert not (records / f"{late[0].uid}.json").exists() and one.ledger() == {"gpu-0": 1}
+    two.prepare(*held)  # the record is the authority for the other instance too
+    assert two.ledger() == {"gpu-0": 1}
 
 
 def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Path) -> None:
