@@ -29,13 +29,16 @@ WATCH_SECONDS = 300  # the server ends each watch after this long; the loop re-w
 LIST_PAGE = 500
 
 
+GET_TIMEOUT = 10.0  # seconds for one claim's GET (the kubelet plugin stops beginning claims this long before its deadline)
+
+
 class ApiClaims:
     def __init__(
         self,
         api_client: Any,
         driver: str,
         pool: str,
-        timeout: float = 10.0,
+        timeout: float = GET_TIMEOUT,
         cache: bool = True,
         max_cached: int = MAX_CACHED_CLAIMS,
         backoff_max: float = 30.0,

@@ -35,6 +35,7 @@ from ..config.types import Config
 from ..model.devices import Resource
 from ..plugin.aioloop import EventLoopThread, shared_loop
 from ..state import NodeState, NodeView
+from .claims import GET_TIMEOUT
 from .health import device_health
 from .prepare import MAX_CLAIMS_PER_CALL, ClaimReader, ClaimRef, Driver, Outcome, prepare_claims, unprepare_claims
 from .registration import PluginPaths, Registration
@@ -46,7 +47,9 @@ log = logging.getLogger(__name__)
 
 MAX_HEALTH_STREAMS = 8  # the kubelet opens one per connection; the rest are debugging clients
 FETCH_WORKERS = 4  # claims of one batch read from the API in parallel
-DEADLINE_MARGIN = 5.0  # seconds before the kubelet's deadline (45 s) at which no further claim is begun
+# Seconds before the kubelet's deadline (45 s) at which no further claim is begun: a claim's GET begun just before
+# it still ends in time, so the kubelet gets an answer (failed claims named) instead of DeadlineExceeded for the call.
+DEADLINE_MARGIN = GET_TIMEOUT + 2.0
 
 
 @dataclass(frozen=True)
