@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..model.node import Gpu, GpuProcess, GpuStats, HealthEvent, Link, MigDevice, NodeInfo
+from ..model.node import MIB, Gpu, GpuProcess, GpuStats, HealthEvent, Link, MigDevice, NodeInfo
 from .inventory import InventoryError
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
 NO_INSTANCE = 0xFFFFFFFF  # gpuInstanceId/computeInstanceId of an event or process on the whole GPU
 _MIG_PROFILE = re.compile(r"MIG (\d+g\.\d+gb(?:\+\w+)*)")
 NO_DRIVER_HINT = (

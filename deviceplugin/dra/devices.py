@@ -26,11 +26,10 @@ from typing import Any
 
 from ..alloc.container import ContainerGrant, unit_grant
 from ..model.devices import Resource, Unit
-from ..model.node import NodeInfo, gpu_family
+from ..model.node import MIB, NodeInfo, gpu_family
 from ..model.shares import share_memory_mib
 
 DRIVER_PREFIX = "gpu-share"
-MIB = 1024 * 1024
 # A slice holds at most 128 devices, 64 when any device has taints (the API's limits); the publisher splits by 64.
 MAX_DEVICES_PER_SLICE = 64
 MAX_QUANTITY_LENGTH = 64

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+MIB = 1024 * 1024  # bytes in a MiB: memory is counted in MiB everywhere in the model
+
 # PCIe common-ancestor levels between two GPUs, closest first (NVML's topology levels).
 PCIE_LEVELS = ("board", "switch", "multi-switch", "host-bridge", "numa-node", "system")
 

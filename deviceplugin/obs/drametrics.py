@@ -9,10 +9,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..model.node import MIB
+
 if TYPE_CHECKING:  # annotations only: the exporter must not import the driver it observes
     from ..dra.prepare import Driver
 
-MIB = 1024 * 1024
 OPERATIONS = ("prepare", "unprepare")
 
 

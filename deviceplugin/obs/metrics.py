@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from .. import __version__
-from ..model.node import NodeInfo
+from ..model.node import MIB, NodeInfo
 from ..state import NodeState
 
 if TYPE_CHECKING:  # annotations only: the exporter must not import the plugin it observes
@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # annotations only: the exporter must not import the plugin i
     from ..plugin.manager import PluginManager
     from ..runtime.reload import ConfigReloader
 
-MIB = 1024 * 1024
 
 
 class PluginMetrics:

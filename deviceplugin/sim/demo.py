@@ -15,6 +15,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..agent.loop import AgentSettings
+from ..model.node import MIB
 from ..alloc.check import collect_warnings
 from ..config.types import ConfigError
 from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
@@ -31,7 +32,6 @@ from ..model.shares import share_memory_mib
 from ..plugin.server import Timings
 from ..discovery.simulated import SimulatedInventory
 
-MIB = 1024 * 1024
 POLICY_NOTES = {  # what each allocationPolicy does with the sample pods' shares
     "binpack": "binpack keeps GPUs whole for larger requests",
     "spread": "spread puts each container on the emptiest GPU",
