@@ -21,6 +21,7 @@ import tracemalloc
 
 from prometheus_client import CollectorRegistry
 
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.extender.cache import ClusterCache
 from deviceplugin.extender.http import ExtenderHTTPServer
@@ -28,10 +29,9 @@ from deviceplugin.extender.metrics import ExtenderMetrics
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
 from deviceplugin.extender.watch import settle_heap
-from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
 from deviceplugin.kube.labels import InventoryAnnotation
+from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
 from deviceplugin.model.usage import ContainerShare, Usage
-from deviceplugin.alloc.plan import build_resources
 
 from .common import rss_mib, summary_ms
 

@@ -34,6 +34,7 @@ from functools import lru_cache
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.alloc.placement import preferred_allocation
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.cluster import MILLI, Node, Pod, place
 from deviceplugin.cluster.model import host_fits
 from deviceplugin.cluster.report import parse_policies, parse_seeds
@@ -44,12 +45,11 @@ from deviceplugin.extender.cache import ClusterCache, PodState
 from deviceplugin.extender.fit import place as extender_place
 from deviceplugin.extender.metrics import ExtenderMetrics
 from deviceplugin.extender.model import HostCapacity, model_pod, pod_request
-from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
-from deviceplugin.model.node import Gpu, NodeInfo
-from deviceplugin.alloc.plan import build_resources
+from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.model.devices import Resource
+from deviceplugin.model.node import Gpu, NodeInfo
 
 SHARE = "example.com/gpu-share"
 # The node plugin's allocationPolicy beside each extender --policy: the GPU choice on the node closest to the
@@ -78,7 +78,7 @@ def node_resource(gpus: int, replicas: int, policy: str) -> Resource:
 
 
 def annotation(resource: Resource, used: list[int], policy: str, pods: list[str] | tuple[str, ...] = ()) -> str:
-    units = [{"uuid": u.uuid, "gpu": i, "total": u.replicas, "used": n, "free": u.replicas - n, "health": "Healthy"} for i, (u, n) in enumerate(zip(resource.units, used))]
+    units = [{"uuid": u.uuid, "gpu": i, "total": u.replicas, "used": n, "free": u.replicas - n, "health": "Healthy"} for i, (u, n) in enumerate(zip(resource.units, used, strict=True))]
     return json.dumps({"version": 2, "generation": 1, "gpus": [], "pods": list(pods),
                        "resources": {SHARE: {"pool": "s", "allowSpanGPUs": False, "allocationPolicy": policy, "units": units}}})
 

@@ -14,12 +14,12 @@ import tracemalloc
 import urllib.request
 from dataclasses import replace
 
-from deviceplugin.config.types import ConfigError
-from deviceplugin.config.parse import parse_config_text
-from deviceplugin.model.node import NodeInfo
-from deviceplugin.limits import MAX_CONFIG_BYTES
 from deviceplugin.alloc.plan import build_resources
+from deviceplugin.config.parse import parse_config_text
+from deviceplugin.config.types import ConfigError
 from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.limits import MAX_CONFIG_BYTES
+from deviceplugin.model.node import NodeInfo
 
 from .common import open_fds, percentile, plugin_process, rss_mib, threads
 

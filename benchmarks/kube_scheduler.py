@@ -44,7 +44,15 @@ from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, sha
 from deviceplugin.cluster.traces import DEFAULT_NODES, POD_FILE, load_nodes, load_pods, resolve
 
 from .standin import (
-    DRA_CLASS, GpuNode, StandInPlugins, claim_pod_body, create_node, device_class, every_pod_entry, resource_slice, scheduler_config,
+    DRA_CLASS,
+    GpuNode,
+    StandInPlugins,
+    claim_pod_body,
+    create_node,
+    device_class,
+    every_pod_entry,
+    resource_slice,
+    scheduler_config,
     share_pod_body,
 )
 

@@ -40,7 +40,7 @@ def wait_register(kubelet: KubeletSimulator, before: int, timeout: float = 30.0,
         if arrived:
             return arrived[0]
         if time.monotonic() > deadline:
-            raise RuntimeError("no Register within %.0f s" % timeout)
+            raise RuntimeError(f"no Register within {timeout:.0f} s")
         time.sleep(0.0005)
 
 

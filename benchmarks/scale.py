@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import statistics
 
-from deviceplugin.config.types import ConfigError
-from deviceplugin.config.parse import parse_config
-from deviceplugin.model.node import Gpu, NodeInfo
 from deviceplugin.alloc.plan import LIST_BUDGET_BYTES, build_resources
+from deviceplugin.config.parse import parse_config
+from deviceplugin.config.types import ConfigError
+from deviceplugin.model.node import Gpu, NodeInfo
 from deviceplugin.plugin.wire import EncodedDeviceList
 
 from .common import timed

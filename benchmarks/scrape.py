@@ -10,10 +10,10 @@ import urllib.request
 from pathlib import Path
 
 from deviceplugin.agent.loop import AgentSettings
+from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.plugin.server import Timings
 from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
 from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
-from deviceplugin.plugin.server import Timings
-from deviceplugin.discovery.simulated import SimulatedInventory
 
 from .common import config_file, node_file
 

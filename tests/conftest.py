@@ -11,20 +11,20 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from deviceplugin.config.types import Config, default_config
-from deviceplugin.config.parse import parse_config
-from deviceplugin.model.node import NodeInfo
-from deviceplugin.sim.kubelet import KubeletSimulator, Pod
-from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.alloc.plan import build_resources
-from deviceplugin.plugin.server import Timings
+from deviceplugin.config.parse import parse_config
+from deviceplugin.config.types import Config, default_config
 from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.model.node import NodeInfo
+from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.plugin.server import Timings
+from deviceplugin.sim.kubelet import KubeletSimulator, Pod
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -13,22 +13,22 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin import __version__
 from deviceplugin.agent.loop import AgentSettings, NodeAgent
-from deviceplugin.kube.annotation import pod_digest
+from deviceplugin.agent.procmap import cgroup_owner
+from deviceplugin.agent.usage import PodResourcesClient
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.api import podresources_pb2_grpc as pr_grpc
-from deviceplugin.config.types import default_config
 from deviceplugin.config.parse import parse_config
-from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
-from deviceplugin.health.monitor import HealthSettings
-from deviceplugin.model.node import HealthEvent
-from deviceplugin.kube.client import NodeClient
-from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod, TokenBucket
-from deviceplugin.plugin.manager import PluginManager
-from deviceplugin.kube.labels import NodePublisher, label_value, node_labels
-from deviceplugin.agent.usage import PodResourcesClient
-from deviceplugin.agent.procmap import cgroup_owner
-from deviceplugin.alloc.plan import build_resources
+from deviceplugin.config.types import default_config
 from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.health.monitor import HealthSettings
+from deviceplugin.kube.annotation import pod_digest
+from deviceplugin.kube.client import NodeClient
+from deviceplugin.kube.labels import NodePublisher, label_value, node_labels
+from deviceplugin.model.node import HealthEvent
+from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod, TokenBucket
 
 from .conftest import EXAMPLES, FAST, cgroup, free_port, get, node, registered, wait_until
 
@@ -640,7 +640,7 @@ class Clock:
 
 def increase(series: list[float]) -> float:
     """Prometheus' increase() over raw samples, without extrapolation: a drop is a counter reset."""
-    return sum(b - a if b >= a else b for a, b in zip(series, series[1:]))
+    return sum(b - a if b >= a else b for a, b in zip(series, series[1:], strict=False))
 
 
 def test_metering_counts_share_and_memory_seconds_and_survives_a_restart(kubelet, plugin_dir, tmp_path):
@@ -796,7 +796,7 @@ def test_a_hanging_api_call_never_delays_the_next_kill_and_the_events_follow(kub
             kubelet.admit(pod)
             started = time.monotonic()
             inventory.add_process(pid, U0, 5000, cgroup=cgroup(pod, "app"))  # over its 3840 MiB
-            assert wait_until(lambda: pid in killed, timeout=1.5)
+            assert wait_until(lambda pid=pid: pid in killed, timeout=1.5)
             took = time.monotonic() - started
             assert took < 3 * interval + 0.3, (pid, took)  # an interval or two (and slack for a busy machine), not the API's 2 s
             assert wait_until(lambda: api.in_flight == 1, timeout=1)  # the outbox is stuck posting the first Event

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from deviceplugin.kube.annotation import pod_digest
-from deviceplugin.config.parse import parse_config
-from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
-from deviceplugin.kube.labels import InventoryAnnotation, inventory
-from deviceplugin.model.usage import ContainerShare, Usage
 from deviceplugin.alloc.plan import build_resources
+from deviceplugin.config.parse import parse_config
+from deviceplugin.kube.annotation import pod_digest
+from deviceplugin.kube.labels import InventoryAnnotation, inventory
+from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
+from deviceplugin.model.usage import ContainerShare, Usage
 
 from .conftest import node
 

@@ -8,11 +8,11 @@ import logging
 from prometheus_client import generate_latest
 
 from deviceplugin.alloc.cdi import MAX_SPEC_BYTES, check_specs, read_specs
-from deviceplugin.config.parse import parse_config
-from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
-from deviceplugin.obs.metrics import exposed_registry
 from deviceplugin.alloc.plan import build_resources
+from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.obs.metrics import exposed_registry
+from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
 
 from .conftest import EXAMPLES, FAST, node
 

@@ -8,8 +8,8 @@ import pytest
 
 from deviceplugin.alloc.placement import preferred_allocation
 from deviceplugin.cluster import MILLI, Node, Pod, TaskShapes, make_policy
-from deviceplugin.config.types import ConfigError
 from deviceplugin.config.parse import parse_config
+from deviceplugin.config.types import ConfigError
 
 from .conftest import node
 from .support.resources import free_shares, gpus_of, shared

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
-from dataclasses import replace
-
-from deviceplugin.config.types import ConfigError, default_config
-from deviceplugin.config.parse import load_config, parse_config
-from deviceplugin.model.node import NodeInfo
 from deviceplugin.alloc.plan import LIST_BUDGET_BYTES, build_resources
+from deviceplugin.config.parse import load_config, parse_config
+from deviceplugin.config.types import ConfigError, default_config
+from deviceplugin.model.node import NodeInfo
 
 from .conftest import EXAMPLES, node
 

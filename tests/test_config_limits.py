@@ -17,12 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deviceplugin import limits
-from deviceplugin.config.types import Config, ConfigError
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import load_config, parse_config, parse_config_bytes, parse_config_text
+from deviceplugin.config.paths import mps_root_problem, path_problem, pool_dir
+from deviceplugin.config.types import Config, ConfigError
 from deviceplugin.model.node import NodeInfo
 from deviceplugin.mps.paths import MpsPaths
-from deviceplugin.config.paths import mps_root_problem, path_problem, pool_dir
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.plugin.wire import EncodedDeviceList
 
 from .conftest import EXAMPLES, GPU_CLI, node

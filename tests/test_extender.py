@@ -14,7 +14,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.cluster import Pod
-from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.extender.cache import ClusterCache, pod_state
 from deviceplugin.extender.http import ExtenderHTTPServer
 from deviceplugin.extender.metrics import ExtenderMetrics
@@ -23,6 +22,7 @@ from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.service import ExtenderOptions, ExtenderService
 from deviceplugin.extender.verbs import Extender
 from deviceplugin.extender.watch import WatchSettings
+from deviceplugin.kube.annotation import pod_digest
 
 from .conftest import GPU_CLI, get
 from .support.fake_kube import FakeCluster

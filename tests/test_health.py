@@ -6,11 +6,11 @@ import time
 
 import pytest
 
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
+from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import DEFAULT_RESET_XIDS, HealthMonitor, HealthSettings
 from deviceplugin.plugin.manager import PluginManager
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.state import NodeState
 
 from .conftest import EXAMPLES, FAST, registered

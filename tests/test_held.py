@@ -13,9 +13,8 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from deviceplugin.api import deviceplugin_pb2 as pb
-
 from deviceplugin.agent.settings import AgentSettings
+from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.discovery.inventory import Inventory
 from deviceplugin.discovery.nvml import NvmlInventory
 from deviceplugin.discovery.simulated import SimulatedInventory

@@ -11,13 +11,13 @@ import time
 import grpc
 import pytest
 
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from deviceplugin.sim.kubelet import Container, Pod
-from deviceplugin.plugin.manager import PluginManager, remove_stale_sockets
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.types import default_config
+from deviceplugin.plugin.manager import PluginManager, remove_stale_sockets
 from deviceplugin.plugin.server import MAX_OTHER_STREAMS, SocketPathError
+from deviceplugin.sim.kubelet import Container, Pod
 
 from .conftest import FAST, node, registered, start_run
 

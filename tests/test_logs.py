@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 
 from deviceplugin.alloc.container import AllocationError, container_grant
-from deviceplugin.config.parse import parse_config
-from deviceplugin.health.monitor import HealthMonitor
-from deviceplugin.model.node import HealthEvent
-from deviceplugin.logs import RepeatLimiter, brief, safe_text
 from deviceplugin.alloc.plan import build_resources
+from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.health.monitor import HealthMonitor
+from deviceplugin.logs import RepeatLimiter, brief, safe_text
+from deviceplugin.model.node import HealthEvent
 from deviceplugin.state import NodeState
 
 from .conftest import EXAMPLES, node

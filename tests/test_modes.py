@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deviceplugin.config.types import ConfigError
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
-from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
-from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.config.types import ConfigError
 from deviceplugin.mps.control import MpsDaemon, MpsLiveness, control
 from deviceplugin.mps.paths import MpsPaths
 from deviceplugin.mps.supervisor import MpsSupervisor
-from deviceplugin.alloc.plan import build_resources
+from deviceplugin.plugin.manager import PluginManager
+from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
 
 from .conftest import EXAMPLES, FAST, GPU_CLI, ROOT, node, registered, wait_until
 

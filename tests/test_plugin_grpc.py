@@ -9,8 +9,8 @@ import pytest
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
 from deviceplugin.plugin.server import OPTIONS
+from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
 
 from .conftest import node, registered
 

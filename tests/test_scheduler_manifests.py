@@ -156,10 +156,10 @@ def test_the_demo_answers_as_the_policy_does(containers):
 
 
 def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():
-    from deviceplugin.config.parse import load_config
-    from deviceplugin.sim.scheduler import run_scheduler_step
     from deviceplugin.alloc.plan import build_resources
+    from deviceplugin.config.parse import load_config
     from deviceplugin.discovery.simulated import SimulatedInventory
+    from deviceplugin.sim.scheduler import run_scheduler_step
 
     builtin = ROOT / "deviceplugin" / "builtin"
     node = SimulatedInventory.from_file(builtin / "demo-node.yaml").discover()

@@ -4,11 +4,11 @@ and every config example in the docs and the ConfigMap passes validation."""
 from __future__ import annotations
 
 import json
-import tomllib
 import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import kubernetes_validate
@@ -222,9 +222,9 @@ def _exported_sample_names() -> set[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     from deviceplugin.agent.loop import AgentSettings
+    from deviceplugin.discovery.simulated import SimulatedInventory
     from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
     from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
-    from deviceplugin.discovery.simulated import SimulatedInventory
 
     from .conftest import EXAMPLES, FAST, cgroup, free_port
 

@@ -8,19 +8,19 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..model.devices import Resource
-from ..model.shares import share_gpu_fraction
 from ..discovery.inventory import Inventory
 from ..loop import BackgroundLoop
+from ..model.devices import Resource
 from ..model.node import NodeInfo
-from .settings import AgentSettings
+from ..model.shares import share_gpu_fraction
+from ..model.usage import Usage
 from ..state import NodeState, NodeView
 from . import residue
 from .metering import Holding, Meter, MeterKey
 from .observe import Observation, Observer
 from .procmap import ProcessMapper
+from .settings import AgentSettings
 from .usage import PodResourcesClient, UsageBuilder, build_usage
-from ..model.usage import Usage
 from .watchdog import ContainerMemory, MemoryWatchdog
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class NodeAgent(BackgroundLoop):
         if mapper is None:
             log.warning("no pod directory (Kubernetes API): per-container memory, the watchdog and the residue guard are off")
 
-    def on_config(self, config: "Config", resources: list[Resource]) -> None:
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
         """A config reload (runtime.reload): the residue guard quarantines, or not, from the next round on."""
         self.quarantine = config.quarantine
 

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from ..model.devices import Resource
 from ..discovery.inventory import Inventory
+from ..model.devices import Resource
 from ..model.node import GpuProcess, GpuStats, NodeInfo
-from .settings import AgentSettings
+from ..model.usage import Usage
 from . import residue
 from .procmap import ProcessMapper
+from .settings import AgentSettings
 from .usage import PodResourcesClient, UsageBuilder, build_usage
-from ..model.usage import Usage
 from .watchdog import ContainerMemory
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ import logging
 from collections.abc import Callable
 
 from ..config.types import Config
-from ..model.devices import Resource
 from ..kube.labels import InventoryAnnotation, NodePublisher
 from ..loop import BackgroundLoop
+from ..model.devices import Resource
 from ..model.node import NodeInfo
 from ..state import NodeState, NodeView
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from ..model.usage import ContainerShare
 
 if TYPE_CHECKING:
-    from ..model.devices import Resource
     from ..config.types import Config
+    from ..model.devices import Resource
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class MemoryWatchdog:
         self._over: set[tuple] = set()
         self._handled: set[int] = set()  # PIDs already killed (or tried): never acted on twice
 
-    def on_config(self, config: "Config", resources: list["Resource"]) -> None:
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
         """A config reload (runtime.reload): follow its memoryWatchdog policy."""
         self.policy = config.watchdog_policy
 

@@ -49,7 +49,7 @@ def read_specs(dirs: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
     return frozenset(names), problems
 
 
-def check_specs(resources: "list[Resource]", kind: str, dirs: tuple[str, ...]) -> dict[str, list[str]]:
+def check_specs(resources: list[Resource], kind: str, dirs: tuple[str, ...]) -> dict[str, list[str]]:
     """Per resource, its `<kind>=<UUID>` names that no spec defines; logs one warning per resource lacking some."""
     defined, problems = read_specs(dirs)
     for problem in problems:
@@ -76,6 +76,6 @@ class CdiCheck:
         self.dirs = dirs
         self.missing: dict[str, list[str]] = {}
 
-    def on_config(self, config: "Config", resources: "list[Resource]") -> None:
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
         """Check the devices of `resources` (at start-up and after each config reload)."""
         self.missing = check_specs(resources, config.cdi_kind, self.dirs) if config.device_list_strategy == "cdi" else {}

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..config.types import Config, ConfigError
-from ..model.node import NodeInfo
 from ..model.devices import Resource
+from ..model.node import NodeInfo
 from .plan import build_resources
 
 

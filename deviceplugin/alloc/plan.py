@@ -190,7 +190,7 @@ def _pool_resources(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, l
     for gpu in gpus:
         if not gpu.mig_enabled:
             log.warning("GPU %d (%s) does not have MIG enabled: pool %s (mig) does not advertise it", gpu.index, gpu.uuid, pool.name)
-        for device, unit in zip(gpu.mig_devices, _mig_units(gpu)):
+        for device, unit in zip(gpu.mig_devices, _mig_units(gpu), strict=True):
             by_profile.setdefault(device.profile, []).append(unit)
     if pool.mig_strategy == "single":
         if len(by_profile) > 1:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+
 from . import flags
 
 HELP = "print the admission policy's params (the largest shares per unit of each shared resource) for a config"

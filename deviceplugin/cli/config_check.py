@@ -8,7 +8,7 @@ is alloc/check.py; this module reads the files and renders (parsing and discover
 from __future__ import annotations
 
 import argparse
-from typing import Callable
+from collections.abc import Callable
 
 from ..config.types import ConfigError, WatchdogPolicy
 from ..model.devices import Resource

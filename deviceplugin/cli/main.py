@@ -17,7 +17,7 @@ from .. import __version__
 from ..config.types import ConfigError
 from ..discovery.inventory import InventoryError
 from ..errors import FlagError, StartupError
-from . import admission_params, config_check, flags, demo, discover, extender, mps, run, simulate
+from . import admission_params, config_check, demo, discover, extender, flags, mps, run, simulate
 
 log = logging.getLogger("gpu-share")
 
@@ -29,7 +29,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpu-share {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(commands: "argparse._SubParsersAction[argparse.ArgumentParser]", name: str, module: ModuleType, top: str | None = None) -> None:
+    def add(commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, module: ModuleType, top: str | None = None) -> None:
         command = commands.add_parser(name, help=module.HELP)
         if only is None or only == (top or name):
             module.add_arguments(command)

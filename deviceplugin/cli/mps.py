@@ -6,8 +6,8 @@ import argparse
 import logging
 
 from .. import defaults
-from ..signals import catch_signals, wait_for_signal
 from ..runtime.startup import check_executable
+from ..signals import catch_signals, wait_for_signal
 from . import flags
 
 log = logging.getLogger("gpu-share")

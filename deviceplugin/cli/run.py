@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from .. import defaults
 from ..discovery.inventory import InventoryError
-from ..health.monitor import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
-from ..signals import catch_signals, raise_fd_limit, stop_requested, wait_for_signal
 from ..errors import StartupError
+from ..health.monitor import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
 from ..runtime.startup import check_directory, check_plugin_dir
+from ..signals import catch_signals, raise_fd_limit, stop_requested, wait_for_signal
 from . import flags
 
 if TYPE_CHECKING:
@@ -52,9 +52,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                      help="exit at once when GPUs cannot be discovered (default true); false keeps running, advertising nothing")
     run.add_argument("--health-checks", type=flags.boolean, default=True, metavar="BOOL", help="watch XIDs and GPU queries (default true)")
     run.add_argument("--ignore-xids", type=flags.xid_list, default=DEFAULT_IGNORED_XIDS, metavar="LIST",
-                     help="XIDs that do not make a GPU unhealthy (default: %s)" % ",".join(map(str, sorted(DEFAULT_IGNORED_XIDS))))
+                     help=f"XIDs that do not make a GPU unhealthy (default: {','.join(map(str, sorted(DEFAULT_IGNORED_XIDS)))})")
     run.add_argument("--reset-xids", type=flags.xid_list, default=DEFAULT_RESET_XIDS, metavar="LIST",
-                     help="XIDs that keep a GPU unhealthy until it is reset (default: %s)" % ",".join(map(str, sorted(DEFAULT_RESET_XIDS))))
+                     help=f"XIDs that keep a GPU unhealthy until it is reset (default: {','.join(map(str, sorted(DEFAULT_RESET_XIDS)))})")
     run.add_argument("--health-recovery", type=seconds, default=HealthSettings.recovery_period, metavar="SECONDS",
                      help="quiet period after which an unhealthy GPU is Healthy again (default %(default)g)")
     run.add_argument("--health-interval", type=seconds, default=HealthSettings.check_interval, metavar="SECONDS",
@@ -69,7 +69,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--pod-resources-interval", type=seconds, default=defaults.POD_RESOURCES_INTERVAL, metavar="SECONDS",
                      help="seconds between pod-resources polls (default %(default)g)")
     run.add_argument("--cdi-spec-dirs", type=flags.dir_list, default=defaults.CDI_SPEC_DIRS, metavar="DIRS",
-                     help="comma-separated CDI spec directories checked in CDI mode (default %s)" % ",".join(defaults.CDI_SPEC_DIRS))
+                     help=f"comma-separated CDI spec directories checked in CDI mode (default {','.join(defaults.CDI_SPEC_DIRS)})")
     run.add_argument("--proc-root", default=defaults.PROC_ROOT, help="the host's /proc, for mapping GPU processes to containers (default %(default)s)")
     run.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY,
                      help="control client asked whether each MPS pool's daemon answers (default %(default)s)")
@@ -100,7 +100,7 @@ def node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def _not_ready_endpoint(args: argparse.Namespace, reason: str, ready: bool = False) -> "MetricsServer | None":
+def _not_ready_endpoint(args: argparse.Namespace, reason: str, ready: bool = False) -> MetricsServer | None:
     """/healthz ok, /readyz with `reason` (ready or not), every plugin metric at 0: a plugin serving nothing."""
     if not args.metrics_port:
         return None
@@ -123,7 +123,7 @@ def _not_ready_endpoint(args: argparse.Namespace, reason: str, ready: bool = Fal
     return server
 
 
-def _one_instance(args: argparse.Namespace) -> "InstanceLock | None":
+def _one_instance(args: argparse.Namespace) -> InstanceLock | None:
     """Hold the plugin directory's instance lock: at once, or after standing by (None: a signal came meanwhile)."""
     from ..runtime.instance import InstanceLock, conflict_message
 
@@ -145,10 +145,10 @@ def _one_instance(args: argparse.Namespace) -> "InstanceLock | None":
     return lock
 
 
-def daemon_options(args: argparse.Namespace) -> "DaemonOptions":
+def daemon_options(args: argparse.Namespace) -> DaemonOptions:
+    from ..agent.settings import AgentSettings
     from ..plugin.server import Timings
     from ..runtime.options import DaemonOptions
-    from ..agent.settings import AgentSettings
 
     return DaemonOptions(
         config_file=args.config,

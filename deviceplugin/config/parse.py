@@ -11,8 +11,6 @@ from ..logs import safe_text
 from .names import resource_name_problem
 from .paths import POOL_NAME, POOL_NAME_RULE, mps_root_problem, path_problem
 from .schema import Fields, SchemaError, join, list_of
-from .yamlfile import YamlProblem, decode, load_yaml_lines, read_bounded
-
 from .types import (
     ALLOCATION_POLICIES,
     BACKENDS,
@@ -28,15 +26,16 @@ from .types import (
     MPS_LIMITS,
     SUPPORTED_VERSIONS,
     WATCHDOG_POLICIES,
+    Choice,
     Config,
     ConfigError,
     GpuSelector,
     PoolConfig,
-    Choice,
     default_domain,
-    one_of,
     max_replicas,
+    one_of,
 )
+from .yamlfile import YamlProblem, decode, load_yaml_lines, read_bounded
 
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _QUANTITY_BYTES = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}

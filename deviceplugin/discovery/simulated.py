@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..model.node import PCIE_LEVELS, Gpu, GpuProcess, GpuStats, HealthEvent, Link, MigDevice, NodeInfo
-from .inventory import InventoryError
 from ..config.schema import Fields, SchemaError, join
 from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
+from ..model.node import PCIE_LEVELS, Gpu, GpuProcess, GpuStats, HealthEvent, Link, MigDevice, NodeInfo
+from .inventory import InventoryError
 
 _GPU_KEYS = {
     "index": int,
@@ -82,7 +82,7 @@ def parse_node(data: Any, source: str = "node file") -> tuple[NodeInfo, list[Sch
         links = dict(_parse_link(item, f"links[{i}]", by_index) for i, item in enumerate(top.get("links", [])))
         failures = [_parse_failure(item, f"failures[{i}]", by_index) for i, item in enumerate(top.get("failures", []))]
         # A GPU that `discover --json` saw unhealthy fails its queries from the start.
-        failures += [ScheduledFailure(g.uuid, 0, None, True, item["health"]) for g, item in zip(gpus, items) if item.get("health", "Healthy") != "Healthy"]
+        failures += [ScheduledFailure(g.uuid, 0, None, True, item["health"]) for g, item in zip(gpus, items, strict=True) if item.get("health", "Healthy") != "Healthy"]
     except SchemaError as err:
         raise InventoryError(f"{source}: {err}") from None
     node = NodeInfo(
@@ -186,7 +186,7 @@ class SimulatedInventory:
         self._failing.update({f.gpu_uuid: f.reason for f in failures or [] if f.lost and f.after == 0})  # lost from the start
 
     @classmethod
-    def from_file(cls, path: str | Path, proc_root: str | Path | None = None) -> "SimulatedInventory":
+    def from_file(cls, path: str | Path, proc_root: str | Path | None = None) -> SimulatedInventory:
         try:
             data, duplicates = load_yaml(decode(read_bounded(path)))
         except YamlProblem as err:

@@ -14,11 +14,12 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -151,7 +152,7 @@ class KubeletPlugin:
         outcomes = await asyncio.get_running_loop().run_in_executor(self._pool, prepare_claims, self.driver, self.read, refs, self._fetch, deadline)
         if self.metrics:
             self.metrics.called("prepare", time.perf_counter() - started, sum(1 for o in outcomes.values() if not o.error), sum(1 for o in outcomes.values() if o.error))
-        for uid, outcome in outcomes.items():
+        for outcome in outcomes.values():
             if outcome.error:
                 log.warning("prepare: %s", outcome.error)
         return outcomes
@@ -206,7 +207,7 @@ class KubeletPlugin:
                 changed.clear()
                 try:
                     await asyncio.wait_for(changed.wait(), max(0.0, self.settings.health_interval - (time.monotonic() - sent_at)))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         finally:
             self._streams.discard(changed)

@@ -297,7 +297,7 @@ def prepare_claims(
     unique = list({ref.uid: ref for ref in refs}.values())
     claims = list(fetch.map(read_one, unique)) if fetch is not None and len(unique) > 1 else [read_one(r) for r in unique]
     outcomes: dict[str, Outcome] = {}
-    for ref, claim in zip(unique, claims):
+    for ref, claim in zip(unique, claims, strict=True):
         if isinstance(claim, str):
             outcomes[ref.uid] = Outcome(None, claim)
             continue

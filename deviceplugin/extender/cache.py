@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .. import defaults
-from ..kube.annotation import pod_digest
 from ..cluster import MILLI, Pod
+from ..kube.annotation import pod_digest
 from .dra import FIRST_FIT, MAX_POD_CLAIMS, ClaimInfo, SliceInfo, shares_of
 from .fit import FreeShares, free_shares, place
 from .model import ContainerRequest, HostCapacity, InputError, NodeInventory, NodeResource, PodRequest, Unit, model_pod, parse_annotation

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..kube.annotation import QUARANTINED, UNHEALTHY
 from ..alloc.placement import choose_unit
+from ..kube.annotation import QUARANTINED, UNHEALTHY
 from .dra import FIRST_FIT
 from .model import NodeInventory, NodeResource, PodRequest
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -157,7 +156,7 @@ class _PooledHTTPServer(HTTPServer):
             request, address = item
             try:
                 self.finish_request(request, address)
-            except (OSError, socket.timeout):
+            except (TimeoutError, OSError):
                 pass  # the client went away or was too slow
             except Exception:
                 log.exception("extender request from %s failed", address)

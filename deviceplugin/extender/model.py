@@ -254,8 +254,8 @@ def host_request(spec: dict) -> tuple[int, int]:
             running = sidecars
         else:
             running = _add(request, sidecars)
-        init_peak = [max(a, b) for a, b in zip(init_peak, running)]
-    result = [max(a, b) for a, b in zip(total, init_peak)]
+        init_peak = [max(a, b) for a, b in zip(init_peak, running, strict=True)]
+    result = [max(a, b) for a, b in zip(total, init_peak, strict=True)]
     pod_level = ((spec.get("resources") or {}).get("requests") or {}) if isinstance(spec.get("resources"), dict) else {}
     for k, key in enumerate(("cpu", "memory")):
         if key in pod_level:
@@ -293,7 +293,7 @@ def _host_quantity(amounts: dict, key: str, where: str) -> int:
 
 
 def _add(a: list[int], b: list[int]) -> list[int]:
-    return [x + y for x, y in zip(a, b)]
+    return [x + y for x, y in zip(a, b, strict=True)]
 
 
 def _scaled(value: object, scale: float, down: bool) -> int:

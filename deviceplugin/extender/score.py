@@ -137,7 +137,7 @@ class Scorer:
     @staticmethod
     def _compute(policy: Policy, pod: Pod, totals: tuple[int, ...], free: tuple[int, ...], host: HostCapacity,
                  host_free: tuple[int, int, int]) -> int:
-        gpu_free = [min(MILLI, f * MILLI // max(t, 1)) for t, f in zip(totals, free)]
+        gpu_free = [min(MILLI, f * MILLI // max(t, 1)) for t, f in zip(totals, free, strict=True)]
         cpu, memory, slots = (max(0, v) for v in host_free)
         node = Node("", host.cpu_milli, host.memory_mib, "", gpu_free, cpu, memory, host.pods, host.pods - slots)
         choice = policy.score(pod, node)

@@ -75,8 +75,8 @@ class Extender:
         raw = self.scorer.raw_scores(request, views)
         if not request.empty:  # a CPU-only pod fits wherever kube-scheduler's own filters let it
             resource, count = _single(request) or ("", 0)
-            raw = [s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM for view, s in zip(views, raw)]
-        return [{"Host": view.name, "Score": score} for view, score in zip(views, ranked(raw))]
+            raw = [s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM for view, s in zip(views, raw, strict=True)]
+        return [{"Host": view.name, "Score": score} for view, score in zip(views, ranked(raw), strict=True)]
 
     def _args(self, args: dict, every_pod: bool) -> tuple[PodRequest, list[str]]:
         if not isinstance(args, dict):

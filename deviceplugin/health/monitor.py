@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..model.node import Gpu, HealthEvent, NodeInfo
 from ..discovery.inventory import Inventory
 from ..logs import RepeatLimiter
 from ..loop import BackgroundLoop
+from ..model.node import Gpu, HealthEvent, NodeInfo
 from ..state import NodeState
 
 log = logging.getLogger(__name__)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from ..model.pods import PodRef, bare_container_id
 from ..errors import FlagError
+from ..model.pods import PodRef, bare_container_id
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class NodeClient:
         self.timeout = timeout
 
     @classmethod
-    def connect(cls, node_name: str | None = None, kubeconfig: str | None = None) -> "NodeClient | None":
+    def connect(cls, node_name: str | None = None, kubeconfig: str | None = None) -> NodeClient | None:
         """In-cluster config, else the kubeconfig file; None (said once, clearly) when neither works.
         A kubeconfig given explicitly that does not load is fatal (FlagError)."""
         node_name = node_name or os.environ.get("NODE_NAME")
@@ -93,7 +93,7 @@ class NodeClient:
         """A Warning Event on a pod, as `kubectl describe pod` shows it."""
         from kubernetes import client
 
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(generate_name=f"{pod}.", namespace=namespace),
             involved_object=client.V1ObjectReference(kind="Pod", name=pod, namespace=namespace, uid=uid),

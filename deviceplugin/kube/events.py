@@ -32,7 +32,7 @@ class PodEvent(NamedTuple):
 
 
 class EventOutbox(BackgroundLoop):
-    def __init__(self, client: "NodeClient", capacity: int = CAPACITY) -> None:
+    def __init__(self, client: NodeClient, capacity: int = CAPACITY) -> None:
         super().__init__("pod-events")
         self.client = client
         self.dropped = 0  # Events dropped, oldest first, because the outbox was full

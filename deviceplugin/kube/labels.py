@@ -17,11 +17,11 @@ from collections.abc import Callable
 
 from .. import defaults
 from ..config.types import Config
-from .annotation import ANNOTATION, HEALTHY, QUARANTINED, UNHEALTHY, VERSION, pod_digest
-from ..model.node import NodeInfo, gpu_family
-from .client import NodeClient
-from ..model.usage import Usage
 from ..model.devices import Resource, Unit
+from ..model.node import NodeInfo, gpu_family
+from ..model.usage import Usage
+from .annotation import ANNOTATION, HEALTHY, QUARANTINED, UNHEALTHY, VERSION, pod_digest
+from .client import NodeClient
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _version_labels(prefix: str, version: str, parts: tuple[str, ...]) -> dict[s
     """`550.54.15` -> <prefix>.major=550, .minor=54, .revision=15 (only the numeric parts present), and with the
     `-version` names GFD's `.full` (the whole version)."""
     numbers = version.split(".")
-    labels = {f"{prefix}.{part}": number for part, number in zip(parts, numbers) if number.isdigit()}
+    labels = {f"{prefix}.{part}": number for part, number in zip(parts, numbers, strict=False) if number.isdigit()}
     if prefix.endswith("-version") and label_value(version):
         labels[f"{prefix}.full"] = label_value(version)
     return labels

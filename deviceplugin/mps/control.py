@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 from .. import defaults
-from .computemode import ComputeModeError, ComputeModes
-from .paths import MpsPaths
-from ..signals import child_signal_mask
 from ..model.devices import Resource
 from ..model.shares import share_compute_percent, share_memory_mib
+from ..signals import child_signal_mask
+from .computemode import ComputeModeError, ComputeModes
+from .paths import MpsPaths
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ class MpsPaths:
     root: Path  # <mpsRoot>/<pool>
 
     @classmethod
-    def of(cls, mps_root: str, pool: str) -> "MpsPaths":
+    def of(cls, mps_root: str, pool: str) -> MpsPaths:
         """ValueError for a pool name that could leave mps_root (the config refuses those before)."""
         return cls(Path(pool_dir(mps_root, pool)))
 

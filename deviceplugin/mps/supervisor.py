@@ -11,8 +11,8 @@ import logging
 import threading
 
 from .. import defaults
-from ..model.devices import Resource
 from ..config.types import Config
+from ..model.devices import Resource
 from .control import DEFAULT_CONTROL_BINARY, MpsDaemon
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from .. import defaults
-from .metrics import exposed_registry
 from ..errors import StartupError
+from .metrics import exposed_registry
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class MetricsServer:
             await self._linger(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away, or was evicted
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.dropped.labels("timeout").inc()  # a client that does not take its answer
         finally:
             del self._connections[writer]
@@ -170,7 +170,7 @@ class MetricsServer:
         try:
             while await asyncio.wait_for(reader.read(self.limits.max_head_bytes), max(0.0, deadline - time.monotonic())):
                 pass
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
     def _evict_idle(self) -> bool:
@@ -193,7 +193,7 @@ class MetricsServer:
             self._connections[writer].idle = True
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.limits.read_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if not served:  # a keep-alive connection going quiet between scrapes is normal
                     self.dropped.labels("timeout").inc()
                 return

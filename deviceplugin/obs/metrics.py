@@ -49,7 +49,7 @@ class PluginMetrics:
             self.allocations.labels(name, "refused")
             self.registrations.labels(name)
 
-    def on_config(self, config: "Config", resources: list["Resource"]) -> None:
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
         """A config reload (runtime.reload): the series of new resources exist at 0 from now on."""
         self.declare(r.name for r in resources)
 
@@ -64,7 +64,7 @@ class PluginMetrics:
 class StateCollector(Collector):
     """Reads the current state on every scrape: nothing to keep in step, nothing stale."""
 
-    def __init__(self, sources: "MetricSources") -> None:
+    def __init__(self, sources: MetricSources) -> None:
         self.sources = sources
 
     def collect(self) -> Iterator[Metric]:

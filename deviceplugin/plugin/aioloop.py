@@ -12,8 +12,8 @@ import concurrent.futures
 import logging
 import sys
 import threading
-from collections.abc import Coroutine
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

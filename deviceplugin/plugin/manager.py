@@ -22,15 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .aioloop import EventLoopThread, shared_loop
-from .inotify import DirectoryWatch
-from ..mps.control import MpsLiveness
-from ..mps.paths import MpsPaths
-from ..model.devices import Resource
-from ..model.usage import Hold
 from ..alloc.pending import PendingGpu, changing_gpus, reconcile
 from ..logs import safe_text
+from ..model.devices import Resource
+from ..model.usage import Hold
+from ..mps.control import MpsLiveness
+from ..mps.paths import MpsPaths
 from ..state import NodeState
+from .aioloop import EventLoopThread, shared_loop
+from .inotify import DirectoryWatch
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class PluginManager:
         resources: list[Resource],
         plugin_dir: Path,
         timings: Timings = Timings(),
-        metrics: "PluginMetrics | None" = None,
+        metrics: PluginMetrics | None = None,
         loop: EventLoopThread | None = None,
         mps: MpsLiveness | None = None,
         state: NodeState | None = None,
@@ -128,7 +128,7 @@ class PluginManager:
     def started(self) -> bool:
         return self._poller is not None and not self._stopping
 
-    def attach_metrics(self, metrics: "PluginMetrics") -> None:
+    def attach_metrics(self, metrics: PluginMetrics) -> None:
         """Count from now on, with the registrations that happened before the exporter loaded."""
         for server in self.servers:
             for _ in range(server.registrations):
@@ -151,7 +151,7 @@ class PluginManager:
         """Serve a new set of resources, restarting only those whose signature changed; returns what changed."""
         return self._loop.run(self._apply(resources))
 
-    def on_config(self, config: "Config", resources: list[Resource]) -> None:
+    def on_config(self, config: Config, resources: list[Resource]) -> None:
         """A config reload (runtime.reload): serve these resources from now on."""
         changes = self.apply(resources)
         log.info("resources: %s", "; ".join(changes) or "no resource changed")

@@ -15,9 +15,10 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, AsyncIterator, Callable, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import grpc
 import grpc.aio
@@ -31,8 +32,8 @@ from ..api import deviceplugin_pb2_grpc as pb_grpc
 from ..errors import StartupError
 from ..logs import brief, safe_text
 from ..model.devices import Resource
-from . import wire
 from ..state import NodeState, NodeView
+from . import wire
 
 if TYPE_CHECKING:
     from ..obs.metrics import PluginMetrics
@@ -132,7 +133,7 @@ class DevicePluginServer:
         resource: Resource,
         plugin_dir: Path,
         timings: Timings = Timings(),
-        metrics: Callable[[], "PluginMetrics | None"] = lambda: None,
+        metrics: Callable[[], PluginMetrics | None] = lambda: None,
         state: NodeState | None = None,
     ) -> None:
         self.resource = resource
@@ -354,7 +355,7 @@ def _decoder(kind: type[Message]) -> Callable[[bytes], object]:
     return decode
 
 
-def _add_servicer(servicer: "_Servicer", server: grpc.aio.Server) -> None:
+def _add_servicer(servicer: _Servicer, server: grpc.aio.Server) -> None:
     """The DevicePlugin service, as the generated `add_DevicePluginServicer_to_server` adds it, but with requests that
     do not decode handed to the handler as `_Undecodable` (refused with INVALID_ARGUMENT and a message) instead of
     gRPC's UNKNOWN naming a Python exception."""

@@ -7,27 +7,27 @@ import logging
 from prometheus_client import CollectorRegistry
 
 from ..agent.loop import AgentSettings, NodeAgent
+from ..agent.procmap import ProcessMapper
 from ..agent.publish import PublishLoop
-from ..alloc.devicenodes import missing_device_nodes
+from ..agent.usage import PodResourcesClient
+from ..agent.watchdog import MemoryWatchdog
 from ..alloc.cdi import CdiCheck
+from ..alloc.devicenodes import missing_device_nodes
 from ..config.types import Config
-from ..health.monitor import HealthMonitor
-from ..model.devices import Resource
-from ..model.node import NodeInfo
 from ..discovery.inventory import Inventory
+from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
 from ..kube.events import EventOutbox
-from ..obs.metrics import MetricSources, PluginMetrics, StateCollector
-from ..obs.http import MetricsServer
 from ..kube.labels import NodePublisher
-from ..agent.usage import PodResourcesClient
-from ..agent.procmap import ProcessMapper
+from ..model.devices import Resource
+from ..model.node import NodeInfo
 from ..model.pods import PodDirectory
+from ..obs.http import MetricsServer
+from ..obs.metrics import MetricSources, PluginMetrics, StateCollector
+from ..state import NodeState
 from .options import DaemonOptions
 from .reload import ConfigConsumer, ConfigReloader
 from .serving import Serving, plan_serving
-from ..agent.watchdog import MemoryWatchdog
-from ..state import NodeState
 
 log = logging.getLogger(__name__)
 

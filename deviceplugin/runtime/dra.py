@@ -29,16 +29,16 @@ from ..dra.claims import ApiClaims
 from ..dra.devices import driver_name
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
-from ..dra.prepare import Driver
 from ..dra.mpsready import MpsReadiness
+from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
 from ..dra.slices import SlicePublisher
 from ..dra.usage import ClaimUsage
 from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
-from ..mps.control import MpsLiveness
 from ..model.devices import Resource
 from ..model.pods import PodDirectory
+from ..mps.control import MpsLiveness
 from ..obs.drametrics import DraCollector, DraMetrics
 from ..obs.http import MetricsServer
 from ..obs.metrics import MetricSources, StateCollector

@@ -7,11 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..alloc.plan import build_resources
-from ..model.devices import Resource
 from ..config.parse import parse_config_bytes, read_config_bytes
 from ..config.types import Config, ConfigError, default_config
 from ..discovery.inventory import Inventory
 from ..kube.client import NodeClient
+from ..model.devices import Resource
 from ..model.node import NodeInfo
 from .reload import ProfileSource
 

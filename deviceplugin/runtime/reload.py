@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .. import defaults
-from ..config.types import Config, ConfigError, default_config
+from ..alloc.plan import build_resources
 from ..config.parse import parse_config_bytes, read_config_bytes
-from ..model.node import NodeInfo
+from ..config.types import Config, ConfigError, default_config
 from ..kube.client import NodeClient, profile_label
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
-from ..alloc.plan import build_resources
 from ..model.devices import Resource
+from ..model.node import NodeInfo
 
 log = logging.getLogger(__name__)
 

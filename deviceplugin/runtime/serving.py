@@ -14,10 +14,10 @@ from ..agent.holds import ContainerHolds
 from ..agent.usage import PodResourcesClient
 from ..alloc.devicenodes import missing_device_nodes, missing_mig_capabilities
 from ..config.types import Config
-from ..health.monitor import HealthMonitor
-from ..model.node import Gpu
 from ..discovery.inventory import Inventory
+from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
+from ..model.node import Gpu
 from ..mps.control import MpsLiveness
 from ..plugin.manager import PluginManager
 from .options import DaemonOptions

@@ -15,22 +15,22 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..agent.loop import AgentSettings
-from ..model.node import MIB
 from ..alloc.check import collect_warnings
+from ..alloc.container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
 from ..config.types import ConfigError
 from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
-from ..alloc.container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
-from ..runtime.daemon import DaemonOptions, PluginDaemon
+from ..discovery.simulated import SimulatedInventory
 from ..health.monitor import HealthSettings
+from ..model.devices import SHARE_SEPARATOR, Resource
+from ..model.node import MIB
+from ..model.shares import share_memory_mib
 from ..mps.computemode import ComputeModes
 from ..mps.control import MpsDaemon
-from . import mps_control
-from .scheduler import run_scheduler_step
-from .kubelet import AdmissionError, Container, KubeletSimulator, Pod
-from ..model.devices import SHARE_SEPARATOR, Resource
-from ..model.shares import share_memory_mib
 from ..plugin.server import Timings
-from ..discovery.simulated import SimulatedInventory
+from ..runtime.daemon import DaemonOptions, PluginDaemon
+from . import mps_control
+from .kubelet import AdmissionError, Container, KubeletSimulator, Pod
+from .scheduler import run_scheduler_step
 
 POLICY_NOTES = {  # what each allocationPolicy does with the sample pods' shares
     "binpack": "binpack keeps GPUs whole for larger requests",
@@ -129,7 +129,7 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
             out(f"  warning: {warning}")
         for mps in daemons:
             held = mps.paths.log / mps_control.LIMITS_FILE
-            if not _wait(lambda: mps.paths.ready.exists(), 10):
+            if not _wait(mps.paths.ready.exists, 10):
                 out(f"the MPS control daemon of pool {mps.resource.pool.name} was not ready within 10 s")
                 return 1
             limits = held.read_text().split("\n")[:-1] if held.exists() else []
@@ -289,4 +289,4 @@ def _short(ids: list[str]) -> str:
 def _table(rows: Sequence[Sequence[str]], out: Callable[[str], None]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
-        out("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+        out("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1])

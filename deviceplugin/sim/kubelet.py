@@ -22,10 +22,10 @@ import stat
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import grpc
 
@@ -34,8 +34,8 @@ from ..api import deviceplugin_pb2_grpc as pb_grpc
 from ..api import podresources_pb2 as pr
 from ..api import podresources_pb2_grpc as pr_grpc
 from ..config.names import resource_name_problem
-from ..model.pods import PodRef, bare_container_id
 from ..model.devices import HEALTHY
+from ..model.pods import PodRef, bare_container_id
 from ..plugin.server import API_VERSION, KUBELET_SOCKET
 
 log = logging.getLogger(__name__)
@@ -374,7 +374,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         nodes = sorted({n.ID for i in ids if endpoint and i in endpoint.devices for n in endpoint.devices[i].topology.nodes})
         return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes])
 
-    def pod_directory(self) -> "SimulatedPodDirectory":
+    def pod_directory(self) -> SimulatedPodDirectory:
         return SimulatedPodDirectory(self)
 
     def finish_pod(self, uid: str) -> None:

@@ -12,6 +12,8 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
+from ..alloc.admission import admission_limits
+from ..alloc.plan import build_resources
 from ..config.parse import parse_config
 from ..config.types import DEFAULT_DOMAIN
 from ..extender.cache import ClusterCache
@@ -21,12 +23,11 @@ from ..extender.metrics import ExtenderMetrics
 from ..extender.model import pod_request
 from ..extender.score import Scorer
 from ..extender.verbs import Extender
-from ..model.node import Gpu, NodeInfo
 from ..kube.labels import InventoryAnnotation
-from ..model.usage import ContainerShare, Usage
-from ..alloc.admission import admission_limits
-from ..alloc.plan import build_resources
 from ..model.devices import Resource
+from ..model.node import Gpu, NodeInfo
+from ..model.usage import ContainerShare, Usage
+
 
 def admission_refusal(containers: dict[str, dict[str, int]], limits: dict[str, int], domain: str = DEFAULT_DOMAIN) -> str | None:
     """What the admission policy (daemonset/admission/policy.yaml) answers for a pod's containers ({name: {resource: count}}), None if admitted.
@@ -93,7 +94,7 @@ def _annotation(name: str, config, share: str, used: tuple[int, ...]) -> dict:
     resources = build_resources(config, node)
     shares = tuple(
         ContainerShare("default", f"tenant-{i}", "main", share, "inference", u.uuid, u.uuid, tuple(f"{u.uuid}::{k}" for k in range(n)), n, 0, True)
-        for i, (u, n) in enumerate(zip(resources[0].units, used))
+        for i, (u, n) in enumerate(zip(resources[0].units, used, strict=True))
         if n
     )
     return InventoryAnnotation().build(node, resources, Usage(shares=shares), frozenset())

@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import itertools
-import re
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin.dra.devices import ClaimError, driver_name
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import dra_health_v1alpha1_pb2 as health_pb
-from deviceplugin.config.parse import parse_config
 from deviceplugin.api import podresources_pb2 as pr
+from deviceplugin.config.parse import parse_config
+from deviceplugin.dra.devices import ClaimError, driver_name
 from deviceplugin.mps.control import MpsDaemon
 from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
 from tests.conftest import EXAMPLES, GPU_CLI, ROOT, free_port, get, node, wait_until

@@ -15,8 +15,8 @@ import yaml
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config_text
 from deviceplugin.config.types import default_config
-from deviceplugin.dra.devices import MAX_DEVICES_PER_SLICE, driver_name
 from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.dra.devices import MAX_DEVICES_PER_SLICE, driver_name
 from deviceplugin.dra.slices import SlicePublisher
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, node, wait_until

@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.types import default_config
 from deviceplugin.discovery.inventory import InventoryError
-from deviceplugin.sim.kubelet import Container, Pod
 from deviceplugin.plugin.manager import PluginManager
-from deviceplugin.alloc.plan import build_resources
+from deviceplugin.sim.kubelet import Container, Pod
 
 from ..conftest import FAST, GPU_CLI, ROOT, registered
 

@@ -134,7 +134,7 @@ class FakeKube:
         )
         return path
 
-    def start(self) -> "FakeKube":
+    def start(self) -> FakeKube:
         self.thread.start()
         return self
 
@@ -205,7 +205,7 @@ class FakeCluster:
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
                     with fake.cond:
-                        fake.cond.wait_for(lambda: fake.generation != generation or fake.version > since, timeout=0.05)
+                        fake.cond.wait_for(lambda since=since: fake.generation != generation or fake.version > since, timeout=0.05)
                         if fake.generation != generation:
                             self.connection.shutdown(socket.SHUT_RDWR)  # dropped mid-stream
                             return
@@ -250,7 +250,7 @@ class FakeCluster:
             self.oldest = self.version
             self.events.clear()
 
-    def start(self) -> "FakeCluster":
+    def start(self) -> FakeCluster:
         self.thread.start()
         return self
 

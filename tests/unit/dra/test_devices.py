@@ -6,7 +6,6 @@ import pytest
 
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
-
 from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices, driver_name, parse_quantity
 from tests.conftest import node
 
