@@ -188,7 +188,7 @@ def test_mig_pool_advertises_one_resource_per_profile():
 
 
 def test_mig_profile_plus_becomes_dot_and_exclusive_skips_mig_gpus(caplog):
-    from deviceplugin.alloc.plan import mig_resource_name
+    from deviceplugin.alloc.modes import mig_resource_name
 
     assert mig_resource_name("example.com", "1g.10gb+me") == "example.com/mig-1g.10gb.me"
     config = parse_config(pools({"name": "whole", "mode": "exclusive"}))

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 from ..logs import brief
 from ..model.devices import Device, Resource, Unit
-from ..model.shares import share_compute_percent, share_memory_mib
-from ..mps.paths import MpsPaths
 from .devicenodes import DeviceNode, MissingCapability, device_specs
+from .modes import mode_of
 
 # Environment variables a share-aware application can read.
 ENV_SHARE_COUNT = "GPU_SHARE_COUNT"
@@ -114,33 +113,9 @@ def unit_grant(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_cli
         specs = tuple(device_specs(settings.device_root, units)) if settings.device_specs else ()
     except MissingCapability as err:
         raise AllocationError(Refusal.PRECONDITION, f"{resource.name}: {err}") from None
-    mounts: tuple[Mount, ...] = ()
-    if resource.pool.shared:
-        limits = resource.pool.mps_limits == "proportional" if mps_client_limits is None else mps_client_limits
-        share_envs, mounts = share_facts(resource, holdings, limits)
-        envs.update(share_envs)
+    share_envs, mounts = mode_of(resource.pool).grant_facts(resource, holdings, mps_client_limits)
+    envs.update(share_envs)
     return ContainerGrant(envs=envs, mounts=mounts, device_specs=specs, cdi_devices=cdi)
-
-
-def share_facts(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool) -> tuple[dict[str, str], tuple[Mount, ...]]:
-    """GPU_SHARE_* for every shared pool; the MPS pipe, mounts and (with `mps_client_limits`) per-client limits."""
-    memory = sum(share_memory_mib(u, k) for u, k in holdings)
-    compute = sum(share_compute_percent(u, k) for u, k in holdings)  # percent of one GPU; over 100 only when spanning
-    envs = {
-        ENV_SHARE_COUNT: str(sum(k for _, k in holdings)),
-        ENV_SHARE_TOTAL: str(holdings[0][0].replicas),
-        ENV_MEMORY_LIMIT: str(memory),
-        ENV_COMPUTE_PERCENT: str(compute),
-    }
-    pool = resource.pool
-    if not pool.mps:
-        return envs, ()
-    paths = MpsPaths.of(resource.settings.mps_root, pool.name)
-    envs["CUDA_MPS_PIPE_DIRECTORY"] = str(paths.pipe)
-    if mps_client_limits:
-        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(compute)
-        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
-    return envs, (Mount(container_path=str(paths.pipe), host_path=str(paths.pipe)), Mount(container_path="/dev/shm", host_path=str(paths.shm)))
 
 
 def _units_of(resource: Resource, devices: list[Device]) -> list[Unit]:

@@ -7,13 +7,19 @@ calls with the same IDs give the same answer.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import combinations
 from math import comb
 
 from ..model.devices import Device, Resource
+from .modes import Placement, mode_of
 
 CLUSTER_POLICIES = frozenset({"fgdstrand"})
+# The node policies: the sort key of a unit that fits, from its free shares (lowest first; ties to the lowest index).
+UNIT_ORDER: dict[str, Callable[[int], int]] = {
+    "binpack": lambda free: free,  # the fullest unit that fits
+    "spread": lambda free: -free,  # the emptiest
+}
 _MAX_COMBINATIONS = 5000
 
 
@@ -23,14 +29,15 @@ def preferred_allocation(resource: Resource, available: Iterable[str], must_incl
     must = _dedupe(i for i in must_include if i in resource.devices)
     if size <= len(must):
         return must
-    if resource.pool.mode == "exclusive":  # whenever there is a choice (size > len(must)), topology decides
+    placement = mode_of(resource.pool).placement
+    if placement == "topology":  # whenever there is a choice (size > len(must)), topology decides
         return must + best_connected(resource, [i for i in known if i not in must], must, size - len(must))
     free: dict[str, list[Device]] = defaultdict(list)  # unit uuid -> its free devices
     for device_id in known:
         if device_id not in must:
             free[resource.devices[device_id].unit.uuid].append(resource.devices[device_id])
     chosen = list(must)
-    for uuid in unit_order(resource, free, must, size - len(must)):
+    for uuid in unit_order(resource, placement, free, must, size - len(must)):
         for device in sorted(free[uuid], key=lambda d: d.share or 0):
             if len(chosen) == size:
                 return chosen
@@ -38,11 +45,11 @@ def preferred_allocation(resource: Resource, available: Iterable[str], must_incl
     return chosen
 
 
-def unit_order(resource: Resource, free: dict[str, list[Device]], must: list[str], wanted: int) -> list[str]:
+def unit_order(resource: Resource, placement: Placement, free: dict[str, list[Device]], must: list[str], wanted: int) -> list[str]:
     """Units (their UUIDs, keys of `free`: unit -> its free devices) in the order to take devices from."""
     rank = {u.uuid: i for i, u in enumerate(resource.units)}  # GPU index order, MIG instances in order
     in_order = sorted(free, key=rank.__getitem__)
-    if not resource.pool.shared:
+    if placement == "in order":
         return in_order
     must_units = {resource.devices[i].unit.uuid for i in must}
     if must_units:
@@ -54,7 +61,7 @@ def unit_order(resource: Resource, free: dict[str, list[Device]], must: list[str
         chosen = resource.units[best].uuid
         return [chosen] + [u for u in in_order if u != chosen]
     # Nothing fits on one unit: the largest pieces first, so the refusal in Allocate names few units.
-    return sorted(in_order, key=lambda u: -len(free[u]))
+    return [resource.units[i].uuid for i in largest_first(counts) if counts[i]]
 
 
 def choose_unit(policy: str, free: Sequence[int], totals: Sequence[int], wanted: int) -> int | None:
@@ -73,8 +80,13 @@ def choose_unit(policy: str, free: Sequence[int], totals: Sequence[int], wanted:
 
         best = share_unit(policy, list(free), totals[0], wanted)
         return fitting[0] if best is None else best
-    sign = -1 if policy == "spread" else 1
-    return min(fitting, key=lambda i: (sign * free[i], i))
+    order = UNIT_ORDER.get(policy, UNIT_ORDER["binpack"])  # fgdstrand over units of unequal sizes: binpack
+    return min(fitting, key=lambda i: (order(free[i]), i))
+
+
+def largest_first(free: Sequence[int]) -> list[int]:
+    """Unit indexes by free shares, the most first (ties to the lowest index): where shares that fit no single unit go."""
+    return sorted(range(len(free)), key=lambda i: -free[i])
 
 
 def best_connected(resource: Resource, candidates: list[str], must: list[str], wanted: int) -> list[str]:

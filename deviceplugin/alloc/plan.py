@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 
-from ..config.types import MPS_LIMIT_REASON, Config, ConfigError, PoolConfig, max_replicas
+from ..config.types import Config, ConfigError, PoolConfig
 from ..limits import LIST_BUDGET_BYTES, MIN_USEFUL_SHARE_MIB
-from ..model.devices import UNHEALTHY, Device, Resource, Unit, share_id
+from ..model.devices import UNHEALTHY, Resource, Unit
 from ..model.node import Gpu, NodeInfo
 from ..model.shares import share_memory_mib
+from .modes import SharingMode, mode_of
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,9 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
     resources: list[Resource] = []
     settings = config.allocation_settings()
     for pool in pools:
+        mode = mode_of(pool)
         try:
-            pool_resources = _pool_resources(pool, selected[pool.path])
+            pool_resources = mode.resources(pool, selected[pool.path])
         except ValueError as err:
             raise ConfigError([str(err)], config.source) from None
         if not pool_resources:  # a mixed mig pool without MIG instances yields no resource name at all
@@ -64,10 +65,10 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
                 log.warning("pool %s: a share of GPU %d (%s) is %d MiB (%d shares), less than a CUDA context needs (about %d MiB); "
                             "lower replicas or use memoryPerShare", pool.name, smallest.gpu.index, smallest.gpu.model,
                             share_memory_mib(smallest), smallest.replicas, MIN_USEFUL_SHARE_MIB)
-            problem = _over_budget(pool, units, budget_bytes)
+            problem = _over_budget(mode, pool, units, budget_bytes)
             if problem:
                 raise ConfigError([problem], config.source)
-            resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=_devices(pool, units), settings=settings, links=node.links)
+            resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=mode.devices(units), settings=settings, links=node.links)
             if any(r.name == name for r in resources):
                 raise ConfigError([f"{pool.path}: resource {name} is also advertised by another pool"], config.source)
             resources.append(resource)
@@ -77,33 +78,7 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
     return resources
 
 
-def _whole(gpu: Gpu) -> Unit:
-    return Unit(uuid=gpu.uuid, gpu=gpu, memory_mib=gpu.memory_mib)
-
-
-def _mig_units(gpu: Gpu) -> list[Unit]:
-    return [Unit(uuid=m.uuid, gpu=gpu, memory_mib=m.memory_mib, mig=m) for m in gpu.mig_devices]
-
-
-def _with_replicas(pool: PoolConfig, unit: Unit) -> Unit:
-    """A shared unit with its share count: `replicas`, or as many `memoryPerShare` as fit (at most max_replicas)."""
-    if pool.memory_per_share_mib is None:
-        return replace(unit, replicas=pool.replicas)
-    replicas = unit.memory_mib // pool.memory_per_share_mib
-    what = f"MIG instance {unit.uuid} ({unit.mig.profile}" if unit.mig else f"GPU {unit.gpu.index} ({unit.gpu.model}"
-    if replicas < 1:
-        raise ValueError(f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)")
-    most = max_replicas(pool.backend)
-    if replicas > most:
-        why = f" ({MPS_LIMIT_REASON})" if pool.mps else ""
-        raise ValueError(
-            f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares of {what}, {unit.memory_mib} MiB), "
-            f"over the limit of {most} shares per GPU or MIG instance{why}; use a larger memoryPerShare"
-        )
-    return replace(unit, replicas=replicas)
-
-
-def _over_budget(pool: PoolConfig, units: list[Unit], budget_bytes: int) -> str | None:
+def _over_budget(mode: SharingMode, pool: PoolConfig, units: list[Unit], budget_bytes: int) -> str | None:
     """Why these units' devices would not fit one ListAndWatch message, or None; computed, never built.
 
     A list's size is the sum of its entries' sizes, and an entry's size depends only on its ID's length: so each
@@ -112,34 +87,17 @@ def _over_budget(pool: PoolConfig, units: list[Unit], budget_bytes: int) -> str 
     topology = all(u.gpu.numa_node is not None for u in units)
     count = size = 0
     for unit in units:
-        for device_id, n in _id_lengths(pool, unit):
+        for device_id, n in mode.id_lengths(unit):
             count += n
             size += n * list_entry_bytes(device_id, unit.gpu.numa_node if topology else None)
     if size <= budget_bytes:
         return None
-    if pool.shared:
-        per_unit = f"{max(u.replicas for u in units)} shares each"
-        remedy = "raise memoryPerShare" if pool.memory_per_share_mib else "lower replicas"
-    else:
-        per_unit, remedy = "whole devices", "select fewer GPUs"
+    per_unit, remedy = mode.budget_terms(pool, units)
     return (
         f"{pool.path}: {count} devices ({len(units)} {'MIG instances' if units[0].mig else 'GPUs'}, {per_unit}) would make a ListAndWatch "
         f"message of up to {size} bytes, over the {budget_bytes} byte budget (the kubelet drops the stream at 4 MiB): at most about "
         f"{count * budget_bytes // size} devices fit; {remedy}"
     )
-
-
-def _id_lengths(pool: PoolConfig, unit: Unit) -> list[tuple[str, int]]:
-    """(the longest device ID of one length, how many IDs have that length) for one unit."""
-    if not pool.shared:
-        return [(unit.uuid, 1)]
-    shapes = []
-    low = 0
-    while low < unit.replicas:
-        high = min(unit.replicas, max(10, low * 10))  # share numbers low..high-1 have the same number of digits
-        shapes.append((share_id(unit.uuid, high - 1), high - low))
-        low = high
-    return shapes
 
 
 def list_entry_bytes(device_id: str, numa_node: int | None, health: str = UNHEALTHY) -> int:
@@ -170,48 +128,6 @@ def _field(payload: int) -> int:
 def _varint_bytes(value: int) -> int:
     """A negative int64 is encoded as ten bytes (two's complement)."""
     return 10 if value < 0 else max(1, (value.bit_length() + 6) // 7)
-
-
-def _pool_resources(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, list[Unit]]]:
-    """(resource name, label, units) for each resource a pool yields; ValueError for a node the pool cannot serve."""
-    if pool.mode == "exclusive":
-        for gpu in gpus:
-            if gpu.mig_enabled:
-                log.warning("GPU %d (%s) has MIG enabled: pool %s (exclusive) does not advertise it whole; use mode mig", gpu.index, gpu.uuid, pool.name)
-        return [(pool.resource, pool.name, [_whole(g) for g in gpus if not g.mig_enabled])]
-    if pool.mode == "shared":
-        if pool.mps and any(g.mig_enabled for g in gpus):
-            mig = ", ".join(str(g.index) for g in gpus if g.mig_enabled)
-            raise ValueError(f"{pool.path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool")
-        # A MIG-enabled GPU is shared instance by instance.
-        units = [u for g in gpus for u in (_mig_units(g) if g.mig_enabled else [_whole(g)])]
-        return [(pool.resource, pool.name, [_with_replicas(pool, u) for u in units])]
-    by_profile: dict[str, list[Unit]] = {}
-    for gpu in gpus:
-        if not gpu.mig_enabled:
-            log.warning("GPU %d (%s) does not have MIG enabled: pool %s (mig) does not advertise it", gpu.index, gpu.uuid, pool.name)
-        for device, unit in zip(gpu.mig_devices, _mig_units(gpu), strict=True):
-            by_profile.setdefault(device.profile, []).append(unit)
-    if pool.mig_strategy == "single":
-        if len(by_profile) > 1:
-            found = "; ".join(f"{p} on GPU {', '.join(str(i) for i in sorted({u.gpu.index for u in units}))}" for p, units in sorted(by_profile.items()))
-            raise ValueError(f"{pool.path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed")
-        return [(pool.resource, pool.name, [u for units in by_profile.values() for u in units])]
-    return [
-        (mig_resource_name(pool.domain, profile), f"{pool.name}-{profile.replace('+', '.')}", units)
-        for profile, units in sorted(by_profile.items())
-    ]
-
-
-def mig_resource_name(domain: str, profile: str) -> str:
-    """The mixed strategy's name: <domain>/mig-<profile>, with '+' (e.g. 1g.10gb+me) made '.'."""
-    return f"{domain}/mig-{profile.replace('+', '.')}"
-
-
-def _devices(pool: PoolConfig, units: list[Unit]) -> dict[str, Device]:
-    if not pool.shared:
-        return {u.uuid: Device(id=u.uuid, unit=u) for u in units}
-    return {share_id(u.uuid, k): Device(id=share_id(u.uuid, k), unit=u, share=k) for u in units for k in range(u.replicas)}
 
 
 def _indexes(node: NodeInfo) -> str:

@@ -25,6 +25,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ..alloc.container import ContainerGrant, unit_grant
+from ..alloc.modes import mode_of
 from ..model.devices import Resource, Unit
 from ..model.node import MIB, NodeInfo, gpu_family
 from ..model.shares import share_memory_mib
@@ -77,7 +78,7 @@ class DraDevice:
             "index": {"int": gpu.index},
             "productName": {"string": gpu.model[:64]},
             "pool": {"string": self.resource.pool.name[:64]},
-            "mode": {"string": _mode(self.resource)},
+            "mode": {"string": mode_of(self.resource.pool).name},
         }
         if unit.mig:
             attributes["parentUUID"] = {"string": gpu.uuid}
@@ -110,13 +111,6 @@ class DraDevice:
         else:
             device["capacity"] = {CAPACITY_MEMORY: {"value": str(memory)}}
         return device
-
-
-def _mode(resource: Resource) -> str:
-    pool = resource.pool
-    if pool.mps:
-        return "mps"
-    return "time-slicing" if pool.shared else pool.mode
 
 
 def _version(raw: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..alloc.placement import choose_unit
+from ..alloc.placement import choose_unit, largest_first
 from ..kube.annotation import QUARANTINED, UNHEALTHY
 from .dra import FIRST_FIT
 from .model import NodeInventory, NodeResource, PodRequest
@@ -92,7 +92,7 @@ def _take(info: NodeResource, units: list[int], count: int) -> list[tuple[int, i
         units[best] -= count
         return [(best, count)]
     taken = []  # allowSpanGPUs: the largest pieces first
-    for i in sorted(range(len(units)), key=lambda i: -units[i]):
+    for i in largest_first(units):
         n = min(units[i], count)
         if n:
             units[i] -= n

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from .. import defaults
+from ..alloc.modes import MIG, mode_of
 from ..config.types import Config
 from ..model.devices import Resource, Unit
 from ..model.node import NodeInfo, gpu_family
@@ -53,10 +54,10 @@ def node_labels(domain: str, node: NodeInfo, resources: list[Resource], shared_p
         labels.update(_version_labels("cuda.runtime", node.cuda_driver_version, ("major", "minor")))
     # Node-wide sharing as GFD has it: the shared pool over the most GPUs decides.
     widest = max(shared, key=lambda r: len(r.gpus), default=None)
-    labels["gpu.sharing-strategy"] = _strategy(widest) if widest else "none"
+    labels["gpu.sharing-strategy"] = mode_of(widest.pool).strategy if widest else "none"
     labels["gpu.replicas"] = str(max(u.replicas for u in widest.units)) if widest else "1"
     labels["mig.capable"] = str(any(g.mig_capable for g in node.gpus)).lower()
-    strategies = {r.pool.mig_strategy for r in resources if r.pool.mode == "mig"}
+    strategies = {r.pool.mig_strategy for r in resources if mode_of(r.pool) is MIG}
     labels["mig.strategy"] = "none" if not strategies else strategies.pop() if len(strategies) == 1 else "mixed"
     for gpu in node.gpus:
         for mig in gpu.mig_devices:
@@ -64,16 +65,10 @@ def node_labels(domain: str, node: NodeInfo, resources: list[Resource], shared_p
             labels[f"{key}.count"] = str(int(labels.get(f"{key}.count", "0")) + 1)
             labels[f"{key}.memory"] = str(mig.memory_mib)
     for resource in resources:
-        labels[f"gpu-share.{resource.label}.sharing-strategy"] = _strategy(resource)
+        labels[f"gpu-share.{resource.label}.sharing-strategy"] = mode_of(resource.pool).strategy
         labels[f"gpu-share.{resource.label}.replicas"] = str(max(u.replicas for u in resource.units))
         labels[f"gpu-share.{resource.label}.gpus"] = str(len(resource.gpus))
     return {f"{domain}/{key}": value for key, value in labels.items() if len(key) <= 63}  # the API's limit on a key's name
-
-
-def _strategy(resource: Resource) -> str:
-    if resource.pool.mode != "shared":
-        return "none"
-    return "mps" if resource.pool.mps else "time-slicing"
 
 
 def _compute_labels(capability: str) -> dict[str, str]:

@@ -53,7 +53,9 @@ class Sample:
 def sample_pods(resources: list[Resource]) -> list[Sample]:
     """Pods built from what the config yields on the node: a whole GPU, a MIG instance, one share, several shares,
     and one that cannot fit; each only where the node has such a resource."""
-    by_mode = {mode: [r for r in resources if r.pool.mode == mode] for mode in ("exclusive", "mig", "shared")}
+    by_mode: dict[str, list[Resource]] = {"exclusive": [], "mig": [], "shared": []}
+    for r in resources:
+        by_mode[r.pool.mode].append(r)
     samples = []
 
     def add(name: str, shows: str, resource: Resource, count: int, use: float) -> None:
