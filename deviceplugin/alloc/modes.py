@@ -148,7 +148,7 @@ class TimeSliced(SharingMode):
 
     def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*: the shares a container holds and what they are worth."""
-        from .container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL  # container.py asks this table
+        from .container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL  # not at the top: container.py imports this module
 
         envs = {
             ENV_SHARE_COUNT: str(sum(k for _, k in holdings)),
@@ -180,7 +180,7 @@ class Mps(TimeSliced):
     def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*, the MPS pipe and its mounts, and per-client limits: `mps_client_limits`, or when None the
         pool's `mpsLimits: proportional`."""
-        from .container import Mount  # container.py asks this table
+        from .container import Mount  # not at the top: container.py imports this module
 
         envs, _ = super().grant_facts(resource, holdings, mps_client_limits)
         paths = MpsPaths.of(resource.settings.mps_root, resource.pool.name)
