@@ -12,7 +12,8 @@ from pathlib import Path
 from deviceplugin.agent.loop import AgentSettings
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.plugin.server import Timings
-from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.runtime.daemon import build_daemon
+from deviceplugin.runtime.options import DaemonOptions
 from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
 
 from .common import config_file, node_file
@@ -36,7 +37,7 @@ def run(smoke: bool = False) -> dict:
             metrics_port=port, metrics_host="127.0.0.1", proc_root=str(directory / "proc"), timings=Timings(watch_interval=0.2),
             agent=AgentSettings(interval=3600),
         )
-        daemon = PluginDaemon(inventory, options, pod_directory=kubelet.pod_directory())
+        daemon = build_daemon(inventory, options, pod_directory=kubelet.pod_directory())
         daemon.start()
         try:
             kubelet.wait_for(lambda st: RESOURCE in st and st[RESOURCE].allocatable > 0, timeout=15)

@@ -1,4 +1,5 @@
-"""A background thread that runs until stopped: the shape of every periodic part of the plugin."""
+"""A background thread that runs until stopped: the shape of every periodic part of the plugin, and the clock parts
+read (injected, so tests drive time instead of sleeping)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import threading
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+"""Seconds on a monotonic scale (`time.monotonic`; a test's fake clock)."""
 
 
 class BackgroundLoop:

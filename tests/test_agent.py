@@ -27,7 +27,8 @@ from deviceplugin.kube.client import NodeClient
 from deviceplugin.kube.labels import NodePublisher, label_value, node_labels
 from deviceplugin.model.node import HealthEvent
 from deviceplugin.plugin.manager import PluginManager
-from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.runtime.daemon import PluginDaemon, build_daemon
+from deviceplugin.runtime.options import DaemonOptions
 from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod, TokenBucket
 
 from .conftest import EXAMPLES, FAST, cgroup, free_port, get, node, registered, wait_until
@@ -201,7 +202,7 @@ def daemon(kubelet, plugin_dir, tmp_path, fake_kube):
             health=HealthSettings(check_interval=0.05),
             agent=AgentSettings(interval=3600),  # the test drives agent.sync()
         )
-        made = PluginDaemon(inventory, options, NodeClient.connect(api.node_name, str(kubeconfig)), pod_directory=kubelet.pod_directory())
+        made = build_daemon(inventory, options, NodeClient.connect(api.node_name, str(kubeconfig)), pod_directory=kubelet.pod_directory())
         made.api = api
         return made
 

@@ -12,7 +12,8 @@ from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.obs.metrics import exposed_registry
-from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.runtime.daemon import build_daemon
+from deviceplugin.runtime.options import DaemonOptions
 
 from .conftest import EXAMPLES, FAST, node
 
@@ -69,7 +70,7 @@ def test_daemon_in_cdi_mode_warns_and_exports_the_count(tmp_path, plugin_dir, ca
     options = DaemonOptions(config_file=str(tmp_path / "config.yaml"), plugin_dir=plugin_dir, metrics_port=0, timings=FAST,
                             cdi_spec_dirs=(str(tmp_path / "cdi"),))
     with caplog.at_level(logging.WARNING):
-        daemon = PluginDaemon(SimulatedInventory.from_file(T4), options)
+        daemon = build_daemon(SimulatedInventory.from_file(T4), options)
     assert "1 of 2 CDI devices are in no spec" in caplog.text
     text = generate_latest(exposed_registry(daemon.registry, "n1")).decode()
     assert 'gpushare_cdi_devices_missing{node="n1",resource="example.com/gpu-share"} 1.0' in text
@@ -79,5 +80,5 @@ def test_daemon_in_cdi_mode_warns_and_exports_the_count(tmp_path, plugin_dir, ca
 def test_envvar_mode_reads_no_specs(tmp_path, plugin_dir, caplog):
     options = DaemonOptions(plugin_dir=plugin_dir, metrics_port=0, timings=FAST, cdi_spec_dirs=(str(tmp_path / "none"),))
     with caplog.at_level(logging.WARNING):
-        daemon = PluginDaemon(SimulatedInventory.from_file(T4), options)
+        daemon = build_daemon(SimulatedInventory.from_file(T4), options)
     assert daemon.cdi.missing == {} and "CDI" not in caplog.text

@@ -19,7 +19,8 @@ from deviceplugin.discovery.inventory import Inventory
 from deviceplugin.discovery.nvml import NvmlInventory
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.plugin.server import Timings
-from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.runtime.daemon import PluginDaemon, build_daemon
+from deviceplugin.runtime.options import DaemonOptions
 from deviceplugin.sim.kubelet import AdmissionError, Container, KubeletSimulator, Pod
 
 from .conftest import EXAMPLES, FAST, wait_until
@@ -56,7 +57,7 @@ class Node:
             config_file=str(self.config), plugin_dir=self.kubelet.plugin_dir, pod_resources_socket=self.kubelet.pod_resources_socket,
             metrics_port=0, reload_interval=3600, timings=TIMINGS, agent=AgentSettings(interval=3600),
         )
-        self.daemon = PluginDaemon(self.inventory, options, pod_directory=self.kubelet.pod_directory())
+        self.daemon = build_daemon(self.inventory, options, pod_directory=self.kubelet.pod_directory())
         self.daemon.start()
         if settle:
             self.settle()

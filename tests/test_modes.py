@@ -487,7 +487,7 @@ def test_mps_subcommand_follows_the_config_file(fake_mps, tmp_path):
 def test_profile_label_survives_api_errors_and_is_read_at_most_every_interval(fake_kube):
     from deviceplugin.config.types import default_config
     from deviceplugin.kube.client import NodeClient
-    from deviceplugin.runtime.reload import ProfileSource
+    from deviceplugin.runtime.plan import ProfileSource
 
     api, kubeconfig = fake_kube
     api.labels["example.com/gpu-share.config"] = "training"

@@ -3,15 +3,18 @@ it changed and applied only once it has settled; a missing file or a symlink loo
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from deviceplugin.config.parse import load_config
 from deviceplugin.obs.metrics import MetricSources, StateCollector
-from deviceplugin.runtime.reload import ConfigReloader, ProfileSource
+from deviceplugin.runtime.plan import ProfileSource
+from deviceplugin.runtime.reload import ConfigReloader
 
-from .conftest import node, registered, wait_until
+from .conftest import FakeClock, node, registered
 
 RESOURCE = "example.com/gpu-share"
 T4 = node("2xT4")
@@ -32,18 +35,39 @@ class FlakyProfiles(ProfileSource):
         return super().current(config)
 
 
-def _started(path, kubelet, start_plugin, profiles: ProfileSource, interval: float) -> ConfigReloader:
+class Watched(ConfigReloader):
+    """A reloader whose rounds the test waits for: each one that ends wakes `wait_for`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._rounds = threading.Condition()
+
+    def check(self) -> bool:
+        try:
+            return super().check()
+        finally:
+            with self._rounds:
+                self._rounds.notify_all()
+
+    def wait_for(self, predicate, timeout: float = 5.0) -> bool:
+        """Block until `predicate()` holds after a round (or before any); False on timeout."""
+        with self._rounds:
+            return self._rounds.wait_for(predicate, timeout)
+
+
+def _started(path, kubelet, start_plugin, profiles: ProfileSource, interval: float, clock=None) -> Watched:
     write(path, 2)
     manager = start_plugin(load_config(path))
     assert kubelet.wait_for(registered(RESOURCE), timeout=10)
-    reloader = ConfigReloader(str(path), T4, profiles, interval, [manager])
+    reloader = Watched(str(path), T4, profiles, interval, [manager], clock=clock or FakeClock())
     reloader.start(load_config(path))
     return reloader
 
 
 @pytest.fixture
 def served(tmp_path, kubelet, start_plugin):
-    """(config path, started reloader, manager) for 2 shares per GPU on the 2xT4 node."""
+    """(config path, started reloader, manager) for 2 shares per GPU on the 2xT4 node; rounds on the reloader's
+    thread, every 20 ms."""
     reloader = _started(tmp_path / "config.yaml", kubelet, start_plugin, FlakyProfiles(None, None), interval=0.02)
     yield tmp_path / "config.yaml", reloader, reloader.consumers[0]
     reloader.stop()
@@ -71,7 +95,7 @@ def test_reloader_survives_an_injected_exception_and_applies_the_next_change(ser
     path, reloader, manager = served
     reloader.profiles.broken = True
     write(path, 3)
-    assert wait_until(lambda: reloader.errors >= 3)  # every round fails while the label lookup does
+    assert reloader.wait_for(lambda: reloader.errors >= 3)  # every round fails while the label lookup does
     assert gauge(reloader, manager, 'gpushare_config_reloads_total{result="error"}') >= 3
     assert gauge(reloader, manager, "gpushare_config_in_sync") == 0
     assert kubelet.resources()[RESOURCE].capacity == 4  # the last good config keeps serving
@@ -80,9 +104,27 @@ def test_reloader_survives_an_injected_exception_and_applies_the_next_change(ser
     reloader.profiles.broken = False
     write(path, 5)
     assert kubelet.wait_for(lambda st: st[RESOURCE].capacity == 10 and st[RESOURCE].registered, timeout=5)
-    assert wait_until(lambda: reloader.reloads == 1 and reloader.in_sync)
+    assert reloader.wait_for(lambda: reloader.reloads == 1 and reloader.in_sync)
     errors = reloader.errors
     assert not reloader.check() and reloader.errors == errors and gauge(reloader, manager, "gpushare_config_in_sync") == 1
+
+
+def test_repeated_failures_are_summarised_once_per_interval_of_the_reloaders_clock(tmp_path, kubelet, start_plugin, caplog):
+    clock, profiles = FakeClock(), FlakyProfiles(None, None)
+    reloader = _started(tmp_path / "config.yaml", kubelet, start_plugin, profiles, interval=3600, clock=clock)
+    try:
+        profiles.broken = True
+        for _ in range(3):
+            assert not reloader.check()
+        clock.advance(3599)  # the summary window: the reload interval, at least a minute
+        assert not reloader.check()
+        failed = "config reload failed, still serving the last good config: RuntimeError: injected: the label lookup blew up"
+        assert [r.getMessage() for r in caplog.records if "config reload failed" in r.getMessage()] == [failed]
+        clock.advance(1)
+        assert not reloader.check() and reloader.errors == 5
+        assert [r.getMessage() for r in caplog.records if "config reload failed" in r.getMessage()] == [failed, f"{failed} (repeated 3 times in 3600s)", failed]
+    finally:
+        reloader.stop()
 
 
 def test_unchanged_file_is_neither_read_nor_parsed_again(by_hand):
@@ -125,19 +167,21 @@ def test_a_broken_file_names_its_cause_and_keeps_serving(tmp_path, kubelet, star
     link.symlink_to(target)
     manager = start_plugin(load_config(link))
     assert kubelet.wait_for(registered(RESOURCE), timeout=10)
-    reloader = ConfigReloader(str(link), T4, ProfileSource(None, None), 0.02, [manager])
+    reloader = ConfigReloader(str(link), T4, ProfileSource(None, None), 3600, [manager])
     reloader.start(load_config(link))
     try:
         break_it(target, link)
-        assert wait_until(lambda: reloader.errors == 1 and not reloader.in_sync)
+        assert not reloader.check() and not reloader.check()  # seen; then, settled, refused
+        assert reloader.errors == 1 and not reloader.in_sync
         assert f"config change rejected, still serving the last good config: {link}: {cause}" in caplog.text
         assert "not valid YAML" not in caplog.text
         if link.is_symlink() and link.readlink() == link:
             link.unlink()
             link.symlink_to(target)
         write(target, 3)
+        assert not reloader.check() and reloader.check()
         assert kubelet.wait_for(lambda st: st[RESOURCE].capacity == 6 and st[RESOURCE].registered, timeout=5)
-        assert wait_until(lambda: reloader.in_sync) and reloader.errors == 1
+        assert reloader.in_sync and reloader.errors == 1
     finally:
         reloader.stop()
 

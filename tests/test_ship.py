@@ -223,7 +223,8 @@ def _exported_sample_names() -> set[str]:
 
     from deviceplugin.agent.loop import AgentSettings
     from deviceplugin.discovery.simulated import SimulatedInventory
-    from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+    from deviceplugin.runtime.daemon import build_daemon
+    from deviceplugin.runtime.options import DaemonOptions
     from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
 
     from .conftest import EXAMPLES, FAST, cgroup, free_port
@@ -234,7 +235,7 @@ def _exported_sample_names() -> set[str]:
         inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=Path(tmp) / "proc")
         options = DaemonOptions(plugin_dir=Path(tmp) / "dp", pod_resources_socket=kubelet.pod_resources_socket, metrics_port=free_port(),
                                 metrics_host="127.0.0.1", proc_root=str(Path(tmp) / "proc"), timings=FAST, agent=AgentSettings(interval=3600))
-        daemon = PluginDaemon(inventory, options, pod_directory=kubelet.pod_directory())
+        daemon = build_daemon(inventory, options, pod_directory=kubelet.pod_directory())
         daemon.start()
         try:
             kubelet.wait_for(lambda st: "example.com/gpu-share" in st and st["example.com/gpu-share"].allocatable > 0, timeout=5)

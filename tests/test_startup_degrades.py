@@ -18,9 +18,10 @@ from deviceplugin.discovery.nvml import NvmlInventory
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import HealthSettings
 from deviceplugin.kube.client import NodeClient
-from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
+from deviceplugin.runtime.daemon import PluginDaemon, build_daemon
+from deviceplugin.runtime.options import DaemonOptions
 
-from .conftest import EXAMPLES, FAST, registered, wait_until
+from .conftest import EXAMPLES, FAST, FakeClock, registered
 from .support.fake_pynvml import FakeGpu, FakeNvml
 
 SHARE, GPU = "example.com/gpu-share", "example.com/gpu"
@@ -46,7 +47,7 @@ def test_one_gpu_failing_an_nvml_query_at_start_up_is_left_out_and_the_other_sev
     fake.fail("nvmlDeviceGetMemoryInfo", 3, real.NVMLError_Unknown)  # at start-up only: the test clears it below
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     inventory = NvmlInventory(sysfs_root=tmp_path)
-    daemon = PluginDaemon(inventory, options(kubelet))
+    daemon = build_daemon(inventory, options(kubelet))
     daemons.append(daemon)
     del fake.failures[("nvmlDeviceGetMemoryInfo", 3)]
     daemon.start()
@@ -65,17 +66,21 @@ def test_a_typo_in_the_profile_label_at_start_up_serves_the_default_profile_and_
         "version": "v1", "defaultProfile": "whole",
         "profiles": {"whole": {"pools": [{"name": "w", "mode": "exclusive"}]}, "inference": {"pools": [{"name": "s", "mode": "shared", "replicas": 4}]}},
     }))
-    daemon = PluginDaemon(SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"), options(kubelet, config, reload_interval=0.05),
-                          NodeClient.connect(api.node_name, str(kubeconfig)))
+    clock = FakeClock()  # the reloader's rounds are the test's (check()), the label's interval its clock's
+    daemon = build_daemon(SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"), options(kubelet, config, reload_interval=3600),
+                          NodeClient.connect(api.node_name, str(kubeconfig)), clock=clock)
     daemons.append(daemon)
     daemon.start()
     assert kubelet.wait_for(registered(GPU), timeout=10) and SHARE not in kubelet.resources()
     assert "the node label asks for profile inferense, which is refused: " in caplog.text and "serving the default profile whole" in caplog.text
     # The reloader tries the label as it would any label, refuses it with the run-time message and counts it, once.
-    assert wait_until(lambda: daemon.reloader.errors == 1)
+    assert not daemon.reloader.check() and not daemon.reloader.check()
+    assert daemon.reloader.errors == 1
     assert "config change rejected, still serving the last good config: " in caplog.text and "'inferense' is not in the config" in caplog.text
     api.labels["example.com/gpu-share.config"] = "inference"  # fixed: served at the next label read
-    daemon.reloader.profiles.interval = 0
+    assert not daemon.reloader.check()  # the label is not read again before its interval has passed
+    clock.advance(daemon.options.profile_label_interval)
+    assert daemon.reloader.check()
     assert kubelet.wait_for(registered(SHARE), timeout=10)
     assert daemon.reloader.errors == 1
 
@@ -87,7 +92,7 @@ def test_devices_whose_nodes_are_missing_are_unhealthy_in_the_first_list_and_nev
         (root / "dev" / name).touch()
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"version": "v1", "deviceSpecs": True, "deviceRoot": str(root), "pools": [{"name": "w", "mode": "exclusive"}]}))
-    daemon = PluginDaemon(SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"), options(kubelet, config))
+    daemon = build_daemon(SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"), options(kubelet, config))
     daemons.append(daemon)
     gpu1 = daemon.node.gpus[1].uuid
     daemon.start()
@@ -112,7 +117,7 @@ def test_a_mig_instance_whose_capability_nodes_are_missing_is_unhealthy_in_the_f
     (caps / f"ci{first_mig.ci_id}" / "access").write_text("DeviceFileMinor: 22\n")
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"version": "v1", "deviceSpecs": True, "deviceRoot": str(root), "pools": [{"name": "mig", "mode": "mig", "gpus": {"indexes": [2]}}]}))
-    daemon = PluginDaemon(inventory, options(kubelet, config))
+    daemon = build_daemon(inventory, options(kubelet, config))
     daemons.append(daemon)
     daemon.start()
     mig = f"example.com/mig-{first_mig.profile}"

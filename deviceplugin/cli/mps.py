@@ -49,12 +49,12 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_node(inventory, start, args.profile, args.profile_label_interval, connect)
     finally:
         inventory.close()  # the node is known; the daemons need no NVML
-    if plan.profiles.client is None and not args.profile:
-        plan.profiles.client = connect()  # without --profile the node label picks it, from now on too
+    # Without --profile the node label picks it, from now on too.
+    profiles = plan.profiles if args.profile else plan.profiles.reading(plan.profiles.client or connect())
     supervisor = MpsSupervisor(args.mps_control, args.backoff_max, pools=args.pools)
     supervisor.on_config(plan.config, plan.resources)
-    reloader = ConfigReloader(args.config, plan.node, plan.profiles, args.reload_interval, [supervisor])
-    reloader.start(plan.config, plan.config_data)
+    reloader = ConfigReloader(args.config, plan.node, profiles, args.reload_interval, [supervisor])
+    reloader.start(plan.config, plan.digest)
     wait_for_signal()
     reloader.stop()
     supervisor.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import socket
@@ -207,8 +208,9 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime.serving import plan_serving
 
     options = daemon_options(args)
+    connect = functools.cache(lambda: NodeClient.connect(kubeconfig=args.kubeconfig))  # one client for both phases
     try:
-        serving = plan_serving(inventory, options, lambda: NodeClient.connect(kubeconfig=args.kubeconfig), start)
+        serving = plan_serving(inventory, options, connect, start)
     except BaseException:
         inventory.close()
         raise
@@ -216,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
         serving.start()  # a health pass, then serve and register first: the API client, exporter and agent load afterwards
         from ..runtime.daemon import PluginDaemon
 
-        daemon = PluginDaemon(inventory, options, serving.client or NodeClient.connect(kubeconfig=args.kubeconfig), serving=serving)
+        daemon = PluginDaemon(serving, connect())
         daemon.start()
     except BaseException:
         serving.manager.stop()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from ..discovery.inventory import Inventory
 from ..logs import RepeatLimiter
-from ..loop import BackgroundLoop
+from ..loop import BackgroundLoop, Clock
 from ..model.node import Gpu, HealthEvent, NodeInfo
 from ..state import NodeState
 
@@ -64,7 +64,7 @@ class HealthMonitor(BackgroundLoop):
         node: NodeInfo,
         state: NodeState,
         settings: HealthSettings = HealthSettings(),
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = time.monotonic,
         node_check: Callable[[Gpu], Mapping[str, str]] | None = None,
     ) -> None:
         super().__init__("health")

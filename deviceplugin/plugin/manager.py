@@ -97,7 +97,7 @@ class PluginManager:
         self.state = state or NodeState()  # what the servers advertise follows it
         self.mps = mps or MpsLiveness()
         self.timings = timings
-        self.metrics = metrics  # may be attached after start: registration comes first
+        self.metrics = metrics  # counts from the first registration on
         self.kubelet_restarts = 0
         self.holdings = holdings
         self.deferred = 0  # GPUs whose new shape had to wait for their holders (each time one starts waiting)
@@ -127,13 +127,6 @@ class PluginManager:
     @property
     def started(self) -> bool:
         return self._poller is not None and not self._stopping
-
-    def attach_metrics(self, metrics: PluginMetrics) -> None:
-        """Count from now on, with the registrations that happened before the exporter loaded."""
-        for server in self.servers:
-            for _ in range(server.registrations):
-                metrics.registered(server.resource.name)
-        self.metrics = metrics
 
     def _new_server(self, resource: Resource) -> DevicePluginServer:
         return DevicePluginServer(resource, self.plugin_dir, self.timings, lambda: self.metrics, self.state)

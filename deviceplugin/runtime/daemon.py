@@ -1,8 +1,15 @@
-"""The composition root of `gpu-share run`: every part of the plugin, wired and started in order."""
+"""The composition root of `gpu-share run`: every part of the plugin, wired and started in order.
+
+Phase one (`serving.plan_serving`: plan, counters, manager, health monitor) is built first and may start on its own,
+so the kubelet sees devices before the Kubernetes client loads; `PluginDaemon` builds phase two on it (the API
+client's parts, the node agent, the exporter, hot reload) and never plans again. `build_daemon` does both at once.
+"""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
@@ -19,13 +26,15 @@ from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
 from ..kube.events import EventOutbox
 from ..kube.labels import NodePublisher
+from ..loop import Clock
 from ..model.devices import Resource
 from ..model.node import NodeInfo
 from ..model.pods import PodDirectory
 from ..obs.http import MetricsServer
-from ..obs.metrics import MetricSources, PluginMetrics, StateCollector
+from ..obs.metrics import MetricSources, StateCollector
 from ..state import NodeState
 from .options import DaemonOptions
+from .plan import ConfigFile
 from .reload import ConfigConsumer, ConfigReloader
 from .serving import Serving, plan_serving
 
@@ -36,39 +45,28 @@ class PluginDaemon:
     """Discovery -> config -> servers <-> kubelet; health monitor and node agent -> node state -> servers, labels,
     metrics."""
 
-    def __init__(
-        self,
-        inventory: Inventory,
-        options: DaemonOptions,
-        client: NodeClient | None = None,
-        pod_directory: PodDirectory | None = None,
-        serving: Serving | None = None,
-    ) -> None:
-        """With `serving`, take over its (possibly started) manager and plan; else plan here with `client`."""
-        self.inventory = inventory
+    def __init__(self, serving: Serving, client: NodeClient | None = None, pod_directory: PodDirectory | None = None) -> None:
+        """Phase two on `serving` (started or not); `client`: the node's API (None: no labels, Events or profile
+        label), `pod_directory` maps GPU processes to containers (default: `client`)."""
+        plan, options = serving.plan, serving.options
+        self.serving = serving
+        self.inventory = serving.inventory
         self.options = options
-        serving = serving or plan_serving(inventory, options, lambda: client)
-        if serving.profiles.client is None:
-            serving.profiles.client = client  # the profile label follows reloads from now on
-        self.node: NodeInfo = serving.node
-        self.config: Config = serving.config
-        self._config_data = serving.config_data
-        self._label_refused = serving.profile is None and serving.profiles.current(serving.config) is not None
+        self.node: NodeInfo = plan.node
+        self.config: Config = plan.config
+        profiles = plan.profiles.reading(client)  # the profile label follows reloads from now on
+        self._label_refused = plan.profile is None and profiles.current(plan.config) is not None
         self.cdi = CdiCheck(options.cdi_spec_dirs)
         self.cdi.on_config(self.config, serving.manager.resources)
-        self.registry = CollectorRegistry()
+        self.registry = serving.registry
         self.manager = serving.manager
         self.state: NodeState = self.manager.state  # the node's runtime state: health, quarantine, MPS pools, usage
-        self.plugin_metrics = PluginMetrics(self.registry)
-        self.plugin_metrics.on_config(self.config, self.manager.resources)
-        self.manager.attach_metrics(self.plugin_metrics)
-        profiles = serving.profiles
-        self.serving = serving
-        self.monitor: HealthMonitor = serving.monitor  # its first pass ran before the servers did (Serving.start)
+        self.plugin_metrics = serving.metrics
+        self.monitor: HealthMonitor = serving.monitor  # its first pass runs before the servers do (Serving.start)
         directory = pod_directory or client
         self.events = EventOutbox(client) if client else None  # the watchdog's Events, posted on a thread of their own
         self.agent = NodeAgent(
-            inventory,
+            self.inventory,
             self.node,
             self.state,
             lambda: self.manager.resources,  # the served resources, which follow reloads
@@ -86,16 +84,10 @@ class PluginDaemon:
         consumers: list[ConfigConsumer] = [self.manager, self.plugin_metrics, self.cdi, self.agent.watchdog, self.agent, self]
         if self.publisher is not None:
             consumers.append(self.publisher)
-        self.reloader = ConfigReloader(options.config_file, self.node, profiles, options.reload_interval, consumers)
+        self.reloader = ConfigReloader(options.config_file, self.node, profiles, options.reload_interval, consumers, serving.clock)
         sources = MetricSources(self.node, self.state, self.manager, self.agent, self.reloader, cdi_missing=lambda: self.cdi.missing, events=self.events)
         self.registry.register(StateCollector(sources))
-        self.metrics_server = (
-            MetricsServer(
-                self.registry, self.manager.health, self.manager.readiness, options.metrics_port, options.metrics_host, node=options.node_name or self.node.name
-            )
-            if options.metrics_port
-            else None
-        )
+        self.metrics_server = metrics_endpoint(options, self.registry, self.manager.health, self.manager.readiness, options.node_name or self.node.name)
 
     def on_config(self, config: Config, resources: list[Resource]) -> None:
         """A config reload: the device-node health check follows its deviceSpecs and deviceRoot."""
@@ -112,7 +104,7 @@ class PluginDaemon:
         if not self.manager.started:
             self.serving.start()
         self.monitor.start()
-        self.reloader.start(self.config, self._config_data, self._label_refused)  # the config plan_serving already parsed
+        self.reloader.start(self.config, self.serving.plan.digest, self._label_refused)  # the config plan_serving already parsed
         if self.events:
             self.events.start()
         self.agent.start()
@@ -133,3 +125,25 @@ class PluginDaemon:
         if self.metrics_server:
             self.metrics_server.stop()
         self.inventory.close()
+
+
+def build_daemon(
+    inventory: Inventory,
+    options: DaemonOptions,
+    client: NodeClient | None = None,
+    pod_directory: PodDirectory | None = None,
+    start: ConfigFile | None = None,
+    clock: Clock = time.monotonic,
+) -> PluginDaemon:
+    """Both phases at once, not started (`start` serves, then starts the rest): the demo's and the tests' daemon.
+    `gpu-share run` makes the same two calls with a start in between."""
+    return PluginDaemon(plan_serving(inventory, options, lambda: client, start, clock), client, pod_directory)
+
+
+def metrics_endpoint(
+    options: DaemonOptions, registry: CollectorRegistry, healthz: Callable[[], tuple[bool, str]], readyz: Callable[[], tuple[bool, str]], node: str
+) -> MetricsServer | None:
+    """`/metrics` of `registry`, `/healthz` and `/readyz` on the options' port (None where the port is 0); not started."""
+    if not options.metrics_port:
+        return None
+    return MetricsServer(registry, healthz, readyz, options.metrics_port, options.metrics_host, node=node)

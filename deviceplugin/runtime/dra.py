@@ -10,6 +10,7 @@ removes only this instance's sockets.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,13 +37,14 @@ from ..dra.slices import SlicePublisher
 from ..dra.usage import ClaimUsage
 from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
+from ..loop import Clock
 from ..model.devices import Resource
 from ..model.pods import PodDirectory
 from ..mps.control import MpsLiveness
 from ..obs.drametrics import DraCollector, DraMetrics
-from ..obs.http import MetricsServer
 from ..obs.metrics import MetricSources, StateCollector
 from ..state import NodeState
+from .daemon import metrics_endpoint
 from .options import DaemonOptions
 from .plan import ConfigFile, plan_node
 from .reload import ConfigConsumer, ConfigReloader
@@ -72,15 +74,16 @@ class DraDaemon:
         start: ConfigFile,
         kubeconfig: str | None = None,
         pod_directory: PodDirectory | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
         """Without `pod_directory` the agent meters and reports shares, but attributes no process: no per-container
-        memory, watchdog or residue guard."""
+        memory, watchdog or residue guard. `clock`: what the profile label's interval and the reloader read."""
         self.inventory = inventory
         self.options = options
         node_name = options.node_name
-        plan = plan_node(inventory, start, options.profile, options.profile_label_interval, lambda: NodeClient.connect(node_name, kubeconfig))
+        plan = plan_node(inventory, start, options.profile, options.profile_label_interval, lambda: NodeClient.connect(node_name, kubeconfig), clock)
         self.node, self.config, self.resources = plan.node, plan.config, plan.resources
-        self._config_data = plan.config_data
+        self._digest = plan.digest
         self.driver_name = driver_name(self.config.domain)
         self.state = NodeState()
         self.monitor = HealthMonitor(inventory, self.node, self.state, options.health)
@@ -109,13 +112,11 @@ class DraDaemon:
             build=ClaimUsage(self.driver.prepared, lambda: self.driver.devices, self.driver_name, node_name),
         )
         consumers: list[ConfigConsumer] = [self, self.mps, self.plugin, self.slices, self.agent.watchdog, self.agent]
-        self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers)
+        self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers, clock)
         self.registry.register(DraCollector(self.driver, lambda: self.plugin.registered))
         self.registry.register(self.slices.collector())
         self.registry.register(StateCollector(MetricSources(self.node, self.state, agent=self.agent, reloader=self.reloader)))
-        self.metrics_server = (
-            MetricsServer(self.registry, self._healthz, self._readyz, options.metrics_port, options.metrics_host, node=node_name) if options.metrics_port else None
-        )
+        self.metrics_server = metrics_endpoint(options, self.registry, self._healthz, self._readyz, node_name)
 
     def on_config(self, config: Config, resources: list[Resource]) -> None:
         """Refuse a reload that renames the driver (a new domain): the kubelet knows it by name, so that needs a restart."""
@@ -143,7 +144,7 @@ class DraDaemon:
         self.slices.on_config(self.config, self.resources)
         self.slices.start()
         self.agent.start()
-        self.reloader.start(self.config, self._config_data)
+        self.reloader.start(self.config, self._digest)
         log.info("DRA driver %s: %d devices in pool %s", self.driver_name, len(self.driver.devices), self.options.node_name)
 
     def stop(self) -> None:

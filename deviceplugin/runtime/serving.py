@@ -1,14 +1,19 @@
 """Phase one of `gpu-share run`: discover, plan, a first health pass, and serve, so the kubelet sees devices before
 anything else loads — and never a device before its health is known.
 
-The Kubernetes client (about a second and 20 MiB to import), the metrics exporter and the node agent come
-after registration (`daemon.PluginDaemon`). The API is needed first only when a node label picks the profile.
+The plugin's counters (`PluginMetrics`: prometheus-client is cheap to import) exist from here on, so the manager
+counts every registration as it happens. The Kubernetes client (about a second and 20 MiB to import), the metrics
+exporter and the node agent come after registration (`daemon.PluginDaemon`). The API is needed first only when a
+node label picks the profile.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
 
 from ..agent.holds import ContainerHolds
 from ..agent.usage import PodResourcesClient
@@ -17,8 +22,10 @@ from ..config.types import Config
 from ..discovery.inventory import Inventory
 from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
+from ..loop import Clock
 from ..model.node import Gpu
 from ..mps.control import MpsLiveness
+from ..obs.metrics import PluginMetrics
 from ..plugin.manager import PluginManager
 from .options import DaemonOptions
 from .plan import ConfigFile, Plan, plan_node, read_config
@@ -41,8 +48,16 @@ class DeviceNodeCheck:
         return {uuid: f"deviceSpecs: {why}" for uuid, why in missing_mig_capabilities(config.device_root, gpu).items()}
 
 
-@dataclass
-class Serving(Plan):
+@dataclass(frozen=True)
+class Serving:
+    """A node's plan and what serves it: built by `plan_serving`, started by `start`."""
+
+    plan: Plan
+    inventory: Inventory
+    options: DaemonOptions
+    clock: Clock  # what the profile label's interval and the reloader read
+    registry: CollectorRegistry  # every metric of the process; the exporter serves it later
+    metrics: PluginMetrics  # in `registry`, fed by the manager's servers from their first registration
     manager: PluginManager  # serving plan.resources, not started
     monitor: HealthMonitor  # not started; its first pass runs in start()
     device_nodes: DeviceNodeCheck
@@ -55,15 +70,25 @@ class Serving(Plan):
 
 
 def plan_serving(
-    inventory: Inventory, options: DaemonOptions, connect: Callable[[], NodeClient | None], start: ConfigFile | None = None
+    inventory: Inventory,
+    options: DaemonOptions,
+    connect: Callable[[], NodeClient | None],
+    start: ConfigFile | None = None,
+    clock: Clock = time.monotonic,
 ) -> Serving:
-    """The node's plan (runtime.plan) from `start` (else options.config_file, read now) and a manager for its
-    resources (not started); ConfigError on a bad config."""
+    """The node's plan (runtime.plan) from `start` (else options.config_file, read now), the plugin's counters and a
+    manager for its resources (not started); ConfigError on a bad config. `connect` is called only when the node
+    label picks the profile."""
     start = start or read_config(options.config_file)
-    plan = plan_node(inventory, start, options.profile, options.profile_label_interval, connect)
+    plan = plan_node(inventory, start, options.profile, options.profile_label_interval, connect, clock)
     units = {g.uuid for g in plan.node.gpus} | {m.uuid for g in plan.node.gpus for m in g.mig_devices}
     holdings = ContainerHolds(PodResourcesClient(options.pod_resources_socket), options.plugin_dir, units.__contains__)
-    manager = PluginManager(plan.resources, options.plugin_dir, options.timings, mps=MpsLiveness(options.mps_control), holdings=holdings)
+    registry = CollectorRegistry()
+    metrics = PluginMetrics(registry)
+    metrics.on_config(plan.config, plan.resources)
+    manager = PluginManager(
+        plan.resources, options.plugin_dir, options.timings, metrics=metrics, mps=MpsLiveness(options.mps_control), holdings=holdings
+    )
     device_nodes = DeviceNodeCheck(plan.config)
     monitor = HealthMonitor(inventory, plan.node, manager.state, options.health, node_check=device_nodes)
-    return Serving(plan.node, plan.config, plan.profiles, plan.resources, plan.client, plan.config_data, plan.profile, manager, monitor, device_nodes)
+    return Serving(plan, inventory, options, clock, registry, metrics, manager, monitor, device_nodes)

@@ -27,7 +27,8 @@ from ..model.shares import share_memory_mib
 from ..mps.computemode import ComputeModes
 from ..mps.control import MpsDaemon
 from ..plugin.server import Timings
-from ..runtime.daemon import DaemonOptions, PluginDaemon
+from ..runtime.daemon import build_daemon
+from ..runtime.options import DaemonOptions
 from . import mps_control
 from .kubelet import AdmissionError, Container, KubeletSimulator, Pod
 from .scheduler import run_scheduler_step
@@ -109,7 +110,7 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
     )
     with collect_warnings() as warnings:
         try:
-            daemon = PluginDaemon(inventory, options, pod_directory=kubelet.pod_directory())
+            daemon = build_daemon(inventory, options, pod_directory=kubelet.pod_directory())
         except ConfigError as err:
             out(f"The plugin refuses this config on node {inventory.discover().name}, as `gpu-share run` would:")
             out("  " + "\n  ".join(err.problems))
