@@ -179,7 +179,7 @@ def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Pat
     state, liveness = NodeState(), Liveness()
     driver = make_driver(tmp_path, state=state)
     readiness = MpsReadiness(state, liveness, [d.resource for d in driver.devices[:1]], interval=1.0)  # type: ignore[arg-type]
-    assert state.snapshot().unavailable_pools == {"s"}  # not ready before the first answer
+    assert state.snapshot().mps_not_ready == {"s"}  # not ready before the first answer
     readiness.check()
     with pytest.raises(ClaimError, match="the MPS control daemon of pool s is not ready"):
         driver.prepare(*claim([result("gpu-0", shares=1)]))
@@ -187,7 +187,7 @@ def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Pat
     readiness.check()
     assert driver.prepare(*claim([result("gpu-0", shares=1)])).devices[0].shares == 1
     readiness.on_config(None, [])  # the pool is gone from the config: no longer held back
-    assert state.snapshot().unavailable_pools == frozenset()
+    assert state.snapshot().mps_not_ready == frozenset()
 
 
 def test_claims_not_begun_before_the_deadline_fail_with_a_message(tmp_path: Path) -> None:
