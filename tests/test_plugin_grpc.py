@@ -188,6 +188,17 @@ def test_empty_allocate_request_and_unhealthy_devices_are_refused(kubelet, start
     assert f"devices on an unhealthy GPU for {SHARE}: {UUID0}::1" in err.value.details()
 
 
+def test_quarantined_devices_are_refused_as_quarantined(kubelet, start_plugin):
+    manager = start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    manager.state.set_quarantine(frozenset({UUID0}), frozenset({f"{UUID0}::1"}))
+    with pytest.raises(grpc.RpcError) as err:
+        allocate(kubelet, SHARE, [f"{UUID0}::1"])
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"devices quarantined for {SHARE} (their GPU holds a finished container's memory): {UUID0}::1" in err.value.details()
+    assert allocate(kubelet, SHARE, [f"{UUID0}::2"]).container_responses  # only the quarantined devices
+
+
 def test_pod_that_cannot_fit_on_one_gpu_fails_admission_cleanly(kubelet, start_plugin):
     start_plugin()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
