@@ -38,8 +38,7 @@ class PreferredRequest(NamedTuple):
     size: int
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     """What one Allocate call grants: a grant per container, in request order."""
 
     grants: tuple[ContainerGrant, ...]
@@ -117,10 +116,10 @@ class ResourceAllocator:
         if unknown:
             raise AllocationError(Refusal.INVALID, f"unknown device IDs for {resource.name}: {brief(unknown, 8)}")
         devices = [resource.devices[i] for i in ids]
-        sick = [d.id for d in devices if d.unit.is_unhealthy(health.unhealthy)]
+        sick = [d.id for d in devices if d.unit.is_unhealthy(health.unhealthy)] if health.unhealthy else []
         if sick:
             raise AllocationError(Refusal.PRECONDITION, f"devices on an unhealthy GPU for {resource.name}: {brief(sick, 8)}")
-        quarantined = [d.id for d in devices if d.id in health.quarantined_devices]
+        quarantined = [i for i in ids if i in health.quarantined_devices] if health.quarantined_devices else []
         if quarantined:
             raise AllocationError(
                 Refusal.PRECONDITION, f"devices quarantined for {resource.name} (their GPU holds a finished container's memory): {brief(quarantined, 8)}"

@@ -157,7 +157,7 @@ class DevicePluginServer:
         return self._instance is not None
 
     def current(self) -> tuple[int, ResourceAllocator]:
-        """The health version and the allocator of this resource's health now (any thread)."""
+        """The health version and the allocator built from this resource's health now (any thread)."""
         return self._current
 
     async def health_changed(self, version: int) -> None:
