@@ -140,3 +140,27 @@ def test_many_writers_and_readers_lose_nothing():
     assert final.mps_not_ready == frozenset() and final.unhealthy == frozenset()
     assert versions == sorted(versions) and len(set(versions)) == len(versions)  # in order, each once
     assert versions[-1] == final.version  # the last change was delivered
+
+
+def test_a_resources_health_is_its_own_part_of_the_view():
+    """Unhealthy GPUs and MIG instances of its units (pending GPUs too), its quarantined devices, its MPS daemon."""
+    from deviceplugin.alloc.allocator import ResourceHealth
+    from tests.conftest import node
+    from tests.support.resources import one_pool
+
+    info = node("2xT4")
+    resource = one_pool(info, {"name": "m", "mode": "shared", "backend": "mps", "replicas": 4, "gpus": {"indexes": [1]}})
+    t0, t1 = (g.uuid for g in info.gpus)
+    state = NodeState()
+    assert state.snapshot().resource_health(resource) == ResourceHealth()
+    state.set_health({t0: "XID 79", t1: "XID 48"})
+    state.set_quarantine(frozenset({t0, t1}), frozenset({f"{t0}::0", f"{t1}::2"}))
+    state.set_pending({t1: "waiting for its holders"})
+    state.set_mps_ready("other", False)
+    assert state.snapshot().resource_health(resource) == ResourceHealth(frozenset({t1}), frozenset({f"{t1}::2"}), frozenset({t1}), True)
+    state.set_health({})
+    state.set_mps_ready("m", False)
+    view = state.snapshot()
+    assert view.resource_health(resource) == view.resource_health(resource, resource.health_keys()) == ResourceHealth(
+        frozenset({t1}), frozenset({f"{t1}::2"}), frozenset({t1}), mps_ready=False
+    )
