@@ -124,8 +124,8 @@ class Servicer(pb_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
         await self._refuse_undecodable(request, context)
-        requests = _preferred_requests(request)
-        allocator = self.plugin.current()[1]
+        plugin, requests = self.plugin, _preferred_requests(request)
+        allocator = plugin.current()[1]
         try:
             allocator.check_size([r.available for r in requests])
             if sum(len(r.available) for r in requests) <= INLINE_PREFERRED_IDS:
@@ -135,7 +135,6 @@ class Servicer(pb_grpc.DevicePluginServicer):
         # A large request is checked and placed off the loop, one per resource at a time, so a flood of them cannot
         # delay the Allocate calls of any resource; beyond a few queued, a flood is refused (the kubelet sends one
         # at a time).
-        plugin = self.plugin
         if plugin.preferred_waiting >= MAX_PREFERRED_WAITING:
             await self._abort(
                 context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_PREFERRED_WAITING} GetPreferredAllocation calls of {self.resource.name} are in flight already"
@@ -162,11 +161,12 @@ class Servicer(pb_grpc.DevicePluginServicer):
             log.warning("refused Allocate of %s: %s", self.resource.name, err.message)
             self._count(False, started)
             await self._abort(context, wire.status_code(err.code), err.message)
+        response = wire.allocate_response(allocation)
         plugin.recent_grants.append((time.monotonic(), allocation.device_ids))
         self._count(True, started)
         if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
             log.info("allocated %s: %s -> %s", self.resource.name, brief(allocation.device_ids), brief(allocation.units, 3))
-        return wire.allocate_response(allocation)
+        return response
 
     def _count(self, ok: bool, started: float) -> None:
         metrics = self.plugin.metrics
