@@ -1,11 +1,11 @@
 """NodeState: the one owner of the node's runtime state, what the plugin's parts tell each other while it runs.
 
 Writers: the health monitor (unhealthy GPUs and MIG instances with the reasons, those awaiting a GPU reset, XID
-counts), the node agent (the GPUs the residue guard quarantines and the free devices it holds back; its latest
+counts), the node agent (the GPUs the residue guard quarantines and their quarantined free devices; its latest
 observation), the plugin manager (MPS pools whose control daemon is not ready; the GPUs whose new shape waits for
 their holders to leave), and whatever holds devices, by source (`holds`: pod-resources and the kubelet's checkpoint
 for containers, a DRA driver for its prepared claims). Readers: the DevicePlugin servers
-(ListAndWatch and Allocate), the label and annotation publisher, the metrics.
+(ListAndWatch and Allocate, through `resource_health`), the label and annotation publisher, the metrics.
 
 Every write replaces a part under one lock and makes a new immutable `NodeView`; readers take `snapshot()`, or
 `subscribe()` to be called with each new view. Callbacks run on the writer's thread, outside the lock, one view
@@ -22,8 +22,11 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from .alloc.allocator import ResourceHealth
+
 if TYPE_CHECKING:
     from .agent.observe import Observation
+    from .model.devices import Resource
     from .model.usage import Hold
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,7 @@ class NodeView:
     xid_counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # GPU UUID -> critical XIDs seen
     quarantined_gpus: frozenset[str] = frozenset()  # GPUs holding a finished tenant's memory (residue guard)
     quarantined_devices: frozenset[str] = frozenset()  # their free device IDs, advertised Unhealthy
-    unavailable_pools: frozenset[str] = frozenset()  # MPS pools whose control daemon is not ready: all devices Unhealthy
+    mps_not_ready: frozenset[str] = frozenset()  # MPS pools whose control daemon is not ready: all devices Unhealthy
     observation: Observation | None = None  # the node agent's latest round; None before the first
     holds: Mapping[str, frozenset[Hold]] = field(default_factory=lambda: MappingProxyType({}))  # source -> devices it holds
     pending_gpus: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # GPU UUID -> why its new shape waits
@@ -48,6 +51,17 @@ class NodeView:
     def all_holds(self) -> frozenset[Hold]:
         """Every hold of every source."""
         return frozenset().union(*self.holds.values())
+
+    def resource_health(self, resource: Resource, health_keys: frozenset[str] | None = None) -> ResourceHealth:
+        """One resource's part of this view (`health_keys`: `resource.health_keys()`, when the caller keeps it)."""
+        keys = resource.health_keys() if health_keys is None else health_keys
+        pending = frozenset(self.pending_gpus.keys() & keys)
+        return ResourceHealth(
+            unhealthy=(self.unhealthy & keys) | pending,
+            quarantined_devices=frozenset(self.quarantined_devices & resource.devices.keys()),
+            pending=pending,
+            mps_ready=resource.pool.name not in self.mps_not_ready,
+        )
 
 
 Subscriber = Callable[[NodeView], None]
@@ -89,13 +103,13 @@ class NodeState:
         self._update(lambda v: replace(v, unhealthy=frozenset(reasons), reasons=reasons, awaiting_reset=awaiting_reset, xid_counts=v.xid_counts if counts is None else counts))
 
     def set_quarantine(self, gpus: frozenset[str], devices: frozenset[str]) -> None:
-        """The residue guard's verdict: quarantined GPUs and the free devices on them held back."""
+        """The residue guard's verdict: quarantined GPUs and their quarantined free devices."""
         gpus, devices = frozenset(gpus), frozenset(devices)
         self._update(lambda v: replace(v, quarantined_gpus=gpus, quarantined_devices=devices))
 
-    def set_pool_available(self, pool: str, available: bool) -> None:
+    def set_mps_ready(self, pool: str, ready: bool) -> None:
         """Whether an MPS pool's control daemon is ready (False: every device of the pool Unhealthy)."""
-        self._update(lambda v: replace(v, unavailable_pools=v.unavailable_pools - {pool} if available else v.unavailable_pools | {pool}))
+        self._update(lambda v: replace(v, mps_not_ready=v.mps_not_ready - {pool} if ready else v.mps_not_ready | {pool}))
 
     def set_observation(self, observation: Observation) -> None:
         """The node agent's latest round (usage, GPU stats, per-container memory, residue)."""

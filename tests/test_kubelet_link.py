@@ -16,7 +16,8 @@ from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config.types import default_config
 from deviceplugin.plugin.manager import PluginManager, remove_stale_sockets
-from deviceplugin.plugin.server import MAX_OTHER_STREAMS, SocketPathError
+from deviceplugin.plugin.server import SocketPathError
+from deviceplugin.plugin.servicer import MAX_OTHER_STREAMS
 from deviceplugin.sim.kubelet import Container, Pod
 
 from .conftest import FAST, node, registered, start_run

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from deviceplugin.alloc.container import AllocationError, container_grant
+from deviceplugin.alloc.allocator import ResourceAllocator
+from deviceplugin.alloc.container import AllocationError
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
@@ -94,7 +95,7 @@ def test_an_allocation_error_over_thousands_of_ids_stays_short():
     resource = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}), node("2xT4"))[0]
     for ids, shown in ((list(resource.devices), "and 1016 more"), ([f"bogus-{i}" for i in range(5000)] + ["x" * 4_000_000], "and 4993 more")):
         try:
-            container_grant(resource, ids)
+            ResourceAllocator(resource).grant(ids)
         except AllocationError as err:
             assert shown in err.message and len(err.message) < 1500, err.message[:300]
         else:

@@ -9,7 +9,7 @@ import pytest
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
-from deviceplugin.plugin.server import OPTIONS
+from deviceplugin.plugin.wire import OPTIONS
 from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
 
 from .conftest import node, registered
@@ -84,7 +84,7 @@ def test_each_resource_sends_a_new_list_only_when_its_own_part_of_the_node_state
     state.set_health({UUID0: "XID 79"})
     assert kubelet.wait_for(lambda st: st[GPU].allocatable == 0 and st[GPU].messages == 2, timeout=2)
     state.set_observation(Observation(last_sync=1.0))
-    state.set_pool_available("mps-pool", False)
+    state.set_mps_ready("mps-pool", False)
     state.set_quarantine(frozenset({UUID0}), frozenset({UUID0}))  # GPU 0's free device: GPU's part only
     state.set_health({UUID0: "XID 79"}, xid_counts={UUID0: 1})
     state.set_quarantine(frozenset({UUID0, UUID1}), frozenset({UUID0, f"{UUID1}::3"}))  # the first change of SHARE's part
@@ -186,6 +186,17 @@ def test_empty_allocate_request_and_unhealthy_devices_are_refused(kubelet, start
         allocate(kubelet, SHARE, [f"{UUID0}::1"])
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"devices on an unhealthy GPU for {SHARE}: {UUID0}::1" in err.value.details()
+
+
+def test_quarantined_devices_are_refused_as_quarantined(kubelet, start_plugin):
+    manager = start_plugin()
+    assert kubelet.wait_for(registered(SHARE), timeout=5)
+    manager.state.set_quarantine(frozenset({UUID0}), frozenset({f"{UUID0}::1"}))
+    with pytest.raises(grpc.RpcError) as err:
+        allocate(kubelet, SHARE, [f"{UUID0}::1"])
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"devices quarantined for {SHARE} (their GPU holds a finished container's memory): {UUID0}::1" in err.value.details()
+    assert allocate(kubelet, SHARE, [f"{UUID0}::2"]).container_responses  # only the quarantined devices
 
 
 def test_pod_that_cannot_fit_on_one_gpu_fails_admission_cleanly(kubelet, start_plugin):
@@ -355,7 +366,7 @@ def test_a_flood_of_large_preferred_allocations_is_placed_one_at_a_time_and_boun
     """Large requests are placed off the event loop one at a time per resource; beyond MAX_PREFERRED_WAITING in
     flight the rest are refused with RESOURCE_EXHAUSTED and a message, and the admitted ones get the same answer as
     a lone request (so the loop stays free for every resource's Allocate)."""
-    from deviceplugin.plugin.server import MAX_PREFERRED_WAITING
+    from deviceplugin.plugin.servicer import MAX_PREFERRED_WAITING
 
     manager = start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}, node_name="8xH100-80GB")
     assert kubelet.wait_for(registered(SHARE), timeout=5)

@@ -19,7 +19,7 @@ def _health(state: NodeState) -> None:
 
 # (name, writes, what the view holds afterwards)
 WRITES = [
-    ("nothing", lambda s: None, {"version": 0, "unhealthy": frozenset(), "reasons": {}, "unavailable_pools": frozenset()}),
+    ("nothing", lambda s: None, {"version": 0, "unhealthy": frozenset(), "reasons": {}, "mps_not_ready": frozenset()}),
     (
         "health",
         _health,
@@ -28,13 +28,13 @@ WRITES = [
     ("health without XID counts keeps them", lambda s: (_health(s), s.set_health({})), {"version": 2, "unhealthy": frozenset(), "xid_counts": {G0: 2}}),
     ("the same health twice is one change", lambda s: (_health(s), _health(s)), {"version": 1}),
     ("quarantine", lambda s: s.set_quarantine(frozenset({G1}), frozenset({"GPU-1::2"})), {"quarantined_gpus": frozenset({G1}), "quarantined_devices": frozenset({"GPU-1::2"})}),
-    ("a pool down", lambda s: s.set_pool_available("mps-a", False), {"version": 1, "unavailable_pools": frozenset({"mps-a"})}),
+    ("a pool down", lambda s: s.set_mps_ready("mps-a", False), {"version": 1, "mps_not_ready": frozenset({"mps-a"})}),
     (
         "a pool down and back",
-        lambda s: (s.set_pool_available("mps-a", False), s.set_pool_available("mps-b", False), s.set_pool_available("mps-a", True)),
-        {"version": 3, "unavailable_pools": frozenset({"mps-b"})},
+        lambda s: (s.set_mps_ready("mps-a", False), s.set_mps_ready("mps-b", False), s.set_mps_ready("mps-a", True)),
+        {"version": 3, "mps_not_ready": frozenset({"mps-b"})},
     ),
-    ("a ready pool that was never down: no change", lambda s: s.set_pool_available("mps-a", True), {"version": 0}),
+    ("a ready pool that was never down: no change", lambda s: s.set_mps_ready("mps-a", True), {"version": 0}),
     ("an observation", lambda s: s.set_observation(Observation(last_sync=5.0)), {"version": 1, "observation": Observation(last_sync=5.0)}),
     ("parts are independent", lambda s: (_health(s), s.set_quarantine(frozenset({G1}), frozenset())), {"unhealthy": frozenset({G0, M0}), "quarantined_gpus": frozenset({G1})}),
 ]
@@ -68,10 +68,10 @@ def test_subscribers_get_each_change_once_in_order_and_not_unchanged_writes():
     unsubscribe = state.subscribe(seen.append)
     _health(state)
     _health(state)  # unchanged: nobody is called
-    state.set_pool_available("p", False)
-    assert [v.version for v in seen] == [1, 2] and seen[-1].unavailable_pools == {"p"}
+    state.set_mps_ready("p", False)
+    assert [v.version for v in seen] == [1, 2] and seen[-1].mps_not_ready == {"p"}
     unsubscribe()
-    state.set_pool_available("p", True)
+    state.set_mps_ready("p", True)
     assert len(seen) == 2
 
 
@@ -86,7 +86,7 @@ def test_a_failing_subscriber_is_logged_and_neither_the_writer_nor_the_others_br
     state.subscribe(lambda v: seen.append(v.version))
     with caplog.at_level(logging.ERROR, "deviceplugin.state"):
         _health(state)  # does not raise
-        state.set_pool_available("p", False)
+        state.set_mps_ready("p", False)
     assert seen == [1, 2] and state.snapshot().version == 2
     failures = [r for r in caplog.records if "subscriber failed" in r.getMessage()]
     assert len(failures) == 2 and failures[0].exc_info and "reader bug" in str(failures[0].exc_info[1])
@@ -98,12 +98,12 @@ def test_callbacks_run_outside_the_lock_and_may_read_or_write():
     seen: list[tuple[int, frozenset[str]]] = []
 
     def follow(view: NodeView) -> None:
-        seen.append((view.version, state.snapshot().unavailable_pools))
+        seen.append((view.version, state.snapshot().mps_not_ready))
         if view.version == 1:
-            state.set_pool_available("echo", False)
+            state.set_mps_ready("echo", False)
 
     state.subscribe(follow)
-    state.set_pool_available("p", False)
+    state.set_mps_ready("p", False)
     assert [v for v, _ in seen] == [1, 2] and seen[1][1] == {"p", "echo"}
 
 
@@ -117,7 +117,7 @@ def test_many_writers_and_readers_lose_nothing():
     def writer(pool: str) -> None:
         try:
             for n in range(200):
-                state.set_pool_available(pool, n % 2 == 1)  # down, up, ... ends up (n = 199)
+                state.set_mps_ready(pool, n % 2 == 1)  # down, up, ... ends up (n = 199)
                 state.set_health({pool: f"round {n}"} if n < 199 else {})
         except BaseException as err:  # pragma: no cover - reported below
             errors.append(err)
@@ -137,6 +137,30 @@ def test_many_writers_and_readers_lose_nothing():
         t.join(timeout=30)
     assert not errors
     final = state.snapshot()
-    assert final.unavailable_pools == frozenset() and final.unhealthy == frozenset()
+    assert final.mps_not_ready == frozenset() and final.unhealthy == frozenset()
     assert versions == sorted(versions) and len(set(versions)) == len(versions)  # in order, each once
     assert versions[-1] == final.version  # the last change was delivered
+
+
+def test_a_resources_health_is_its_own_part_of_the_view():
+    """Unhealthy GPUs and MIG instances of its units (pending GPUs too), its quarantined devices, its MPS daemon."""
+    from deviceplugin.alloc.allocator import ResourceHealth
+    from tests.conftest import node
+    from tests.support.resources import one_pool
+
+    info = node("2xT4")
+    resource = one_pool(info, {"name": "m", "mode": "shared", "backend": "mps", "replicas": 4, "gpus": {"indexes": [1]}})
+    t0, t1 = (g.uuid for g in info.gpus)
+    state = NodeState()
+    assert state.snapshot().resource_health(resource) == ResourceHealth()
+    state.set_health({t0: "XID 79", t1: "XID 48"})
+    state.set_quarantine(frozenset({t0, t1}), frozenset({f"{t0}::0", f"{t1}::2"}))
+    state.set_pending({t1: "waiting for its holders"})
+    state.set_mps_ready("other", False)
+    assert state.snapshot().resource_health(resource) == ResourceHealth(frozenset({t1}), frozenset({f"{t1}::2"}), frozenset({t1}), True)
+    state.set_health({})
+    state.set_mps_ready("m", False)
+    view = state.snapshot()
+    assert view.resource_health(resource) == view.resource_health(resource, resource.health_keys()) == ResourceHealth(
+        frozenset({t1}), frozenset({f"{t1}::2"}), frozenset({t1}), mps_ready=False
+    )

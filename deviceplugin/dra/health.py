@@ -32,7 +32,7 @@ def unhealthy_reason(device: DraDevice, view: NodeView) -> str | None:
     if unit.gpu.uuid in view.quarantined_gpus:
         return _bounded(f"GPU {unit.gpu.index} ({unit.gpu.uuid}) is quarantined by the residue guard: a finished container's memory is still in use")
     pool = device.resource.pool
-    if pool.mps and pool.name in view.unavailable_pools:
+    if pool.mps and pool.name in view.mps_not_ready:
         return _bounded(f"the MPS control daemon of pool {pool.name} is not ready")
     return None
 

@@ -29,9 +29,9 @@ class MpsReadiness(BackgroundLoop):
         """A reload: follow the MPS pools it yields (a pool no longer MPS, or gone, is no longer held back)."""
         pools = {r.pool.name: MpsPaths.of(r.settings.mps_root, r.pool.name) for r in resources if r.pool.mps}
         for name in set(self._pools) - set(pools):
-            self.state.set_pool_available(name, True)
+            self.state.set_mps_ready(name, True)
         for name in set(pools) - set(self._pools):
-            self.state.set_pool_available(name, False)
+            self.state.set_mps_ready(name, False)
         self._pools = pools
         self.nudge()
 
@@ -47,5 +47,5 @@ class MpsReadiness(BackgroundLoop):
     def check(self) -> float:
         """One round; the seconds to the next."""
         for name, paths in list(self._pools.items()):
-            self.state.set_pool_available(name, self.liveness.ready(paths))
+            self.state.set_mps_ready(name, self.liveness.ready(paths))
         return self.interval

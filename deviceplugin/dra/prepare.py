@@ -10,7 +10,9 @@ message for the pod's event, never an exception of another kind for bad input:
 - a whole device is already prepared for another claim;
 - the shares prepared claims hold on a shared device, with this claim's, would exceed its N shares (the ledger:
   kube-scheduler checks `shares` and `memory` each on its own, so only the driver can see a claim that names one
-  and gets the other by default; see `devices.claim_share`).
+  and gets the other by default; see `devices.claim_share`);
+- the grant cannot be built (with `deviceSpecs`, a MIG capability that cannot be read): the `AllocationError` the
+  device plugin's Allocate would get, with its message.
 
 Prepare and unprepare are idempotent and serialised (`SerialLock`); the ledger is rebuilt from the checkpoint.
 """
@@ -24,7 +26,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from ..alloc.container import ContainerGrant
+from ..alloc.container import AllocationError, ContainerGrant
 from ..config.types import Config
 from ..logs import brief, safe_text
 from ..model.devices import Resource
@@ -95,7 +97,7 @@ class Driver:
                 self._ensure_spec(known, ref, allocation)
                 return known
             holdings = self._holdings(ref, allocation)
-            groups, grants = _request_grants(holdings)
+            groups, grants = _request_grants(ref, holdings)
             spec = str(self.cdi.write(ref.uid, grants)) if holdings else ""
             first = {indexes[0]: g for g, indexes in enumerate(groups)}  # a request's CDI device goes with its first result
             devices = tuple(
@@ -194,7 +196,7 @@ class Driver:
             if device is None:
                 raise ClaimError(f"claim {ref} is prepared but its CDI spec is gone and device {safe_text(str(result.get('device')), 63)} is no longer published")
             holdings.append((result, claim_share(device, result.get("consumedCapacity"), result.get("shareID"))))
-        self.cdi.write(ref.uid, _request_grants(holdings)[1])
+        self.cdi.write(ref.uid, _request_grants(ref, holdings)[1])
         log.info("claim %s: CDI spec written again (it was gone)", ref)
 
     def _refresh(self, uid: str) -> None:
@@ -236,13 +238,17 @@ def _list(value: Any, what: str, ref: ClaimRef) -> Sequence[Any]:
     return value
 
 
-def _request_grants(holdings: Sequence[tuple[Mapping[str, Any], ClaimShare]]) -> tuple[list[list[int]], list[ContainerGrant]]:
-    """The holdings' indexes per base request (in order of first appearance) and one grant per request."""
+def _request_grants(ref: ClaimRef, holdings: Sequence[tuple[Mapping[str, Any], ClaimShare]]) -> tuple[list[list[int]], list[ContainerGrant]]:
+    """The holdings' indexes per base request (in order of first appearance) and one grant per request; the grant's
+    refusal (an `AllocationError`, as the device plugin's Allocate gets it) as a ClaimError naming the claim."""
     groups: dict[str, list[int]] = {}
     for i, (result, _) in enumerate(holdings):
         groups.setdefault(_base_request(result), []).append(i)
     indexes = list(groups.values())
-    return indexes, [request_grant([holdings[i][1] for i in group]) for group in indexes]
+    try:
+        return indexes, [request_grant([holdings[i][1] for i in group]) for group in indexes]
+    except AllocationError as err:
+        raise ClaimError(f"claim {ref}: {err.message}") from None
 
 
 def _base_request(result: Mapping[str, Any]) -> str:

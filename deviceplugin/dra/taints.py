@@ -62,11 +62,11 @@ def device_taints(device: DraDevice, view: NodeView, driver: str) -> list[dict[s
             break
     if gpu.uuid in view.quarantined_gpus:
         taints.append({"key": taint_key(driver, QUARANTINED), "value": "residue", "effect": EFFECT})
-    if device.resource.pool.mps and device.resource.pool.name in view.unavailable_pools:
+    if device.resource.pool.mps and device.resource.pool.name in view.mps_not_ready:
         taints.append({"key": taint_key(driver, MPS_UNAVAILABLE), "value": "control-daemon", "effect": EFFECT})
     return taints
 
 
 def taint_inputs(view: NodeView) -> tuple[Any, ...]:
     """The part of the node state the taints depend on: a change of anything else needs no new slices."""
-    return (view.reasons, view.awaiting_reset, view.quarantined_gpus, view.unavailable_pools)
+    return (view.reasons, view.awaiting_reset, view.quarantined_gpus, view.mps_not_ready)

@@ -48,9 +48,9 @@ class Device:
     def gpu(self) -> Gpu:
         return self.unit.gpu
 
-    def is_unhealthy(self, unhealthy_uuids: Collection[str], unhealthy_ids: Collection[str] = ()) -> bool:
-        """Unhealthy when its unit (MIG instance) or its GPU is among `unhealthy_uuids`, or its own ID among `unhealthy_ids`."""
-        return self.unit.is_unhealthy(unhealthy_uuids) or self.id in unhealthy_ids
+    def is_unhealthy(self, unhealthy_uuids: Collection[str], quarantined_devices: Collection[str] = ()) -> bool:
+        """Unhealthy when its unit (MIG instance) or its GPU is among `unhealthy_uuids`, or its own ID among `quarantined_devices`."""
+        return self.unit.is_unhealthy(unhealthy_uuids) or self.id in quarantined_devices
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,7 @@ class PluginManager:
         return self._poller is not None and not self._stopping
 
     def _new_server(self, resource: Resource) -> DevicePluginServer:
-        return DevicePluginServer(resource, self.plugin_dir, self.timings, lambda: self.metrics, self.state)
+        return DevicePluginServer(resource, self.plugin_dir, self.timings, self.metrics, self.state)
 
     # --- public, from any thread but the loop ---------------------------------------------------
     def start(self) -> None:
@@ -340,44 +340,53 @@ class PluginManager:
                 log.exception("kubelet watch round failed")
 
     async def _check(self) -> None:
-        """One look at the kubelet, our sockets and the MPS daemons; restarts and re-registers as needed."""
+        """One look at the MPS daemons, the pending GPUs, the kubelet and our sockets (under the lifecycle lock)."""
         async with self._lifecycle:
             if self._stopping:
                 return
-            for server in self.servers:
-                if server.resource.pool.mps:
-                    pool = server.resource.pool.name
-                    ready = self._mps_ready(server)
-                    if server.serving and ready == (pool in self.state.snapshot().unavailable_pools):
-                        log.warning("MPS control daemon of pool %s is %s", pool, "back" if ready else "down: devices Unhealthy")
-                    self.state.set_pool_available(pool, ready)
-                    if not server.serving and ready:
-                        log.info("MPS control daemon of pool %s is ready", pool)
-                        await self._start_server(server)
+            await self._follow_mps()
             if self._unsettled and time.monotonic() >= self._next_pending_check:
                 changes = await self._follow_wanted()
                 if not self._unsettled:
                     log.info("resources: %s", "; ".join(changes) or "no resource changed")
-            current = kubelet_identity(self.plugin_dir / KUBELET_SOCKET)
-            restarted = current is not None and current != self._kubelet
-            if restarted and self._kubelet is not None:
-                self.kubelet_restarts += 1
-                log.info("kubelet.sock was recreated: the kubelet restarted")
-            if current is not None:
-                self._kubelet = current
-            restarts = []
-            for server in self.servers:
-                path = server.socket_path
-                if path is None:
-                    if not self._waits_for_mps(server):
-                        restarts.append(self._serve_again(server, "it is not serving"))
-                elif not path.exists():
-                    restarts.append(self._serve_again(server, f"its socket {path.name} was deleted"))
-                elif restarted and server.registered_with is not None and server.registered_with != current:
-                    restarts.append(self._serve_again(server, "the kubelet restarted"))
-                elif restarted:
-                    server.wake()
-            await asyncio.gather(*restarts)  # resources restart side by side, not one grace period after another
+            await self._follow_kubelet()
+
+    async def _follow_mps(self) -> None:
+        """Write each MPS pool's readiness to the NodeState; serve a pool's resource once its daemon is ready."""
+        for server in self.servers:
+            if not server.resource.pool.mps:
+                continue
+            pool = server.resource.pool.name
+            ready = self._mps_ready(server)
+            if server.serving and ready == (pool in self.state.snapshot().mps_not_ready):
+                log.warning("MPS control daemon of pool %s is %s", pool, "back" if ready else "down: devices Unhealthy")
+            self.state.set_mps_ready(pool, ready)
+            if not server.serving and ready:
+                log.info("MPS control daemon of pool %s is ready", pool)
+                await self._start_server(server)
+
+    async def _follow_kubelet(self) -> None:
+        """Detect a kubelet restart and deleted sockets; serve again and re-register as needed."""
+        current = kubelet_identity(self.plugin_dir / KUBELET_SOCKET)
+        restarted = current is not None and current != self._kubelet
+        if restarted and self._kubelet is not None:
+            self.kubelet_restarts += 1
+            log.info("kubelet.sock was recreated: the kubelet restarted")
+        if current is not None:
+            self._kubelet = current
+        restarts = []
+        for server in self.servers:
+            path = server.socket_path
+            if path is None:
+                if not self._waits_for_mps(server):
+                    restarts.append(self._serve_again(server, "it is not serving"))
+            elif not path.exists():
+                restarts.append(self._serve_again(server, f"its socket {path.name} was deleted"))
+            elif restarted and server.registered_with is not None and server.registered_with != current:
+                restarts.append(self._serve_again(server, "the kubelet restarted"))
+            elif restarted:
+                server.wake()
+        await asyncio.gather(*restarts)  # resources restart side by side, not one grace period after another
 
     async def _serve_again(self, server: DevicePluginServer, reason: str) -> None:
         if server.resource.name not in self._serve_failures:

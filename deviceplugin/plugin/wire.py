@@ -10,10 +10,12 @@ from functools import cached_property
 
 import grpc
 
+from ..alloc.allocator import Allocation
 from ..alloc.container import ContainerGrant, Refusal
 from ..api import deviceplugin_pb2 as pb
 from ..model.devices import HEALTHY, UNHEALTHY, Resource
 
+OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)  # Register's and GetDevicePluginOptions' answer
 STATUS_CODES = {Refusal.INVALID: grpc.StatusCode.INVALID_ARGUMENT, Refusal.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION}
 
 
@@ -30,15 +32,15 @@ class EncodedDeviceList:
         self.resource = resource
 
     def response(
-        self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False, unhealthy_ids: frozenset[str] = frozenset()
+        self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False, quarantined_devices: frozenset[str] = frozenset()
     ) -> pb.ListAndWatchResponse:
-        """The full device list; a device is unhealthy when its unit or GPU is in `unhealthy`, or its ID in `unhealthy_ids`."""
+        """The full device list; a device is unhealthy when its unit or GPU is in `unhealthy`, or its ID in `quarantined_devices`."""
         healthy = self._healthy
-        if not (unhealthy or all_unhealthy or unhealthy_ids):
+        if not (unhealthy or all_unhealthy or quarantined_devices):
             return pb.ListAndWatchResponse.FromString(b"".join(healthy))
         sick = self._unhealthy
         parts = [
-            sick[i] if all_unhealthy or d.is_unhealthy(unhealthy, unhealthy_ids) else healthy[i]
+            sick[i] if all_unhealthy or d.is_unhealthy(unhealthy, quarantined_devices) else healthy[i]
             for i, d in enumerate(self.resource.devices.values())
         ]
         return pb.ListAndWatchResponse.FromString(b"".join(parts))
@@ -73,3 +75,11 @@ def container_response(grant: ContainerGrant) -> pb.ContainerAllocateResponse:
     for name in grant.cdi_devices:
         response.cdi_devices.add(name=name)
     return response
+
+
+def allocate_response(allocation: Allocation) -> pb.AllocateResponse:
+    return pb.AllocateResponse(container_responses=[container_response(g) for g in allocation.grants])
+
+
+def preferred_response(answers: list[list[str]]) -> pb.PreferredAllocationResponse:
+    return pb.PreferredAllocationResponse(container_responses=[pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in answers])

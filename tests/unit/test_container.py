@@ -1,13 +1,15 @@
-"""What a container receives (Allocate) as plain data, its refusals, and the device nodes it is given."""
+"""What a container receives (Allocate) as plain data, and the device nodes it is given (the checks: test_allocator)."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
 
-from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount, Refusal, container_grant
+from deviceplugin.alloc.allocator import ResourceAllocator
+from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount, Refusal
 from deviceplugin.alloc.devicenodes import DeviceNode, MissingCapability, mig_capability_devices
 from deviceplugin.alloc.placement import preferred_allocation
+from deviceplugin.model.devices import Resource
 from deviceplugin.plugin import wire
 
 from ..conftest import node
@@ -17,6 +19,10 @@ H100 = node("8xH100-80GB")
 T4 = node("2xT4")
 U = [g.uuid for g in H100.gpus]
 T = [g.uuid for g in T4.gpus]
+
+
+def container_grant(resource: Resource, ids: list[str]) -> ContainerGrant:
+    return ResourceAllocator(resource).grant(ids)
 
 
 def test_shared_response_facts():
@@ -53,32 +59,6 @@ def test_shares_of_mig_instances_stay_on_one_instance():
     assert envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(40192 * 2 // 4)
     with pytest.raises(AllocationError, match="span 2 MIG instances .* must be on one MIG instance"):
         container_grant(resource, [f"{first}::0", f"{second}::0"])
-
-
-@pytest.mark.parametrize(
-    "pool, ids, unhealthy, held, refusal, message",
-    [
-        ({"name": "s", "mode": "shared", "replicas": 4}, [], (), (), Refusal.INVALID, "no device IDs in the request"),
-        ({"name": "s", "mode": "shared", "replicas": 4}, [f"{T[0]}::9"], (), (), Refusal.INVALID, "unknown device IDs"),
-        ({"name": "s", "mode": "shared", "replicas": 4}, [f"{T[1]}::0"], (T[1],), (), Refusal.PRECONDITION, f"unhealthy GPU .*{T[1]}::0"),
-        ({"name": "s", "mode": "shared", "replicas": 4}, [f"{T[1]}::0"], (), (f"{T[1]}::0",), Refusal.PRECONDITION, "unhealthy GPU"),
-        ({"name": "e", "mode": "exclusive"}, [T[0]], (T[0],), (), Refusal.PRECONDITION, "unhealthy GPU"),
-        ({"name": "e", "mode": "exclusive"}, [T[0]], (), (T[0],), Refusal.PRECONDITION, "unhealthy GPU"),
-        ({"name": "s", "mode": "shared", "replicas": 4}, [f"{T[0]}::0", f"{T[1]}::0"], (), (), Refusal.INVALID, "span 2 GPUs .* must be on one GPU"),
-        ({"name": "m", "mode": "shared", "backend": "mps", "replicas": 4}, [f"{T[0]}::0", f"{T[0]}::1"], (), (), Refusal.INVALID, "strict limits: one share"),
-    ],
-)
-def test_refusals(pool, ids, unhealthy, held, refusal, message):
-    with pytest.raises(AllocationError, match=message) as err:
-        container_grant(one_pool(T4, pool), ids, frozenset(unhealthy), frozenset(held))
-    assert err.value.code is refusal
-
-
-@pytest.mark.parametrize("unhealthy, held", [((T[0],), ()), ((), (f"{T[1]}::0",)), ((f"{T[1]}::1",), (T[1],))])
-def test_others_health_does_not_refuse(unhealthy, held):
-    """Only the requested devices' own health counts: another GPU's, another share's, or a UUID given as an ID."""
-    grant = container_grant(shared(T4), [f"{T[1]}::1"], frozenset(unhealthy), frozenset(held))
-    assert grant.envs["CUDA_VISIBLE_DEVICES"] == T[1]
 
 
 MPS = "/run/gpu-share/mps/m"

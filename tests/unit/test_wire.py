@@ -48,7 +48,7 @@ def test_the_encoded_list_is_the_message_built_device_by_device(name):
     assert device_list.response() == built(lambda d: HEALTHY)
     assert device_list.response(all_unhealthy=True) == built(lambda d: UNHEALTHY)
     expected = built(lambda d: UNHEALTHY if d.gpu.uuid == sick_gpu or d.id == sick_id else HEALTHY)
-    assert device_list.response(frozenset({sick_gpu}), unhealthy_ids=frozenset({sick_id})) == expected
+    assert device_list.response(frozenset({sick_gpu}), quarantined_devices=frozenset({sick_id})) == expected
     assert device_list.response() == built(lambda d: HEALTHY)  # the caches are per health, never mixed
 
 

@@ -179,7 +179,7 @@ def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Pat
     state, liveness = NodeState(), Liveness()
     driver = make_driver(tmp_path, state=state)
     readiness = MpsReadiness(state, liveness, [d.resource for d in driver.devices[:1]], interval=1.0)  # type: ignore[arg-type]
-    assert state.snapshot().unavailable_pools == {"s"}  # not ready before the first answer
+    assert state.snapshot().mps_not_ready == {"s"}  # not ready before the first answer
     readiness.check()
     with pytest.raises(ClaimError, match="the MPS control daemon of pool s is not ready"):
         driver.prepare(*claim([result("gpu-0", shares=1)]))
@@ -187,7 +187,7 @@ def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Pat
     readiness.check()
     assert driver.prepare(*claim([result("gpu-0", shares=1)])).devices[0].shares == 1
     readiness.on_config(None, [])  # the pool is gone from the config: no longer held back
-    assert state.snapshot().unavailable_pools == frozenset()
+    assert state.snapshot().mps_not_ready == frozenset()
 
 
 def test_claims_not_begun_before_the_deadline_fail_with_a_message(tmp_path: Path) -> None:
@@ -244,3 +244,24 @@ def test_the_devices_of_one_request_share_one_cdi_device_so_a_container_sees_the
     assert driver.ledger() == {"gpu-0": 1, "gpu-1": 3}
     Path(prepared.cdi_spec).unlink()
     assert driver.prepare(ref, body) == prepared and _env(prepared.cdi_spec, 0) == two  # rewritten the same way
+
+
+def test_a_grant_the_allocator_refuses_is_a_claim_error_with_its_message(tmp_path: Path) -> None:
+    """A MIG device whose capability nodes cannot be read (deviceSpecs): the device plugin's AllocationError, as a
+    ClaimError naming the claim, never an internal error."""
+    from deviceplugin.alloc.plan import build_resources
+    from deviceplugin.config.parse import parse_config
+    from deviceplugin.dra.cdi import CdiWriter
+    from deviceplugin.dra.lock import SerialLock
+    from deviceplugin.dra.prepare import Driver
+    from tests.conftest import node
+
+    info = node("8xA100-80GB-mig")
+    config = parse_config({"version": "v1", "deviceSpecs": True, "deviceRoot": str(tmp_path / "root"), "pools": [{"name": "m", "mode": "mig", "gpus": {"indexes": [2]}}]})
+    driver = Driver(DRIVER, info.name, Checkpoint(tmp_path / "claims"), CdiWriter(tmp_path / "cdi", DRIVER), NodeState(), SerialLock(tmp_path / "serialize.lock"))
+    driver.on_config(config, build_resources(config, info))
+    ref, body = claim([result(driver.devices[0].name, pool=info.name)])
+    with pytest.raises(ClaimError, match=rf"claim {ref}: .*cannot read MIG capability"):
+        driver.prepare(ref, body)
+    outcome = prepare_claims(driver, lambda r: body, [ref])[ref.uid]
+    assert outcome.claim is None and outcome.error.startswith(f"claim {ref}: ") and "internal error" not in outcome.error

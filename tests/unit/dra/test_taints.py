@@ -54,7 +54,7 @@ def test_quarantine_and_an_unready_mps_pool_are_taints_of_their_own() -> None:
     devices = dra_devices(build_resources(config, info))
     state = NodeState()
     state.set_quarantine(frozenset({info.gpus[1].uuid}), frozenset())
-    state.set_pool_available("p", False)
+    state.set_mps_ready("p", False)
     view = state.snapshot()
     assert [t["key"] for t in device_taints(devices[0], view, DRIVER)] == [f"{DRIVER}/mps-unavailable"]
     assert [(t["key"], t["value"]) for t in device_taints(devices[1], view, DRIVER)] == [
