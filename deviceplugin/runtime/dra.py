@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,13 +154,15 @@ class DraDaemon:
         time is logged at debug level."""
         for loop in (self.agent, self.monitor):
             loop.request_stop()
-        parts = [self.reloader.stop, self.agent.stop, self.slices.stop, self.plugin.stop, self.claims.stop, self.mps.stop, self.monitor.stop]
+        parts: list[tuple[str, Callable[[], None]]] = [
+            ("config reloader", self.reloader.stop), ("node agent", self.agent.stop), ("slice publisher", self.slices.stop),
+            ("kubelet plugin", self.plugin.stop), ("claim cache", self.claims.stop), ("MPS readiness", self.mps.stop), ("health monitor", self.monitor.stop),
+        ]
         if self.metrics_server:
-            parts.append(self.metrics_server.stop)
-        parts.append(self.inventory.close)
+            parts.append(("metrics endpoint", self.metrics_server.stop))
+        parts.append(("inventory", self.inventory.close))
         failed: Exception | None = None
-        for stop in parts:
-            name = getattr(stop, "__qualname__", stop)
+        for name, stop in parts:
             started = time.perf_counter()
             try:
                 stop()
