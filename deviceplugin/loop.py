@@ -23,6 +23,11 @@ class BackgroundLoop:
         self._thread: threading.Thread | None = None
 
     @property
+    def name(self) -> str:
+        """The thread's name: what the loop does."""
+        return self._name
+
+    @property
     def running(self) -> bool:
         """The thread was started and has not ended."""
         return self._thread is not None and self._thread.is_alive()
@@ -51,8 +56,17 @@ class BackgroundLoop:
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
-    def _stop_thread(self) -> None:
+    def request_stop(self) -> None:
+        """End the loop's wait now without waiting for the thread (any thread): a stop of several parts asks each
+        first, so their last rounds end side by side; `stop` joins."""
         self._stop.set()
         self._wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread and wait for it (after the round in progress, if any)."""
+        self._stop_thread()
+
+    def _stop_thread(self) -> None:
+        self.request_stop()
         if self._thread:
             self._thread.join()

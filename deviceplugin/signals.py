@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
+from typing import NoReturn
 
 from .defaults import SHUTDOWN_GRACE
 
@@ -58,6 +60,19 @@ def raise_fd_limit() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def exit_now(status: int) -> NoReturn:
+    """End the process with `status`, logs and stdio flushed, skipping the interpreter's teardown: after a clean stop
+    nothing is left to release, and tearing down grpc, protobuf and kubernetes (0.2-0.5 s) only delays the exit a
+    DaemonSet rolling update waits for."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can be said on it
+            pass
+    os._exit(status)
 
 
 def _force_exit() -> None:

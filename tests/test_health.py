@@ -9,11 +9,11 @@ import pytest
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
-from deviceplugin.health.monitor import DEFAULT_RESET_XIDS, HealthMonitor, HealthSettings
+from deviceplugin.health.monitor import DEFAULT_RESET_XIDS, EVENT_WAIT, HealthMonitor, HealthSettings
 from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.state import NodeState
 
-from .conftest import EXAMPLES, FAST, registered
+from .conftest import EXAMPLES, FAST, registered, wait_until
 
 SHARES = "example.com/gpu-share"
 MIG = "example.com/mig-3g.40gb"
@@ -177,3 +177,22 @@ def test_contained_ecc_error_recovers_after_the_quiet_period(stack, kubelet):
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     assert monitor.state.snapshot().awaiting_reset == frozenset()
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=3)
+
+
+def test_a_stop_waits_out_one_short_event_wait_not_the_check_interval(monkeypatch):
+    """NVML's event wait cannot be woken: the monitor waits EVENT_WAIT at a time, so SIGTERM -> exit stays short."""
+    inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml")
+    waits: list[float] = []
+
+    def blocking_wait(timeout: float) -> None:  # as NVML's: nothing ends it early
+        waits.append(timeout)
+        time.sleep(timeout)
+
+    monkeypatch.setattr(inventory, "wait_for_event", blocking_wait)
+    monitor = HealthMonitor(inventory, inventory.discover(), NodeState(), HealthSettings(check_interval=10.0))
+    monitor.start()
+    assert wait_until(lambda: bool(waits))
+    started = time.monotonic()
+    monitor.stop()
+    assert time.monotonic() - started < 0.5 and not monitor.running
+    assert set(waits) == {EVENT_WAIT}

@@ -8,14 +8,14 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from .. import defaults
 from ..discovery.inventory import InventoryError
 from ..errors import StartupError
 from ..health.monitor import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
 from ..runtime.startup import check_directory, check_plugin_dir
-from ..signals import catch_signals, raise_fd_limit, stop_requested, wait_for_signal
+from ..signals import catch_signals, exit_now, raise_fd_limit, stop_requested, wait_for_signal
 from . import flags
 
 if TYPE_CHECKING:
@@ -178,12 +178,16 @@ def daemon_options(args: argparse.Namespace) -> DaemonOptions:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> NoReturn:
+    """Serve until SIGTERM/SIGINT, stop, and end the process at once (signals.exit_now); a start-up failure raises."""
     catch_signals(args.shutdown_grace)
     raise_fd_limit()
     flags.check_plan_flags(args)
-    if args.api == "dra":
-        return run_dra(args)
+    exit_now(run_dra(args) if args.api == "dra" else run_device_plugin(args))
+
+
+def run_device_plugin(args: argparse.Namespace) -> int:
+    """`gpu-share run`: the device plugin daemon until SIGTERM/SIGINT; the exit status."""
     check_plugin_dir(args.plugin_dir)
     check_directory("--proc-root", args.proc_root, "the host's /proc, for mapping GPU processes to pods")
     from ..discovery.backend import open_inventory
