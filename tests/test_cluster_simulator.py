@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.cluster import MILLI, POLICIES, Node, Pod
+from deviceplugin.cluster import MILLI, POLICIES, Node, PodDemand
 from deviceplugin.cluster.report import ProgressBar, parse_seeds
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, run_all, share_rounded
 from deviceplugin.cluster.traces import TraceError, find_trace_dir, load_nodes, load_pods, resolve
@@ -31,7 +31,7 @@ def test_toy_trace_loads_with_models_and_cpu_only_pods():
 
 
 def test_inflation_appends_resampled_pods_until_the_next_per_gpu_request_would_pass_the_target():
-    pods = [Pod(100, 100, 1, 500, name="half"), Pod(100, 100, 2, MILLI, name="two"), Pod(100, 100, name="cpu")]
+    pods = [PodDemand(100, 100, 1, 500, name="half"), PodDemand(100, 100, 2, MILLI, name="two"), PodDemand(100, 100, name="cpu")]
     for seed in range(20):
         out = arrivals(pods, 10 * MILLI, 1.3, random.Random(seed))
         total = sum(p.gpu_request for p in out)
@@ -41,14 +41,14 @@ def test_inflation_appends_resampled_pods_until_the_next_per_gpu_request_would_p
 
 
 def test_inflation_drops_random_pods_when_the_list_exceeds_the_target():
-    pods = [Pod(100, 100, 1, MILLI, name=f"p{i}") for i in range(40)]
+    pods = [PodDemand(100, 100, 1, MILLI, name=f"p{i}") for i in range(40)]
     out = arrivals(pods, 10 * MILLI, 1.3, random.Random(1))
     assert sum(p.gpu_request for p in out) == 13_000 and len({p.name for p in out}) == 13
 
 
 def test_ties_go_to_the_first_node_of_the_per_run_shuffled_order():
     nodes = [Node.empty(f"n{i}", 64_000, 256_000, 2, "T4") for i in range(6)]
-    pods = [Pod(1000, 1000, 1, 500, name=f"p{i}") for i in range(4)]
+    pods = [PodDemand(1000, 1000, 1, 500, name=f"p{i}") for i in range(4)]
     experiment = Experiment(nodes, pods, inflate=0.2)  # 0.2 x 12000 = 2400: the 4 pods (2000), a fifth would pass it
     for seed in (1, 2, 3):
         rng = random.Random(seed)
@@ -63,7 +63,7 @@ def test_ties_go_to_the_first_node_of_the_per_run_shuffled_order():
 
 def test_the_kpi_is_read_when_arrived_demand_reaches_the_target():
     nodes = [Node.empty("only", 64_000, 256_000, 2, "T4")]
-    pods = [Pod(1000, 1000, 1, MILLI, name="whole")]
+    pods = [PodDemand(1000, 1000, 1, MILLI, name="whole")]
     result = Experiment(nodes, pods, inflate=1.3).run("fgd", 7)
     # 2 GPUs, target 2600: two pods arrive (a third would pass it); demand never reads 130 %, so the last arrival's ratio counts.
     assert result.allocation == 1.0 and result.failed_pods == result.arrived_pods - 2
@@ -89,18 +89,18 @@ def test_every_policy_runs_on_the_toy_trace_and_respects_the_fit_rules():
     [(470, 10, 500), (470, 4, 500), (230, 4, 250), (810, 20, 850), (100, 10, 100), (1, 100, 10), (334, 3, 666), (333, 3, 333), (999, 2, 1000)],
 )
 def test_replicas_round_fractional_requests_up_to_whole_shares(milli, replicas, expected):
-    assert share_rounded(Pod(100, 100, 1, milli), replicas).gpu_milli == expected
+    assert share_rounded(PodDemand(100, 100, 1, milli), replicas).gpu_milli == expected
 
 
 def test_replicas_leave_whole_gpus_and_cpu_only_pods_alone():
-    assert share_rounded(Pod(100, 100, 2, MILLI), 3) == Pod(100, 100, 2, MILLI)
-    assert share_rounded(Pod(100, 100), 3) == Pod(100, 100)
-    assert share_rounded(Pod(100, 100, 1, 470), None).gpu_milli == 470
+    assert share_rounded(PodDemand(100, 100, 2, MILLI), 3) == PodDemand(100, 100, 2, MILLI)
+    assert share_rounded(PodDemand(100, 100), 3) == PodDemand(100, 100)
+    assert share_rounded(PodDemand(100, 100, 1, 470), None).gpu_milli == 470
 
 
 def test_rounding_costs_packing_and_the_kpi_counts_what_pods_asked_for():
     nodes = [Node.empty("one", 64_000, 256_000, 1, "T4")]
-    pods = [Pod(100, 100, 1, 300, name="third")]
+    pods = [PodDemand(100, 100, 1, 300, name="third")]
     exact = Experiment(nodes, pods, inflate=1.3).run("bestfit", 1)
     halves = Experiment(nodes, pods, inflate=1.3, replicas=2).run("bestfit", 1)
     assert exact.allocation == pytest.approx(0.9)  # three 300s on the GPU

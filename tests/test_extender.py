@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from deviceplugin.cluster import Pod
+from deviceplugin.cluster import PodDemand
 from deviceplugin.extender.cache import ClusterCache, pod_state
 from deviceplugin.extender.http import ExtenderHTTPServer
+from deviceplugin.extender.inputs import HostCapacity, InputError, host_capacity, host_request, pod_request
 from deviceplugin.extender.metrics import ExtenderMetrics
-from deviceplugin.extender.model import HostCapacity, InputError, host_capacity, host_request, pod_request
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.service import ExtenderOptions, ExtenderService
 from deviceplugin.extender.verbs import Extender
@@ -404,7 +404,7 @@ def test_fgd_learns_task_shapes_from_bound_pods_and_falls_back_to_binpack():
     clock[0] = 61.0
     fgd = {s["Host"]: s["Score"] for s in ext.prioritize(args(p, "a", "b"))}
     assert scorer.policy.name == "fgd" and fgd["a"] > fgd["b"]
-    assert cache.workload() == [Pod(0, 0, num_gpu=1, gpu_milli=600)] * 5
+    assert cache.workload() == [PodDemand(0, 0, num_gpu=1, gpu_milli=600)] * 5
 
 
 # --- the whole node: CPU, memory and pod slots -------------------------------------------------------
@@ -468,7 +468,7 @@ def test_fgdstrand_through_the_extender_keeps_cpu_for_the_idle_gpus():
         body = host_pod(f"w{i}", "12", "40Gi", node="busy", shares=10)
         cache.set_pod(pod_state(body, pod_request(body, managed)))
     learned = cache.workload()
-    assert learned == [Pod(12_000, 40_960, num_gpu=1, gpu_milli=1000)] * 4
+    assert learned == [PodDemand(12_000, 40_960, num_gpu=1, gpu_milli=1000)] * 4
     heavy = host_pod("heavy", "16", "8Gi", shares=1)
     scores = {}
     for policy in ("fgd", "fgdstrand"):
@@ -520,7 +520,7 @@ def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
     bound["metadata"].update(namespace="team", uid="uid-p")
     bound["spec"]["nodeName"] = "a"
     cache.set_pod(pod_state(bound, pod_request(bound, managed)))
-    assert cache.workload() == [Pod(1000, 1024, num_gpu=1, gpu_milli=400)]
+    assert cache.workload() == [PodDemand(1000, 1024, num_gpu=1, gpu_milli=400)]
     # A claim that fits no single device is filtered out with the reason; a pod without claims passes untouched.
     big = share_claim("big", 11)
     big["metadata"].update(namespace="team", uid="uid-big")

@@ -19,29 +19,29 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
     pools = config.pools(profile)
     problems: list[str] = []
     owner: dict[str, PoolConfig] = {}  # GPU uuid -> the pool that selected it
-    selected: dict[str, list[Gpu]] = {p.path: [] for p in pools}
+    selected: dict[str, list[Gpu]] = {p.key_path: [] for p in pools}
     for pool in pools:
         if pool.gpus.selects_rest:
             continue
         for index in pool.gpus.indexes:
             if not any(g.index == index for g in node.gpus):
-                problems.append(f"{pool.path}.gpus.indexes: no GPU with index {index} on this node ({_indexes(node)})")
+                problems.append(f"{pool.key_path}.gpus.indexes: no GPU with index {index} on this node ({_indexes(node)})")
         for uuid in pool.gpus.uuids:
             if not any(g.uuid == uuid for g in node.gpus):
-                problems.append(f"{pool.path}.gpus.uuids: no GPU {uuid} on this node")
+                problems.append(f"{pool.key_path}.gpus.uuids: no GPU {uuid} on this node")
         for gpu in node.gpus:
             if not pool.gpus.matches(gpu):
                 continue
             if gpu.uuid in owner:
                 other = owner[gpu.uuid]
-                problems.append(f"{pool.path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.path} ({other.name})")
+                problems.append(f"{pool.key_path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.key_path} ({other.name})")
                 continue
             owner[gpu.uuid] = pool
-            selected[pool.path].append(gpu)
+            selected[pool.key_path].append(gpu)
     for pool in pools:
         if pool.gpus.selects_rest:
-            selected[pool.path] = [g for g in node.gpus if g.uuid not in owner]
-            owner.update({g.uuid: pool for g in selected[pool.path]})
+            selected[pool.key_path] = [g for g in node.gpus if g.uuid not in owner]
+            owner.update({g.uuid: pool for g in selected[pool.key_path]})
     if problems:
         raise ConfigError(problems, config.source)
 
@@ -49,11 +49,11 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
     settings = config.allocation_settings()
     for pool in pools:
         try:
-            pool_resources = _pool_resources(pool, selected[pool.path])
+            pool_resources = _pool_resources(pool, selected[pool.key_path])
         except ValueError as err:
             raise ConfigError([str(err)], config.source) from None
         if not pool_resources:  # a mixed mig pool without MIG instances yields no resource name at all
-            why = "no GPU matches its gpus" if not selected[pool.path] else "its GPUs have no MIG instance"
+            why = "no GPU matches its gpus" if not selected[pool.key_path] else "its GPUs have no MIG instance"
             log.warning("pool %s has no usable GPU on this node (%s); it advertises nothing", pool.name, why)
         for name, label, units in pool_resources:
             if not units:
@@ -69,7 +69,7 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
                 raise ConfigError([problem], config.source)
             resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=_devices(pool, units), settings=settings, links=node.links)
             if any(r.name == name for r in resources):
-                raise ConfigError([f"{pool.path}: resource {name} is also advertised by another pool"], config.source)
+                raise ConfigError([f"{pool.key_path}: resource {name} is also advertised by another pool"], config.source)
             resources.append(resource)
     for gpu in node.gpus:
         if gpu.uuid not in owner:
@@ -92,12 +92,12 @@ def _with_replicas(pool: PoolConfig, unit: Unit) -> Unit:
     replicas = unit.memory_mib // pool.memory_per_share_mib
     what = f"MIG instance {unit.uuid} ({unit.mig.profile}" if unit.mig else f"GPU {unit.gpu.index} ({unit.gpu.model}"
     if replicas < 1:
-        raise ValueError(f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)")
+        raise ValueError(f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)")
     most = max_replicas(pool.backend)
     if replicas > most:
         why = f" ({MPS_LIMIT_REASON})" if pool.mps else ""
         raise ValueError(
-            f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares of {what}, {unit.memory_mib} MiB), "
+            f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares of {what}, {unit.memory_mib} MiB), "
             f"over the limit of {most} shares per GPU or MIG instance{why}; use a larger memoryPerShare"
         )
     return replace(unit, replicas=replicas)
@@ -123,7 +123,7 @@ def _over_budget(pool: PoolConfig, units: list[Unit], budget_bytes: int) -> str 
     else:
         per_unit, remedy = "whole devices", "select fewer GPUs"
     return (
-        f"{pool.path}: {count} devices ({len(units)} {'MIG instances' if units[0].mig else 'GPUs'}, {per_unit}) would make a ListAndWatch "
+        f"{pool.key_path}: {count} devices ({len(units)} {'MIG instances' if units[0].mig else 'GPUs'}, {per_unit}) would make a ListAndWatch "
         f"message of up to {size} bytes, over the {budget_bytes} byte budget (the kubelet drops the stream at 4 MiB): at most about "
         f"{count * budget_bytes // size} devices fit; {remedy}"
     )
@@ -182,7 +182,7 @@ def _pool_resources(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, l
     if pool.mode == "shared":
         if pool.mps and any(g.mig_enabled for g in gpus):
             mig = ", ".join(str(g.index) for g in gpus if g.mig_enabled)
-            raise ValueError(f"{pool.path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool")
+            raise ValueError(f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool")
         # A MIG-enabled GPU is shared instance by instance.
         units = [u for g in gpus for u in (_mig_units(g) if g.mig_enabled else [_whole(g)])]
         return [(pool.resource, pool.name, [_with_replicas(pool, u) for u in units])]
@@ -195,7 +195,7 @@ def _pool_resources(pool: PoolConfig, gpus: list[Gpu]) -> list[tuple[str, str, l
     if pool.mig_strategy == "single":
         if len(by_profile) > 1:
             found = "; ".join(f"{p} on GPU {', '.join(str(i) for i in sorted({u.gpu.index for u in units}))}" for p, units in sorted(by_profile.items()))
-            raise ValueError(f"{pool.path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed")
+            raise ValueError(f"{pool.key_path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed")
         return [(pool.resource, pool.name, [u for units in by_profile.values() for u in units])]
     return [
         (mig_resource_name(pool.domain, profile), f"{pool.name}-{profile.replace('+', '.')}", units)
