@@ -10,8 +10,7 @@ from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.kube.labels import InventoryAnnotation, inventory
 from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
 from deviceplugin.model.usage import ContainerShare, Usage
-
-from .conftest import node
+from tests.conftest import node
 
 MIG_NODE = node("8xA100-80GB-mig")
 

@@ -10,9 +10,8 @@ from deviceplugin.alloc.placement import preferred_allocation
 from deviceplugin.cluster import MILLI, Node, PodDemand, TaskShapes, make_policy
 from deviceplugin.config.parse import parse_config
 from deviceplugin.config.types import ConfigError
-
-from .conftest import node
-from .support.resources import free_shares, gpus_of, shared
+from tests.conftest import node
+from tests.support.resources import free_shares, gpus_of, shared
 
 H100 = node("8xH100-80GB")
 

@@ -14,9 +14,8 @@ from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import HealthMonitor, HealthSettings
 from deviceplugin.model.node import HealthEvent
 from deviceplugin.state import NodeState
-
-from .conftest import EXAMPLES
-from .support.fake_pynvml import FakeGpu, FakeNvml
+from tests.conftest import EXAMPLES
+from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 
 class Clock:

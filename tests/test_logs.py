@@ -13,8 +13,7 @@ from deviceplugin.health.monitor import HealthMonitor
 from deviceplugin.logs import RepeatLimiter, brief, safe_text
 from deviceplugin.model.node import HealthEvent
 from deviceplugin.state import NodeState
-
-from .conftest import EXAMPLES, node
+from tests.conftest import EXAMPLES, node
 
 
 class Clock:

@@ -9,9 +9,8 @@ from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount,
 from deviceplugin.alloc.devicenodes import DeviceNode, MissingCapability, mig_capability_devices
 from deviceplugin.alloc.placement import preferred_allocation
 from deviceplugin.plugin import wire
-
-from ..conftest import node
-from ..support.resources import one_pool, shared
+from tests.conftest import node
+from tests.support.resources import one_pool, shared
 
 H100 = node("8xH100-80GB")
 T4 = node("2xT4")

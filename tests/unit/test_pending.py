@@ -8,8 +8,7 @@ from deviceplugin.alloc.pending import changing_gpus, reconcile
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.model.usage import Hold
-
-from ..conftest import node
+from tests.conftest import node
 
 T4 = node("2xT4")
 GPU0, GPU1 = (g.uuid for g in T4.gpus)

@@ -13,9 +13,8 @@ from deviceplugin.alloc.plan import list_entry_bytes
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.model.devices import HEALTHY, UNHEALTHY
 from deviceplugin.plugin import wire
-
-from ..conftest import node
-from ..support.resources import one_pool, shared
+from tests.conftest import node
+from tests.support.resources import one_pool, shared
 
 
 def _entry(device_id: str, numa_node: int | None, health: str) -> pb.ListAndWatchResponse:
