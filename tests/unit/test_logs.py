@@ -14,14 +14,7 @@ from deviceplugin.logs import RepeatLimiter, brief, safe_text
 from deviceplugin.model.node import HealthEvent
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, node
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import ManualClock
 
 
 def test_brief_keeps_the_first_ids_and_counts_the_rest():
@@ -40,7 +33,7 @@ def test_safe_text_escapes_and_cuts():
 
 
 def test_repeated_events_are_summarised_once_per_window(caplog):
-    clock = Clock()
+    clock = ManualClock(0.0)
     limiter = RepeatLimiter(logging.getLogger("storm"), window=60, clock=clock)
     caplog.set_level(logging.INFO, "storm")
     for i in range(120_000):
@@ -57,7 +50,7 @@ def test_repeated_events_are_summarised_once_per_window(caplog):
 
 
 def test_a_quiet_key_is_summarised_at_flush_and_different_keys_are_kept_apart(caplog):
-    clock = Clock()
+    clock = ManualClock(0.0)
     limiter = RepeatLimiter(logging.getLogger("keys"), window=10, max_keys=3, clock=clock)
     caplog.set_level(logging.INFO, "keys")
     for key in ("a", "a", "b"):
@@ -77,7 +70,7 @@ def test_a_quiet_key_is_summarised_at_flush_and_different_keys_are_kept_apart(ca
 def test_an_xid_storm_writes_a_few_lines(caplog):
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml")
     node = inventory.discover()
-    clock = Clock()
+    clock = ManualClock(0.0)
     monitor = HealthMonitor(inventory, node, NodeState(), clock=clock)
     caplog.set_level(logging.INFO, "deviceplugin.health.monitor")
     for i in range(10_000):
