@@ -15,8 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from deviceplugin import __version__
 from deviceplugin.agent.loop import AgentSettings, NodeAgent
 from deviceplugin.agent.usage import PodResourcesClient
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import HealthSettings
 from deviceplugin.kube.annotation import pod_digest
@@ -27,6 +25,7 @@ from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.runtime.daemon import DaemonOptions, PluginDaemon
 from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod, TokenBucket
 from tests.support.clock import ManualClock
+from tests.support.resources import resources_of
 
 from .conftest import EXAMPLES, FAST, cgroup, free_port, get, node, registered, wait_until
 
@@ -65,7 +64,7 @@ def _agent(kubelet, manager, inventory, **kw) -> NodeAgent:
 
 def test_usage_follows_pods_and_survives_a_plugin_restart(kubelet, plugin_dir):
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml")
-    resources = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}), T4)
+    resources = resources_of({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}, T4)
     manager = PluginManager(resources, plugin_dir, FAST)
     manager.start()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
@@ -477,7 +476,7 @@ def test_metering_counts_share_and_memory_seconds_and_survives_a_restart(kubelet
 
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
     config = {"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]}
-    resources = build_resources(parse_config(config), T4)
+    resources = resources_of(config, T4)
     clock = ManualClock()
 
     def start_agent(manager):

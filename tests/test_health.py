@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import DEFAULT_RESET_XIDS, HealthMonitor, HealthSettings
 from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.state import NodeState
+from tests.support.resources import resources_of
 
 from .conftest import EXAMPLES, FAST, registered
 
@@ -35,7 +35,7 @@ def stack(plugin_dir, kubelet):
             ],
         }
     )
-    manager = PluginManager(build_resources(config, node), plugin_dir, FAST)
+    manager = PluginManager(resources_of(config, node), plugin_dir, FAST)
     monitor = HealthMonitor(inventory, node, manager.state, FAST_HEALTH)
     manager.start()
     monitor.start()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.config.types import default_config
 from deviceplugin.kube.client import NodeClient
 from deviceplugin.kube.labels import NodePublisher, label_value, node_labels
 from tests.conftest import node
+from tests.support.resources import resources_of
 
 T4 = node("2xT4")
 
@@ -32,7 +32,7 @@ def test_with_domain_nvidia_com_gfd_labels_are_left_alone(fake_kube):
     gfd = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.machine": "g4dn", "nvidia.com/mig.capable": "false"}
     api.labels = dict(gfd)
     client = NodeClient.connect(api.node_name, str(kubeconfig))
-    labels = node_labels("nvidia.com", node("2xT4"), build_resources(default_config(), node("2xT4")))
+    labels = node_labels("nvidia.com", node("2xT4"), resources_of(default_config(), node("2xT4")))
     first = NodePublisher(client, "nvidia.com", min_interval=0)
     assert first.publish(labels, [])
     assert {k: api.labels[k] for k in gfd} == gfd  # GFD's keys: neither overwritten nor deleted

@@ -11,13 +11,13 @@ import time
 import grpc
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config.types import default_config
 from deviceplugin.plugin.manager import PluginManager, remove_stale_sockets
 from deviceplugin.plugin.server import MAX_OTHER_STREAMS, SocketPathError
 from deviceplugin.sim.kubelet import Container, Pod
+from tests.support.resources import resources_of
 
 from .conftest import FAST, node, registered, start_run
 
@@ -125,7 +125,7 @@ def test_a_socket_another_live_process_serves_is_left_alone(kubelet, start_plugi
 def test_a_socket_path_over_the_kernel_limit_is_a_clear_error(tmp_path):
     long_dir = tmp_path / ("d" * 90)
     long_dir.mkdir()
-    manager = PluginManager(build_resources(default_config(), node("2xT4")), long_dir, FAST)
+    manager = PluginManager(resources_of(default_config(), node("2xT4")), long_dir, FAST)
     with pytest.raises(SocketPathError, match=r"pool default: socket path .* over the kernel's limit of 107"):
         manager.start()
     manager.stop()
@@ -175,7 +175,7 @@ def test_stopping_cancels_a_register_in_flight(plugin_dir):
     server.add_insecure_port(f"unix:{plugin_dir / 'kubelet.sock'}")
     server.start()
     try:
-        manager = PluginManager(build_resources(default_config(), node("2xT4")), plugin_dir, FAST)
+        manager = PluginManager(resources_of(default_config(), node("2xT4")), plugin_dir, FAST)
         manager.start()
         assert hanging.entered.wait(5)
         started = time.monotonic()

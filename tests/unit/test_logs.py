@@ -6,8 +6,6 @@ from __future__ import annotations
 import logging
 
 from deviceplugin.alloc.container import AllocationError, container_grant
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import HealthMonitor
 from deviceplugin.logs import RepeatLimiter, brief, safe_text
@@ -15,6 +13,7 @@ from deviceplugin.model.node import HealthEvent
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, node
 from tests.support.clock import ManualClock
+from tests.support.resources import resources_of
 
 
 def test_brief_keeps_the_first_ids_and_counts_the_rest():
@@ -83,7 +82,7 @@ def test_an_xid_storm_writes_a_few_lines(caplog):
 
 
 def test_an_allocation_error_over_thousands_of_ids_stays_short():
-    resource = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}), node("2xT4"))[0]
+    resource = resources_of({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}, node("2xT4"))[0]
     for ids, shown in ((list(resource.devices), "and 1016 more"), ([f"bogus-{i}" for i in range(5000)] + ["x" * 4_000_000], "and 4993 more")):
         try:
             container_grant(resource, ids)

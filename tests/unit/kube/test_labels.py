@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.config.parse import parse_config
 from deviceplugin.kube.labels import node_labels
 from tests.conftest import node
+from tests.support.resources import resources_of
 
 
 def test_gfd_label_values():
@@ -13,13 +12,13 @@ def test_gfd_label_values():
     assert a100["example.com/mig.capable"] == "true" and a100["example.com/gpu.family"] == "ampere"
     assert a100["example.com/mig-1g.10gb.count"] == "10" and a100["example.com/mig-1g.10gb.memory"] == "9984"
     assert a100["example.com/mig-7g.80gb.count"] == "1"
-    mixed = build_resources(parse_config({"version": "v1", "pools": [{"name": "m", "mode": "mig"}]}), node("8xA100-80GB-mig"))
+    mixed = resources_of({"version": "v1", "pools": [{"name": "m", "mode": "mig"}]}, node("8xA100-80GB-mig"))
     assert node_labels("example.com", node("8xA100-80GB-mig"), mixed)["example.com/mig.strategy"] == "mixed"
     assert node_labels("example.com", node("8xA100-80GB-mig"), mixed)["example.com/gpu-share.m-1g.10gb.replicas"] == "1"
     h100 = node("8xH100-80GB")
     assert node_labels("example.com", h100, [])["example.com/mig.capable"] == "true"  # supported, not enabled
     assert node_labels("example.com", node("2xT4"), [])["example.com/mig.capable"] == "false"
-    shared = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "backend": "mps", "replicas": 4}]}), h100)
+    shared = resources_of({"version": "v1", "pools": [{"name": "s", "mode": "shared", "backend": "mps", "replicas": 4}]}, h100)
     labels = node_labels("example.com", h100, shared, shared_product_suffix=True)
     assert labels["example.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED" and labels["example.com/gpu.family"] == "hopper"
     assert labels["example.com/gpu.sharing-strategy"] == "mps" and labels["example.com/gpu.replicas"] == "4"
