@@ -670,12 +670,12 @@ def test_the_publisher_patches_at_once_on_a_health_change_and_makes_no_round_for
     assert gpu1_health() == "Healthy"
     d.monitor.handle(HealthEvent(gpu_uuid=U1, reason="XID 79", xid=79))
     assert wait_until(lambda: gpu1_health() == "Unhealthy", timeout=2)
-    time.sleep(0.1)
+    time.sleep(0.1)  # the sleep is the test's baseline: the round that patched has ended, and no other follows
     before = len(rounds)
     d.monitor.handle(HealthEvent(gpu_uuid=U1, reason="XID 79", xid=79))  # the count grows, the set does not
     d.agent.sync()  # a new observation with the same usage
     assert d.state.snapshot().xid_counts[U1] == 2
-    time.sleep(0.3)
+    time.sleep(0.3)  # the sleep is the test: no round within it
     assert len(rounds) == before  # nothing it publishes changed: no round
 
 
