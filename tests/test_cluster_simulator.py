@@ -15,10 +15,9 @@ from deviceplugin.cluster import MILLI, POLICIES, Node, PodDemand
 from deviceplugin.cluster.report import ProgressBar, parse_seeds
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, run_all, share_rounded
 from deviceplugin.cluster.traces import TraceError, find_trace_dir, load_nodes, load_pods, resolve
+from tests.conftest import GPU_CLI, ROOT
 
-from .conftest import GPU_CLI, ROOT
-
-TRACES = Path(__file__).parent / "traces"
+TRACES = ROOT / "tests" / "traces"
 TOY_NODES = load_nodes(TRACES / "toy_nodes.csv")
 TOY_PODS = load_pods(TRACES / "openb_pod_list_toy.csv")
 
