@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MILLI = 1000
-MAX_SHARES_PER_GPU = MILLI  # the model's resolution: a share of 1/N GPU is at least one milli-GPU
+FINEST_SPLIT = MILLI  # the most shares one GPU splits into in this model (a share is at least one milli-GPU): --replicas' bound
 DEFAULT_MAX_PODS = 110  # the kubelet's default pod limit per node
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import NamedTuple
 
-from .capacity import MAX_SHARES_PER_GPU, MILLI, Node, PodDemand
+from .capacity import FINEST_SPLIT, MILLI, Node, PodDemand
 
 DEFAULT_COVERAGE = 0.95
 _CACHE_SIZE = 1 << 18  # distinct (model, free-GPU multiset, CPU bracket) states remembered
@@ -90,8 +90,8 @@ class TaskShapes:
     def shares(cls, replicas: int) -> TaskShapes:
         """Inside one node, where only GPU shares are known: every request of k of `replicas` shares
         (k/replicas of a GPU), equally popular."""
-        if not 1 <= replicas <= MAX_SHARES_PER_GPU:
-            raise ValueError(f"task shapes: replicas must be 1-{MAX_SHARES_PER_GPU}, got {replicas}")
+        if not 1 <= replicas <= FINEST_SPLIT:
+            raise ValueError(f"task shapes: replicas must be 1-{FINEST_SPLIT}, got {replicas}")
         return cls([(Shape(0, 1, k * MILLI // replicas, frozenset()), 1.0) for k in range(1, replicas + 1)])
 
     def fragmentation(self, node: Node) -> float:

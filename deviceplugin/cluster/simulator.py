@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from math import ceil
 from multiprocessing import get_context
 
-from .capacity import MAX_SHARES_PER_GPU, MILLI, Node, PodDemand, fits, place
+from .capacity import FINEST_SPLIT, MILLI, Node, PodDemand, fits, place
 from .policies import NEEDS_SHAPES, make_policy
 from .shapes import TaskShapes
 
@@ -86,8 +86,8 @@ class Experiment:
             raise ValueError("simulate: need at least one node and one pod")
         if not 0 < inflate <= 100:
             raise ValueError(f"simulate: inflate must be in (0, 100], got {inflate}")
-        if replicas is not None and not 1 <= replicas <= MAX_SHARES_PER_GPU:
-            raise ValueError(f"simulate: replicas must be 1-{MAX_SHARES_PER_GPU}, got {replicas}")
+        if replicas is not None and not 1 <= replicas <= FINEST_SPLIT:
+            raise ValueError(f"simulate: replicas must be 1-{FINEST_SPLIT}, got {replicas}")
         self.nodes = tuple(nodes)
         self.pods = tuple(pods)
         self.inflate = inflate
