@@ -167,7 +167,7 @@ def agreement(trials: int, seed: int = 7) -> dict:
     """
     from deviceplugin.alloc.placement import preferred_allocation
     from deviceplugin.extender.fit import place
-    from deviceplugin.extender.model import parse_annotation, pod_request
+    from deviceplugin.extender.inputs import parse_annotation, pod_request
 
     rng = random.Random(seed)
     gpus = tuple(Gpu(index=i, uuid=f"GPU-agree000-0000-4000-8000-{i:012d}", model="NVIDIA H100 80GB HBM3", memory_mib=81559) for i in range(8))

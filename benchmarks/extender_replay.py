@@ -35,16 +35,16 @@ from prometheus_client import CollectorRegistry
 
 from deviceplugin.alloc.placement import preferred_allocation
 from deviceplugin.alloc.plan import build_resources
-from deviceplugin.cluster import MILLI, Node, Pod, place
-from deviceplugin.cluster.model import host_fits
+from deviceplugin.cluster import MILLI, Node, PodDemand, place
+from deviceplugin.cluster.capacity import host_fits
 from deviceplugin.cluster.report import parse_policies, parse_seeds
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order
 from deviceplugin.cluster.traces import DEFAULT_NODES, POD_FILE, load_nodes, load_pods, resolve
 from deviceplugin.config.parse import parse_config
 from deviceplugin.extender.cache import ClusterCache, PodState
 from deviceplugin.extender.fit import place as extender_place
+from deviceplugin.extender.inputs import HostCapacity, pod_demand, pod_request
 from deviceplugin.extender.metrics import ExtenderMetrics
-from deviceplugin.extender.model import HostCapacity, model_pod, pod_request
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
 from deviceplugin.kube.annotation import pod_digest
@@ -83,7 +83,7 @@ def annotation(resource: Resource, used: list[int], policy: str, pods: list[str]
                        "resources": {SHARE: {"pool": "s", "allowSpanGPUs": False, "allocationPolicy": policy, "units": units}}})
 
 
-def share_pod(pod: Pod, replicas: int, uid: str) -> dict:
+def share_pod(pod: PodDemand, replicas: int, uid: str) -> dict:
     """The Pod object kube-scheduler would send for a cluster-model pod (its CPU and memory on the first container)."""
     if pod.fractional:
         counts = [-(-pod.gpu_milli * replicas // MILLI)]
@@ -98,13 +98,13 @@ def host(node: Node) -> HostCapacity:
     return HostCapacity(node.cpu_milli, node.memory_mib, node.max_pods)
 
 
-def learned_workload(experiment: Experiment, replicas: int) -> list[Pod]:
+def learned_workload(experiment: Experiment, replicas: int) -> list[PodDemand]:
     """The pod list as the extender's cache turns bound pods into cluster-model pods (what it learns shapes from)."""
     managed = lambda r: r == SHARE  # noqa: E731
     out = []
     for pod in experiment.pods:
         request = pod_request(share_pod(pod, replicas, "w"), managed)
-        out.append(Pod(pod.cpu_milli, pod.memory_mib) if request.empty else model_pod(request, replicas))
+        out.append(PodDemand(pod.cpu_milli, pod.memory_mib) if request.empty else pod_demand(request, replicas))
     return out
 
 
@@ -146,7 +146,7 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     return ReplayResult(policy_name, seed, allocation, alone, *counts["share"], *counts["whole"])
 
 
-def _cpu_through_extender(extender: Extender, pod: Pod, nodes: list[Node], index: dict[str, int], replicas: int, uid: str) -> int | None:
+def _cpu_through_extender(extender: Extender, pod: PodDemand, nodes: list[Node], index: dict[str, int], replicas: int, uid: str) -> int | None:
     """A CPU-only pod: kube-scheduler's own filters, then the every-pod entry's scores (ties to the first in order)."""
     candidates = [n.name for n in nodes if host_fits(pod, n)]
     if not candidates:
@@ -158,7 +158,7 @@ def _cpu_through_extender(extender: Extender, pod: Pod, nodes: list[Node], index
     return i
 
 
-def _through_extender(extender: Extender, pod: Pod, nodes: list[Node], index: dict[str, int], used: list[list[int]],
+def _through_extender(extender: Extender, pod: PodDemand, nodes: list[Node], index: dict[str, int], used: list[list[int]],
                       digests: list[list[str]], replicas: int, node_policy: str, uid: str, counts: dict) -> int | None:
     candidates = [n.name for n in nodes if n.gpu_free and host_fits(pod, n) and pod.accepts(n.model)]  # kube-scheduler's own filters
     body = share_pod(pod, replicas, uid)
@@ -187,7 +187,7 @@ def _through_extender(extender: Extender, pod: Pod, nodes: list[Node], index: di
     extender.cache.forget_reservation(uid)  # bound: the node republishes its annotation
     digests[i].append(pod_digest("replay", uid))
     extender.cache.set_node(name, annotation(resource, used[i], node_policy, digests[i]), host(nodes[i]))
-    want = Pod(pod.cpu_milli, pod.memory_mib, pod.num_gpu, count * MILLI // replicas if pod.fractional else MILLI, name=pod.name)
+    want = PodDemand(pod.cpu_milli, pod.memory_mib, pod.num_gpu, count * MILLI // replicas if pod.fractional else MILLI, name=pod.name)
     place(want, nodes[i], tuple(sorted(taken)) if not pod.fractional else (taken[0],))
     return i
 

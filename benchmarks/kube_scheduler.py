@@ -39,7 +39,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from deviceplugin.cluster import MILLI, Node, Pod
+from deviceplugin.cluster import MILLI, Node, PodDemand
 from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, share_rounded
 from deviceplugin.cluster.traces import DEFAULT_NODES, POD_FILE, load_nodes, load_pods, resolve
 
@@ -74,8 +74,8 @@ CONFIGS = {
 @dataclass(frozen=True)
 class Sample:
     nodes: list[Node]
-    pods: list[Pod]  # in arrival order, rounded to shares
-    original: list[Pod]  # the same, as the trace asks (the KPI counts these)
+    pods: list[PodDemand]  # in arrival order, rounded to shares
+    original: list[PodDemand]  # the same, as the trace asks (the KPI counts these)
     simulated: dict[str, float]  # fgdstrand in the simulator: allocation at 100 % and 130 %
 
 
@@ -83,7 +83,7 @@ def sample(trace_dir: str | None, nodes: int, seed: int) -> Sample:
     rng = random.Random(seed)
     all_nodes = load_nodes(resolve(DEFAULT_NODES, trace_dir, "openb_node_list_{}.csv"))
     chosen = [n for n in rng.sample(list(all_nodes), nodes)]
-    pods = [Pod(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, name=p.name) for p in load_pods(resolve("default", trace_dir, POD_FILE))]
+    pods = [PodDemand(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, name=p.name) for p in load_pods(resolve("default", trace_dir, POD_FILE))]
     experiment = Experiment(chosen, pods, replicas=REPLICAS)
     run_rng = random.Random(seed)  # drawn exactly as Experiment.run draws
     capacity = MILLI * experiment.gpus
@@ -94,7 +94,7 @@ def sample(trace_dir: str | None, nodes: int, seed: int) -> Sample:
     return Sample(chosen, [share_rounded(p, REPLICAS) for p in arrived], arrived, simulated)
 
 
-def _shares(pod: Pod) -> int:
+def _shares(pod: PodDemand) -> int:
     return pod.gpu_milli * REPLICAS // MILLI
 
 
@@ -137,7 +137,7 @@ class Run:
             config["extenders"] = config.get("extenders", []) + [every_pod_entry(self.extender_url, self.entry["weight"])]
         return config
 
-    def create(self, index: int, pod: Pod) -> None:
+    def create(self, index: int, pod: PodDemand) -> None:
         name = f"p{index:05d}"
         if self.path == "dp" or not pod.num_gpu:
             body = share_pod_body(name, 0, pod.cpu_milli, pod.memory_mib, self.scheduler, self.labels)

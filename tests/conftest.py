@@ -17,14 +17,13 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.config.parse import parse_config
-from deviceplugin.config.types import Config, default_config
+from deviceplugin.config.types import Config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.model.node import NodeInfo
 from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.plugin.server import Timings
 from deviceplugin.sim.kubelet import KubeletSimulator, Pod
+from tests.support.resources import resources_of
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -58,9 +57,7 @@ def start_plugin(plugin_dir: Path) -> Iterator[Callable[..., PluginManager]]:
     managers: list[PluginManager] = []
 
     def start(config: dict[str, Any] | Config | None = None, node_name: str = "2xT4", timings: Timings = FAST) -> PluginManager:
-        if isinstance(config, dict):
-            config = parse_config(config)
-        resources = build_resources(config or default_config(), node(node_name))
+        resources = resources_of(config, node(node_name))
         manager = PluginManager(resources, plugin_dir, timings)
         manager.start()
         managers.append(manager)

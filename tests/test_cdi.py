@@ -8,12 +8,11 @@ import logging
 from prometheus_client import generate_latest
 
 from deviceplugin.alloc.cdi import MAX_SPEC_BYTES, check_specs, read_specs
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.obs.metrics import exposed_registry
 from deviceplugin.runtime.daemon import build_daemon
 from deviceplugin.runtime.options import DaemonOptions
+from tests.support.resources import resources_of
 
 from .conftest import EXAMPLES, FAST, node
 
@@ -54,7 +53,7 @@ def test_unreadable_spec_files_are_problems_not_crashes(tmp_path):
 
 def test_missing_devices_are_reported_per_resource(tmp_path, caplog):
     (tmp_path / "nvidia.json").write_text(spec("nvidia.com/gpu", U0))
-    resources = build_resources(parse_config(CDI), node("2xT4"))
+    resources = resources_of(CDI, node("2xT4"))
     with caplog.at_level(logging.WARNING):
         missing = check_specs(resources, "nvidia.com/gpu", (str(tmp_path),))
     assert missing == {"example.com/gpu-share": [f"nvidia.com/gpu={U1}"]}

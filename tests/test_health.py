@@ -6,12 +6,13 @@ import time
 
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import DEFAULT_RESET_XIDS, EVENT_WAIT, HealthMonitor, HealthSettings
 from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.state import NodeState
+from tests.support.clock import SteppedClock
+from tests.support.resources import resources_of
 
 from .conftest import EXAMPLES, FAST, registered, wait_until
 
@@ -35,14 +36,43 @@ def stack(plugin_dir, kubelet):
             ],
         }
     )
-    manager = PluginManager(build_resources(config, node), plugin_dir, FAST)
-    monitor = HealthMonitor(inventory, node, manager.state, FAST_HEALTH)
+    manager = PluginManager(resources_of(config, node), plugin_dir, FAST)
+    monitor = HealthMonitor(inventory, node, manager.state, FAST_HEALTH, clock=SteppedClock())
     manager.start()
     monitor.start()
     assert kubelet.wait_for(registered(SHARES, "example.com/gpu"), timeout=5)
     yield inventory, node, monitor
     monitor.stop()
     manager.stop()
+
+
+class Checks:
+    """Counts the monitor's GPU queries, so a test waits for whole check rounds instead of sleeping through them."""
+
+    def __init__(self, inventory: SimulatedInventory, gpus: int) -> None:
+        self.calls, self.gpus, self._check = 0, gpus, inventory.check
+        inventory.check = self._counted
+
+    def _counted(self, gpu_uuid: str) -> str | None:
+        self.calls += 1
+        return self._check(gpu_uuid)
+
+    def wait(self, rounds: int) -> None:
+        """Until `rounds` check rounds begun after this call have ended (one more is counted: one may be under way)."""
+        target = self.calls + (rounds + 1) * self.gpus
+        assert wait_until(lambda: self.calls >= target, timeout=5)
+
+
+@pytest.fixture
+def checks(stack) -> Checks:
+    inventory, node, _ = stack
+    return Checks(inventory, len(node.gpus))
+
+
+def skip_quiet_period(monitor: HealthMonitor, checks: Checks, periods: float) -> None:
+    """`periods` recovery periods pass on the monitor's clock, and it checks every GPU after that."""
+    monitor.clock.advance(FAST_HEALTH.recovery_period * periods)
+    checks.wait(2)
 
 
 def test_xid_marks_every_share_and_mig_instance_of_the_gpu_within_1s_then_recovers(stack, kubelet):
@@ -89,19 +119,19 @@ def test_ignored_xid_changes_nothing(stack, kubelet):
     assert monitor.state.snapshot().xid_counts[node.gpus[2].uuid] == 0
 
 
-def test_lost_gpu_stays_unhealthy_while_queries_fail_and_never_crashes(stack, kubelet):
+def test_lost_gpu_stays_unhealthy_while_queries_fail_and_never_crashes(stack, kubelet, checks):
     inventory, node, monitor = stack
     gpu = node.gpus[5]
     inventory.lose_gpu(gpu.uuid)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
-    time.sleep(FAST_HEALTH.recovery_period * 2)  # longer than the quiet period: still failing, still Unhealthy
+    skip_quiet_period(monitor, checks, 2)  # longer than the quiet period: still failing, still Unhealthy
     assert kubelet.resources()["example.com/gpu"].allocatable == 0
     assert "GPU is lost" in monitor.state.snapshot().reasons[gpu.uuid]
     inventory.restore(gpu.uuid)  # answering again is no evidence of a reset ...
-    time.sleep(FAST_HEALTH.check_interval * 4)
+    checks.wait(4)
     assert kubelet.resources()["example.com/gpu"].allocatable == 0
     inventory.set_reset_required(gpu.uuid, True)  # ... the driver's recovery action is
-    time.sleep(FAST_HEALTH.check_interval * 4)
+    checks.wait(4)
     inventory.set_reset_required(gpu.uuid, False)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=3)
     assert kubelet.resources()[SHARES].allocatable == 10
@@ -122,29 +152,29 @@ def test_scheduled_failure_from_the_node_file(plugin_dir, kubelet, tmp_path):
 
 
 @pytest.mark.parametrize("xid", [48, 79, 95])
-def test_reset_class_xid_stays_unhealthy_until_the_driver_shows_a_reset(stack, kubelet, xid):
+def test_reset_class_xid_stays_unhealthy_until_the_driver_shows_a_reset(stack, kubelet, checks, xid):
     inventory, node, monitor = stack
     gpu = node.gpus[5]
     inventory.inject_xid(gpu.uuid, xid)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
-    time.sleep(FAST_HEALTH.recovery_period * 2)  # the quiet period passes: no recovery
+    skip_quiet_period(monitor, checks, 2)  # the quiet period passes: no recovery
     assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.state.snapshot().awaiting_reset == {gpu.uuid}
     inventory.set_reset_required(gpu.uuid, False)  # the driver says "no reset needed", but it never asked for one
-    time.sleep(FAST_HEALTH.check_interval * 4)
+    checks.wait(4)
     assert kubelet.resources()["example.com/gpu"].allocatable == 0
     inventory.set_reset_required(gpu.uuid, True)  # recovery action: GPU reset
-    time.sleep(FAST_HEALTH.check_interval * 4)
+    checks.wait(4)
     inventory.set_reset_required(gpu.uuid, False)  # ... and after `nvidia-smi -r` it is clear
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=2)
     assert monitor.state.snapshot().awaiting_reset == frozenset() and gpu.uuid not in monitor.state.snapshot().reasons
 
 
-def test_reset_class_xid_on_a_driver_that_cannot_tell_waits_for_a_plugin_restart(stack, kubelet):
+def test_reset_class_xid_on_a_driver_that_cannot_tell_waits_for_a_plugin_restart(stack, kubelet, checks):
     inventory, node, monitor = stack
     gpu = node.gpus[5]
     inventory.inject_xid(gpu.uuid, 95)  # reset_required() is None: no recovery-action field
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
-    time.sleep(FAST_HEALTH.recovery_period * 3)
+    skip_quiet_period(monitor, checks, 3)
     assert kubelet.resources()["example.com/gpu"].allocatable == 0 and "XID 95" in monitor.state.snapshot().reasons[gpu.uuid]
 
 
@@ -158,13 +188,13 @@ def test_every_reset_xid_is_documented():
     assert ",".join(map(str, sorted(DEFAULT_RESET_XIDS))) in (ROOT / "docs" / "configuration.md").read_text()
 
 
-def test_the_drivers_recovery_action_holds_any_gpu_until_reset(stack, kubelet):
+def test_the_drivers_recovery_action_holds_any_gpu_until_reset(stack, kubelet, checks):
     inventory, node, monitor = stack
     gpu = node.gpus[5]
     inventory.inject_xid(gpu.uuid, 119)  # GSP timeout: not reset-class by itself ...
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     inventory.set_reset_required(gpu.uuid, True)  # ... but this time the driver says "GPU Reset Required"
-    time.sleep(FAST_HEALTH.recovery_period * 2)
+    skip_quiet_period(monitor, checks, 2)
     assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.state.snapshot().awaiting_reset == {gpu.uuid}
     inventory.set_reset_required(gpu.uuid, False)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=2)

@@ -11,7 +11,6 @@ import time
 import grpc
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.config.types import default_config
@@ -19,8 +18,9 @@ from deviceplugin.plugin.manager import PluginManager, remove_stale_sockets
 from deviceplugin.plugin.server import SocketPathError
 from deviceplugin.plugin.servicer import MAX_OTHER_STREAMS
 from deviceplugin.sim.kubelet import Container, Pod
+from tests.support.resources import resources_of
 
-from .conftest import FAST, node, registered, start_run
+from .conftest import FAST, node, registered, start_run, wait_until
 
 SHARE = "example.com/gpu-share"
 
@@ -56,7 +56,7 @@ def test_dropped_streams_cost_nothing_and_never_re_register(kubelet, start_plugi
             pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=[device], allocation_size=1)]),
             timeout=2,
         ).container_responses[0].deviceIDs == [device]
-    time.sleep(0.2)  # several watch rounds: a wrongly triggered Register would have happened by now
+    time.sleep(0.2)  # the sleep is the test: in several watch rounds no Register is triggered
     assert len(kubelet.register_requests) == registers == 1
     assert kubelet.admit(Pod("after", [Container("c", {SHARE: 2})]))["c"][SHARE].envs["GPU_SHARE_COUNT"] == "2"
 
@@ -93,18 +93,16 @@ def test_restart_storm_settles_with_one_register_per_generation_and_no_leaks(kub
     restarts = 50
     for _ in range(restarts):
         kubelet.restart()
-        time.sleep(rng.uniform(0, 0.06))
+        time.sleep(rng.uniform(0, 0.06))  # the storm's timing is the test's input
     assert kubelet.wait_for(registered(SHARE), timeout=5)
-    time.sleep(0.3)  # let any late attempt land
+    time.sleep(0.3)  # the sleep is the test: a late attempt would land within it
     # At most one accepted Register per kubelet generation; every other call was refused by a dying kubelet.
     accepted = kubelet.accepted_registrations()
     assert accepted and max(accepted.values()) == 1
     assert len(kubelet.register_requests) <= manager.servers[0].register_calls
     assert registered(SHARE)(kubelet.resources())
     # Threads that outlive a round (a gRPC channel's, a probe's) end on their own: wait for them, then compare.
-    deadline = time.monotonic() + 5
-    while plugin_threads() > threads and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: plugin_threads() <= threads, timeout=5)
     assert plugin_threads() <= threads, sorted(t.name for t in threading.enumerate())
     assert kubelet.admit(Pod("after", [Container("c", {SHARE: 1})]))["c"][SHARE].envs["GPU_SHARE_COUNT"] == "1"
 
@@ -126,7 +124,7 @@ def test_a_socket_another_live_process_serves_is_left_alone(kubelet, start_plugi
 def test_a_socket_path_over_the_kernel_limit_is_a_clear_error(tmp_path):
     long_dir = tmp_path / ("d" * 90)
     long_dir.mkdir()
-    manager = PluginManager(build_resources(default_config(), node("2xT4")), long_dir, FAST)
+    manager = PluginManager(resources_of(default_config(), node("2xT4")), long_dir, FAST)
     with pytest.raises(SocketPathError, match=r"pool default: socket path .* over the kernel's limit of 107"):
         manager.start()
     manager.stop()
@@ -176,7 +174,7 @@ def test_stopping_cancels_a_register_in_flight(plugin_dir):
     server.add_insecure_port(f"unix:{plugin_dir / 'kubelet.sock'}")
     server.start()
     try:
-        manager = PluginManager(build_resources(default_config(), node("2xT4")), plugin_dir, FAST)
+        manager = PluginManager(resources_of(default_config(), node("2xT4")), plugin_dir, FAST)
         manager.start()
         assert hanging.entered.wait(5)
         started = time.monotonic()
@@ -200,6 +198,8 @@ def test_sigterm_while_start_up_hangs_still_ends_the_process(plugin_dir, tmp_pat
         stderr=subprocess.PIPE, text=True,
     )
     try:
+        # Start-up blocks opening the FIFO, where nothing outside can see it (a writer opening the FIFO would end
+        # the hang): a second is long enough to get there, and staying there is what the test needs.
         time.sleep(1.0)
         assert proc.poll() is None  # still hanging in start-up
         proc.send_signal(signal.SIGTERM)

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.config.types import ConfigError
 from deviceplugin.mps.control import MpsDaemon, MpsLiveness, control
@@ -22,6 +21,7 @@ from deviceplugin.mps.paths import MpsPaths
 from deviceplugin.mps.supervisor import MpsSupervisor
 from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
+from tests.support.resources import resources_of
 
 from .conftest import EXAMPLES, FAST, GPU_CLI, ROOT, node, registered, wait_until
 
@@ -54,7 +54,7 @@ def test_exclusive_mode_multi_gpu_request_prefers_nvlink_then_numa(kubelet, star
     )
     from deviceplugin.discovery.simulated import SimulatedInventory
 
-    resources = build_resources(config({"name": "whole", "mode": "exclusive"}), SimulatedInventory.from_file(node_file).discover())
+    resources = resources_of(config({"name": "whole", "mode": "exclusive"}), SimulatedInventory.from_file(node_file).discover())
     manager = PluginManager(resources, kubelet.plugin_dir, FAST)
     manager.start()
     try:
@@ -79,11 +79,11 @@ def test_mig_mode_mixed_strategy_through_the_kubelet(kubelet, start_plugin):
 
 def test_mig_single_strategy_uniform_node_and_refusal():
     uniform = config({"name": "mig", "mode": "mig", "strategy": "single", "gpus": {"indexes": [2]}})
-    resources = build_resources(uniform, A100)
+    resources = resources_of(uniform, A100)
     assert [r.name for r in resources] == ["example.com/gpu"] and len(resources[0].devices) == 2
     mixed = config({"name": "mig", "mode": "mig", "strategy": "single", "gpus": {"indexes": [1, 2]}})
     with pytest.raises(ConfigError) as err:
-        build_resources(mixed, A100)
+        resources_of(mixed, A100)
     assert "pools[0].strategy: single needs one MIG profile on every GPU of the pool, found" in str(err.value)
     assert "3g.40gb on GPU 1, 2" in str(err.value) and "use strategy mixed" in str(err.value)
 
@@ -98,12 +98,12 @@ def test_shared_mode_over_mig_instances_through_the_kubelet(kubelet, start_plugi
 
 def test_memory_per_share_means_the_same_memory_on_every_model():
     mixed_node = node("2xT4")
-    resources = build_resources(config({"name": "s", "mode": "shared", "memoryPerShare": "4Gi"}), H100)
+    resources = resources_of(config({"name": "s", "mode": "shared", "memoryPerShare": "4Gi"}), H100)
     assert {u.replicas for u in resources[0].units} == {81559 // 4096}
-    resources = build_resources(config({"name": "s", "mode": "shared", "memoryPerShare": "4Gi"}), mixed_node)
+    resources = resources_of(config({"name": "s", "mode": "shared", "memoryPerShare": "4Gi"}), mixed_node)
     assert {u.replicas for u in resources[0].units} == {3}
     with pytest.raises(ConfigError, match=r"pools\[0\].memoryPerShare: 20480 MiB is larger than GPU 0 \(Tesla T4, 15360 MiB\)"):
-        build_resources(config({"name": "s", "mode": "shared", "memoryPerShare": "20Gi"}), mixed_node)
+        resources_of(config({"name": "s", "mode": "shared", "memoryPerShare": "20Gi"}), mixed_node)
 
 
 @pytest.mark.parametrize("policy, expected_gpu", [("binpack", 0), ("spread", 1)])
@@ -201,7 +201,7 @@ def test_pool_key_validation(pool, message):
 
 def test_mps_pool_over_mig_gpu_is_refused():
     with pytest.raises(ConfigError, match=r"pools\[0\].backend: mps is not supported on MIG-enabled GPUs \(GPU 0\)"):
-        build_resources(config({"name": "s", "mode": "shared", "backend": "mps", "gpus": {"indexes": [0]}}), A100)
+        resources_of(config({"name": "s", "mode": "shared", "backend": "mps", "gpus": {"indexes": [0]}}), A100)
 
 
 # --- profiles ----------------------------------------------------------------------------------
@@ -232,10 +232,10 @@ def test_profile_errors_name_the_profile():
 def test_profile_selection_and_unknown_profile():
     good = {**PROFILES, "profiles": {k: v for k, v in PROFILES["profiles"].items() if k in ("inference", "training")}}
     cfg = parse_config(good)
-    assert [r.name for r in build_resources(cfg, T4)] == ["example.com/gpu-share"]
-    assert [r.name for r in build_resources(cfg, T4, "training")] == ["example.com/gpu"]
+    assert [r.name for r in resources_of(cfg, T4)] == ["example.com/gpu-share"]
+    assert [r.name for r in resources_of(cfg, T4, "training")] == ["example.com/gpu"]
     with pytest.raises(ConfigError, match=r"profile 'gaming' is not in the config \(profiles: inference, training\)"):
-        build_resources(cfg, T4, "gaming")
+        resources_of(cfg, T4, "gaming")
 
 
 def _write(path, data) -> None:
@@ -274,7 +274,7 @@ def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir,
         assert counts["example.com/gpu-share"] == registrations["example.com/gpu-share"] + 1
         # An invalid change: the last good config keeps serving.
         cfg_file.write_text("version: v1\npools: [{name: x, mode: shared, replicas: -1}]\n")
-        time.sleep(0.5)
+        time.sleep(0.5)  # the sleep is the test: five reload intervals pass and the last good config still serves
         assert kubelet.resources()["example.com/gpu-share"].capacity == 3 and kubelet.resources()["example.com/gpu"].registered
         # Switching the node label to another profile reloads.
         _write(cfg_file, good)
@@ -298,7 +298,7 @@ def test_without_api_access_the_plugin_says_so_once(plugin_dir, kubelet, tmp_pat
     )
     try:
         assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=15)
-        time.sleep(0.3)
+        time.sleep(0.3)  # the sleep is the test: six reload intervals, and it still said so only once
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=15)
@@ -346,7 +346,7 @@ def _log(paths: MpsPaths) -> str:
 
 def test_mps_strict_limits_supervision_and_clean_quit(fake_mps, tmp_path, kubelet, plugin_dir):
     root = tmp_path / "mps"
-    resources = build_resources(mps_config(root, "strict"), T4)
+    resources = resources_of(mps_config(root, "strict"), T4)
     mps_resource = next(r for r in resources if r.pool.mps)
     daemon = MpsDaemon(mps_resource, str(root), binary=str(fake_mps), backoff_initial=0.05, backoff_max=0.2)
     manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.1, timeout=1.0))
@@ -381,7 +381,7 @@ def test_mps_strict_limits_supervision_and_clean_quit(fake_mps, tmp_path, kubele
 
 def test_mps_proportional_limits_per_container(fake_mps, tmp_path, kubelet, plugin_dir):
     root = tmp_path / "mps"
-    resources = build_resources(mps_config(root, "proportional", replicas=10), T4)
+    resources = resources_of(mps_config(root, "proportional", replicas=10), T4)
     daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps))
     daemon.start()
     manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.1, timeout=1.0))
@@ -432,7 +432,7 @@ def test_mps_supervisor_follows_config_reloads(fake_mps, tmp_path):
 
     def reload(*pools, mps_root=root):
         cfg = config(*pools, mpsRoot=str(mps_root))
-        supervisor.on_config(cfg, build_resources(cfg, T4))
+        supervisor.on_config(cfg, resources_of(cfg, T4))
 
     pa, pb = MpsPaths.of(str(root), "a"), MpsPaths.of(str(root), "b")
     try:
@@ -526,7 +526,7 @@ def test_mps_stale_marker_of_a_killed_pod_is_unhealthy_within_one_poll(fake_mps,
     root = tmp_path / "mps"
     cfg = tmp_path / "mps.yaml"
     cfg.write_text(f"version: v1\nmpsRoot: {root}\npools:\n  - {{name: mps, mode: shared, backend: mps, replicas: 2, gpus: {{indexes: [1]}}}}\n")
-    resources = build_resources(parse_config(yaml.safe_load(cfg.read_text())), T4)
+    resources = resources_of(yaml.safe_load(cfg.read_text()), T4)
     manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.2, timeout=0.5))
     manager.start()
     proc = subprocess.Popen([*GPU_CLI, "mps", "--config", str(cfg), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--profile", "default",
@@ -553,7 +553,7 @@ def test_mps_stale_marker_of_a_killed_pod_is_unhealthy_within_one_poll(fake_mps,
 
 def test_mps_daemon_that_stops_answering_is_unhealthy(fake_mps, tmp_path, kubelet, plugin_dir):
     root = tmp_path / "mps"
-    resources = build_resources(mps_config(root, "proportional"), T4)
+    resources = resources_of(mps_config(root, "proportional"), T4)
     daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps))
     daemon.start()
     manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.1, timeout=0.3))
@@ -573,15 +573,16 @@ def test_mps_failed_setup_kills_its_daemon_and_backs_off(fake_mps, tmp_path, mon
     """Setting the limits fails (or times out): the daemon started for it is killed, never two run."""
     monkeypatch.setenv(hook, "set_default_active_thread_percentage")
     root = tmp_path / "mps"
-    resources = build_resources(mps_config(root, "strict"), T4)
+    resources = resources_of(mps_config(root, "strict"), T4)
     daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps), start_timeout=0.3,
                        backoff_initial=0.05, backoff_max=0.2)
     daemon.start()
     try:
-        deadline = time.monotonic() + 10
-        while daemon.restarts < 3 and time.monotonic() < deadline:  # three failed setups
-            assert sum(map(_alive, _daemons(daemon.paths))) <= 1
-            time.sleep(0.01)
+        def three_failed_setups() -> bool:
+            assert sum(map(_alive, _daemons(daemon.paths))) <= 1  # never two at once, checked while waiting
+            return daemon.restarts >= 3
+
+        wait_until(three_failed_setups, timeout=10)
         assert daemon.restarts >= 3 and not daemon.paths.ready.exists()
         assert len(_daemons(daemon.paths)) <= daemon.restarts + 1  # one daemon per attempt, attempts backed off
     finally:
@@ -591,7 +592,7 @@ def test_mps_failed_setup_kills_its_daemon_and_backs_off(fake_mps, tmp_path, mon
 
 def test_mps_supervisor_removes_the_marker_while_its_daemon_does_not_answer(fake_mps, tmp_path):
     root = tmp_path / "mps"
-    resources = build_resources(mps_config(root, "proportional"), T4)
+    resources = resources_of(mps_config(root, "proportional"), T4)
     daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps), probe_interval=0.1)
     daemon.start()
     try:
@@ -606,7 +607,7 @@ def test_mps_supervisor_removes_the_marker_while_its_daemon_does_not_answer(fake
 
 def test_a_second_supervisor_of_the_same_pool_starts_no_second_daemon(fake_mps, tmp_path):
     root = tmp_path / "mps"
-    resources = build_resources(mps_config(root, "proportional"), T4)
+    resources = resources_of(mps_config(root, "proportional"), T4)
     pool = next(r for r in resources if r.pool.mps)
     first = MpsDaemon(pool, str(root), binary=str(fake_mps), start_timeout=0.5, backoff_initial=0.05, backoff_max=0.2)
     second = MpsDaemon(pool, str(root), binary=str(fake_mps), start_timeout=0.5, backoff_initial=0.05, backoff_max=0.2)
@@ -614,7 +615,7 @@ def test_a_second_supervisor_of_the_same_pool_starts_no_second_daemon(fake_mps, 
     try:
         assert wait_until(first.paths.ready.exists)
         second.start()
-        time.sleep(1.0)
+        wait_until(lambda: second.restarts >= 1, timeout=5)
         assert second.restarts >= 1  # it tried, found a daemon answering, and backs off
         assert len(_daemons(first.paths)) == 1 and first.paths.ready.exists()  # the first one's marker untouched
         assert _alive(_daemons(first.paths)[0])

@@ -10,13 +10,13 @@ import sys
 import pynvml
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.config.types import ConfigError
 from deviceplugin.mps.computemode import ComputeModeError, ComputeModes
 from deviceplugin.mps.control import MpsDaemon
 from deviceplugin.mps.paths import MpsPaths
 from deviceplugin.mps.supervisor import MpsSupervisor
+from tests.support.resources import resources_of
 
 from .conftest import ROOT, node, wait_until
 
@@ -62,7 +62,7 @@ def fake_mps(tmp_path):
 
 def mps_resource(root, **pool):
     config = parse_config({"version": "v1", "mpsRoot": str(root), "pools": [{"name": "m", "mode": "shared", "backend": "mps", "replicas": 4, **pool}]})
-    return next(r for r in build_resources(config, T4) if r.pool.mps)
+    return next(r for r in resources_of(config, T4) if r.pool.mps)
 
 
 def test_exclusive_process_is_set_while_the_daemon_serves_and_restored_on_quit(fake_mps, tmp_path):
@@ -111,12 +111,12 @@ def test_supervisor_serves_only_the_pools_it_is_given(fake_mps, tmp_path, caplog
     config = parse_config({"version": "v1", "mpsRoot": str(root), "pools": pools})
     supervisor = MpsSupervisor(str(fake_mps), backoff_max=0.2, backoff_initial=0.05, pools=frozenset({"b"}))
     try:
-        supervisor.on_config(config, build_resources(config, T4))
+        supervisor.on_config(config, resources_of(config, T4))
         assert set(supervisor.daemons) == {"b"} and wait_until(MpsPaths.of(str(root), "b").ready.exists)
         assert not MpsPaths.of(str(root), "a").ready.exists()
         only_a = parse_config({"version": "v1", "mpsRoot": str(root), "pools": pools[:1]})
         with caplog.at_level(logging.WARNING, logger="deviceplugin.mps.supervisor"):
-            supervisor.on_config(only_a, build_resources(only_a, T4))
+            supervisor.on_config(only_a, resources_of(only_a, T4))
         assert supervisor.daemons == {}
         assert "the config has no pool with backend mps named b on this node; nothing to run until it has one" in caplog.text
     finally:

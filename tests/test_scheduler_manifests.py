@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from deviceplugin.cli.main import build_parser
+from tests.support.resources import resources_of
 
 from .conftest import ROOT
 
@@ -156,7 +157,6 @@ def test_the_demo_answers_as_the_policy_does(containers):
 
 
 def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():
-    from deviceplugin.alloc.plan import build_resources
     from deviceplugin.config.parse import load_config
     from deviceplugin.discovery.simulated import SimulatedInventory
     from deviceplugin.sim.scheduler import run_scheduler_step
@@ -164,7 +164,7 @@ def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():
     builtin = ROOT / "deviceplugin" / "builtin"
     node = SimulatedInventory.from_file(builtin / "demo-node.yaml").discover()
     lines: list[str] = []
-    resources = build_resources(load_config(builtin / "demo-config.yaml"), node)
+    resources = resources_of(load_config(builtin / "demo-config.yaml"), node)
     shared = next(r for r in resources if r.pool.shared)
     run_scheduler_step(resources, lines.append, too_big=(shared, 11))
     text = "\n".join(lines)

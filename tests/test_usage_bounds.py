@@ -6,9 +6,9 @@ from __future__ import annotations
 import tracemalloc
 
 from deviceplugin.agent.usage import MAX_ACTIVE_CONTAINERS, build_usage
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.config.types import default_config
+from tests.support.resources import resources_of
 
 from .conftest import node
 
@@ -24,7 +24,7 @@ def reply(pods: int, ids: list[str]) -> pr.ListPodResourcesResponse:
 
 
 def test_duplicate_ids_count_once():
-    resources = build_resources(default_config(), T4)  # 10 shares per GPU
+    resources = resources_of(default_config(), T4)  # 10 shares per GPU
     gpu = T4.gpus[0].uuid
     every = [f"{gpu}::{k}" for k in range(10)]
     usage = build_usage(reply(2, every + every), resources)  # two pods claim the same ten IDs, each twice
@@ -32,7 +32,7 @@ def test_duplicate_ids_count_once():
 
 
 def test_a_reply_of_100k_pods_costs_a_bounded_amount_of_memory():
-    resources = build_resources(default_config(), T4)
+    resources = resources_of(default_config(), T4)
     message = reply(100_000, [f"{T4.gpus[0].uuid}::0"])
     tracemalloc.start()
     usage = build_usage(message, resources)

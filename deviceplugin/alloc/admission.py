@@ -65,7 +65,7 @@ def fleet_limits(config: Config, nodes: Iterable[NodeInfo]) -> FleetLimits:
                 if not pool.shared or pool.allow_span:
                     continue
                 if pool.memory_per_share_mib is not None:
-                    problems.append(f"{pool.path}.memoryPerShare: the share count depends on the GPU's memory: give --node FILE for each GPU model of the fleet")
+                    problems.append(f"{pool.key_path}.memoryPerShare: the share count depends on the GPU's memory: give --node FILE for each GPU model of the fleet")
                 else:
                     limits[pool.resource] = max(limits.get(pool.resource, 0), pool.replicas)
         if problems:

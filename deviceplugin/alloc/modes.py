@@ -91,7 +91,7 @@ class Mig(SharingMode):
         if pool.mig_strategy == "single":
             if len(by_profile) > 1:
                 found = "; ".join(f"{p} on GPU {', '.join(str(i) for i in sorted({u.gpu.index for u in units}))}" for p, units in sorted(by_profile.items()))
-                raise ValueError(f"{pool.path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed")
+                raise ValueError(f"{pool.key_path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed")
             return [(pool.resource, pool.name, [u for units in by_profile.values() for u in units])]
         return [
             (mig_resource_name(pool.domain, profile), f"{pool.name}-{profile.replace('+', '.')}", units)
@@ -122,11 +122,11 @@ class TimeSliced(SharingMode):
         replicas = unit.memory_mib // pool.memory_per_share_mib
         what = f"MIG instance {unit.uuid} ({unit.mig.profile}" if unit.mig else f"GPU {unit.gpu.index} ({unit.gpu.model}"
         if replicas < 1:
-            raise ValueError(f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)")
+            raise ValueError(f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)")
         most = max_replicas(pool.backend)
         if replicas > most:
             raise ValueError(
-                f"{pool.path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares of {what}, {unit.memory_mib} MiB), "
+                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares of {what}, {unit.memory_mib} MiB), "
                 f"over the limit of {most} shares per GPU or MIG instance{self.limit_reason}; use a larger memoryPerShare"
             )
         return replace(unit, replicas=replicas)
@@ -174,7 +174,7 @@ class Mps(TimeSliced):
     def resources(self, pool: PoolConfig, gpus: list[Gpu]) -> list[PoolResource]:
         if any(g.mig_enabled for g in gpus):
             mig = ", ".join(str(g.index) for g in gpus if g.mig_enabled)
-            raise ValueError(f"{pool.path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool")
+            raise ValueError(f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool")
         return super().resources(pool, gpus)
 
     def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:

@@ -51,7 +51,7 @@ class Reconciled:
 
 def _pool_key(pool: PoolConfig) -> PoolConfig:
     """The pool settings that decide what a GPU's devices are and what Allocate gives for them."""
-    return dataclasses.replace(pool, path="", gpus=GpuSelector())
+    return dataclasses.replace(pool, key_path="", gpus=GpuSelector())
 
 
 def gpu_shapes(resources: Iterable[Resource]) -> dict[str, frozenset[ShapeEntry]]:

@@ -19,29 +19,29 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
     pools = config.pools(profile)
     problems: list[str] = []
     owner: dict[str, PoolConfig] = {}  # GPU uuid -> the pool that selected it
-    selected: dict[str, list[Gpu]] = {p.path: [] for p in pools}
+    selected: dict[str, list[Gpu]] = {p.key_path: [] for p in pools}
     for pool in pools:
         if pool.gpus.selects_rest:
             continue
         for index in pool.gpus.indexes:
             if not any(g.index == index for g in node.gpus):
-                problems.append(f"{pool.path}.gpus.indexes: no GPU with index {index} on this node ({_indexes(node)})")
+                problems.append(f"{pool.key_path}.gpus.indexes: no GPU with index {index} on this node ({_indexes(node)})")
         for uuid in pool.gpus.uuids:
             if not any(g.uuid == uuid for g in node.gpus):
-                problems.append(f"{pool.path}.gpus.uuids: no GPU {uuid} on this node")
+                problems.append(f"{pool.key_path}.gpus.uuids: no GPU {uuid} on this node")
         for gpu in node.gpus:
             if not pool.gpus.matches(gpu):
                 continue
             if gpu.uuid in owner:
                 other = owner[gpu.uuid]
-                problems.append(f"{pool.path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.path} ({other.name})")
+                problems.append(f"{pool.key_path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.key_path} ({other.name})")
                 continue
             owner[gpu.uuid] = pool
-            selected[pool.path].append(gpu)
+            selected[pool.key_path].append(gpu)
     for pool in pools:
         if pool.gpus.selects_rest:
-            selected[pool.path] = [g for g in node.gpus if g.uuid not in owner]
-            owner.update({g.uuid: pool for g in selected[pool.path]})
+            selected[pool.key_path] = [g for g in node.gpus if g.uuid not in owner]
+            owner.update({g.uuid: pool for g in selected[pool.key_path]})
     if problems:
         raise ConfigError(problems, config.source)
 
@@ -50,11 +50,11 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
     for pool in pools:
         mode = mode_of(pool)
         try:
-            pool_resources = mode.resources(pool, selected[pool.path])
+            pool_resources = mode.resources(pool, selected[pool.key_path])
         except ValueError as err:
             raise ConfigError([str(err)], config.source) from None
         if not pool_resources:  # a mixed mig pool without MIG instances yields no resource name at all
-            why = "no GPU matches its gpus" if not selected[pool.path] else "its GPUs have no MIG instance"
+            why = "no GPU matches its gpus" if not selected[pool.key_path] else "its GPUs have no MIG instance"
             log.warning("pool %s has no usable GPU on this node (%s); it advertises nothing", pool.name, why)
         for name, label, units in pool_resources:
             if not units:
@@ -70,7 +70,7 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
                 raise ConfigError([problem], config.source)
             resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=mode.devices(units), settings=settings, links=node.links)
             if any(r.name == name for r in resources):
-                raise ConfigError([f"{pool.path}: resource {name} is also advertised by another pool"], config.source)
+                raise ConfigError([f"{pool.key_path}: resource {name} is also advertised by another pool"], config.source)
             resources.append(resource)
     for gpu in node.gpus:
         if gpu.uuid not in owner:
@@ -94,7 +94,7 @@ def _over_budget(mode: SharingMode, pool: PoolConfig, units: list[Unit], budget_
         return None
     per_unit, remedy = mode.budget_terms(pool, units)
     return (
-        f"{pool.path}: {count} devices ({len(units)} {'MIG instances' if units[0].mig else 'GPUs'}, {per_unit}) would make a ListAndWatch "
+        f"{pool.key_path}: {count} devices ({len(units)} {'MIG instances' if units[0].mig else 'GPUs'}, {per_unit}) would make a ListAndWatch "
         f"message of up to {size} bytes, over the {budget_bytes} byte budget (the kubelet drops the stream at 4 MiB): at most about "
         f"{count * budget_bytes // size} devices fit; {remedy}"
     )

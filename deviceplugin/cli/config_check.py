@@ -45,7 +45,7 @@ def check_config(file: str, node_file: str | None, profile: str | None, all_prof
     if not node_file:
         for name in names:
             for pool in config.pools(name):
-                out(f"  {name}: {pool.path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}")
+                out(f"  {name}: {pool.key_path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}")
         out(f"{file}: valid; profiles {', '.join(names)} (default {config.default_profile}); give --node to check one on a node")
         return 0
     from ..alloc.check import check_profile

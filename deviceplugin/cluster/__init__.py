@@ -5,7 +5,7 @@ call this code.
 
 Public API (stable):
 
-- `Pod(cpu_milli, memory_mib, num_gpu=0, gpu_milli=0, gpu_models=frozenset(), name="")`: a request;
+- `PodDemand(cpu_milli, memory_mib, num_gpu=0, gpu_milli=0, gpu_models=frozenset(), name="")`: a request;
   `gpu_milli` is per GPU (1000 = a whole GPU), a fractional request is for one GPU.
 - `Node(name, cpu_milli, memory_mib, model, gpu_free, cpu_free=-1, memory_free=-1, max_pods=110, pods=0)`:
   one node's capacity and what is free now (`gpu_free[i]`: GPU i's free milli; -1: all free).
@@ -19,11 +19,11 @@ Public API (stable):
   that node, or None when it does not fit.
 """
 
-from .model import DEFAULT_MAX_PODS, MILLI, Node, Pod, fits, place
+from .capacity import DEFAULT_MAX_PODS, MILLI, Node, PodDemand, fits, place
 from .policies import NEEDS_SHAPES, POLICIES, Choice, Policy, make_policy
 from .shapes import Shape, TaskShapes
 
 __all__ = [
-    "DEFAULT_MAX_PODS", "MILLI", "NEEDS_SHAPES", "POLICIES", "Choice", "Node", "Pod", "Policy", "Shape", "TaskShapes",
+    "DEFAULT_MAX_PODS", "MILLI", "NEEDS_SHAPES", "POLICIES", "Choice", "Node", "PodDemand", "Policy", "Shape", "TaskShapes",
     "fits", "make_policy", "place",
 ]

@@ -15,7 +15,7 @@ import math
 import random
 from typing import NamedTuple, Protocol
 
-from .model import MILLI, Node, Pod, first_gpus, fits, fitting_gpus
+from .capacity import MILLI, Node, PodDemand, first_gpus, fits, fitting_gpus
 from .shapes import TaskShapes, share_shapes
 
 MAX_SPEC_CPU = 128_000  # the largest node of the paper's cluster: BestFit and DotProduct normalise by it
@@ -32,14 +32,14 @@ class Policy(Protocol):
     name: str
     deterministic: bool  # False: the same state may score differently (random)
 
-    def score(self, pod: Pod, node: Node) -> Choice | None: ...
+    def score(self, pod: PodDemand, node: Node) -> Choice | None: ...
 
 
 def _clamp(value: float) -> int:
     return max(0, min(MAX_SCORE, int(value)))
 
 
-def best_fit_gpus(pod: Pod, node: Node) -> tuple[int, ...]:
+def best_fit_gpus(pod: PodDemand, node: Node) -> tuple[int, ...]:
     """Fractional: the fitting GPU with the least free milli (lowest index on ties); else the first free GPUs."""
     if not pod.fractional:
         return first_gpus(pod, node)
@@ -47,7 +47,7 @@ def best_fit_gpus(pod: Pod, node: Node) -> tuple[int, ...]:
     return (min(fitting_gpus(pod, node), key=lambda i: (free[i], i)),)
 
 
-def worst_fit_gpus(pod: Pod, node: Node) -> tuple[int, ...]:
+def worst_fit_gpus(pod: PodDemand, node: Node) -> tuple[int, ...]:
     """Fractional: the fitting GPU with the most free milli (lowest index on ties); else the first free GPUs."""
     if not pod.fractional:
         return first_gpus(pod, node)
@@ -64,7 +64,7 @@ class RandomPolicy:
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random()
 
-    def score(self, pod: Pod, node: Node) -> Choice | None:
+    def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
         gpus = (self.rng.choice(fitting_gpus(pod, node)),) if pod.fractional else first_gpus(pod, node)
@@ -77,7 +77,7 @@ class BestFitPolicy:
     name = "bestfit"
     deterministic = True
 
-    def score(self, pod: Pod, node: Node) -> Choice | None:
+    def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
         left = 0.5 * (node.cpu_free - pod.cpu_milli) / MAX_SPEC_CPU + 0.5 * (node.gpu_free_total - pod.gpu_request) / MAX_SPEC_GPU
@@ -90,7 +90,7 @@ class DotProductPolicy:
     name = "dotproduct"
     deterministic = True
 
-    def score(self, pod: Pod, node: Node) -> Choice | None:
+    def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
         dot = (node.cpu_free / MAX_SPEC_CPU) * (pod.cpu_milli / MAX_SPEC_CPU) + (node.gpu_free_total / MAX_SPEC_GPU) * (pod.gpu_request / MAX_SPEC_GPU)
@@ -103,7 +103,7 @@ class GpuPackingPolicy:
     name = "gpupacking"
     deterministic = True
 
-    def score(self, pod: Pod, node: Node) -> Choice | None:
+    def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
         gpus = best_fit_gpus(pod, node)
@@ -140,7 +140,7 @@ class FgdPolicy:
         """What the policy descends: here the paper's fragmentation (CPU and GPUs only)."""
         return self.shapes.fragmentation_of(model, gpu_free, cpu_free)
 
-    def score(self, pod: Pod, node: Node) -> Choice | None:
+    def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
         before = self.measure(node.model, node.gpu_free, node.cpu_free, node.memory_free)
@@ -201,7 +201,7 @@ class BinpackPolicy:
     name = "binpack"
     deterministic = True
 
-    def score(self, pod: Pod, node: Node) -> Choice | None:
+    def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
         return Choice(_used_after_percent(pod, node), best_fit_gpus(pod, node))
@@ -213,13 +213,13 @@ class SpreadPolicy:
     name = "spread"
     deterministic = True
 
-    def score(self, pod: Pod, node: Node) -> Choice | None:
+    def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
         return Choice(MAX_SCORE - _used_after_percent(pod, node), worst_fit_gpus(pod, node))
 
 
-def _used_after_percent(pod: Pod, node: Node) -> int:
+def _used_after_percent(pod: PodDemand, node: Node) -> int:
     if pod.num_gpu:
         capacity = MILLI * len(node.gpu_free)
         return _clamp(MAX_SCORE * (capacity - node.gpu_free_total + pod.gpu_request) / capacity)
@@ -239,7 +239,7 @@ def share_unit(policy: str, free: list[int], replicas: int, wanted: int) -> int 
     The node plugin's GetPreferredAllocation and the scheduler extender's assumption both call this.
     """
     node = Node("", 0, 0, "", [f * MILLI // replicas for f in free])
-    choice = make_policy(policy, shapes=share_shapes(replicas)).score(Pod(0, 0, 1, wanted * MILLI // replicas), node)
+    choice = make_policy(policy, shapes=share_shapes(replicas)).score(PodDemand(0, 0, 1, wanted * MILLI // replicas), node)
     return choice.gpus[0] if choice else None
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from typing import NamedTuple
 
-from .model import MILLI, Node, Pod
+from .capacity import FINEST_SPLIT, MILLI, Node, PodDemand
 
 DEFAULT_COVERAGE = 0.95
 _CACHE_SIZE = 1 << 18  # distinct (model, free-GPU multiset, CPU bracket) states remembered
@@ -32,7 +32,7 @@ class Shape(NamedTuple):
     gpu_models: frozenset[str]
 
 
-def shape_of(pod: Pod) -> Shape:
+def shape_of(pod: PodDemand) -> Shape:
     return Shape(pod.cpu_milli, pod.num_gpu, pod.gpu_milli, pod.gpu_models)
 
 
@@ -66,7 +66,7 @@ class TaskShapes:
         return (TaskShapes, (self.shapes, self.cpu_per_gpu_milli, self.memory_per_gpu_milli))
 
     @classmethod
-    def from_pods(cls, pods: Iterable[Pod], coverage: float = DEFAULT_COVERAGE) -> TaskShapes:
+    def from_pods(cls, pods: Iterable[PodDemand], coverage: float = DEFAULT_COVERAGE) -> TaskShapes:
         """The most frequent shapes covering `coverage` of `pods` (ties: the larger shape first)."""
         if not 0 < coverage <= 1:
             raise ValueError(f"task shapes: coverage must be in (0, 1], got {coverage}")
@@ -90,8 +90,8 @@ class TaskShapes:
     def shares(cls, replicas: int) -> TaskShapes:
         """Inside one node, where only GPU shares are known: every request of k of `replicas` shares
         (k/replicas of a GPU), equally popular."""
-        if not 1 <= replicas <= MILLI:
-            raise ValueError(f"task shapes: replicas must be 1-{MILLI}, got {replicas}")
+        if not 1 <= replicas <= FINEST_SPLIT:
+            raise ValueError(f"task shapes: replicas must be 1-{FINEST_SPLIT}, got {replicas}")
         return cls([(Shape(0, 1, k * MILLI // replicas, frozenset()), 1.0) for k in range(1, replicas + 1)])
 
     def fragmentation(self, node: Node) -> float:

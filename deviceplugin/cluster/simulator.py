@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from math import ceil
 from multiprocessing import get_context
 
-from .model import MILLI, Node, Pod, fits, place
+from .capacity import FINEST_SPLIT, MILLI, Node, PodDemand, fits, place
 from .policies import NEEDS_SHAPES, make_policy
 from .shapes import TaskShapes
 
 DEFAULT_INFLATE = 1.3
-MAX_REPLICAS = MILLI
 _SHAPE_CACHE = 4096  # pod shapes whose per-node scores are kept
 
 
@@ -46,15 +45,15 @@ class RunResult:
         return self.gpus * (1 - self.allocation)
 
 
-def share_rounded(pod: Pod, replicas: int | None) -> Pod:
+def share_rounded(pod: PodDemand, replicas: int | None) -> PodDemand:
     """A fractional request rounded up to whole shares of 1/`replicas` GPU (floor of the share's milli)."""
     if not replicas or not pod.fractional:
         return pod
     shares = ceil(pod.gpu_milli * replicas / MILLI)
-    return Pod(pod.cpu_milli, pod.memory_mib, pod.num_gpu, shares * MILLI // replicas, pod.gpu_models, pod.name)
+    return PodDemand(pod.cpu_milli, pod.memory_mib, pod.num_gpu, shares * MILLI // replicas, pod.gpu_models, pod.name)
 
 
-def arrivals(pods: Sequence[Pod], capacity_milli: int, inflate: float, rng: random.Random) -> list[Pod]:
+def arrivals(pods: Sequence[PodDemand], capacity_milli: int, inflate: float, rng: random.Random) -> list[PodDemand]:
     """The shuffled pod list inflated (or cut) to `inflate` x capacity, as the paper's experiment does."""
     order = list(pods)
     rng.shuffle(order)
@@ -82,13 +81,13 @@ def node_order(count: int, rng: random.Random) -> list[int]:
 class Experiment:
     """One cluster and pod list; `run(policy, seed)` simulates one arrival sequence."""
 
-    def __init__(self, nodes: Sequence[Node], pods: Sequence[Pod], inflate: float = DEFAULT_INFLATE, replicas: int | None = None) -> None:
+    def __init__(self, nodes: Sequence[Node], pods: Sequence[PodDemand], inflate: float = DEFAULT_INFLATE, replicas: int | None = None) -> None:
         if not nodes or not pods:
             raise ValueError("simulate: need at least one node and one pod")
         if not 0 < inflate <= 100:
             raise ValueError(f"simulate: inflate must be in (0, 100], got {inflate}")
-        if replicas is not None and not 1 <= replicas <= MAX_REPLICAS:
-            raise ValueError(f"simulate: replicas must be 1-{MAX_REPLICAS}, got {replicas}")
+        if replicas is not None and not 1 <= replicas <= FINEST_SPLIT:
+            raise ValueError(f"simulate: replicas must be 1-{FINEST_SPLIT}, got {replicas}")
         self.nodes = tuple(nodes)
         self.pods = tuple(pods)
         self.inflate = inflate
@@ -107,9 +106,9 @@ class Experiment:
         pods = arrivals(self.pods, capacity, self.inflate, rng)
         nodes = [self.nodes[i].copy() for i in node_order(len(self.nodes), rng)]
         policy = make_policy(policy_name, self.shapes if policy_name in NEEDS_SHAPES else None, random.Random(seed + 1))
-        scorer: Callable[[Pod, Node], tuple[int, tuple[int, ...]] | None]
+        scorer: Callable[[PodDemand, Node], tuple[int, tuple[int, ...]] | None]
         scorer = policy.score if policy.deterministic else (lambda pod, node: (0, ()) if fits(pod, node) else None)
-        cache: dict[Pod, list] = {}  # pod shape -> [scores, gpus, len(changed) when fresh]
+        cache: dict[PodDemand, list] = {}  # pod shape -> [scores, gpus, len(changed) when fresh]
         changed: list[int] = []  # node index of every placement so far
         target = int(100 * self.inflate + 0.5)
         arrived = allocated = failed = 0

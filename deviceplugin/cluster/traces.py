@@ -11,7 +11,7 @@ import csv
 import os
 from pathlib import Path
 
-from .model import MILLI, Node, Pod
+from .capacity import MILLI, Node, PodDemand
 
 TRACE_DIR_ENV = "GPU_SHARE_TRACE_DIR"
 TRACE_SUBDIR = Path("shared/traces/alibaba-gpu-v2023")  # a search location for the CSVs (trace_dir_candidates), not a shipped folder
@@ -110,7 +110,7 @@ def load_nodes(path: Path) -> list[Node]:
     return nodes
 
 
-def load_pods(path: Path) -> list[Pod]:
+def load_pods(path: Path) -> list[PodDemand]:
     """Pods from `name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]`; `gpu_spec` lists accepted models, `|`-separated."""
     pods = []
     for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"), "pods"):
@@ -118,7 +118,7 @@ def load_pods(path: Path) -> list[Pod]:
         gpu_milli = _int(path, line, row, "gpu_milli", 0, MILLI)
         models = frozenset(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
         try:
-            pods.append(Pod(_int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), num_gpu, gpu_milli, models, row["name"]))
+            pods.append(PodDemand(_int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), num_gpu, gpu_milli, models, row["name"]))
         except ValueError as err:
             raise TraceError(f"{path}:{line}: {err}") from None
     return pods

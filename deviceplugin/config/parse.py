@@ -311,7 +311,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         exclusive_process=exclusive_process,
         mig_strategy=one_of(strategy, MIG_STRATEGIES, "mixed"),
         gpus=selector,
-        path=path,
+        key_path=path,
     )
 
 
@@ -349,13 +349,13 @@ def _cross_pool_problems(pools: list[PoolConfig | None]) -> list[str]:
         if pool is None:
             continue
         if pool.name in seen_names:
-            problems.append(f"{pool.path}.name: {pool.name!r} is already used by {seen_names[pool.name]}")
-        seen_names.setdefault(pool.name, pool.path)
+            problems.append(f"{pool.key_path}.name: {pool.name!r} is already used by {seen_names[pool.name]}")
+        seen_names.setdefault(pool.name, pool.key_path)
         if pool.resource and pool.resource in seen_resources:
-            problems.append(f"{pool.path}.resource: {pool.resource!r} is already used by {seen_resources[pool.resource]}")
-        seen_resources.setdefault(pool.resource, pool.path)
+            problems.append(f"{pool.key_path}.resource: {pool.resource!r} is already used by {seen_resources[pool.resource]}")
+        seen_resources.setdefault(pool.resource, pool.key_path)
         if pool.gpus.selects_rest:
             if rest_pool is not None:
-                problems.append(f"{pool.path}.gpus: only one pool may omit gpus ({rest_pool} already takes the rest)")
-            rest_pool = rest_pool or pool.path
+                problems.append(f"{pool.key_path}.gpus: only one pool may omit gpus ({rest_pool} already takes the rest)")
+            rest_pool = rest_pool or pool.key_path
     return problems

@@ -105,7 +105,7 @@ class PoolConfig:
     exclusive_process: bool = False  # backend mps: `gpu-share mps` puts the pool's GPUs in EXCLUSIVE_PROCESS while it serves
     mig_strategy: MigStrategy = "mixed"
     gpus: GpuSelector = field(default_factory=GpuSelector)
-    path: str = "pools[0]"  # where the pool is in the file, for messages
+    key_path: str = "pools[0]"  # the YAML key path of the pool in the file, for messages
 
     @property
     def shared(self) -> bool:

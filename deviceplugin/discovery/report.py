@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from ..model.devices import HEALTHY
 from ..model.node import Gpu, NodeInfo
 from .inventory import Inventory
 
@@ -16,7 +17,7 @@ def node_report(node: NodeInfo, inventory: Inventory) -> dict:
         "name": node.name,
         "driverVersion": node.driver_version,
         "cudaDriverVersion": node.cuda_driver_version,
-        "gpus": [_gpu_entry(gpu, inventory.check(gpu.uuid) or "Healthy") for gpu in node.gpus],
+        "gpus": [_gpu_entry(gpu, inventory.check(gpu.uuid) or HEALTHY) for gpu in node.gpus],
         "links": [
             {"gpus": [index[a], index[b]], "nvlinks": link.nvlinks, "pcie": link.pcie} for (a, b), link in node.links.items()
         ],
@@ -42,7 +43,7 @@ def render_table(node: NodeInfo, inventory: Inventory) -> str:
     lines = [f"Node {node.name or '?'}: {len(node.gpus)} GPUs, driver {node.driver_version or '?'}, CUDA {node.cuda_driver_version or '?'}", ""]
     rows = [("IDX", "UUID", "MODEL", "MEMORY", "MIG", "NUMA", "PCI", "HEALTH")]
     for gpu in node.gpus:
-        health = inventory.check(gpu.uuid) or "Healthy"
+        health = inventory.check(gpu.uuid) or HEALTHY
         numa = "-" if gpu.numa_node is None else str(gpu.numa_node)
         mig = "enabled" if gpu.mig_enabled else "-"
         rows.append((str(gpu.index), gpu.uuid, gpu.model, f"{gpu.memory_mib} MiB", mig, numa, gpu.pci_bus_id or "-", health))

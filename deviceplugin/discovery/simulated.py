@@ -38,6 +38,7 @@ from typing import Any
 
 from ..config.schema import Fields, SchemaError, join
 from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
+from ..model.devices import HEALTHY
 from ..model.node import PCIE_LEVELS, Gpu, GpuProcess, GpuStats, HealthEvent, Link, MigDevice, NodeInfo
 from .inventory import InventoryError
 
@@ -82,7 +83,7 @@ def parse_node(data: Any, source: str = "node file") -> tuple[NodeInfo, list[Sch
         links = dict(_parse_link(item, f"links[{i}]", by_index) for i, item in enumerate(top.get("links", [])))
         failures = [_parse_failure(item, f"failures[{i}]", by_index) for i, item in enumerate(top.get("failures", []))]
         # A GPU that `discover --json` saw unhealthy fails its queries from the start.
-        failures += [ScheduledFailure(g.uuid, 0, None, True, item["health"]) for g, item in zip(gpus, items, strict=True) if item.get("health", "Healthy") != "Healthy"]
+        failures += [ScheduledFailure(g.uuid, 0, None, True, item["health"]) for g, item in zip(gpus, items, strict=True) if item.get("health", HEALTHY) != HEALTHY]
     except SchemaError as err:
         raise InventoryError(f"{source}: {err}") from None
     node = NodeInfo(

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .. import defaults
-from ..cluster import MILLI, Pod
-from ..kube.annotation import pod_digest
+from ..cluster import MILLI, PodDemand
+from ..kube.annotation import HEALTHY, pod_digest
 from .dra import FIRST_FIT, MAX_POD_CLAIMS, ClaimInfo, SliceInfo, shares_of
 from .fit import FreeShares, free_shares, place
-from .model import ContainerRequest, HostCapacity, InputError, NodeInventory, NodeResource, PodRequest, Unit, model_pod, parse_annotation
+from .inputs import ContainerRequest, HostCapacity, InputError, InventoryUnit, NodeInventory, NodeResource, PodRequest, parse_annotation, pod_demand
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class PodState:
     digest: str  # as the node's annotation lists it
 
 
-class NodeView:
+class CandidateNode:
     """One node as the verbs see it: inventory, free shares now, and what they need precomputed.
 
     `room[resource]`: the most shares one container can take there (the largest free unit, or the sum with
@@ -72,7 +72,7 @@ class _Node:
     error: str = ""  # why there is no inventory
     host: HostCapacity = HostCapacity()
     annotation: NodeInventory | None = None  # the annotation's alone
-    view: NodeView | None = None  # after assumed pods, before reservations; None: to recompute
+    view: CandidateNode | None = None  # after assumed pods, before reservations; None: to recompute
 
 
 @dataclass
@@ -250,7 +250,7 @@ class ClusterCache:
             view = self._view(name, exclude)
         return (view.inventory, view.free) if view.inventory is not None else (None, view.error)
 
-    def views(self, names: list[str], exclude: str = "") -> list[NodeView]:
+    def views(self, names: list[str], exclude: str = "") -> list[CandidateNode]:
         """Each node's view now, without pod `exclude`'s own assumption and reservation, under one lock.
 
         Views after assumed pods are cached per node; a node with other pods' reservations gets a fresh one.
@@ -288,7 +288,7 @@ class ClusterCache:
         with self._lock:
             self._drop_reservation(uid)
 
-    def workload(self) -> list[Pod]:
+    def workload(self) -> list[PodDemand]:
         """Every pod bound or nominated to a node with a gpu-share inventory, as a cluster-model pod: the task shapes.
 
         A share pod is its largest request (k shares of units of N: k/N of a GPU) with its CPU and memory, a pod
@@ -308,11 +308,11 @@ class ClusterCache:
                     out.append(_claimed_pod(held, request))
                     continue
                 if request.empty:
-                    out.append(Pod(request.cpu_milli, request.memory_mib))
+                    out.append(PodDemand(request.cpu_milli, request.memory_mib))
                     continue
                 info = entry.inventory.resources.get(request.largest[0])
                 if info is not None and info.units:
-                    out.append(model_pod(request, max(info.totals)))
+                    out.append(pod_demand(request, max(info.totals)))
             return out
 
     def counts(self) -> dict[str, int]:
@@ -325,13 +325,13 @@ class ClusterCache:
             }
 
     # --- internals ----------------------------------------------------------------------------
-    def _view(self, name: str, exclude: str) -> NodeView:
+    def _view(self, name: str, exclude: str) -> CandidateNode:
         entry = self._nodes.get(name)
         if entry is None:
-            return NodeView(name, None, {}, "node is not known to the extender (not in its node cache)")
+            return CandidateNode(name, None, {}, "node is not known to the extender (not in its node cache)")
         if entry.inventory is None:
             if entry.view is None:
-                entry.view = NodeView(name, None, {}, entry.error, entry.host)
+                entry.view = CandidateNode(name, None, {}, entry.error, entry.host)
             return entry.view
         if exclude and exclude in self._pods_on.get(name, ()):
             view = self._fresh_view(name, entry, exclude)  # a nominated pod filtered again: rare
@@ -347,16 +347,16 @@ class ClusterCache:
         for request in reserved:
             place(request, entry.inventory, free)  # a pod that no longer fits takes nothing
             cpu, memory, slots = cpu - request.cpu_milli, memory - request.memory_mib, slots - 1
-        return NodeView(name, entry.inventory, free, host=entry.host, host_free=(cpu, memory, slots))
+        return CandidateNode(name, entry.inventory, free, host=entry.host, host_free=(cpu, memory, slots))
 
-    def _fresh_view(self, name: str, entry: _Node, exclude: str) -> NodeView:
+    def _fresh_view(self, name: str, entry: _Node, exclude: str) -> CandidateNode:
         assert entry.inventory is not None
         host = entry.host
         cpu, memory, slots = host.cpu_milli, host.memory_mib, host.pods
         for uid, pod in self._pods_on.get(name, {}).items():
             if uid != exclude:
                 cpu, memory, slots = cpu - pod.request.cpu_milli, memory - pod.request.memory_mib, slots - 1
-        return NodeView(name, entry.inventory, self._free(name, entry.inventory, exclude), host=host, host_free=(cpu, memory, slots))
+        return CandidateNode(name, entry.inventory, self._free(name, entry.inventory, exclude), host=host, host_free=(cpu, memory, slots))
 
     def _counted(self, pod: PodState) -> bool:
         entry = self._nodes.get(pod.node)
@@ -440,7 +440,7 @@ class ClusterCache:
                     held = self._results.get((info.pool, device.name), {})
                     used = sum(device.shares if s < 0 else shares_of(s, m, device.share_bytes) for results in held.values() for s, m in results)
                     used = min(used, device.shares)
-                    units.append(Unit(device.name, device.index, "", device.shares, used, device.shares - used, "Healthy"))
+                    units.append(InventoryUnit(device.name, device.index, "", device.shares, used, device.shares - used, HEALTHY))
             if units:
                 self._dra[node] = NodeResource(self.driver, node, False, FIRST_FIT, tuple(units))
             else:
@@ -477,12 +477,12 @@ class ClusterCache:
                     del self._reserved_on[name]
 
 
-def _claimed_pod(held: list[tuple[int, int]], request: PodRequest) -> Pod:
+def _claimed_pod(held: list[tuple[int, int]], request: PodRequest) -> PodDemand:
     """A DRA pod as the cluster model sees it: whole devices count together, else its largest share of one."""
     if len(held) > 1 and all(shares == total for shares, total in held):
-        return Pod(request.cpu_milli, request.memory_mib, num_gpu=len(held), gpu_milli=MILLI)
+        return PodDemand(request.cpu_milli, request.memory_mib, num_gpu=len(held), gpu_milli=MILLI)
     shares, total = max(held, key=lambda st: st[0] / st[1])
-    return model_pod(PodRequest("", "", "", (ContainerRequest("", (("", shares),)),), (), request.cpu_milli, request.memory_mib), total)
+    return pod_demand(PodRequest("", "", "", (ContainerRequest("", (("", shares),)),), (), request.cpu_milli, request.memory_mib), total)
 
 
 def pod_state(pod: dict, request: PodRequest) -> PodState | None:

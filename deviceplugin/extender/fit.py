@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..alloc.placement import choose_unit, largest_first
 from ..kube.annotation import QUARANTINED, UNHEALTHY
 from .dra import FIRST_FIT
-from .model import NodeInventory, NodeResource, PodRequest
+from .inputs import NodeInventory, NodeResource, PodRequest
 
 # Failure categories: the `reason` label of the filtered-out metric.
 NO_INVENTORY = "no-inventory"  # no (readable) annotation: not a gpu-share node, or an old plugin

@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .inputs import InputError
 from .metrics import ExtenderMetrics
-from .model import InputError
 from .verbs import Extender
 
 log = logging.getLogger(__name__)

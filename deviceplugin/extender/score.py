@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable
 from functools import lru_cache
 
-from ..cluster import MILLI, NEEDS_SHAPES, POLICIES, Node, Pod, Policy, TaskShapes, make_policy
-from .cache import NodeView
-from .model import HostCapacity, PodRequest, model_pod
+from ..cluster import MILLI, NEEDS_SHAPES, POLICIES, Node, PodDemand, Policy, TaskShapes, make_policy
+from .cache import CandidateNode
+from .inputs import HostCapacity, PodRequest, pod_demand
 
 MAX_EXTENDER_SCORE = 10  # kube-scheduler's extenderv1.MaxExtenderPriority
 MAX_MEMO_SCORES = 32  # per node view: the (policy generation, request) scores kept
@@ -37,7 +37,7 @@ def ranked(raw: list[int]) -> list[int]:
     return [rank.get(s, 0) for s in raw]
 
 
-def _key(generation: int, resource: str, pod: Pod) -> str:
+def _key(generation: int, resource: str, pod: PodDemand) -> str:
     return f"{generation}|{resource}|{pod.cpu_milli}|{pod.memory_mib}|{pod.num_gpu}|{pod.gpu_milli}"
 
 
@@ -49,7 +49,7 @@ class Scorer:
         self,
         policy: str = "binpack",
         memo: int = 65536,
-        workload: Callable[[], list[Pod]] = lambda: [],
+        workload: Callable[[], list[PodDemand]] = lambda: [],
         refresh: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -77,7 +77,7 @@ class Scorer:
             self._next_refresh = self.clock() + self.refresh
         return self._policy or self._fallback
 
-    def raw_scores(self, request: PodRequest, views: list[NodeView]) -> list[int]:
+    def raw_scores(self, request: PodRequest, views: list[CandidateNode]) -> list[int]:
         """The policy's 0-100 score on each node for the pod (by its largest request), NO_ROOM where it does not fit.
 
         Memoised on each node's view (replaced when the node changes) and across nodes in the same state.
@@ -86,7 +86,7 @@ class Scorer:
         if request.empty:
             return self._host_only(policy, request, views)
         resource = request.largest[0]
-        pods: dict[int, tuple[Pod, str]] = {}  # unit total -> the pod in the cluster model, its memo key
+        pods: dict[int, tuple[PodDemand, str]] = {}  # unit total -> the pod in the cluster model, its memo key
         total, pod, key = -1, None, ""
         out = []
         for view in views:
@@ -99,7 +99,7 @@ class Scorer:
                 total = info.largest
                 entry = pods.get(total)
                 if entry is None:
-                    made = model_pod(request, total)
+                    made = pod_demand(request, total)
                     entry = pods[total] = (made, _key(self._generation, resource, made))  # a str caches its hash
                 pod, key = entry
             score = view.scores.get(key)
@@ -111,10 +111,10 @@ class Scorer:
             out.append(score)
         return out
 
-    def _host_only(self, policy: Policy, request: PodRequest, views: list[NodeView]) -> list[int]:
+    def _host_only(self, policy: Policy, request: PodRequest, views: list[CandidateNode]) -> list[int]:
         """A pod asking for no share (CPU-only): scored on each node's GPUs (its largest resource's units) and host; a
         node without a gpu-share inventory as a node without GPUs (nothing to strand there)."""
-        pod = Pod(request.cpu_milli, request.memory_mib)
+        pod = PodDemand(request.cpu_milli, request.memory_mib)
         key = _key(self._generation, "", pod)
         out = []
         for view in views:
@@ -130,12 +130,12 @@ class Scorer:
             out.append(score)
         return out
 
-    def scores(self, request: PodRequest, views: list[NodeView]) -> list[int]:
+    def scores(self, request: PodRequest, views: list[CandidateNode]) -> list[int]:
         """0-10 on each node, ranked (see the module doc)."""
         return ranked(self.raw_scores(request, views))
 
     @staticmethod
-    def _compute(policy: Policy, pod: Pod, totals: tuple[int, ...], free: tuple[int, ...], host: HostCapacity,
+    def _compute(policy: Policy, pod: PodDemand, totals: tuple[int, ...], free: tuple[int, ...], host: HostCapacity,
                  host_free: tuple[int, int, int]) -> int:
         gpu_free = [min(MILLI, f * MILLI // max(t, 1)) for t, f in zip(totals, free, strict=True)]
         cpu, memory, slots = (max(0, v) for v in host_free)

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from .cache import ClusterCache, NodeView
+from .cache import CandidateNode, ClusterCache
 from .fit import NO_INVENTORY, place
+from .inputs import InputError, PodRequest, pod_request
 from .metrics import ExtenderMetrics
-from .model import InputError, PodRequest, pod_request
 from .score import NO_ROOM, Scorer, ranked
 
 MAX_NODE_NAMES = 50_000
@@ -99,7 +99,7 @@ class Extender:
 NOTHING = PodRequest("", "", "", (), ())  # answered at once
 
 
-def _fits(request: PodRequest, view: NodeView, resource: str, count: int) -> bool:
+def _fits(request: PodRequest, view: CandidateNode, resource: str, count: int) -> bool:
     """Does the pod fit the node; (resource, count): the fast path's single request, count 0 if none."""
     if count and view.room.get(resource, -1) >= count:
         return True

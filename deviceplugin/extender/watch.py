@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..loop import BackgroundLoop
 from .cache import ClusterCache, pod_state
 from .dra import claim_info, claim_requests, slice_info
-from .model import InputError, host_capacity, pod_request
+from .inputs import InputError, host_capacity, pod_request
 
 log = logging.getLogger(__name__)
 

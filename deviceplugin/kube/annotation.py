@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 
+from ..model.devices import HEALTHY, UNHEALTHY
+
 ANNOTATION = "gpu-share.inventory"  # full key: <domain>/gpu-share.inventory
 VERSION = 2
-HEALTHY, UNHEALTHY, QUARANTINED = "Healthy", "Unhealthy", "Quarantined"
+QUARANTINED = "Quarantined"  # the annotation's third health value: the residue guard holds the GPU's free devices back
 HEALTH_VALUES = (HEALTHY, UNHEALTHY, QUARANTINED)
 
 

@@ -44,7 +44,7 @@ PROBE_TIMEOUT = 0.5
 
 def signature(resource: Resource) -> tuple:
     """What decides a resource's devices and Allocate answers: equal signatures need no restart on reload."""
-    return (resource.name, dataclasses.replace(resource.pool, path=""), resource.units, tuple(resource.devices), resource.settings)
+    return (resource.name, dataclasses.replace(resource.pool, key_path=""), resource.units, tuple(resource.devices), resource.settings)
 
 
 def socket_is_live(path: Path) -> bool:

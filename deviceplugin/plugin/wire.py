@@ -1,7 +1,7 @@
 """The model on the wire: device lists, container grants and refusals as the kubelet's protobuf messages and gRPC codes.
 
 The one place that builds these messages; alloc/ and model/ stay transport-free. (The list budget in alloc/plan.py
-computes sizes from the same wire format without protobuf; tests/unit/test_wire.py holds the two together.)
+computes sizes from the same wire format without protobuf; tests/test_wire.py holds the two together.)
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from ..config.types import DEFAULT_DOMAIN
 from ..extender.cache import ClusterCache
 from ..extender.fit import place
 from ..extender.http import ExtenderHTTPServer
+from ..extender.inputs import pod_request
 from ..extender.metrics import ExtenderMetrics
-from ..extender.model import pod_request
 from ..extender.score import Scorer
 from ..extender.verbs import Extender
 from ..kube.labels import InventoryAnnotation

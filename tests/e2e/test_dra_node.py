@@ -19,16 +19,15 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import dra_health_v1alpha1_pb2 as health_pb
 from deviceplugin.api import podresources_pb2 as pr
-from deviceplugin.config.parse import parse_config
 from deviceplugin.dra.devices import ClaimError, driver_name
 from deviceplugin.mps.control import MpsDaemon
 from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
 from tests.conftest import EXAMPLES, GPU_CLI, ROOT, free_port, get, node, wait_until
 from tests.support.dra_kubelet import FakeDraKubelet, PrepareError
 from tests.support.kubeobjects import namespace, ready_node, request, slices
+from tests.support.resources import resources_of
 
 DRIVER = driver_name("example.com")
 T4_MIB = 15360
@@ -53,7 +52,7 @@ class Driver:
         binary = self.root / "nvidia-cuda-mps-control"
         binary.write_text(f"#!{sys.executable}\n" + (ROOT / "tests" / "support" / "fake_mps_control.py").read_text())
         binary.chmod(0o755)
-        resource = build_resources(parse_config(config), node("2xT4"))[0]
+        resource = resources_of(config, node("2xT4"))[0]
         self.mps = MpsDaemon(resource, str(self.root / "mps"), binary=str(binary), backoff_initial=0.05, backoff_max=0.2)
         self.mps.start()
         self.node_name = node_name

@@ -18,13 +18,13 @@ import pytest
 import yaml
 from kubernetes import client
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config, parse_config_text
 from deviceplugin.dra.devices import driver_name, parse_quantity
 from deviceplugin.dra.slices import SlicePublisher
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, ROOT, node, wait_until
 from tests.support.kubeobjects import namespace, ready_node, request, slices
+from tests.support.resources import resources_of
 
 DRIVER = driver_name("example.com")
 SCHEDULER = "gpu-share-dra-e2e"
@@ -58,7 +58,7 @@ class Node:
         self.info = node(node_file)
         self.state = NodeState()
         self.publisher = SlicePublisher(self.api, self.name, DRIVER, self.info, self.state, backoff_initial=0.02, backoff_max=0.2)
-        self.publisher.on_config(config, build_resources(config, self.info))
+        self.publisher.on_config(config, resources_of(config, self.info))
         self.publisher.start()
         assert self.publisher.wait_published(10)
 

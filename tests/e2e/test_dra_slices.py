@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config_text
 from deviceplugin.config.types import default_config
 from deviceplugin.discovery.simulated import SimulatedInventory
@@ -21,6 +20,7 @@ from deviceplugin.dra.slices import SlicePublisher
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, node, wait_until
 from tests.support.kubeobjects import ready_node, request, slices
+from tests.support.resources import resources_of
 
 DRIVER = driver_name("example.com")
 _names = itertools.count()
@@ -44,7 +44,7 @@ def publish(controlplane: Any) -> Iterator[Any]:
         config = parse_config_text((EXAMPLES / "config" / f"{config_file}.yaml").read_text(), config_file)
         state = NodeState()
         publisher = SlicePublisher(api, name, DRIVER, info, state, resync_interval=30.0, backoff_initial=0.02, backoff_max=0.2, request_timeout=5.0)
-        publisher.on_config(config, build_resources(config, info))
+        publisher.on_config(config, resources_of(config, info))
         publisher.start()
         started.append(publisher)
         return publisher, state, info, name, api
@@ -171,7 +171,7 @@ def test_two_writers_that_disagree_cost_a_few_writes_per_second_not_a_loop(contr
     for replicas in (4, 8):  # two driver versions side by side, each sure of its own slices
         config = parse_config_text(f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "fight")
         publisher = SlicePublisher(api, name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, write_burst=3, write_rate=2.0)
-        publisher.on_config(config, build_resources(config, info))
+        publisher.on_config(config, resources_of(config, info))
         publishers.append(publisher)
     try:
         started = time.monotonic()

@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.types import default_config
 from deviceplugin.discovery.inventory import InventoryError
 from deviceplugin.plugin.manager import PluginManager
 from deviceplugin.sim.kubelet import Container, Pod
+from tests.support.resources import resources_of
 
 from ..conftest import FAST, GPU_CLI, ROOT, registered
 
@@ -52,7 +52,7 @@ def test_health_queries_and_events_work(nvml):
 
 def test_plugin_on_real_gpus_allocates_a_share(nvml, kubelet, plugin_dir):
     node = nvml.discover()
-    manager = PluginManager(build_resources(default_config(), node), plugin_dir, FAST)
+    manager = PluginManager(resources_of(default_config(), node), plugin_dir, FAST)
     manager.start()
     try:
         assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=10)

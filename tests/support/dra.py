@@ -6,7 +6,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint
@@ -15,6 +14,7 @@ from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.prepare import ClaimRef, Driver
 from deviceplugin.state import NodeState
 from tests.conftest import node
+from tests.support.resources import resources_of
 
 DRIVER = driver_name("example.com")
 MPS_POOLS = [{"name": "s", "mode": "shared", "replicas": 4, "backend": "mps"}]
@@ -26,7 +26,7 @@ def make_driver(directory: Path, pools: list[dict[str, Any]] | None = None, node
     driver = Driver(
         DRIVER, info.name, Checkpoint(directory / "claims"), CdiWriter(directory / "cdi", DRIVER), state or NodeState(), SerialLock(directory / "serialize.lock")
     )
-    driver.on_config(config, build_resources(config, info))
+    driver.on_config(config, resources_of(config, info))
     return driver
 
 

@@ -1,4 +1,5 @@
-"""Resources built from a one-pool config on an example node, and the device IDs a kubelet would offer of them."""
+"""Resources built from a config on an example node (the one way tests build them), and the device IDs a kubelet would
+offer of them."""
 
 from __future__ import annotations
 
@@ -7,13 +8,23 @@ from typing import Any
 
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
+from deviceplugin.config.types import Config, default_config
 from deviceplugin.model.devices import Resource
 from deviceplugin.model.node import NodeInfo
 
 
+def resources_of(config: Mapping[str, Any] | Config | None, node_info: NodeInfo, profile: str | None = None) -> list[Resource]:
+    """The resources of a config (a dict as the YAML file has it, a parsed Config, or None: the default) on a node."""
+    if config is None:
+        config = default_config()
+    elif not isinstance(config, Config):
+        config = parse_config(dict(config))
+    return build_resources(config, node_info, profile)
+
+
 def one_pool(node_info: NodeInfo, pool: dict[str, Any], **top: Any) -> Resource:
     """The first resource of a config with this one pool (and top-level keys such as allocationPolicy)."""
-    return build_resources(parse_config({"version": "v1", **top, "pools": [pool]}), node_info)[0]
+    return resources_of({"version": "v1", **top, "pools": [pool]}, node_info)[0]
 
 
 def shared(node_info: NodeInfo, policy: str = "binpack", replicas: int = 4) -> Resource:

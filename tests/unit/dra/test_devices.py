@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.config.parse import parse_config
 from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices, driver_name, parse_quantity
 from tests.conftest import node
+from tests.support.resources import resources_of
 
 
 def _devices(pools: list[dict], name: str = "2xT4"):
     info = node(name)
-    return info, dra_devices(build_resources(parse_config({"version": "v1", "pools": pools}), info))
+    return info, dra_devices(resources_of({"version": "v1", "pools": pools}, info))
 
 
 def test_a_shared_gpu_is_one_multi_allocatable_device_with_proportional_capacity() -> None:

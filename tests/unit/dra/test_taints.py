@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.dra.devices import dra_devices
 from deviceplugin.dra.taints import GPU_LOST, QUERY_FAILED, RESET_REQUIRED, XID, device_taints, reason_class
 from deviceplugin.state import NodeState
 from tests.conftest import node
+from tests.support.resources import resources_of
 
 DRIVER = "gpu-share.example.com"
 
@@ -32,7 +32,7 @@ def test_a_reason_has_one_class(reason: str, awaiting_reset: bool, value: str) -
 
 def test_mig_instances_inherit_their_gpus_taint_and_only_the_named_instance_is_tainted_alone() -> None:
     info = node("2xH100-mig-1g")
-    devices = dra_devices(build_resources(parse_config({"version": "v1", "pools": [{"name": "m", "mode": "mig"}]}), info))
+    devices = dra_devices(resources_of({"version": "v1", "pools": [{"name": "m", "mode": "mig"}]}, info))
     state = NodeState()
     gpu0 = info.gpus[0]
     one = next(d for d in devices if d.unit.gpu.index == 1)
@@ -51,7 +51,7 @@ def test_mig_instances_inherit_their_gpus_taint_and_only_the_named_instance_is_t
 def test_quarantine_and_an_unready_mps_pool_are_taints_of_their_own() -> None:
     info = node("2xT4")
     config = parse_config({"version": "v1", "pools": [{"name": "p", "mode": "shared", "replicas": 4, "backend": "mps"}]})
-    devices = dra_devices(build_resources(config, info))
+    devices = dra_devices(resources_of(config, info))
     state = NodeState()
     state.set_quarantine(frozenset({info.gpus[1].uuid}), frozenset())
     state.set_mps_ready("p", False)

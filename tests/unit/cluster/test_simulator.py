@@ -1,24 +1,21 @@
-"""The packing simulator on toy traces: inflation, tie-breaking, the 130 % reading, --replicas, and the CLI."""
+"""The packing simulator on toy traces: inflation, tie-breaking, the 130 % reading, --replicas (the command and parallel runs:
+tests/test_simulate.py)."""
 
 from __future__ import annotations
 
 import io
-import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from deviceplugin.cluster import MILLI, POLICIES, Node, Pod
+from deviceplugin.cluster import MILLI, POLICIES, Node, PodDemand
 from deviceplugin.cluster.report import ProgressBar, parse_seeds
-from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, run_all, share_rounded
+from deviceplugin.cluster.simulator import Experiment, arrivals, node_order, share_rounded
 from deviceplugin.cluster.traces import TraceError, find_trace_dir, load_nodes, load_pods, resolve
+from tests.conftest import ROOT
 
-from .conftest import GPU_CLI, ROOT
-
-TRACES = Path(__file__).parent / "traces"
+TRACES = ROOT / "tests" / "traces"
 TOY_NODES = load_nodes(TRACES / "toy_nodes.csv")
 TOY_PODS = load_pods(TRACES / "openb_pod_list_toy.csv")
 
@@ -31,7 +28,7 @@ def test_toy_trace_loads_with_models_and_cpu_only_pods():
 
 
 def test_inflation_appends_resampled_pods_until_the_next_per_gpu_request_would_pass_the_target():
-    pods = [Pod(100, 100, 1, 500, name="half"), Pod(100, 100, 2, MILLI, name="two"), Pod(100, 100, name="cpu")]
+    pods = [PodDemand(100, 100, 1, 500, name="half"), PodDemand(100, 100, 2, MILLI, name="two"), PodDemand(100, 100, name="cpu")]
     for seed in range(20):
         out = arrivals(pods, 10 * MILLI, 1.3, random.Random(seed))
         total = sum(p.gpu_request for p in out)
@@ -41,14 +38,14 @@ def test_inflation_appends_resampled_pods_until_the_next_per_gpu_request_would_p
 
 
 def test_inflation_drops_random_pods_when_the_list_exceeds_the_target():
-    pods = [Pod(100, 100, 1, MILLI, name=f"p{i}") for i in range(40)]
+    pods = [PodDemand(100, 100, 1, MILLI, name=f"p{i}") for i in range(40)]
     out = arrivals(pods, 10 * MILLI, 1.3, random.Random(1))
     assert sum(p.gpu_request for p in out) == 13_000 and len({p.name for p in out}) == 13
 
 
 def test_ties_go_to_the_first_node_of_the_per_run_shuffled_order():
     nodes = [Node.empty(f"n{i}", 64_000, 256_000, 2, "T4") for i in range(6)]
-    pods = [Pod(1000, 1000, 1, 500, name=f"p{i}") for i in range(4)]
+    pods = [PodDemand(1000, 1000, 1, 500, name=f"p{i}") for i in range(4)]
     experiment = Experiment(nodes, pods, inflate=0.2)  # 0.2 x 12000 = 2400: the 4 pods (2000), a fifth would pass it
     for seed in (1, 2, 3):
         rng = random.Random(seed)
@@ -63,7 +60,7 @@ def test_ties_go_to_the_first_node_of_the_per_run_shuffled_order():
 
 def test_the_kpi_is_read_when_arrived_demand_reaches_the_target():
     nodes = [Node.empty("only", 64_000, 256_000, 2, "T4")]
-    pods = [Pod(1000, 1000, 1, MILLI, name="whole")]
+    pods = [PodDemand(1000, 1000, 1, MILLI, name="whole")]
     result = Experiment(nodes, pods, inflate=1.3).run("fgd", 7)
     # 2 GPUs, target 2600: two pods arrive (a third would pass it); demand never reads 130 %, so the last arrival's ratio counts.
     assert result.allocation == 1.0 and result.failed_pods == result.arrived_pods - 2
@@ -89,29 +86,22 @@ def test_every_policy_runs_on_the_toy_trace_and_respects_the_fit_rules():
     [(470, 10, 500), (470, 4, 500), (230, 4, 250), (810, 20, 850), (100, 10, 100), (1, 100, 10), (334, 3, 666), (333, 3, 333), (999, 2, 1000)],
 )
 def test_replicas_round_fractional_requests_up_to_whole_shares(milli, replicas, expected):
-    assert share_rounded(Pod(100, 100, 1, milli), replicas).gpu_milli == expected
+    assert share_rounded(PodDemand(100, 100, 1, milli), replicas).gpu_milli == expected
 
 
 def test_replicas_leave_whole_gpus_and_cpu_only_pods_alone():
-    assert share_rounded(Pod(100, 100, 2, MILLI), 3) == Pod(100, 100, 2, MILLI)
-    assert share_rounded(Pod(100, 100), 3) == Pod(100, 100)
-    assert share_rounded(Pod(100, 100, 1, 470), None).gpu_milli == 470
+    assert share_rounded(PodDemand(100, 100, 2, MILLI), 3) == PodDemand(100, 100, 2, MILLI)
+    assert share_rounded(PodDemand(100, 100), 3) == PodDemand(100, 100)
+    assert share_rounded(PodDemand(100, 100, 1, 470), None).gpu_milli == 470
 
 
 def test_rounding_costs_packing_and_the_kpi_counts_what_pods_asked_for():
     nodes = [Node.empty("one", 64_000, 256_000, 1, "T4")]
-    pods = [Pod(100, 100, 1, 300, name="third")]
+    pods = [PodDemand(100, 100, 1, 300, name="third")]
     exact = Experiment(nodes, pods, inflate=1.3).run("bestfit", 1)
     halves = Experiment(nodes, pods, inflate=1.3, replicas=2).run("bestfit", 1)
     assert exact.allocation == pytest.approx(0.9)  # three 300s on the GPU
     assert halves.allocation == pytest.approx(0.6)  # each rounded to 500: two fit, 600 milli of requests served
-
-
-def test_parallel_runs_match_serial_ones():
-    experiment = Experiment(TOY_NODES, TOY_PODS)
-    serial = run_all(experiment, ["fgd", "bestfit"], [1, 2])
-    parallel = run_all(experiment, ["fgd", "bestfit"], [1, 2], jobs=2)
-    assert [(r.policy, r.seed, r.placements) for r in serial] == [(r.policy, r.seed, r.placements) for r in parallel]
 
 
 def test_bad_experiments_are_refused():
@@ -150,47 +140,6 @@ def test_trace_errors_name_the_file_line_and_column(tmp_path: Path):
     with pytest.raises(TraceError) as err:
         resolve("nosuch", str(TRACES), "openb_pod_list_{}.csv")
     assert str(err.value) == f"trace file {TRACES / 'openb_pod_list_nosuch.csv'} does not exist; the names {TRACES} has: toy"  # what --pods takes there
-
-
-def test_simulate_command_prints_the_table_and_writes_json(tmp_path: Path):
-    out = tmp_path / "runs.json"
-    done = subprocess.run(
-        [*GPU_CLI, "simulate", "--trace-dir", str(TRACES), "--nodes", "toy_nodes.csv", "--pods", "toy", "--policy", "fgd,bestfit",
-         "--seeds", "1-3", "--replicas", "4", "--json", str(out)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "4 nodes, 9 GPUs; 12 pods" in done.stdout and "requests rounded to 1/4 GPU" in done.stdout
-    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("fgd ", "bestfit "))]
-    assert [r[0] for r in rows] == ["fgd", "bestfit"] and all(0 < float(r[1]) <= 100 for r in rows)
-    assert "Beware of Fragmentation" in done.stdout
-    document = json.loads(out.read_text())
-    assert document["replicas"] == 4 and len(document["runs"]) == 6 and document["gpus"] == 9
-
-
-def test_simulate_command_explains_a_missing_trace_directory(tmp_path: Path):
-    done = subprocess.run([*GPU_CLI, "simulate", "--trace-dir", str(tmp_path / "nowhere"), "--seeds", "1"],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and "trace directory" in done.stderr and "Traceback" not in done.stderr
-
-
-def test_simulate_command_plots(tmp_path: Path):
-    pytest.importorskip("matplotlib")
-    png = tmp_path / "curve.png"
-    done = subprocess.run([*GPU_CLI, "simulate", "--trace-dir", str(TRACES), "--nodes", "toy_nodes.csv", "--pods", "toy",
-                           "--policy", "fgd,random", "--seeds", "1-2", "--plot", str(png)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_packing_benchmark_runs_on_the_toy_trace(tmp_path: Path):
-    out = tmp_path / "packing.json"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.packing", "--trace-dir", str(TRACES), "--nodes", "toy_nodes.csv", "--variants", "toy",
-                           "--policies", "fgd,fgdstrand,bestfit", "--seeds", "1-2", "--replicas", "4", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "| trace | fgd | fgdstrand | bestfit |" in done.stdout and "| toy | " in done.stdout and "| 4 | " in done.stdout
-    assert len(json.loads(out.read_text())["runs"]) == 12
 
 
 def test_replicas_that_change_no_request_change_nothing():

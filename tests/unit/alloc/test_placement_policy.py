@@ -7,12 +7,11 @@ import random
 import pytest
 
 from deviceplugin.alloc.placement import preferred_allocation
-from deviceplugin.cluster import MILLI, Node, Pod, TaskShapes, make_policy
+from deviceplugin.cluster import MILLI, Node, PodDemand, TaskShapes, make_policy
 from deviceplugin.config.parse import parse_config
 from deviceplugin.config.types import ConfigError
-
-from .conftest import node
-from .support.resources import free_shares, gpus_of, shared
+from tests.conftest import node
+from tests.support.resources import free_shares, gpus_of, shared
 
 H100 = node("8xH100-80GB")
 
@@ -28,7 +27,7 @@ def cluster_gpu(free: list[int], replicas: int, wanted: int) -> int:
     """What the cluster policy picks on the same node: k of N shares = k/N of a GPU."""
     policy = make_policy("fgdstrand", shapes=TaskShapes.shares(replicas))
     state = Node("n", 0, 0, "", [f * MILLI // replicas for f in free])
-    return policy.score(Pod(0, 0, 1, wanted * MILLI // replicas), state).gpus[0]
+    return policy.score(PodDemand(0, 0, 1, wanted * MILLI // replicas), state).gpus[0]
 
 
 def test_the_plugin_picks_the_cluster_policys_gpu_where_binpack_would_not():

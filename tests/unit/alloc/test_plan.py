@@ -7,8 +7,7 @@ import pytest
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.config.types import ConfigError
-
-from ..conftest import node
+from tests.conftest import node
 
 SHARED = {"name": "s", "mode": "shared"}
 EXCLUSIVE = {"name": "e", "mode": "exclusive"}

@@ -1,4 +1,5 @@
-"""The model on the wire: the device list (and the budget's size formula) against protobuf itself, grants, codes."""
+"""The model on the wire: the device list (and the budget's size formula) against protobuf itself, grants, codes (a refusal's
+status code included)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from deviceplugin.alloc.container import ContainerGrant, Mount, Refusal
+from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount, Refusal, container_grant
 from deviceplugin.alloc.devicenodes import DeviceNode
 from deviceplugin.alloc.plan import list_entry_bytes
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.model.devices import HEALTHY, UNHEALTHY
 from deviceplugin.plugin import wire
-
-from ..conftest import node
-from ..support.resources import one_pool, shared
+from tests.conftest import node
+from tests.support.resources import one_pool, shared
 
 
 def _entry(device_id: str, numa_node: int | None, health: str) -> pb.ListAndWatchResponse:
@@ -78,3 +78,12 @@ def test_a_grant_becomes_the_kubelets_message():
 def test_every_refusal_has_its_status_code(refusal, code):
     assert wire.status_code(refusal) == code
     assert set(wire.STATUS_CODES) == set(Refusal)
+
+
+def test_unknown_ids_are_listed_with_a_limit():
+    H100 = node("8xH100-80GB")
+    ids = [f"GPU-x::{k}" for k in range(12)]
+    with pytest.raises(AllocationError) as err:
+        container_grant(shared(H100), ids)
+    assert err.value.code is Refusal.INVALID and err.value.message.endswith("and 4 more")
+    assert wire.status_code(err.value.code) == grpc.StatusCode.INVALID_ARGUMENT

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
 
-from ..cluster import MILLI, Pod
+from ..cluster import MILLI, PodDemand
 from ..dra.devices import MAX_QUANTITY_LENGTH, parse_quantity
 from ..kube.annotation import HEALTH_VALUES, VERSION
 
@@ -27,7 +27,7 @@ class InputError(ValueError):
 
 
 @dataclass(frozen=True)
-class Unit:
+class InventoryUnit:
     """A whole GPU or one MIG instance, as the node plugin last published it."""
 
     uuid: str
@@ -49,7 +49,7 @@ class NodeResource:
     pool: str
     allow_span: bool
     policy: str  # the node plugin's allocationPolicy: binpack | spread
-    units: tuple[Unit, ...]
+    units: tuple[InventoryUnit, ...]
 
     @cached_property
     def totals(self) -> tuple[int, ...]:
@@ -92,7 +92,7 @@ def parse_annotation(node: str, text: str) -> NodeInventory:
             if health not in HEALTH_VALUES:
                 raise InputError(f"{at}.health: {health!r} is not one of {', '.join(HEALTH_VALUES)}")
             total, used, free = (_count(raw, key, at) for key in ("total", "used", "free"))
-            units.append(Unit(_field(raw, "uuid", str, at), _count(raw, "gpu", at), str(raw.get("profile", "")), total, used, free, health))
+            units.append(InventoryUnit(_field(raw, "uuid", str, at), _count(raw, "gpu", at), str(raw.get("profile", "")), total, used, free, health))
         count += len(units)
         if count > MAX_UNITS:
             raise InputError(f"annotation lists more than {MAX_UNITS} units")
@@ -144,22 +144,22 @@ class PodRequest:
         return max(((r, n) for c in self.together + self.alone for r, n in c.shares), key=lambda rn: rn[1])
 
 
-def cluster_pod(count: int, total: int, cpu_milli: int = 0, memory_mib: int = 0) -> Pod:
+def share_demand(count: int, total: int, cpu_milli: int = 0, memory_mib: int = 0) -> PodDemand:
     """A request of `count` shares of units of `total` shares, in the cluster model's milli-GPUs."""
     if total <= 1 or count > total:  # whole units
-        return Pod(cpu_milli, memory_mib, num_gpu=-(-count // max(total, 1)), gpu_milli=MILLI)
-    return Pod(cpu_milli, memory_mib, num_gpu=1, gpu_milli=-(-count * MILLI // total))
+        return PodDemand(cpu_milli, memory_mib, num_gpu=-(-count // max(total, 1)), gpu_milli=MILLI)
+    return PodDemand(cpu_milli, memory_mib, num_gpu=1, gpu_milli=-(-count * MILLI // total))
 
 
-def model_pod(request: PodRequest, total: int) -> Pod:
+def pod_demand(request: PodRequest, total: int) -> PodDemand:
     """The pod as the cluster model sees it on units of `total` shares: by its largest resource, k/N of a GPU, or
     whole GPUs (containers each asking for whole units count together: 4 containers of N shares are 4 GPUs)."""
     resource, count = request.largest
     counts = [n for c in request.together for r, n in c.shares if r == resource]
     unit = max(total, 1)
     if len(counts) > 1 and all(n % unit == 0 for n in counts):
-        return Pod(request.cpu_milli, request.memory_mib, num_gpu=sum(counts) // unit, gpu_milli=MILLI)
-    return cluster_pod(count, total, request.cpu_milli, request.memory_mib)
+        return PodDemand(request.cpu_milli, request.memory_mib, num_gpu=sum(counts) // unit, gpu_milli=MILLI)
+    return share_demand(count, total, request.cpu_milli, request.memory_mib)
 
 
 def pod_request(pod: object, managed) -> PodRequest:

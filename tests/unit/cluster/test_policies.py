@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from deviceplugin.cluster import MILLI, POLICIES, Choice, Node, Pod, TaskShapes, fits, make_policy, place
+from deviceplugin.cluster import MILLI, POLICIES, Choice, Node, PodDemand, TaskShapes, fits, make_policy, place
 from deviceplugin.cluster.policies import fgd_score
 from deviceplugin.cluster.shapes import Shape, shape_of
 
@@ -15,7 +15,7 @@ def gpu_node(name: str, free: list[int], cpu: int = 64_000, memory: int = 256_00
     return Node(name, cpu, memory, model, list(free), cpu_free=cpu_free)
 
 
-def best(policy, pod: Pod, nodes: list[Node]) -> tuple[str, tuple[int, ...]] | None:
+def best(policy, pod: PodDemand, nodes: list[Node]) -> tuple[str, tuple[int, ...]] | None:
     """What a scheduler does with a policy: the highest score, ties to the first node."""
     top: tuple[Choice, Node] | None = None
     for node in nodes:
@@ -28,37 +28,37 @@ def best(policy, pod: Pod, nodes: list[Node]) -> tuple[str, tuple[int, ...]] | N
 @pytest.mark.parametrize(
     "pod, node, expected",
     [
-        (Pod(1000, 1024), gpu_node("n", [0, 0]), True),  # CPU-only: needs no GPU
-        (Pod(1000, 1024), gpu_node("n", [], cpu=1000), True),
-        (Pod(2000, 1024), gpu_node("n", [MILLI], cpu=1000), False),  # CPU
-        (Pod(1000, 300_000, 1, 500), gpu_node("n", [MILLI]), False),  # memory
-        (Pod(1000, 1024, 1, 500, frozenset({"V100M16"})), gpu_node("n", [MILLI]), False),  # model filter
-        (Pod(1000, 1024, 1, 500, frozenset({"V100M16", "T4"})), gpu_node("n", [MILLI]), True),
-        (Pod(1000, 1024, 1, 500), gpu_node("n", [400, 499]), False),  # no GPU with 500 free
-        (Pod(1000, 1024, 1, 500), gpu_node("n", [400, 500]), True),
-        (Pod(1000, 1024, 2, MILLI), gpu_node("n", [MILLI, 900, MILLI]), True),  # multi-GPU: two free GPUs
-        (Pod(1000, 1024, 3, MILLI), gpu_node("n", [MILLI, 900, MILLI]), False),
-        (Pod(1000, 1024, 1, MILLI), gpu_node("n", [999, 999]), False),  # a whole GPU needs a fully free one
+        (PodDemand(1000, 1024), gpu_node("n", [0, 0]), True),  # CPU-only: needs no GPU
+        (PodDemand(1000, 1024), gpu_node("n", [], cpu=1000), True),
+        (PodDemand(2000, 1024), gpu_node("n", [MILLI], cpu=1000), False),  # CPU
+        (PodDemand(1000, 300_000, 1, 500), gpu_node("n", [MILLI]), False),  # memory
+        (PodDemand(1000, 1024, 1, 500, frozenset({"V100M16"})), gpu_node("n", [MILLI]), False),  # model filter
+        (PodDemand(1000, 1024, 1, 500, frozenset({"V100M16", "T4"})), gpu_node("n", [MILLI]), True),
+        (PodDemand(1000, 1024, 1, 500), gpu_node("n", [400, 499]), False),  # no GPU with 500 free
+        (PodDemand(1000, 1024, 1, 500), gpu_node("n", [400, 500]), True),
+        (PodDemand(1000, 1024, 2, MILLI), gpu_node("n", [MILLI, 900, MILLI]), True),  # multi-GPU: two free GPUs
+        (PodDemand(1000, 1024, 3, MILLI), gpu_node("n", [MILLI, 900, MILLI]), False),
+        (PodDemand(1000, 1024, 1, MILLI), gpu_node("n", [999, 999]), False),  # a whole GPU needs a fully free one
     ],
 )
-def test_fit_rules(pod: Pod, node: Node, expected: bool):
+def test_fit_rules(pod: PodDemand, node: Node, expected: bool):
     assert fits(pod, node) is expected
 
 
 def test_pod_slots_limit_cpu_only_pods_too():
     node = Node("n", 64_000, 256_000, "T4", [MILLI], max_pods=1)
-    place(Pod(100, 100), node, ())
-    assert not fits(Pod(100, 100), node)
+    place(PodDemand(100, 100), node, ())
+    assert not fits(PodDemand(100, 100), node)
 
 
 def test_place_takes_resources_and_refuses_what_does_not_fit():
     node = gpu_node("n", [MILLI, MILLI], cpu=8000, memory=1000)
-    place(Pod(3000, 400, 1, 300), node, (1,))
+    place(PodDemand(3000, 400, 1, 300), node, (1,))
     assert (node.cpu_free, node.memory_free, node.gpu_free, node.pods) == (5000, 600, [MILLI, 700], 1)
     with pytest.raises(ValueError, match="does not fit"):
-        place(Pod(1000, 100, 1, 800), node, (1,))
+        place(PodDemand(1000, 100, 1, 800), node, (1,))
     with pytest.raises(ValueError, match="needs 2 GPUs"):
-        place(Pod(1000, 100, 2, MILLI), node, (0,))
+        place(PodDemand(1000, 100, 2, MILLI), node, (0,))
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_place_takes_resources_and_refuses_what_does_not_fit():
 )
 def test_bad_pods_are_refused_with_the_field_named(fields, message):
     with pytest.raises(ValueError, match=message):
-        Pod(**fields)
+        PodDemand(**fields)
 
 
 def test_bad_node_free_milli_is_refused():
@@ -84,9 +84,9 @@ def test_bad_node_free_milli_is_refused():
 
 def test_bestfit_takes_the_node_with_the_least_left_over():
     nodes = [gpu_node("roomy", [MILLI] * 4), gpu_node("tight", [MILLI, 300]), gpu_node("cpu-short", [MILLI], cpu=500)]
-    assert best(make_policy("bestfit"), Pod(4000, 1024, 1, 200), nodes) == ("tight", (1,))
+    assert best(make_policy("bestfit"), PodDemand(4000, 1024, 1, 200), nodes) == ("tight", (1,))
     # Its score is the paper's formula, truncated.
-    score = make_policy("bestfit").score(Pod(4000, 1024, 1, 200), nodes[1])
+    score = make_policy("bestfit").score(PodDemand(4000, 1024, 1, 200), nodes[1])
     assert score == Choice(int(100 * (1 - (0.5 * 60_000 / 128_000 + 0.5 * 1100 / 8000))), (1,))
 
 
@@ -94,8 +94,8 @@ def test_dotproduct_avoids_nodes_rich_in_what_the_pod_asks_for():
     gpu_rich = gpu_node("gpu-rich", [MILLI] * 8, cpu=96_000, cpu_free=8000)
     cpu_rich = gpu_node("cpu-rich", [MILLI], cpu=96_000)
     # A GPU-heavy pod goes where little GPU is free; a CPU-heavy pod where little CPU is free.
-    assert best(make_policy("dotproduct"), Pod(1000, 1024, 1, MILLI), [gpu_rich, cpu_rich])[0] == "cpu-rich"
-    assert best(make_policy("dotproduct"), Pod(6000, 1024), [cpu_rich, gpu_rich])[0] == "gpu-rich"
+    assert best(make_policy("dotproduct"), PodDemand(1000, 1024, 1, MILLI), [gpu_rich, cpu_rich])[0] == "cpu-rich"
+    assert best(make_policy("dotproduct"), PodDemand(6000, 1024), [cpu_rich, gpu_rich])[0] == "gpu-rich"
 
 
 def test_gpupacking_prefers_shared_gpus_then_used_nodes_then_small_free_nodes():
@@ -103,20 +103,20 @@ def test_gpupacking_prefers_shared_gpus_then_used_nodes_then_small_free_nodes():
     used = gpu_node("used", [MILLI, MILLI, 0, 0])
     shared = gpu_node("shared", [MILLI, 600, MILLI, 300])
     policy = make_policy("gpupacking")
-    pod = Pod(1000, 1024, 1, 250)
+    pod = PodDemand(1000, 1024, 1, 250)
     assert best(policy, pod, [free_big, free_small, used, shared]) == ("shared", (3,))
     assert best(policy, pod, [free_big, free_small, used]) == ("used", (0,))
     assert best(policy, pod, [free_big, free_small]) == ("free2", (0,))
     # Scores by case: shared GPU in [50, 100], free GPU of a used node in [33, 50], free node below 33.
     assert policy.score(pod, shared).score == 100 - 30 // 10
-    assert policy.score(Pod(1000, 1024, 1, MILLI), used).score == 49
+    assert policy.score(PodDemand(1000, 1024, 1, MILLI), used).score == 49
     assert policy.score(pod, free_big).score == 33 - 8
-    assert policy.score(Pod(1000, 1024), shared).score == 0  # CPU-only pods: no preference
+    assert policy.score(PodDemand(1000, 1024), shared).score == 0  # CPU-only pods: no preference
 
 
 def test_binpack_and_spread_choose_opposite_gpus_and_nodes():
     nodes = [gpu_node("empty", [MILLI, MILLI]), gpu_node("half", [MILLI, 400])]
-    pod = Pod(1000, 1024, 1, 300)
+    pod = PodDemand(1000, 1024, 1, 300)
     assert best(make_policy("binpack"), pod, nodes) == ("half", (1,))
     assert best(make_policy("spread"), pod, nodes) == ("empty", (0,))
     assert make_policy("spread").score(pod, nodes[1]).gpus == (0,)
@@ -127,12 +127,12 @@ def test_whole_and_multi_gpu_requests_take_the_first_free_gpus_by_index():
     shapes = TaskShapes([(Shape(1000, 1, MILLI, frozenset()), 1.0)])
     for name in POLICIES:
         policy = make_policy(name, shapes=shapes, rng=random.Random(1))
-        assert policy.score(Pod(1000, 1024, 2, MILLI), node).gpus == (1, 3), name
+        assert policy.score(PodDemand(1000, 1024, 2, MILLI), node).gpus == (1, 3), name
 
 
 def test_random_scores_only_fitting_nodes_and_is_reproducible():
     nodes = [gpu_node("a", [200, 700, 900]), gpu_node("b", [100])]
-    pod = Pod(1000, 1024, 1, 600)
+    pod = PodDemand(1000, 1024, 1, 600)
     first = [make_policy("random", rng=random.Random(5)).score(pod, n) for n in nodes]
     again = [make_policy("random", rng=random.Random(5)).score(pod, n) for n in nodes]
     assert first == again and first[1] is None and first[0].gpus[0] in (1, 2)
@@ -152,7 +152,7 @@ def brute_force_fragmentation(node: Node, shapes: TaskShapes) -> float:
     idle = sum(node.gpu_free)
     total = 0.0
     for shape, p in shapes.shapes:
-        pod = Pod(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
+        pod = PodDemand(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
         runs = node.cpu_free >= pod.cpu_milli and (pod.num_gpu == 0 or fits(pod, Node("x", node.cpu_milli, 1, node.model, node.gpu_free, node.cpu_free, 1)))
         usable = runs and shape.num_gpu > 0  # a CPU-only shape can use no idle GPU
         total += p * (sum(f for f in node.gpu_free if f < shape.gpu_milli) if usable else idle)
@@ -185,9 +185,9 @@ def test_fgd_keeps_whole_gpus_whole_when_whole_gpu_pods_are_popular():
     fgd = make_policy("fgd", shapes=shapes)
     nodes = [gpu_node("whole", [MILLI, MILLI]), gpu_node("broken", [MILLI, 500])]
     # A half-GPU pod fills the broken GPU instead of breaking a whole one.
-    assert best(fgd, Pod(1000, 1024, 1, 500), nodes) == ("broken", (1,))
+    assert best(fgd, PodDemand(1000, 1024, 1, 500), nodes) == ("broken", (1,))
     # Within one node too: the 500-free GPU, though GPU 0 comes first.
-    assert fgd.score(Pod(1000, 1024, 1, 500), nodes[1]).gpus == (1,)
+    assert fgd.score(PodDemand(1000, 1024, 1, 500), nodes[1]).gpus == (1,)
 
 
 def test_fgd_score_is_the_sigmoid_of_the_fragmentation_decrease():
@@ -197,7 +197,7 @@ def test_fgd_score_is_the_sigmoid_of_the_fragmentation_decrease():
 
 
 def test_task_shapes_cover_the_popular_pods_and_include_cpu_only_ones():
-    pods = [Pod(1000, 10, 1, MILLI)] * 60 + [Pod(2000, 10)] * 30 + [Pod(500, 10, 1, 300)] * 7 + [Pod(3000, 10, 1, 100)] * 3
+    pods = [PodDemand(1000, 10, 1, MILLI)] * 60 + [PodDemand(2000, 10)] * 30 + [PodDemand(500, 10, 1, 300)] * 7 + [PodDemand(3000, 10, 1, 100)] * 3
     shapes = TaskShapes.from_pods(pods, coverage=0.95)
     assert [s for s, _ in shapes.shapes] == [shape_of(pods[0]), shape_of(pods[60]), shape_of(pods[90])]
     assert [round(p, 4) for _, p in shapes.shapes] == [round(60 / 97, 4), round(30 / 97, 4), round(7 / 97, 4)]
@@ -208,12 +208,12 @@ def test_task_shapes_cover_the_popular_pods_and_include_cpu_only_ones():
 # --- fgdstrand -------------------------------------------------------------------------------------
 
 def test_fgdstrand_keeps_cpu_where_idle_gpus_need_it():
-    pods = [Pod(8000, 32_000, 1, MILLI)] * 9 + [Pod(4000, 8000)]
+    pods = [PodDemand(8000, 32_000, 1, MILLI)] * 9 + [PodDemand(4000, 8000)]
     shapes = TaskShapes.from_pods(pods)
     assert shapes.cpu_per_gpu_milli == pytest.approx(76_000 / 9000)
     gpu_hungry = gpu_node("idle-gpus", [MILLI] * 8, cpu=96_000, cpu_free=40_000)  # 8 idle GPUs want ~68 cores
     gpus_full = gpu_node("gpus-full", [0] * 8, cpu=96_000, cpu_free=40_000)
-    cpu_only = Pod(8000, 1024)
+    cpu_only = PodDemand(8000, 1024)
     # FGD sees no fragmentation change on either (its shapes still run): the tie goes to the first node.
     assert best(make_policy("fgd", shapes=shapes), cpu_only, [gpu_hungry, gpus_full])[0] == "idle-gpus"
     # fgdstrand sees the CPU-only pod strand GPUs on the first node.
@@ -225,7 +225,7 @@ def test_fgdstrand_keeps_cpu_where_idle_gpus_need_it():
 def test_fgdstrand_without_stranding_scores_like_fgd():
     shapes = TaskShapes([(Shape(1000, 1, MILLI, frozenset()), 0.7), (Shape(1000, 1, 500, frozenset()), 0.3)])
     nodes = [gpu_node("a", [MILLI, 500]), gpu_node("b", [MILLI, MILLI]), gpu_node("c", [300, 700, 500])]
-    for pod in (Pod(1000, 1024, 1, 500), Pod(1000, 1024, 1, 200), Pod(1000, 1024, 1, MILLI), Pod(1000, 1024)):
+    for pod in (PodDemand(1000, 1024, 1, 500), PodDemand(1000, 1024, 1, 200), PodDemand(1000, 1024, 1, MILLI), PodDemand(1000, 1024)):
         for n in nodes:
             assert make_policy("fgdstrand", shapes=shapes).score(pod, n) == make_policy("fgd", shapes=shapes).score(pod, n)
 

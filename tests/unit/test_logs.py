@@ -7,23 +7,14 @@ import logging
 
 from deviceplugin.alloc.allocator import ResourceAllocator
 from deviceplugin.alloc.container import AllocationError
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import HealthMonitor
 from deviceplugin.logs import RepeatLimiter, brief, safe_text
 from deviceplugin.model.node import HealthEvent
 from deviceplugin.state import NodeState
-
-from .conftest import EXAMPLES, node
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.conftest import EXAMPLES, node
+from tests.support.clock import ManualClock
+from tests.support.resources import resources_of
 
 
 def test_brief_keeps_the_first_ids_and_counts_the_rest():
@@ -42,7 +33,7 @@ def test_safe_text_escapes_and_cuts():
 
 
 def test_repeated_events_are_summarised_once_per_window(caplog):
-    clock = Clock()
+    clock = ManualClock(0.0)
     limiter = RepeatLimiter(logging.getLogger("storm"), window=60, clock=clock)
     caplog.set_level(logging.INFO, "storm")
     for i in range(120_000):
@@ -59,7 +50,7 @@ def test_repeated_events_are_summarised_once_per_window(caplog):
 
 
 def test_a_quiet_key_is_summarised_at_flush_and_different_keys_are_kept_apart(caplog):
-    clock = Clock()
+    clock = ManualClock(0.0)
     limiter = RepeatLimiter(logging.getLogger("keys"), window=10, max_keys=3, clock=clock)
     caplog.set_level(logging.INFO, "keys")
     for key in ("a", "a", "b"):
@@ -79,7 +70,7 @@ def test_a_quiet_key_is_summarised_at_flush_and_different_keys_are_kept_apart(ca
 def test_an_xid_storm_writes_a_few_lines(caplog):
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml")
     node = inventory.discover()
-    clock = Clock()
+    clock = ManualClock(0.0)
     monitor = HealthMonitor(inventory, node, NodeState(), clock=clock)
     caplog.set_level(logging.INFO, "deviceplugin.health.monitor")
     for i in range(10_000):
@@ -92,7 +83,7 @@ def test_an_xid_storm_writes_a_few_lines(caplog):
 
 
 def test_an_allocation_error_over_thousands_of_ids_stays_short():
-    resource = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}), node("2xT4"))[0]
+    resource = resources_of({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}, node("2xT4"))[0]
     for ids, shown in ((list(resource.devices), "and 1016 more"), ([f"bogus-{i}" for i in range(5000)] + ["x" * 4_000_000], "and 4993 more")):
         try:
             ResourceAllocator(resource).grant(ids)

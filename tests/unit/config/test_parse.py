@@ -11,8 +11,7 @@ from deviceplugin.alloc.plan import LIST_BUDGET_BYTES, build_resources
 from deviceplugin.config.parse import load_config, parse_config
 from deviceplugin.config.types import ConfigError, default_config
 from deviceplugin.model.node import NodeInfo
-
-from .conftest import EXAMPLES, node
+from tests.conftest import EXAMPLES, node
 
 H100 = node("8xH100-80GB")
 T4 = node("2xT4")

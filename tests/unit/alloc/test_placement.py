@@ -6,9 +6,8 @@ import pytest
 
 from deviceplugin.alloc.placement import choose_unit, preferred_allocation
 from deviceplugin.model.node import Gpu, Link, NodeInfo
-
-from ..conftest import node
-from ..support.resources import free_shares, gpus_of, one_pool, shared
+from tests.conftest import node
+from tests.support.resources import free_shares, gpus_of, one_pool, shared
 
 H100 = node("8xH100-80GB")  # NVSwitch: 18 NVLinks between every pair; GPUs 0-3 on NUMA node 0, 4-7 on 1
 U = [g.uuid for g in H100.gpus]

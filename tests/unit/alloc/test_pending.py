@@ -5,11 +5,9 @@ from __future__ import annotations
 import pytest
 
 from deviceplugin.alloc.pending import changing_gpus, reconcile
-from deviceplugin.alloc.plan import build_resources
-from deviceplugin.config.parse import parse_config
 from deviceplugin.model.usage import Hold
-
-from ..conftest import node
+from tests.conftest import node
+from tests.support.resources import resources_of
 
 T4 = node("2xT4")
 GPU0, GPU1 = (g.uuid for g in T4.gpus)
@@ -17,7 +15,7 @@ MIXED = [{"name": "whole", "mode": "exclusive", "gpus": {"indexes": [0]}}, {"nam
 
 
 def plan(pools: list[dict]):
-    return build_resources(parse_config({"version": "v1", "pools": pools}), T4)
+    return resources_of({"version": "v1", "pools": pools}, T4)
 
 
 def devices(resources) -> dict[str, set[str]]:

@@ -1,4 +1,4 @@
-"""Nodes, pods and the fit rule of the cluster model.
+"""The cluster model's capacity: nodes and what is free on them, what pods demand, and the fit rule.
 
 GPU capacity is counted in milli-GPUs: 1000 is one whole GPU. A pod asks for `num_gpu` GPUs with
 `gpu_milli` free on each; a fractional request (`gpu_milli` < 1000) lands on one GPU.
@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MILLI = 1000
+FINEST_SPLIT = MILLI  # the most shares one GPU splits into in this model (a share is at least one milli-GPU): --replicas' bound
 DEFAULT_MAX_PODS = 110  # the kubelet's default pod limit per node
 
 
 @dataclass(frozen=True, slots=True)
-class Pod:
+class PodDemand:
     """What a pod requests. `gpu_models` empty: any GPU model; else the models it accepts."""
 
     cpu_milli: int
@@ -82,12 +83,12 @@ class Node:
                     self.cpu_free, self.memory_free, self.max_pods, self.pods)
 
 
-def host_fits(pod: Pod, node: Node) -> bool:
+def host_fits(pod: PodDemand, node: Node) -> bool:
     """CPU, memory and a pod slot: all a CPU-only pod needs."""
     return node.cpu_free >= pod.cpu_milli and node.memory_free >= pod.memory_mib and node.pods < node.max_pods
 
 
-def fits(pod: Pod, node: Node) -> bool:
+def fits(pod: PodDemand, node: Node) -> bool:
     """CPU, memory, a pod slot, an accepted GPU model and `num_gpu` GPUs each with `gpu_milli` free."""
     if not host_fits(pod, node):
         return False
@@ -99,17 +100,17 @@ def fits(pod: Pod, node: Node) -> bool:
     return sum(1 for f in node.gpu_free if f >= need) >= pod.num_gpu
 
 
-def fitting_gpus(pod: Pod, node: Node) -> list[int]:
+def fitting_gpus(pod: PodDemand, node: Node) -> list[int]:
     """Indices of the GPUs with room for one of the pod's per-GPU requests."""
     return [i for i, f in enumerate(node.gpu_free) if f >= pod.gpu_milli]
 
 
-def first_gpus(pod: Pod, node: Node) -> tuple[int, ...]:
+def first_gpus(pod: PodDemand, node: Node) -> tuple[int, ...]:
     """Multi-GPU and whole-GPU requests: the first GPUs by index with room (fully free ones for whole GPUs)."""
     return tuple(fitting_gpus(pod, node)[: pod.num_gpu])
 
 
-def place(pod: Pod, node: Node, gpus: tuple[int, ...]) -> None:
+def place(pod: PodDemand, node: Node, gpus: tuple[int, ...]) -> None:
     """Take the pod's resources on `node`, its per-GPU request on each of `gpus`."""
     if len(gpus) != pod.num_gpu:
         raise ValueError(f"pod {pod.name}: needs {pod.num_gpu} GPUs, given {len(gpus)}")

@@ -10,8 +10,7 @@ import pytest
 
 from deviceplugin.discovery.inventory import InventoryError
 from deviceplugin.discovery.nvml import NvmlInventory, normalize_bus_id
-
-from .support.fake_pynvml import FakeGpu, FakeMig, FakeNvml
+from tests.support.fake_pynvml import FakeGpu, FakeMig, FakeNvml
 
 
 def t4(i: int, **kw) -> FakeGpu:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.kube.annotation import pod_digest
 from deviceplugin.kube.labels import InventoryAnnotation, inventory
 from deviceplugin.model.node import Gpu, MigDevice, NodeInfo
 from deviceplugin.model.usage import ContainerShare, Usage
-
-from .conftest import node
+from tests.conftest import node
+from tests.support.resources import resources_of
 
 MIG_NODE = node("8xA100-80GB-mig")
 
@@ -45,7 +44,7 @@ def share(resource: str, unit, shares: int, pod: str, namespace: str = "team") -
 def test_mig_instances_are_units_with_their_own_health_and_free_shares():
     config = parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0, 1]}},
                                                         {"name": "m", "mode": "mig", "gpus": {"indexes": [2]}}]})
-    resources = build_resources(config, MIG_NODE)
+    resources = resources_of(config, MIG_NODE)
     shared = next(r for r in resources if r.name == "example.com/gpu-share")
     first, second = shared.units[0], shared.units[1]
     usage = Usage(shares=(share(shared.name, first, 3, "a"), share(shared.name, second, 1, "b", namespace="ml")))
@@ -68,7 +67,7 @@ def test_mig_instances_are_units_with_their_own_health_and_free_shares():
 
 
 def test_generation_increases_only_when_the_content_changes_and_across_restarts():
-    resources = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}), node("2xT4"))
+    resources = resources_of({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}, node("2xT4"))
     unit = resources[0].units[0]
     clock = iter([1000.0, 1000.5]).__next__
     builder = InventoryAnnotation(clock)
@@ -84,7 +83,7 @@ def test_generation_increases_only_when_the_content_changes_and_across_restarts(
 
 def test_size_at_eight_gpus_of_seven_mig_instances_stays_small():
     big = eight_by_seven()
-    resources = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}), big)
+    resources = resources_of({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}, big)
     units = resources[0].units
     assert len(units) == 56
     usage = Usage(shares=tuple(share(resources[0].name, u, 2, f"pod-{n}") for n, u in enumerate(units)))

@@ -14,17 +14,9 @@ from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import HealthMonitor, HealthSettings
 from deviceplugin.model.node import HealthEvent
 from deviceplugin.state import NodeState
-
-from .conftest import EXAMPLES
-from .support.fake_pynvml import FakeGpu, FakeNvml
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.conftest import EXAMPLES
+from tests.support.clock import ManualClock
+from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 
 def t4(i: int) -> FakeGpu:
@@ -56,13 +48,13 @@ def test_a_lost_gpu_that_answers_again_rejoins_the_event_set_and_its_xids_are_se
     assert event is not None and (event.gpu_uuid, event.xid) == ("GPU-t4-0", 48)  # seen as at once as on GPU 1
 
 
-def monitor_of(inventory) -> tuple[HealthMonitor, Clock]:
-    clock = Clock()
+def monitor_of(inventory) -> tuple[HealthMonitor, ManualClock]:
+    clock = ManualClock()
     node = inventory.discover()
     return HealthMonitor(inventory, node, NodeState(), HealthSettings(recovery_period=300, check_interval=0.5), clock=clock), clock
 
 
-def fail_for(monitor: HealthMonitor, clock: Clock, seconds: float, fail, restore) -> None:
+def fail_for(monitor: HealthMonitor, clock: ManualClock, seconds: float, fail, restore) -> None:
     """The GPU's queries fail for `seconds` (checked every half second), then answer."""
     fail()
     for _ in range(int(seconds / 0.5)):

@@ -6,8 +6,7 @@ import pytest
 
 from deviceplugin.discovery.inventory import InventoryError
 from deviceplugin.discovery.simulated import SimulatedInventory, parse_node
-
-from .conftest import node
+from tests.conftest import node
 
 GPU = {"index": 0, "uuid": "GPU-a", "model": "Tesla T4", "memoryMiB": 15360}
 

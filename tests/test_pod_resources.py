@@ -1,0 +1,49 @@
+"""The built-in kubelet's pod-resources server: active pods only, Get, allocatable, its rate limit."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from deviceplugin.agent.usage import PodResourcesClient
+from deviceplugin.api import podresources_pb2 as pr
+from deviceplugin.api import podresources_pb2_grpc as pr_grpc
+from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod, TokenBucket
+from tests.conftest import registered
+
+SHARE = "example.com/gpu-share"
+
+
+def test_pod_resources_serves_active_pods_only_and_rate_limits(plugin_dir, start_plugin):
+    kubelet = KubeletSimulator(plugin_dir, rate_limit=TokenBucket(rate=1000, burst=10))
+    kubelet.start()
+    try:
+        start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]})
+        assert kubelet.wait_for(registered(SHARE), timeout=5)
+        a = Pod("a", [Container("main", {SHARE: 2}), Container("sidecar", {})], namespace="team")
+        b = Pod("b", [Container("main", {SHARE: 1})])
+        kubelet.admit(a)
+        kubelet.admit(b)
+        client = PodResourcesClient(kubelet.pod_resources_socket)
+        listed = {(p.namespace, p.name): p for p in client.list().pod_resources}
+        assert set(listed) == {("team", "a"), ("default", "b")}
+        devices = listed[("team", "a")].containers[0].devices[0]
+        assert devices.resource_name == SHARE and list(devices.device_ids) == kubelet.allocated(a)["main"][SHARE]
+        assert [n.ID for n in devices.topology.nodes] == [0]
+        assert [c.name for c in listed[("team", "a")].containers] == ["main", "sidecar"]
+        kubelet.finish_pod(b.uid)
+        assert [p.name for p in client.list().pod_resources] == ["a"]
+        assert len(client.allocatable().devices) == 8
+        stub = pr_grpc.PodResourcesListerStub(grpc.insecure_channel(f"unix:{kubelet.pod_resources_socket}"))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Get(pr.GetPodResourcesRequest(pod_name="b", pod_namespace="default"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        kubelet.rate_limit = TokenBucket(rate=0.001, burst=2)
+        client.list()
+        client.list()
+        with pytest.raises(grpc.RpcError) as err:
+            client.list()
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.details() == "rejected by rate limit"
+        client.close()
+    finally:
+        kubelet.stop()
