@@ -78,18 +78,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
     return predicate()
 
 
-class FakeClock:
-    """A `deviceplugin.loop.Clock` that moves only when the test advances it."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -13,8 +13,9 @@ from deviceplugin.config.parse import load_config
 from deviceplugin.obs.metrics import MetricSources, StateCollector
 from deviceplugin.runtime.plan import ProfileSource
 from deviceplugin.runtime.reload import ConfigReloader
+from tests.support.clock import ManualClock
 
-from .conftest import FakeClock, node, registered
+from .conftest import node, registered
 
 RESOURCE = "example.com/gpu-share"
 T4 = node("2xT4")
@@ -59,7 +60,7 @@ def _started(path, kubelet, start_plugin, profiles: ProfileSource, interval: flo
     write(path, 2)
     manager = start_plugin(load_config(path))
     assert kubelet.wait_for(registered(RESOURCE), timeout=10)
-    reloader = Watched(str(path), T4, profiles, interval, [manager], clock=clock or FakeClock())
+    reloader = Watched(str(path), T4, profiles, interval, [manager], clock=clock or ManualClock())
     reloader.start(load_config(path))
     return reloader
 
@@ -110,7 +111,7 @@ def test_reloader_survives_an_injected_exception_and_applies_the_next_change(ser
 
 
 def test_repeated_failures_are_summarised_once_per_interval_of_the_reloaders_clock(tmp_path, kubelet, start_plugin, caplog):
-    clock, profiles = FakeClock(), FlakyProfiles(None, None)
+    clock, profiles = ManualClock(), FlakyProfiles(None, None)
     reloader = _started(tmp_path / "config.yaml", kubelet, start_plugin, profiles, interval=3600, clock=clock)
     try:
         profiles.broken = True

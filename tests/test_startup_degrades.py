@@ -20,8 +20,9 @@ from deviceplugin.health.monitor import HealthSettings
 from deviceplugin.kube.client import NodeClient
 from deviceplugin.runtime.daemon import PluginDaemon, build_daemon
 from deviceplugin.runtime.options import DaemonOptions
+from tests.support.clock import ManualClock
 
-from .conftest import EXAMPLES, FAST, FakeClock, registered
+from .conftest import EXAMPLES, FAST, registered
 from .support.fake_pynvml import FakeGpu, FakeNvml
 
 SHARE, GPU = "example.com/gpu-share", "example.com/gpu"
@@ -66,7 +67,7 @@ def test_a_typo_in_the_profile_label_at_start_up_serves_the_default_profile_and_
         "version": "v1", "defaultProfile": "whole",
         "profiles": {"whole": {"pools": [{"name": "w", "mode": "exclusive"}]}, "inference": {"pools": [{"name": "s", "mode": "shared", "replicas": 4}]}},
     }))
-    clock = FakeClock()  # the reloader's rounds are the test's (check()), the label's interval its clock's
+    clock = ManualClock()  # the reloader's rounds are the test's (check()), the label's interval its clock's
     daemon = build_daemon(SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"), options(kubelet, config, reload_interval=3600),
                           NodeClient.connect(api.node_name, str(kubeconfig)), clock=clock)
     daemons.append(daemon)

@@ -37,6 +37,9 @@ def normalize_bus_id(bus_id: str) -> str:
 
 _NODE_WORDS = 4  # 64-bit words of NUMA node mask: 256 nodes
 _MAX_CPU_WORDS = 64  # 4096 CPUs
+# At most this often, the event wait asks lost GPUs whether they answer again and, after a failed wait, which GPU
+# was lost: the monitor waits in short slices (so a stop is quick), and a query of a fallen GPU can be slow.
+RECHECK_INTERVAL = 1.0
 
 
 def _cpu_words() -> int:
@@ -65,7 +68,7 @@ def _text(value: Any) -> str:
 class NvmlInventory:
     """Inventory over NVML. NVML is initialised here once and shut down by close()."""
 
-    def __init__(self, sysfs_root: str | Path = "/sys") -> None:
+    def __init__(self, sysfs_root: str | Path = "/sys", recheck_interval: float = RECHECK_INTERVAL) -> None:
         try:
             import pynvml
         except ImportError as err:  # nvidia-ml-py is a dependency; this is a broken install
@@ -80,6 +83,8 @@ class NvmlInventory:
         self._event_set: Any = None
         self._unwatched: frozenset[str] = frozenset()  # lost GPUs left out of the event set
         self._event_failures = 0
+        self.recheck_interval = recheck_interval
+        self._next_recheck = 0.0  # monotonic time the lost GPUs may be queried again
         self._node: NodeInfo | None = None
 
     # --- calls -----------------------------------------------------------------------------
@@ -272,6 +277,13 @@ class NvmlInventory:
         return peers
 
     # --- health ----------------------------------------------------------------------------
+    def _recheck_due(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_recheck:
+            return False
+        self._next_recheck = now + self.recheck_interval
+        return True
+
     def _register_events(self, skip: frozenset[str] = frozenset()) -> None:
         """A new event set on every GPU but `skip` (lost ones: with one in the set, every wait fails at once)."""
         wanted = self.nvml.nvmlEventTypeXidCriticalError | self.nvml.nvmlEventTypeDoubleBitEccError
@@ -293,7 +305,7 @@ class NvmlInventory:
     def wait_for_event(self, timeout: float) -> HealthEvent | None:
         if self._event_set is None:
             self._register_events()
-        elif self._unwatched:
+        elif self._unwatched and self._recheck_due():
             back = frozenset(u for u in self._unwatched if self.check(u) is None)
             if back:  # a lost GPU that answers again is watched again: its XIDs are never missed
                 log.warning("GPU(s) %s answer NVML again: watching their health events again", ", ".join(sorted(back)))
@@ -309,7 +321,8 @@ class NvmlInventory:
             except self.nvml.NVMLError as err:
                 # After a GPU is lost every wait on a set holding it fails at once: watch the other GPUs without it,
                 # so their events are not delayed; with nothing to leave out, wait out the interval, never spin.
-                lost = frozenset(g.uuid for g in (self._node.gpus if self._node else ()) if self.check(g.uuid))
+                gpus = self._node.gpus if self._node and self._recheck_due() else ()
+                lost = frozenset(g.uuid for g in gpus if self.check(g.uuid))
                 if lost - self._unwatched:
                     log.error("NVML nvmlEventSetWait_v2 failed (%s): watching events without lost GPU(s) %s", err, ", ".join(sorted(lost)))
                     self._register_events(skip=lost)

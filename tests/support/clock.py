@@ -6,11 +6,16 @@ import time
 
 
 class ManualClock:
+    """A `deviceplugin.loop.Clock` that moves only when the test moves it (`now`, or `advance`)."""
+
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
 
     def __call__(self) -> float:
         return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 class SteppedClock:

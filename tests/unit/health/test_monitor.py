@@ -27,7 +27,7 @@ def t4(i: int) -> FakeGpu:
 def nvml(monkeypatch, tmp_path):
     fake = FakeNvml([t4(0), t4(1)])
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    inventory = NvmlInventory(sysfs_root=tmp_path)
+    inventory = NvmlInventory(sysfs_root=tmp_path, recheck_interval=0.0)  # lost GPUs asked again on every wait
     inventory.discover()
     yield fake, inventory
     inventory.close()
@@ -46,6 +46,26 @@ def test_a_lost_gpu_that_answers_again_rejoins_the_event_set_and_its_xids_are_se
     fake.xid(0, 48)
     event = inventory.wait_for_event(1.0)
     assert event is not None and (event.gpu_uuid, event.xid) == ("GPU-t4-0", 48)  # seen as at once as on GPU 1
+
+
+def test_lost_gpus_are_asked_again_at_most_once_a_recheck_interval_however_short_the_waits(monkeypatch, tmp_path):
+    """The monitor waits in slices of 50 ms (a stop is quick); a fallen GPU's query can be slow, so it is not asked
+    each slice."""
+    fake = FakeNvml([t4(0), t4(1)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    inventory = NvmlInventory(sysfs_root=tmp_path)  # the default interval, 1 s
+    inventory.discover()
+    try:
+        assert inventory.wait_for_event(0.01) is None
+        fake.gpus[0].lost = True
+        fake.xid(1, 13)
+        assert inventory.wait_for_event(1.0).gpu_uuid == "GPU-t4-1"  # the failed wait found GPU 0 lost
+        fake.calls.clear()
+        for _ in range(10):
+            assert inventory.wait_for_event(0.01) is None
+        assert fake.calls.count("nvmlDeviceGetHandleByUUID") <= 1, fake.calls
+    finally:
+        inventory.close()
 
 
 def monitor_of(inventory) -> tuple[HealthMonitor, ManualClock]:
