@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from ..cluster.capacity import FINEST_SPLIT
 from ..config.types import Config, ConfigError, PoolConfig
 from ..limits import LIST_BUDGET_BYTES, MIN_USEFUL_SHARE_MIB
 from ..model.devices import UNHEALTHY, Resource, Unit
@@ -65,7 +66,7 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
                 log.warning("pool %s: a share of GPU %d (%s) is %d MiB (%d shares), less than a CUDA context needs (about %d MiB); "
                             "lower replicas or use memoryPerShare", pool.name, smallest.gpu.index, smallest.gpu.model,
                             share_memory_mib(smallest), smallest.replicas, MIN_USEFUL_SHARE_MIB)
-            problem = _over_budget(mode, pool, units, budget_bytes)
+            problem = _over_budget(mode, pool, units, budget_bytes) or _too_fine(settings.allocation_policy, pool, units)
             if problem:
                 raise ConfigError([problem], config.source)
             resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=mode.devices(units), settings=settings, links=node.links)
@@ -76,6 +77,17 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
         if gpu.uuid not in owner:
             log.info("GPU %d (%s) is in no pool and is not advertised", gpu.index, gpu.uuid)
     return resources
+
+
+def _too_fine(policy: str, pool: PoolConfig, units: list[Unit]) -> str | None:
+    """fgdstrand scores a GPU in thousandths (the cluster model's finest split): a unit of more shares has no score."""
+    finest = max(units, key=lambda u: u.replicas)
+    if policy != "fgdstrand" or finest.replicas <= FINEST_SPLIT:
+        return None
+    return (
+        f"allocationPolicy: fgdstrand models a GPU in thousandths, so a GPU or MIG instance can have at most {FINEST_SPLIT} "
+        f"shares under it; {pool.key_path} gives {finest.uuid} {finest.replicas}: lower replicas (or raise memoryPerShare), or use binpack"
+    )
 
 
 def _over_budget(mode: SharingMode, pool: PoolConfig, units: list[Unit], budget_bytes: int) -> str | None:

@@ -64,3 +64,14 @@ def test_resources(pools, node_name, top, resources):
 def test_refusals_name_the_key(pools, node_name, budget_bytes, problem):
     with pytest.raises(ConfigError, match=problem):
         plan(pools, node_name, budget_bytes)
+
+
+def test_fgdstrand_refuses_more_shares_per_gpu_than_its_model_can_score_naming_the_key():
+    """The cluster model splits a GPU in thousandths: 1024 shares would make every GetPreferredAllocation fail."""
+    pools = [{"name": "s", "mode": "shared", "replicas": 1024}]
+    with pytest.raises(ConfigError) as err:
+        build_resources(parse_config({"version": "v1", "allocationPolicy": "fgdstrand", "pools": pools}), node("2xT4"))
+    assert "allocationPolicy: fgdstrand" in str(err.value) and "at most 1000 shares" in str(err.value) and "pools[0]" in str(err.value)
+    assert build_resources(parse_config({"version": "v1", "allocationPolicy": "binpack", "pools": pools}), node("2xT4"))
+    finest = build_resources(parse_config({"version": "v1", "allocationPolicy": "fgdstrand", "pools": [{**pools[0], "replicas": 1000}]}), node("2xT4"))
+    assert finest[0].units[0].replicas == 1000
