@@ -8,7 +8,8 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount, Refusal, container_grant
+from deviceplugin.alloc.allocator import ResourceAllocator
+from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount, Refusal
 from deviceplugin.alloc.devicenodes import DeviceNode
 from deviceplugin.alloc.plan import list_entry_bytes
 from deviceplugin.api import deviceplugin_pb2 as pb
@@ -84,6 +85,6 @@ def test_unknown_ids_are_listed_with_a_limit():
     H100 = node("8xH100-80GB")
     ids = [f"GPU-x::{k}" for k in range(12)]
     with pytest.raises(AllocationError) as err:
-        container_grant(shared(H100), ids)
+        ResourceAllocator(shared(H100)).grant(ids)
     assert err.value.code is Refusal.INVALID and err.value.message.endswith("and 4 more")
     assert wire.status_code(err.value.code) == grpc.StatusCode.INVALID_ARGUMENT
