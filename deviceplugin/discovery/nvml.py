@@ -84,7 +84,7 @@ class NvmlInventory:
         self._unwatched: frozenset[str] = frozenset()  # lost GPUs left out of the event set
         self._event_failures = 0
         self.recheck_interval = recheck_interval
-        self._next_recheck = 0.0  # monotonic time the lost GPUs may be queried again
+        self._next_recheck: dict[str, float] = {}  # check -> the monotonic time it may run again (`_due`)
         self._node: NodeInfo | None = None
 
     # --- calls -----------------------------------------------------------------------------
@@ -277,11 +277,13 @@ class NvmlInventory:
         return peers
 
     # --- health ----------------------------------------------------------------------------
-    def _recheck_due(self) -> bool:
+    def _due(self, check: str) -> bool:
+        """True at most once a recheck interval for each `check` ("back": do lost GPUs answer again; "lost": which
+        GPU made a wait fail): each has its own allowance, so one never starves the other."""
         now = time.monotonic()
-        if now < self._next_recheck:
+        if now < self._next_recheck.get(check, 0.0):
             return False
-        self._next_recheck = now + self.recheck_interval
+        self._next_recheck[check] = now + self.recheck_interval
         return True
 
     def _register_events(self, skip: frozenset[str] = frozenset()) -> None:
@@ -305,7 +307,7 @@ class NvmlInventory:
     def wait_for_event(self, timeout: float) -> HealthEvent | None:
         if self._event_set is None:
             self._register_events()
-        elif self._unwatched and self._recheck_due():
+        elif self._unwatched and self._due("back"):
             back = frozenset(u for u in self._unwatched if self.check(u) is None)
             if back:  # a lost GPU that answers again is watched again: its XIDs are never missed
                 log.warning("GPU(s) %s answer NVML again: watching their health events again", ", ".join(sorted(back)))
@@ -321,8 +323,8 @@ class NvmlInventory:
             except self.nvml.NVMLError as err:
                 # After a GPU is lost every wait on a set holding it fails at once: watch the other GPUs without it,
                 # so their events are not delayed; with nothing to leave out, wait out the interval, never spin.
-                gpus = self._node.gpus if self._node and self._recheck_due() else ()
-                lost = frozenset(g.uuid for g in gpus if self.check(g.uuid))
+                gpus = self._node.gpus if self._node and self._due("lost") else ()
+                lost = self._unwatched | {g.uuid for g in gpus if g.uuid not in self._unwatched and self.check(g.uuid)}
                 if lost - self._unwatched:
                     log.error("NVML nvmlEventSetWait_v2 failed (%s): watching events without lost GPU(s) %s", err, ", ".join(sorted(lost)))
                     self._register_events(skip=lost)

@@ -5,6 +5,7 @@ whose queries failed answers again. On the simulated node and on NVML over the f
 from __future__ import annotations
 
 import sys
+import time
 
 import pynvml as real
 import pytest
@@ -64,6 +65,30 @@ def test_lost_gpus_are_asked_again_at_most_once_a_recheck_interval_however_short
         for _ in range(10):
             assert inventory.wait_for_event(0.01) is None
         assert fake.calls.count("nvmlDeviceGetHandleByUUID") <= 1, fake.calls
+    finally:
+        inventory.close()
+
+
+def test_a_second_lost_gpu_is_left_out_too_while_the_first_is_still_lost(monkeypatch, tmp_path):
+    """Asking whether lost GPUs answer again and finding which GPU made a wait fail each have their own allowance:
+    with one GPU left out, a second loss must not stop every other GPU's events."""
+    fake = FakeNvml([t4(0), t4(1), t4(2)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    inventory = NvmlInventory(sysfs_root=tmp_path)  # the default interval, 1 s
+    inventory.discover()
+    try:
+        assert inventory.wait_for_event(0.01) is None
+        fake.gpus[0].lost = True
+        fake.xid(2, 13)
+        assert inventory.wait_for_event(1.0).gpu_uuid == "GPU-t4-2"
+        fake.gpus[1].lost = True
+        fake.xid(2, 31)
+        deadline = time.monotonic() + 4.0
+        event = None
+        while event is None and time.monotonic() < deadline:
+            event = inventory.wait_for_event(0.05)  # the monitor's slices
+        assert event is not None and (event.gpu_uuid, event.xid) == ("GPU-t4-2", 31)
+        assert set(fake.registered) == {2}
     finally:
         inventory.close()
 
