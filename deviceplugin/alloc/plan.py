@@ -11,6 +11,7 @@ from ..model.devices import UNHEALTHY, Resource, Unit
 from ..model.node import Gpu, NodeInfo
 from ..model.shares import share_memory_mib
 from .modes import SharingMode, mode_of
+from .placement import CLUSTER_POLICIES
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +81,10 @@ def build_resources(config: Config, node: NodeInfo, profile: str | None = None, 
 
 
 def _too_fine(policy: str, pool: PoolConfig, units: list[Unit]) -> str | None:
-    """fgdstrand scores a GPU in thousandths (the cluster model's finest split): a unit of more shares has no score."""
+    """fgdstrand scores a GPU in thousandths (the cluster model's finest split): units of one share count above that
+    have no score. (Units of unequal counts are placed by binpack, `placement.choose_unit`: nothing to refuse.)"""
     finest = max(units, key=lambda u: u.replicas)
-    if policy != "fgdstrand" or finest.replicas <= FINEST_SPLIT:
+    if policy not in CLUSTER_POLICIES or finest.replicas <= FINEST_SPLIT or len({u.replicas for u in units}) > 1:
         return None
     return (
         f"allocationPolicy: fgdstrand models a GPU in thousandths, so a GPU or MIG instance can have at most {FINEST_SPLIT} "

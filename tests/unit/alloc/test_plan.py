@@ -75,3 +75,11 @@ def test_fgdstrand_refuses_more_shares_per_gpu_than_its_model_can_score_naming_t
     assert build_resources(parse_config({"version": "v1", "allocationPolicy": "binpack", "pools": pools}), node("2xT4"))
     finest = build_resources(parse_config({"version": "v1", "allocationPolicy": "fgdstrand", "pools": [{**pools[0], "replicas": 1000}]}), node("2xT4"))
     assert finest[0].units[0].replicas == 1000
+
+
+def test_fgdstrand_accepts_units_of_unequal_share_counts_which_binpack_places():
+    """MIG instances of different sizes under memoryPerShare: the cluster policy does not score them (binpack does),
+    so a count over 1000 on one of them is no reason to refuse."""
+    pool = {"name": "s", "mode": "shared", "memoryPerShare": "40Mi", "gpus": {"indexes": [3]}}
+    resources = build_resources(parse_config({"version": "v1", "allocationPolicy": "fgdstrand", "pools": [pool]}), node("8xA100-80GB-mig"))
+    assert sorted(u.replicas for u in resources[0].units) == [249, 499, 1004]
