@@ -8,9 +8,9 @@ from dataclasses import replace
 import grpc
 import pytest
 
-from deviceplugin.alloc.allocator import ResourceAllocator
-from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount, Refusal
+from deviceplugin.alloc.allocator import AllocationError, ContainerGrant, Refusal, ResourceAllocator
 from deviceplugin.alloc.devicenodes import DeviceNode
+from deviceplugin.alloc.modes import Mount
 from deviceplugin.alloc.plan import list_entry_bytes
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.model.devices import HEALTHY, UNHEALTHY

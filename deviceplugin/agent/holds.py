@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 from google.protobuf.message import DecodeError
 
-from ..alloc.container import ENV_SHARE_TOTAL
+from ..alloc.modes import ENV_SHARE_TOTAL
 from ..api import deviceplugin_pb2 as pb
 from ..api import podresources_pb2 as pr
 from ..logs import safe_text

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar, Literal
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
 
 from ..config.types import MPS_LIMIT_REASON, Mode, PoolConfig, WatchdogPolicy, max_replicas
 from ..model.devices import Device, Resource, Unit, share_id
@@ -18,15 +18,25 @@ from ..model.node import Gpu
 from ..model.shares import share_compute_percent, share_memory_mib
 from ..mps.paths import MpsPaths
 
-if TYPE_CHECKING:
-    from .container import Mount
-
 log = logging.getLogger(__name__)
+
+# Environment variables a share-aware application can read.
+ENV_SHARE_COUNT = "GPU_SHARE_COUNT"
+ENV_SHARE_TOTAL = "GPU_SHARE_TOTAL"
+ENV_MEMORY_LIMIT = "GPU_SHARE_MEMORY_LIMIT_MIB"
+ENV_COMPUTE_PERCENT = "GPU_SHARE_COMPUTE_PERCENT"
 
 PoolResource = tuple[str, str, list[Unit]]  # (resource name, label, units): one resource of a pool on a node
 # How GetPreferredAllocation orders devices: the best-connected set of whole GPUs; one device per unit, in the units'
 # order; or shares, on the unit the allocation policy picks.
 Placement = Literal["topology", "in order", "policy"]
+
+
+@dataclass(frozen=True)
+class Mount:
+    container_path: str
+    host_path: str
+    read_only: bool = False
 
 
 class SharingMode(ABC):
@@ -148,8 +158,6 @@ class TimeSliced(SharingMode):
 
     def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*: the shares a container holds and what they are worth."""
-        from .container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL  # not at the top: container.py imports this module
-
         envs = {
             ENV_SHARE_COUNT: str(sum(k for _, k in holdings)),
             ENV_SHARE_TOTAL: str(holdings[0][0].replicas),
@@ -180,8 +188,6 @@ class Mps(TimeSliced):
     def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*, the MPS pipe and its mounts, and per-client limits: `mps_client_limits`, or when None the
         pool's `mpsLimits: proportional`."""
-        from .container import Mount  # not at the top: container.py imports this module
-
         envs, _ = super().grant_facts(resource, holdings, mps_client_limits)
         paths = MpsPaths.of(resource.settings.mps_root, resource.pool.name)
         envs["CUDA_MPS_PIPE_DIRECTORY"] = str(paths.pipe)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..config.types import WatchdogPolicy
 from ..model.devices import Resource
 from ..model.shares import share_compute_percent, share_memory_mib
-from .container import unit_grant
+from .allocator import unit_grant
 from .modes import mode_of
 
 

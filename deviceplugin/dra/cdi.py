@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..alloc.container import ContainerGrant
+from ..alloc.allocator import ContainerGrant
 from .checkpoint import atomic_write
 
 CDI_VERSION = "0.6.0"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from ..alloc.container import ContainerGrant, unit_grant
+from ..alloc.allocator import ContainerGrant, unit_grant
 from ..alloc.modes import mode_of
 from ..model.devices import Resource, Unit
 from ..model.node import MIB, NodeInfo, gpu_family

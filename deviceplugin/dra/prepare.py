@@ -26,7 +26,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from ..alloc.container import AllocationError, ContainerGrant
+from ..alloc.allocator import AllocationError, ContainerGrant
 from ..config.types import Config
 from ..logs import brief, safe_text
 from ..model.devices import Resource

@@ -17,8 +17,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError, Message
 
-from ..alloc.allocator import PreferredRequest
-from ..alloc.container import AllocationError
+from ..alloc.allocator import AllocationError, PreferredRequest
 from ..api import deviceplugin_pb2 as pb
 from ..api import deviceplugin_pb2_grpc as pb_grpc
 from ..logs import brief

@@ -10,8 +10,7 @@ from functools import cached_property
 
 import grpc
 
-from ..alloc.allocator import Allocation
-from ..alloc.container import ContainerGrant, Refusal
+from ..alloc.allocator import Allocation, ContainerGrant, Refusal
 from ..api import deviceplugin_pb2 as pb
 from ..model.devices import HEALTHY, UNHEALTHY, Resource
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ..agent.loop import AgentSettings
 from ..alloc.check import collect_warnings
-from ..alloc.container import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
+from ..alloc.modes import ENV_COMPUTE_PERCENT, ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
 from ..config.types import ConfigError
 from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
 from ..discovery.simulated import SimulatedInventory

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from deviceplugin.alloc.container import ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
+from deviceplugin.alloc.modes import ENV_MEMORY_LIMIT, ENV_SHARE_COUNT, ENV_SHARE_TOTAL
 from deviceplugin.model.node import NodeInfo
 from deviceplugin.sim.kubelet import KubeletSimulator
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from deviceplugin.alloc.allocator import ResourceAllocator
-from deviceplugin.alloc.container import AllocationError
+from deviceplugin.alloc.allocator import AllocationError, ResourceAllocator
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.health.monitor import HealthMonitor
 from deviceplugin.logs import RepeatLimiter, brief, safe_text

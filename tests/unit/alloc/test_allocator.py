@@ -10,11 +10,12 @@ from deviceplugin.alloc.allocator import (
     MAX_CONTAINER_REQUESTS,
     MAX_DEVICE_ID_BYTES,
     Allocation,
+    AllocationError,
     PreferredRequest,
+    Refusal,
     ResourceAllocator,
     ResourceHealth,
 )
-from deviceplugin.alloc.container import AllocationError, Refusal
 from deviceplugin.alloc.placement import preferred_allocation
 from tests.conftest import node
 from tests.support.resources import one_pool, shared

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from deviceplugin.alloc.allocator import ResourceAllocator
-from deviceplugin.alloc.container import AllocationError, ContainerGrant, Mount, Refusal
+from deviceplugin.alloc.allocator import AllocationError, ContainerGrant, Refusal, ResourceAllocator
 from deviceplugin.alloc.devicenodes import DeviceNode, MissingCapability, mig_capability_devices
+from deviceplugin.alloc.modes import Mount
 from deviceplugin.alloc.placement import preferred_allocation
 from deviceplugin.model.devices import Resource
 from tests.conftest import node
