@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..discovery.inventory import Inventory
 from ..loop import BackgroundLoop
 from ..model.devices import Resource
-from ..model.node import NodeInfo
+from ..model.node import MIB, NodeInfo
 from ..model.shares import share_gpu_fraction
 from ..model.usage import Usage
 from ..state import NodeState, NodeView
@@ -92,7 +92,7 @@ class NodeAgent(BackgroundLoop):
         if observation.fresh:
             self.meter.observe(self._holdings(observation.usage, observation.containers))
         gpus = residue.quarantined_gpus(observation.residue_mib, before.residue_mib, previous.quarantined_gpus, self.quarantine)
-        self.state.set_quarantine(gpus, residue.held_back(self.resources(), gpus, observation.usage.allocated()))
+        self.state.set_quarantine(gpus, residue.quarantined_devices(self.resources(), gpus, observation.usage.allocated()))
         self.state.set_observation(observation)
         return self.state.snapshot()
 
@@ -117,6 +117,6 @@ class NodeAgent(BackgroundLoop):
             holdings[key] = Holding(
                 shares=held.shares + (share.shares if first else 0),
                 gpus=held.gpus + (share_gpu_fraction(unit, share.shares) if first else 0.0),
-                memory_bytes=held.memory_bytes + used.get((share.key, share.unit_uuid), 0) * 1024 * 1024,
+                memory_bytes=held.memory_bytes + used.get((share.key, share.unit_uuid), 0) * MIB,
             )
         return holdings

@@ -31,6 +31,6 @@ def quarantined_gpus(residue: dict[str, int], previous_residue: dict[str, int], 
     return confirmed
 
 
-def held_back(resources: list[Resource], gpus: frozenset[str], allocated: frozenset[str]) -> frozenset[str]:
+def quarantined_devices(resources: list[Resource], gpus: frozenset[str], allocated: frozenset[str]) -> frozenset[str]:
     """The free devices on quarantined GPUs."""
     return frozenset(d.id for r in resources for d in r.devices.values() if d.gpu.uuid in gpus and d.id not in allocated)

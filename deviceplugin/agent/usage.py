@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 
 from .. import defaults
+from ..alloc.modes import TIME_SLICED, mode_of
 from ..api import podresources_pb2 as pr
 from ..api import podresources_pb2_grpc as pr_grpc
 from ..model.devices import Resource
@@ -52,7 +53,6 @@ def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]
                         per_unit.setdefault(device.unit.uuid, []).append(device_id)
                 for ids in per_unit.values():
                     unit = resource.devices[ids[0]].unit
-                    shared = resource.pool.shared
                     shares.append(
                         ContainerShare(
                             namespace=pod.namespace,
@@ -65,7 +65,7 @@ def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]
                             devices=tuple(sorted(ids)),
                             shares=len(ids),
                             memory_limit_mib=share_memory_mib(unit, len(ids)),  # a whole device is one replica
-                            time_sliced=shared and not resource.pool.mps,
+                            time_sliced=mode_of(resource.pool) is TIME_SLICED,
                         )
                     )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..config.types import Config, ConfigError
 from ..model.devices import Resource
 from ..model.node import NodeInfo
+from .modes import mode_of
 from .plan import build_resources
 
 DOMAIN_KEY = "domain"  # the params key holding the domain; every other key is a resource
@@ -25,7 +26,7 @@ def admission_limits(resources: Iterable[Resource]) -> dict[str, int]:
     one unit, keyed by the full resource name."""
     limits: dict[str, int] = {}
     for resource in resources:
-        if resource.pool.shared and not resource.pool.allow_span:
+        if not mode_of(resource.pool).may_span(resource.pool):
             limits[resource.name] = max(limits.get(resource.name, 0), *(u.replicas for u in resource.units))
     return limits
 
@@ -62,7 +63,7 @@ def fleet_limits(config: Config, nodes: Iterable[NodeInfo]) -> FleetLimits:
         problems = []
         for pools in config.profiles.values():
             for pool in pools:
-                if not pool.shared or pool.allow_span:
+                if mode_of(pool).may_span(pool):
                     continue
                 if pool.memory_per_share_mib is not None:
                     problems.append(f"{pool.key_path}.memoryPerShare: the share count depends on the GPU's memory: give --node FILE for each GPU model of the fleet")

@@ -146,7 +146,8 @@ class ResourceAllocator:
         return Allocation(tuple(grants), tuple(i for ids in containers for i in ids), tuple(sorted(units)))
 
     def grant(self, device_ids: Sequence[str]) -> ContainerGrant:
-        """What one container gets for these devices."""
+        """What one container gets for these devices: the devices' checks only, not the request's bounds or the pool's
+        state (`allocate` adds those)."""
         return self._grant(device_ids)[0]
 
     def _check_pending(self, containers: Sequence[Sequence[str]]) -> None:
@@ -181,7 +182,8 @@ class ResourceAllocator:
             )
         pool = resource.pool
         units = _units_of(resource, devices)
-        if pool.shared and len(units) > 1 and not pool.allow_span:
+        mode = mode_of(pool)
+        if len(units) > 1 and not mode.may_span(pool):
             kind = "MIG instances" if units[0].mig else "GPUs"
             per_unit = "; ".join(f"{u.uuid} shares {brief([str(d.share) for d in devices if d.unit is u], 8)}" for u in units[:8])
             per_unit += f"; and {len(units) - 8} more" if len(units) > 8 else ""
@@ -189,7 +191,7 @@ class ResourceAllocator:
                 Refusal.INVALID,
                 f"shares of {resource.name} span {len(units)} {kind} ({per_unit}); all shares of a container must be on one {kind[:-1]}",
             )
-        if pool.mps and pool.mps_limits == "strict" and len(devices) > 1:
+        if (most := mode.most_per_container(pool)) is not None and len(devices) > most:
             raise AllocationError(
                 Refusal.INVALID,
                 f"{resource.name} uses MPS with strict limits: one share per container, got {len(devices)} "

@@ -65,6 +65,14 @@ class SharingMode(ABC):
         """What the grant adds for this mode: environment variables and mounts."""
         return {}, ()
 
+    def may_span(self, pool: PoolConfig) -> bool:
+        """Whether one container's devices may lie on several units (whole GPUs and MIG instances: always)."""
+        return True
+
+    def most_per_container(self, pool: PoolConfig) -> int | None:
+        """The most devices one container may hold, where the mode itself bounds it (None: it does not)."""
+        return None
+
     @abstractmethod
     def enforcement(self, pool: PoolConfig, unit: Unit, watchdog_policy: WatchdogPolicy) -> str:
         """How a container's memory and compute are held to what it is given, or that they are not (`config check`)."""
@@ -153,6 +161,9 @@ class TimeSliced(SharingMode):
             low = high
         return shapes
 
+    def may_span(self, pool: PoolConfig) -> bool:
+        return pool.allow_span  # shares of one container on one unit, unless allowSpanGPUs
+
     def budget_terms(self, pool: PoolConfig, units: Sequence[Unit]) -> tuple[str, str]:
         return f"{max(u.replicas for u in units)} shares each", "raise memoryPerShare" if pool.memory_per_share_mib else "lower replicas"
 
@@ -185,6 +196,9 @@ class Mps(TimeSliced):
             raise ValueError(f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool")
         return super().resources(pool, gpus)
 
+    def most_per_container(self, pool: PoolConfig) -> int | None:
+        return 1 if pool.mps_limits == "strict" else None  # strict: every client gets the daemon's one-share defaults
+
     def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*, the MPS pipe and its mounts, and per-client limits: `mps_client_limits`, or when None the
         pool's `mpsLimits: proportional`."""
@@ -205,7 +219,7 @@ class Mps(TimeSliced):
 
 
 EXCLUSIVE, TIME_SLICED, MPS, MIG = Exclusive(), TimeSliced(), Mps(), Mig()
-MODES: tuple[SharingMode, ...] = (EXCLUSIVE, TIME_SLICED, MPS, MIG)
+SHARING_MODES: tuple[SharingMode, ...] = (EXCLUSIVE, TIME_SLICED, MPS, MIG)
 _BY_POOL_MODE: dict[Mode, SharingMode] = {"exclusive": EXCLUSIVE, "shared": TIME_SLICED, "mig": MIG}
 
 

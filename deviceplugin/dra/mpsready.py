@@ -38,9 +38,6 @@ class MpsReadiness(BackgroundLoop):
     def start(self) -> None:
         self._start_thread()
 
-    def stop(self) -> None:
-        self._stop_thread()
-
     def _run(self) -> None:
         self._repeat(self.check, self.interval)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
+from ..alloc.modes import TIME_SLICED, mode_of
 from ..api import podresources_pb2 as pr
 from ..model.devices import Resource
 from ..model.usage import ContainerShare, Usage
@@ -61,7 +62,7 @@ def claim_usage(
                         devices=tuple(sorted(f"{claim.uid}/{device.device}/{device.share_id or ''}" for claim, device, _ in items)),
                         shares=sum(device.shares for _, device, _ in items),
                         memory_limit_mib=sum(device.memory_mib for _, device, _ in items),
-                        time_sliced=resource.pool.shared and not resource.pool.mps,
+                        time_sliced=mode_of(resource.pool) is TIME_SLICED,
                     )
                 )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))

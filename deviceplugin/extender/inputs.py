@@ -14,6 +14,7 @@ from functools import cached_property
 from ..cluster import MILLI, PodDemand
 from ..dra.devices import MAX_QUANTITY_LENGTH, parse_quantity
 from ..kube.annotation import HEALTH_VALUES, VERSION
+from ..model.node import MIB
 
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit for all annotations of an object
 MAX_UNITS = 4096  # per node
@@ -225,7 +226,7 @@ def host_capacity(node: dict) -> HostCapacity:
     """`status.allocatable` of a Node object; a missing or unreadable entry counts as unlimited."""
     allocatable = ((node.get("status") or {}).get("allocatable") or {}) if isinstance(node, dict) else {}
     values = []
-    for key, scale, down in (("cpu", 1000, True), ("memory", 1 / (1 << 20), True), ("pods", 1, True)):
+    for key, scale, down in (("cpu", 1000, True), ("memory", 1 / MIB, True), ("pods", 1, True)):
         try:
             values.append(_scaled(allocatable[key], scale, down))
         except (KeyError, InputError):
@@ -287,7 +288,7 @@ def _host_quantity(amounts: dict, key: str, where: str) -> int:
     if key not in amounts:
         return 0
     try:
-        return _scaled(amounts[key], 1000 if key == "cpu" else 1 / (1 << 20), False)
+        return _scaled(amounts[key], 1000 if key == "cpu" else 1 / MIB, False)
     except InputError as err:
         raise InputError(f"{where}.{key}: {err}") from None
 

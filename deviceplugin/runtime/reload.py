@@ -106,9 +106,6 @@ class ConfigReloader(BackgroundLoop):
         self._state = ReloadState(config, served, file, seen)
         self._start_thread()
 
-    def stop(self) -> None:
-        self._stop_thread()
-
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.check()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deviceplugin.alloc.modes import EXCLUSIVE, MIG, MODES, MPS, TIME_SLICED, mode_of
+from deviceplugin.alloc.modes import EXCLUSIVE, MIG, MPS, SHARING_MODES, TIME_SLICED, mode_of
 from deviceplugin.config.parse import parse_config
 from deviceplugin.model.devices import Unit
 
@@ -36,7 +36,7 @@ def test_a_pool_finds_its_mode(keys, mode, name, strategy, placement):
 
 
 def test_every_mode_once_by_its_name():
-    assert [m.name for m in MODES] == ["exclusive", "time-slicing", "mps", "mig"]
+    assert [m.name for m in SHARING_MODES] == ["exclusive", "time-slicing", "mps", "mig"]
 
 
 @pytest.mark.parametrize(
