@@ -25,13 +25,25 @@ def t4(i: int) -> FakeGpu:
 
 
 @pytest.fixture
-def nvml(monkeypatch, tmp_path):
-    fake = FakeNvml([t4(0), t4(1)])
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    inventory = NvmlInventory(sysfs_root=tmp_path, recheck_interval=0.0)  # lost GPUs asked again on every wait
-    inventory.discover()
-    yield fake, inventory
-    inventory.close()
+def nvml_of(monkeypatch, tmp_path):
+    """`nvml_of(gpus, **options)`: a fake driver with `gpus` T4s and an NvmlInventory over it (closed after the test)."""
+    made: list[NvmlInventory] = []
+
+    def make(gpus: int = 2, **options) -> tuple[FakeNvml, NvmlInventory]:
+        fake = FakeNvml([t4(i) for i in range(gpus)])
+        monkeypatch.setitem(sys.modules, "pynvml", fake)
+        made.append(NvmlInventory(sysfs_root=tmp_path, **options))
+        made[-1].discover()
+        return fake, made[-1]
+
+    yield make
+    for inventory in made:
+        inventory.close()
+
+
+@pytest.fixture
+def nvml(nvml_of):
+    return nvml_of(recheck_interval=0.0)  # lost GPUs asked again on every wait
 
 
 def test_a_lost_gpu_that_answers_again_rejoins_the_event_set_and_its_xids_are_seen(nvml):
@@ -49,48 +61,36 @@ def test_a_lost_gpu_that_answers_again_rejoins_the_event_set_and_its_xids_are_se
     assert event is not None and (event.gpu_uuid, event.xid) == ("GPU-t4-0", 48)  # seen as at once as on GPU 1
 
 
-def test_lost_gpus_are_asked_again_at_most_once_a_recheck_interval_however_short_the_waits(monkeypatch, tmp_path):
+def test_lost_gpus_are_asked_again_at_most_once_a_recheck_interval_however_short_the_waits(nvml_of):
     """The monitor waits in slices of 50 ms (a stop is quick); a fallen GPU's query can be slow, so it is not asked
     each slice."""
-    fake = FakeNvml([t4(0), t4(1)])
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    inventory = NvmlInventory(sysfs_root=tmp_path)  # the default interval, 1 s
-    inventory.discover()
-    try:
+    fake, inventory = nvml_of()  # the default interval, 1 s
+    assert inventory.wait_for_event(0.01) is None
+    fake.gpus[0].lost = True
+    fake.xid(1, 13)
+    assert inventory.wait_for_event(1.0).gpu_uuid == "GPU-t4-1"  # the failed wait found GPU 0 lost
+    fake.calls.clear()
+    for _ in range(10):
         assert inventory.wait_for_event(0.01) is None
-        fake.gpus[0].lost = True
-        fake.xid(1, 13)
-        assert inventory.wait_for_event(1.0).gpu_uuid == "GPU-t4-1"  # the failed wait found GPU 0 lost
-        fake.calls.clear()
-        for _ in range(10):
-            assert inventory.wait_for_event(0.01) is None
-        assert fake.calls.count("nvmlDeviceGetHandleByUUID") <= 1, fake.calls
-    finally:
-        inventory.close()
+    assert fake.calls.count("nvmlDeviceGetHandleByUUID") <= 1, fake.calls
 
 
-def test_a_second_lost_gpu_is_left_out_too_while_the_first_is_still_lost(monkeypatch, tmp_path):
+def test_a_second_lost_gpu_is_left_out_too_while_the_first_is_still_lost(nvml_of):
     """Asking whether lost GPUs answer again and finding which GPU made a wait fail each have their own allowance:
     with one GPU left out, a second loss must not stop every other GPU's events."""
-    fake = FakeNvml([t4(0), t4(1), t4(2)])
-    monkeypatch.setitem(sys.modules, "pynvml", fake)
-    inventory = NvmlInventory(sysfs_root=tmp_path)  # the default interval, 1 s
-    inventory.discover()
-    try:
-        assert inventory.wait_for_event(0.01) is None
-        fake.gpus[0].lost = True
-        fake.xid(2, 13)
-        assert inventory.wait_for_event(1.0).gpu_uuid == "GPU-t4-2"
-        fake.gpus[1].lost = True
-        fake.xid(2, 31)
-        deadline = time.monotonic() + 4.0
-        event = None
-        while event is None and time.monotonic() < deadline:
-            event = inventory.wait_for_event(0.05)  # the monitor's slices
-        assert event is not None and (event.gpu_uuid, event.xid) == ("GPU-t4-2", 31)
-        assert set(fake.registered) == {2}
-    finally:
-        inventory.close()
+    fake, inventory = nvml_of(3)  # the default interval, 1 s
+    assert inventory.wait_for_event(0.01) is None
+    fake.gpus[0].lost = True
+    fake.xid(2, 13)
+    assert inventory.wait_for_event(1.0).gpu_uuid == "GPU-t4-2"
+    fake.gpus[1].lost = True
+    fake.xid(2, 31)
+    deadline = time.monotonic() + 4.0
+    event = None
+    while event is None and time.monotonic() < deadline:
+        event = inventory.wait_for_event(0.05)  # the monitor's slices
+    assert event is not None and (event.gpu_uuid, event.xid) == ("GPU-t4-2", 31)
+    assert set(fake.registered) == {2}
 
 
 def monitor_of(inventory) -> tuple[HealthMonitor, ManualClock]:
