@@ -15,7 +15,7 @@ from .. import defaults
 from ..alloc.modes import TIME_SLICED, mode_of
 from ..api import podresources_pb2 as pr
 from ..api import podresources_pb2_grpc as pr_grpc
-from ..model.devices import Resource
+from ..model.devices import Resource, Unit
 from ..model.shares import share_memory_mib
 from ..model.usage import ContainerShare, Usage
 
@@ -53,21 +53,8 @@ def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]
                         per_unit.setdefault(device.unit.uuid, []).append(device_id)
                 for ids in per_unit.values():
                     unit = resource.devices[ids[0]].unit
-                    shares.append(
-                        ContainerShare(
-                            namespace=pod.namespace,
-                            pod=pod.name,
-                            container=container.name,
-                            resource=resource.name,
-                            pool=resource.pool.name,
-                            unit_uuid=unit.uuid,
-                            gpu_uuid=unit.gpu.uuid,
-                            devices=tuple(sorted(ids)),
-                            shares=len(ids),
-                            memory_limit_mib=share_memory_mib(unit, len(ids)),  # a whole device is one replica
-                            time_sliced=mode_of(resource.pool) is TIME_SLICED,
-                        )
-                    )
+                    # a whole device is one replica
+                    shares.append(container_share((pod.namespace, pod.name, container.name), resource, unit, ids, len(ids), share_memory_mib(unit, len(ids))))
     return Usage(shares=tuple(shares), active_containers=frozenset(active))
 
 
@@ -90,3 +77,20 @@ class PodResourcesClient:
 
     def close(self) -> None:
         self._channel.close()
+
+
+def container_share(key: tuple[str, str, str], resource: Resource, unit: Unit, devices: list[str], shares: int, memory_limit_mib: int) -> ContainerShare:
+    """One container's (namespace, pod, container) holding on one unit: both node APIs' usage maps build it here."""
+    return ContainerShare(
+        namespace=key[0],
+        pod=key[1],
+        container=key[2],
+        resource=resource.name,
+        pool=resource.pool.name,
+        unit_uuid=unit.uuid,
+        gpu_uuid=unit.gpu.uuid,
+        devices=tuple(sorted(devices)),
+        shares=shares,
+        memory_limit_mib=memory_limit_mib,
+        time_sliced=mode_of(resource.pool) is TIME_SLICED,
+    )

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-from ..alloc.modes import TIME_SLICED, mode_of
+from ..agent.usage import container_share
 from ..api import podresources_pb2 as pr
 from ..model.devices import Resource
 from ..model.usage import ContainerShare, Usage
@@ -51,18 +51,13 @@ def claim_usage(
                     return Usage(shares=tuple(shares), active_containers=frozenset(active))
                 unit, resource = items[0][2].unit, items[0][2].resource
                 shares.append(
-                    ContainerShare(
-                        namespace=pod.namespace,
-                        pod=pod.name,
-                        container=container.name,
-                        resource=resource.name,
-                        pool=resource.pool.name,
-                        unit_uuid=unit.uuid,
-                        gpu_uuid=unit.gpu.uuid,
-                        devices=tuple(sorted(f"{claim.uid}/{device.device}/{device.share_id or ''}" for claim, device, _ in items)),
-                        shares=sum(device.shares for _, device, _ in items),
-                        memory_limit_mib=sum(device.memory_mib for _, device, _ in items),
-                        time_sliced=mode_of(resource.pool) is TIME_SLICED,
+                    container_share(
+                        (pod.namespace, pod.name, container.name),
+                        resource,
+                        unit,
+                        [f"{claim.uid}/{device.device}/{device.share_id or ''}" for claim, device, _ in items],
+                        sum(device.shares for _, device, _ in items),
+                        sum(device.memory_mib for _, device, _ in items),
                     )
                 )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))
