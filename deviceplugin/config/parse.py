@@ -58,6 +58,8 @@ _TOP_KEYS = {
     "profiles": dict,
 }
 _NVIDIA_TOP_KEYS = ("flags", "resources", "sharing")  # the top of NVIDIA's device plugin config (version v1 too)
+# The pool keys only one mode takes (every other key applies to all modes, or to a backend).
+MODE_KEYS: dict[str, tuple[str, ...]] = {"shared": ("replicas", "memoryPerShare", "backend", "allowSpanGPUs"), "mig": ("strategy",)}
 _POOL_KEYS = {
     "name": str,
     "mode": str,
@@ -250,11 +252,9 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     def only_for(key: str, allowed: bool, what: str) -> None:
         fields.check(allowed or not fields.has(key), key, f"only applies to {what} (this pool is {mode})")
 
-    only_for("replicas", mode == "shared", "mode shared")
-    only_for("memoryPerShare", mode == "shared", "mode shared")
-    only_for("backend", mode == "shared", "mode shared")
-    only_for("allowSpanGPUs", mode == "shared", "mode shared")
-    only_for("strategy", mode == "mig", "mode mig")
+    for owner, keys in MODE_KEYS.items():
+        for key in keys:
+            only_for(key, mode == owner, f"mode {owner}")
     strategy = fields.get("strategy", "mixed")
     fields.check(strategy in MIG_STRATEGIES, "strategy", f"must be one of {', '.join(MIG_STRATEGIES)}, got {strategy!r}")
 
