@@ -12,7 +12,7 @@ from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
 from deviceplugin.plugin.wire import OPTIONS
 from deviceplugin.sim.kubelet import AdmissionError, Container, Pod
 
-from .conftest import node, registered
+from .conftest import node, registered, wait_until
 
 SHARE = "example.com/gpu-share"
 GPU = "example.com/gpu"
@@ -244,7 +244,7 @@ def test_registration_retries_until_kubelet_appears(plugin_dir, start_plugin):
     from deviceplugin.sim.kubelet import KubeletSimulator
 
     manager = start_plugin()
-    time.sleep(0.3)  # several failed attempts: kubelet.sock does not exist yet
+    assert wait_until(lambda: manager.servers[0].register_failures >= 3, timeout=5)  # kubelet.sock does not exist yet
     assert not manager.servers[0].registered.is_set()
     late = KubeletSimulator(plugin_dir)
     late.start()

@@ -126,7 +126,8 @@ class DevicePluginServer:
         self.timings = timings
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
         self.registered = threading.Event()  # set only by the current instance's successful Register
-        self.register_calls = 0
+        self.register_calls = 0  # Register calls made (kubelet.sock existed)
+        self.register_failures = 0  # attempts that did not register, a missing kubelet.sock included
         self.registrations = 0  # accepted by the kubelet
         self.recent_grants: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=MAX_RECENT_GRANTS)  # (monotonic time, IDs)
         self.preferred_waiting = 0  # GetPreferredAllocation calls queued or running
@@ -289,6 +290,7 @@ class DevicePluginServer:
                 finally:
                     instance.registering = False
             failures += 1
+            self.register_failures += 1
             # The first failure and then every tenth: a kubelet that stays away does not flood the log.
             if failures == 1 or failures % 10 == 0:
                 log.warning("cannot register %s (%s); retrying in %.1fs (attempt %d)", self.resource.name, reason, delay, failures)
