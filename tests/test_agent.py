@@ -244,6 +244,31 @@ def test_metrics_healthz_readyz_and_per_container_use(daemon, kubelet):
     assert get(base + "/nope")[0] == 404
 
 
+def test_a_three_share_container_is_one_series_of_three_and_the_watchdog_leaves_it_alone(daemon, kubelet):
+    """The real kubelet lists one pod-resources entry per device ID (and NUMA node); the built-in one does too now,
+    so this is the case that killed a container within its limit: 3 shares, 3 entries, one holding of 3."""
+    d = serving(daemon, kubelet, policy="kill")
+    pod = Pod("three", [Container("app", {SHARE: 3})])
+    kubelet.admit(pod)
+    listed = [p for p in kubelet.pod_resources() if p.name == "three"][0]
+    assert len(listed.containers[0].devices) == 3  # the kubelet's shape: one entry per ID
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        d.inventory.add_process(child.pid, U0, 3 * 3840 - 500, cgroup=cgroup(pod, "app"))  # within 3 shares, over 1
+        d.agent.sync()
+        d.metrics_server.start()
+        text = get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1]
+        lines = [line for line in text.splitlines() if line.startswith("gpushare_container_")]
+        assert len(lines) == len({line.rsplit(" ", 1)[0] for line in lines})  # no label set twice
+        m = samples(text)
+        assert value(m, "gpushare_container_shares", pod="three") == 3
+        assert value(m, "gpushare_container_memory_limit_bytes", pod="three") == 3 * 3840 * MIB
+        assert value(m, "gpushare_container_over_limit", pod="three") == 0
+        assert child.poll() is None and d.agent.watchdog.kills == 0
+    finally:
+        child.kill()
+
+
 def test_watchdog_kill_policy_kills_a_real_process(daemon, kubelet):
     d = serving(daemon, kubelet, policy="kill")
     pod = Pod("greedy", [Container("app", {SHARE: 1})])

@@ -1,13 +1,15 @@
 """The kubelet's checkpoint, read only and never trusted: both formats, the share count our Allocate answer carried,
-and anything malformed or oversized skipped."""
+and anything malformed or oversized unknown (HoldsUnknown), never empty."""
 
 from __future__ import annotations
 
 import base64
 import json
 
+import pytest
+
 from deviceplugin.agent import holds
-from deviceplugin.agent.holds import read_checkpoint
+from deviceplugin.agent.holds import HoldsUnknown, read_checkpoint
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.model.usage import Hold
 
@@ -40,12 +42,23 @@ def test_both_formats_and_the_granted_share_count(tmp_path):
     assert found[("example.com/gpu", "GPU-b")] == Hold("example.com/gpu", "GPU-b", 1)
 
 
-def test_missing_malformed_and_oversized_files_hold_nothing(tmp_path, monkeypatch, caplog):
+def test_a_missing_file_holds_nothing_and_a_malformed_or_oversized_one_is_unknown(tmp_path, monkeypatch):
     path = tmp_path / "kubelet_internal_checkpoint"
     assert read_checkpoint(path, OURS) == {}
-    for text in ("{", '{"Data": 3}', '{"Data": {"PodDeviceEntries": [1, "x", {"ResourceName": 5}, {"ResourceName": "r", "DeviceIDs": {"0": [7]}}]}}'):
+    for text in ("{", '{"Data": 3}', '{"Data": {"PodDeviceEntries": 5}}', '{"Data": {"PodDeviceEntries": [1]}}',
+                 '{"Data": {"PodDeviceEntries": [{"ResourceName": 5}]}}',
+                 '{"Data": {"PodDeviceEntries": [{"ResourceName": "r", "DeviceIDs": {"0": [7]}}]}}'):
         path.write_text(text)
-        assert read_checkpoint(path, OURS) == {}
+        with pytest.raises(HoldsUnknown):
+            read_checkpoint(path, OURS)
     monkeypatch.setattr(holds, "MAX_CHECKPOINT_BYTES", 10)
     write(path, [])
-    assert read_checkpoint(path, OURS) == {} and "is over 10 bytes: not read" in caplog.text
+    with pytest.raises(HoldsUnknown, match="is over 10 bytes"):
+        read_checkpoint(path, OURS)
+
+
+def test_a_share_count_that_does_not_parse_is_an_unknown_shape(tmp_path):
+    """`GPU_SHARE_TOTAL="²"` passes str.isdigit() and fails int(): the hold stays, its share count unknown."""
+    path = tmp_path / "kubelet_internal_checkpoint"
+    write(path, [{"PodUID": "u", "ContainerName": "c", "ResourceName": "example.com/gpu-share", "DeviceIDs": {"0": ["GPU-a::0"]}, "AllocResp": answer("²")}])
+    assert {k: h.replicas for k, h in read_checkpoint(path, OURS).items()} == {("example.com/gpu-share", "GPU-a::0"): None}

@@ -4,6 +4,8 @@ until released, then switches. Every test asserts from the allocations the built
 
 from __future__ import annotations
 
+import base64
+import json
 import random
 import sys
 from pathlib import Path
@@ -314,3 +316,62 @@ def test_random_sequences_of_profile_label_switches_and_profile_edits_never_over
             kubelet.restart()
         plugin.settle()
         assert overcommitted(kubelet, plugin.node) == [], f"step {step}: {action}"
+
+
+def test_an_init_container_that_pod_resources_omits_still_pins_its_gpu(plugin, kubelet):
+    """Ordinary init containers are in the kubelet's checkpoint, never in pod-resources: the checkpoint's holders count."""
+    pod = Pod("with-init", [Container("setup", {GPU: 1}, init=True), Container("c", {})])
+    kubelet.admit(pod)
+    assert not any(p.name == "with-init" and p.containers[0].devices for p in kubelet.pod_resources())
+    plugin.reload(ALL_SHARED)
+    plugin.fill(SHARE, 1, 8)
+    assert overcommitted(kubelet, plugin.node) == []
+    assert list(plugin.pending()) == [plugin.node.gpus[0].uuid]
+
+
+def _rewrite_checkpoint(kubelet: KubeletSimulator, change) -> None:
+    path = kubelet.plugin_dir / "kubelet_internal_checkpoint"
+    path.write_text(change(path.read_text()))
+
+
+def test_a_share_count_that_does_not_parse_keeps_its_gpu_across_a_restart(plugin, kubelet):
+    """`GPU_SHARE_TOTAL="²"` passes isdigit() and fails int(): once that made start-up serve the whole new plan."""
+    plugin.fill(SHARE, 1, 2)
+    plugin.stop()
+    entries = None
+
+    def superscript(text: str) -> str:
+        nonlocal entries
+        data = json.loads(text)
+        entries = data["Data"]["PodDeviceEntries"]
+        for entry in entries:
+            response = pb.ContainerAllocateResponse.FromString(base64.b64decode(entry["AllocResp"]))
+            response.envs["GPU_SHARE_TOTAL"] = "²"
+            entry["AllocResp"] = base64.b64encode(response.SerializeToString()).decode()
+        return json.dumps(data)
+
+    _rewrite_checkpoint(kubelet, superscript)
+    assert entries
+    plugin.write([{"name": "shared", "mode": "shared", "replicas": 8}])
+    plugin.start()
+    plugin.fill(SHARE, 1, 16)
+    plugin.fill(GPU, 1, 2)
+    assert overcommitted(kubelet, plugin.node) == []
+    assert plugin.node.gpus[1].uuid in plugin.pending()  # held in shares of a count nobody can read: kept
+
+
+def test_holds_that_cannot_be_read_serve_nothing_until_a_source_answers(plugin, kubelet):
+    """pod-resources down and the checkpoint truncated: unknown, never empty; nothing is served until the kubelet is back."""
+    plugin.admit(GPU, 1)
+    plugin.stop()
+    kubelet.stop()
+    _rewrite_checkpoint(kubelet, lambda text: text[: len(text) // 2])
+    plugin.write(ALL_SHARED)
+    daemon = plugin.start(settle=False)
+    assert daemon.manager.servers == [] and daemon.manager.unreadable_holds >= 1
+    kubelet.start()  # its first checkpoint write is whole again, and pod-resources answers
+    assert wait_until(lambda: daemon.manager.servers != [], timeout=10)
+    plugin.settle()
+    plugin.fill(SHARE, 1, 8)
+    assert overcommitted(kubelet, plugin.node) == []
+    assert list(plugin.pending()) == [plugin.node.gpus[0].uuid]

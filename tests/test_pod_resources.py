@@ -1,4 +1,5 @@
-"""The built-in kubelet's pod-resources server: active pods only, Get, allocatable, its rate limit."""
+"""The built-in kubelet's pod-resources server: active pods only, one entry per device ID and NUMA node, no ordinary
+init containers, Get, allocatable, its rate limit."""
 
 from __future__ import annotations
 
@@ -20,16 +21,20 @@ def test_pod_resources_serves_active_pods_only_and_rate_limits(plugin_dir, start
     try:
         start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]})
         assert kubelet.wait_for(registered(SHARE), timeout=5)
-        a = Pod("a", [Container("main", {SHARE: 2}), Container("sidecar", {})], namespace="team")
+        init = Container("setup", {SHARE: 1}, init=True)
+        a = Pod("a", [init, Container("main", {SHARE: 2}), Container("sidecar", {})], namespace="team")
         b = Pod("b", [Container("main", {SHARE: 1})])
         kubelet.admit(a)
         kubelet.admit(b)
         client = PodResourcesClient(kubelet.pod_resources_socket)
         listed = {(p.namespace, p.name): p for p in client.list().pod_resources}
         assert set(listed) == {("team", "a"), ("default", "b")}
-        devices = listed[("team", "a")].containers[0].devices[0]
-        assert devices.resource_name == SHARE and list(devices.device_ids) == kubelet.allocated(a)["main"][SHARE]
-        assert [n.ID for n in devices.topology.nodes] == [0]
+        entries = listed[("team", "a")].containers[0].devices
+        # the real kubelet's answer: one ContainerDevices per device ID (per NUMA node), each with its node
+        assert [list(e.device_ids) for e in entries] == [[i] for i in kubelet.allocated(a)["main"][SHARE]]
+        assert {e.resource_name for e in entries} == {SHARE}
+        assert all([n.ID for n in e.topology.nodes] == [0] for e in entries)
+        assert not listed[("team", "a")].containers[0].memory and not listed[("team", "a")].containers[0].cpu_ids
         assert [c.name for c in listed[("team", "a")].containers] == ["main", "sidecar"]
         kubelet.finish_pod(b.uid)
         assert [p.name for p in client.list().pod_resources] == ["a"]

@@ -1,6 +1,12 @@
 """What containers hold, read fresh: pod-resources for who holds which device now, the kubelet's checkpoint for the
-shape each was granted in (the share count our Allocate answer carried), and the checkpoint alone while
-pod-resources cannot be read. The plugin manager reads it before a GPU changes shape (alloc.pending).
+shape each was granted in (the share count our Allocate answer carried) and for the holders pod-resources never lists
+(ordinary init containers), and the checkpoint alone while pod-resources cannot be read. The plugin manager reads it
+before a GPU changes shape (alloc.pending).
+
+Fail closed: a source that cannot be read is unknown, never empty. A checkpoint that exists but cannot be read or
+parsed whole raises `HoldsUnknown` (the caller keeps every GPU as it is and takes no new work on a changing one
+until a source answers); an entry whose share count does not parse holds its devices in an unknown shape (replicas
+None), so a GPU it names keeps its shape.
 
 The checkpoint (`kubelet_internal_checkpoint` in the device-plugin directory) is the kubelet's internal file: it is
 only ever read, bounded, and anything in it that does not parse is skipped, never trusted. Its shape:
@@ -14,7 +20,7 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -30,33 +36,36 @@ from .usage import PodResourcesClient
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "kubelet_internal_checkpoint"
-MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024  # the kubelet's file for a full node is a few MiB
+MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024  # a full node (110 pods, a few containers each) writes about 1 MiB; parsing 4 MiB peaks near +20 MiB
 MAX_HOLDS = 200_000  # device IDs taken from one reading; a node has at most a few thousand devices
 
 
+class HoldsUnknown(Exception):
+    """What containers hold cannot be read: treat every GPU as held, in a shape not known."""
+
+
 def read_checkpoint(path: Path, ours: Callable[[str], bool]) -> dict[tuple[str, str], Hold]:
-    """(resource, device ID) -> its hold, for the devices `ours(unit UUID)` accepts; {} when the file is missing or
-    unreadable (said in the log)."""
+    """(resource, device ID) -> its hold, for the devices `ours(unit UUID)` accepts; {} when there is no file (a node
+    the kubelet never allocated on). Raises HoldsUnknown when the file exists but cannot be read or parsed whole."""
     try:
         with open(path, "rb") as file:
             data = file.read(MAX_CHECKPOINT_BYTES + 1)
     except FileNotFoundError:
         return {}
     except OSError as err:
-        log.warning("cannot read the kubelet checkpoint %s: %s", path, err)
-        return {}
+        raise HoldsUnknown(f"cannot read the kubelet checkpoint {path}: {err}") from err
     if len(data) > MAX_CHECKPOINT_BYTES:
-        log.warning("the kubelet checkpoint %s is over %d bytes: not read", path, MAX_CHECKPOINT_BYTES)
-        return {}
+        raise HoldsUnknown(f"the kubelet checkpoint {path} is over {MAX_CHECKPOINT_BYTES} bytes")
     try:
         entries = json.loads(data)["Data"]["PodDeviceEntries"] or []
     except (ValueError, KeyError, TypeError) as err:
-        log.warning("the kubelet checkpoint %s does not parse (%s): not used", path, safe_text(str(err), 200))
-        return {}
+        raise HoldsUnknown(f"the kubelet checkpoint {path} does not parse ({safe_text(str(err), 200)})") from err
+    if not isinstance(entries, list):
+        raise HoldsUnknown(f"the kubelet checkpoint {path} has no list of entries")
     holds: dict[tuple[str, str], Hold] = {}
-    for entry in entries if isinstance(entries, list) else ():
+    for entry in entries:
         if not isinstance(entry, dict) or not isinstance(entry.get("ResourceName"), str):
-            continue
+            raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry without a resource name")
         resource = entry["ResourceName"]
         holder = f"pod {safe_text(str(entry.get('PodUID', '?')), 40)} container {safe_text(str(entry.get('ContainerName', '?')), 64)}"
         replicas = _granted_replicas(entry.get("AllocResp"))
@@ -67,10 +76,15 @@ def read_checkpoint(path: Path, ours: Callable[[str], bool]) -> dict[tuple[str, 
     return holds
 
 
-def _device_ids(value: object) -> Iterable[str]:
-    """`{"<NUMA node>": [ids]}`, or a flat list (checkpoints before Kubernetes 1.20)."""
-    lists = value.values() if isinstance(value, dict) else [value]
-    return [i for ids in lists if isinstance(ids, list) for i in ids if isinstance(i, str)]
+def _device_ids(value: object) -> list[str]:
+    """`{"<NUMA node>": [ids]}`, or a flat list (checkpoints before Kubernetes 1.20); HoldsUnknown for anything else
+    (an entry whose devices cannot be read holds devices nobody can name)."""
+    found: list[str] = []
+    for ids in list(value.values()) if isinstance(value, dict) else [value]:
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise HoldsUnknown("the kubelet checkpoint has an entry whose device IDs do not parse")
+        found.extend(ids)
+    return found
 
 
 def _granted_replicas(alloc_resp: object) -> int | None:
@@ -82,7 +96,8 @@ def _granted_replicas(alloc_resp: object) -> int | None:
     except (binascii.Error, ValueError, DecodeError):
         return None
     total = response.envs.get(ENV_SHARE_TOTAL, "")
-    return int(total) if total.isdigit() and 0 < int(total) < 1_000_000 else None
+    # ASCII digits only: "²" passes isdigit() and fails int()
+    return int(total) if total.isascii() and total.isdigit() and 0 < int(total) < 1_000_000 else None
 
 
 def _whole(device: str) -> int | None:
@@ -91,10 +106,12 @@ def _whole(device: str) -> int | None:
 
 
 class ContainerHolds:
-    """Callable: what containers hold now. Pod-resources says who holds what (the kubelet frees the devices of
-    finished pods there); the checkpoint adds the share count each was granted in. Without pod-resources (the
-    kubelet is down or restarting) the checkpoint alone answers: it may list finished containers too, which only
-    keeps a GPU waiting longer."""
+    """Callable: what containers hold now, the union of what pod-resources lists (who holds what; the kubelet frees
+    the devices of finished pods there) and what the checkpoint records (the share count each was granted in, and
+    ordinary init containers, which pod-resources never lists). Without pod-resources (the kubelet is down or
+    restarting) the checkpoint alone answers. Either may list a finished container, which only keeps a GPU waiting
+    longer. A checkpoint that cannot be read leaves pod-resources' holders in an unknown shape (so their GPUs keep
+    theirs); with pod-resources down too, HoldsUnknown."""
 
     def __init__(self, client: PodResourcesClient, plugin_dir: Path, ours: Callable[[str], bool]) -> None:
         self.client = client
@@ -102,13 +119,23 @@ class ContainerHolds:
         self.ours = ours  # whether a GPU or MIG UUID is on this node
 
     def __call__(self) -> frozenset[Hold]:
-        granted = read_checkpoint(self.checkpoint, self.ours)
+        damaged: HoldsUnknown | None = None
+        try:
+            granted = read_checkpoint(self.checkpoint, self.ours)
+        except HoldsUnknown as err:
+            damaged, granted = err, {}
         try:
             response = self.client.list()
         except grpc.RpcError as err:
+            if damaged is not None:
+                raise HoldsUnknown(f"{damaged}, and pod-resources List failed ({err.code().name})") from err
             log.warning("pod-resources List failed (%s): what containers hold is taken from the kubelet checkpoint alone", err.code().name)
             return frozenset(granted.values())
-        return frozenset(holds_in(response, granted, self.ours))
+        if damaged is not None:  # who holds what is known; the share counts are not: every held GPU keeps its shape
+            log.warning("%s: the holders pod-resources lists are kept in the shape they have", damaged)
+        listed = holds_in(response, granted, self.ours)
+        seen = {(h.resource, h.device) for h in listed}
+        return frozenset(listed) | frozenset(h for key, h in granted.items() if key not in seen)
 
 
 def holds_in(response: pr.ListPodResourcesResponse, granted: dict[tuple[str, str], Hold], ours: Callable[[str], bool]) -> list[Hold]:

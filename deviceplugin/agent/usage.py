@@ -29,32 +29,38 @@ UsageBuilder = Callable[[pr.ListPodResourcesResponse, list[Resource]], Usage]  #
 def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]) -> Usage:
     """Map each active container's device IDs onto our resources' GPUs; IDs of other plugins are ignored.
 
+    The kubelet lists one `ContainerDevices` entry per device ID, and one per NUMA node of a device with topology
+    (v1.36's pod-resources server), so entries are grouped per (container, resource, unit) before anything is
+    counted: a container with 3 shares of one GPU is one holding of 3, whatever the number of entries.
+
     Bounded whatever the reply holds: a device is counted once (a second holder of the same ID, or the same ID twice,
     is not a second share), so the shares are at most our devices; at most MAX_ACTIVE_CONTAINERS containers are kept
     as active (the attribution of processes only reports what it cannot place, never quarantines it).
     """
     by_name = {r.name: r for r in resources}
-    shares: list[ContainerShare] = []
+    held: dict[tuple[tuple[str, str, str], str, str], list[str]] = {}  # (container, resource, unit UUID) -> its IDs
     active: set[tuple[str, str, str]] = set()
     counted: set[tuple[str, str]] = set()
     for pod in response.pod_resources:
         for container in pod.containers:
+            key = (pod.namespace, pod.name, container.name)
             if len(active) < MAX_ACTIVE_CONTAINERS:
-                active.add((pod.namespace, pod.name, container.name))
+                active.add(key)
             for devices in container.devices:
                 resource = by_name.get(devices.resource_name)
                 if resource is None:
                     continue
-                per_unit: dict[str, list[str]] = {}
                 for device_id in devices.device_ids:
                     device = resource.devices.get(device_id)
                     if device is not None and (resource.name, device_id) not in counted:
                         counted.add((resource.name, device_id))
-                        per_unit.setdefault(device.unit.uuid, []).append(device_id)
-                for ids in per_unit.values():
-                    unit = resource.devices[ids[0]].unit
-                    # a whole device is one replica
-                    shares.append(container_share((pod.namespace, pod.name, container.name), resource, unit, ids, len(ids), share_memory_mib(unit, len(ids))))
+                        held.setdefault((key, resource.name, device.unit.uuid), []).append(device_id)
+    shares = []
+    for (key, name, _), ids in held.items():
+        resource = by_name[name]
+        unit = resource.devices[ids[0]].unit
+        # a whole device is one replica
+        shares.append(container_share(key, resource, unit, ids, len(ids), share_memory_mib(unit, len(ids))))
     return Usage(shares=tuple(shares), active_containers=frozenset(active))
 
 

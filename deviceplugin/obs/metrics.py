@@ -138,8 +138,12 @@ class StateCollector(Collector):
         used = GaugeMetricFamily("gpushare_container_memory_used_bytes", "GPU memory a container's processes really use (NVML).", labels=container_labels)
         over = GaugeMetricFamily("gpushare_container_over_limit", "1 when a time-sliced container uses more GPU memory than its shares allow.", labels=container_labels)
         measured = {(c.share.key, c.share.unit_uuid): c for c in snapshot.containers} if snapshot else {}
+        seen: set[tuple[str, ...]] = set()
         for share in snapshot.usage.shares if snapshot else ():
             labels = [share.namespace, share.pod, share.container, share.resource, share.unit_uuid]
+            if tuple(labels) in seen:  # the usage maps hold one share per label set; a scrape never gets two series
+                continue
+            seen.add(tuple(labels))
             shares.add_metric(labels, share.shares)
             limit.add_metric(labels, share.memory_limit_mib * MIB)
             item = measured.get((share.key, share.unit_uuid))
@@ -182,6 +186,11 @@ class StateCollector(Collector):
         )
         yield CounterMetricFamily(
             "gpushare_config_deferred_switches", "Times a GPU's change of shape had to wait for its holders (once per GPU and wait).", value=s.deferred_switches()
+        )
+        yield CounterMetricFamily(
+            "gpushare_holds_unreadable",
+            "Reads of what containers hold (pod-resources, the kubelet checkpoint) that failed; no GPU changed shape after them.",
+            value=s.unreadable_holds(),
         )
         registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
         for name, is_registered in s.registration():
@@ -260,6 +269,9 @@ class MetricSources:
 
     def deferred_switches(self) -> int:
         return self.manager.deferred if self.manager else 0
+
+    def unreadable_holds(self) -> int:
+        return self.manager.unreadable_holds if self.manager else 0
 
     def reloads(self) -> tuple[int, int]:
         return (self.reloader.reloads, self.reloader.errors) if self.reloader else (0, 0)

@@ -101,6 +101,7 @@ class PluginManager:
         self.kubelet_restarts = 0
         self.holdings = holdings
         self.deferred = 0  # GPUs whose new shape had to wait for their holders (each time one starts waiting)
+        self.unreadable_holds = 0  # reads of what containers hold that failed (nothing changed shape after them)
         self.pending: dict[str, PendingGpu] = {}  # GPU UUID -> kept in its old shape until released
         self._wanted = list(resources)  # what the config asks for; served as far as holds allow
         self._unsettled = False  # some of it is not served yet: pending GPUs, or holds that could not be read
@@ -177,11 +178,13 @@ class PluginManager:
                 asyncio.get_running_loop().add_reader(self._watch.fd, self._on_directory_event)
             if self.holdings is not None:  # after a crash: what containers hold keeps its shape
                 plan = await self._plan([], self._wanted)
-                if plan is not None:
-                    self.servers = [self._new_server(r) for r in plan]
+                # holds that cannot be read are unknown, never empty: serve nothing until a source answers (the
+                # pending check retries), rather than a plan that may re-pool a held GPU
+                self.servers = [self._new_server(r) for r in plan or []]
             for server in self.servers:
                 await self._start_server(server, retry=False)
-            self._settle()
+            if self.servers or not self._unsettled:
+                self._settle()
         self._poller = asyncio.get_running_loop().create_task(self._poll(), name="kubelet-watch")
 
     async def _stop(self) -> None:
@@ -236,6 +239,7 @@ class PluginManager:
         try:
             fresh = await asyncio.get_running_loop().run_in_executor(None, holdings)
         except Exception as err:  # a read that fails must not let a held GPU switch
+            self.unreadable_holds += 1
             log.error("cannot read what containers hold (%s): the GPUs about to change keep their devices; trying again in %.1fs", safe_text(str(err), 300), self.timings.pending_interval)
             return None
         self.state.set_holds("pod-resources", fresh)

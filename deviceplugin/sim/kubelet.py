@@ -41,6 +41,7 @@ from ..plugin.server import API_VERSION, KUBELET_SOCKET
 log = logging.getLogger(__name__)
 
 DIAL_TIMEOUT = 10.0  # the kubelet's blocking dial in Register
+NO_TOPOLOGY = -1  # the kubelet's NUMA key for devices without topology (checkpoint "-1")
 
 
 class AdmissionError(Exception):
@@ -52,6 +53,7 @@ class Container:
     name: str
     requests: dict[str, int]
     claims: list[pr.DynamicResource] = field(default_factory=list)  # DRA claims, listed as the kubelet prepared them
+    init: bool = False  # an ordinary (not restartable) init container: it gets devices, pod-resources omits it
 
 
 @dataclass
@@ -222,7 +224,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                     "PodUID": uid,
                     "ContainerName": container,
                     "ResourceName": resource,
-                    "DeviceIDs": {"-1": list(ids)},
+                    "DeviceIDs": {str(numa): devices for numa, devices in self._by_numa(resource, ids).items()},
                     "AllocResp": base64.b64encode(self._responses[(uid, container, resource)].SerializeToString()).decode(),
                 }
                 for (uid, container, resource), ids in self._allocated.items()
@@ -359,20 +361,36 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             ]
 
     def _pod_resources(self, pod: Pod) -> pr.PodResources:
+        """As v1.36's server writes it: app containers only (ordinary init containers are omitted), one
+        `ContainerDevices` per device ID and NUMA node (a device on two nodes is listed twice), topology only for
+        devices that have one, and no memory or CPU fields (no memory or CPU manager policy on this node)."""
         containers = []
         for container in pod.containers:
-            devices = []
+            if container.init:
+                continue
+            devices: list[pr.ContainerDevices] = []
             for resource in container.requests:
-                ids = self._allocated.get((pod.uid, container.name, resource))
-                if ids:
-                    devices.append(pr.ContainerDevices(resource_name=resource, device_ids=ids, topology=self._topology(resource, ids)))
+                for numa, ids in self._by_numa(resource, self._allocated.get((pod.uid, container.name, resource), [])).items():
+                    topology = pr.TopologyInfo(nodes=[pr.NUMANode(ID=numa)]) if numa != NO_TOPOLOGY else None
+                    devices.extend(pr.ContainerDevices(resource_name=resource, device_ids=[i], topology=topology) for i in ids)
             containers.append(pr.ContainerResources(name=container.name, devices=devices, dynamic_resources=container.claims))
         return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
-    def _topology(self, resource: str, ids: list[str]) -> pr.TopologyInfo:
+    def _by_numa(self, resource: str, ids: list[str]) -> dict[int, list[str]]:
+        """NUMA node -> the IDs on it (NO_TOPOLOGY for devices without topology), as the kubelet keeps allocations."""
+        endpoint = self._endpoints.get(resource)
+        out: dict[int, list[str]] = {}
+        for i in ids:
+            device = endpoint.devices.get(i) if endpoint else None
+            for numa in sorted({n.ID for n in device.topology.nodes}) if device and device.topology.nodes else [NO_TOPOLOGY]:
+                out.setdefault(numa, []).append(i)
+        return out
+
+    def _topology(self, resource: str, ids: list[str]) -> pr.TopologyInfo | None:
+        """The NUMA nodes of these devices; None (the field unset, as the kubelet leaves it) when they have none."""
         endpoint = self._endpoints.get(resource)
         nodes = sorted({n.ID for i in ids if endpoint and i in endpoint.devices for n in endpoint.devices[i].topology.nodes})
-        return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes])
+        return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes]) if nodes else None
 
     def pod_directory(self) -> SimulatedPodDirectory:
         return SimulatedPodDirectory(self)
