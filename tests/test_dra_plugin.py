@@ -32,7 +32,10 @@ class Claims:
         self.bodies[ref.uid] = body
         return (ref.namespace, ref.name, ref.uid)
 
-    def __call__(self, ref: ClaimRef) -> dict[str, Any]:
+    def cached(self, ref: ClaimRef) -> dict[str, Any] | None:
+        return None  # every claim is read with get(), as on its first prepare
+
+    def get(self, ref: ClaimRef, timeout: float) -> dict[str, Any]:
         if ref.uid not in self.bodies:
             raise ClaimError(f"claim {ref} not found in the API")
         return self.bodies[ref.uid]

@@ -277,7 +277,7 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
     request(api, "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/c")
     driver.kubelet.unprepare(DRIVER, [ref])
     assert not spec.exists()
-    assert [p.name for p in (driver.root / "plugins" / DRIVER / "claims").iterdir()] == []
+    assert [p.name for p in (driver.root / "plugins" / DRIVER / "claims").iterdir()] == [".generation"]  # no record
     with pytest.raises(PrepareError, match="not found"):
         driver.kubelet.prepare(DRIVER, [ref])
     assert driver.stop() == 0
@@ -286,7 +286,7 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
 
 def test_the_claim_cache_serves_claims_allocated_here_and_gets_the_others(controlplane: Any) -> None:
     from deviceplugin.dra.claims import ApiClaims
-    from deviceplugin.dra.prepare import ClaimRef
+    from deviceplugin.dra.prepare import GONE, ClaimRef
 
     api = controlplane.api_client()
     node_name = fresh("dra-cache")
@@ -298,14 +298,16 @@ def test_the_claim_cache_serves_claims_allocated_here_and_gets_the_others(contro
         ours = _allocate(api, _claim(api, ns, "ours", "any", 1), node_name, "gpu-0", 1)
         elsewhere = _allocate(api, _claim(api, ns, "elsewhere", "any", 1), "other-node", "gpu-0", 1)
         pending = _claim(api, ns, "pending", "any", 1)
-        assert wait_until(lambda: claims.cached() == 1, 10)
-        before = claims.gets
-        assert claims(ClaimRef(*_ref(ours)))["metadata"]["uid"] == ours["metadata"]["uid"] and claims.gets == before  # from the cache
-        assert claims(ClaimRef(*_ref(elsewhere)))["status"]["allocation"] and claims.gets == before + 1
-        assert not claims(ClaimRef(*_ref(pending))).get("status", {}).get("allocation") and claims.gets == before + 2
+        assert wait_until(lambda: claims.size() == 1, 10)
+        cached = claims.cached(ClaimRef(*_ref(ours)))
+        assert cached is not None and cached["metadata"]["uid"] == ours["metadata"]["uid"] and claims.current
+        assert claims.find(ours["metadata"]["uid"]) == cached and claims.find(elsewhere["metadata"]["uid"]) == GONE
+        assert claims.cached(ClaimRef(*_ref(elsewhere))) is None and claims.cached(ClaimRef(*_ref(pending))) is None
+        assert claims.get(ClaimRef(*_ref(elsewhere)), 5.0)["status"]["allocation"]
+        assert not claims.get(ClaimRef(*_ref(pending)), 5.0).get("status", {}).get("allocation")
         request(api, "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/ours")
-        assert wait_until(lambda: claims.cached() == 0, 10)
+        assert wait_until(lambda: claims.size() == 0, 10)
         with pytest.raises(ClaimError, match="not found in the API"):
-            claims(ClaimRef(*_ref(ours)))
+            claims.get(ClaimRef(*_ref(ours)), 5.0)
     finally:
         claims.stop()
