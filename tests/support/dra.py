@@ -51,7 +51,7 @@ def claim(results: list[dict[str, Any]], name: str = "c", namespace: str = "defa
 
 class MemoryClaims:
     """A claim source (`prepare.ClaimSource`) from memory: `api` is what the API serves, `cache` what a watch cache
-    holds (stale when a test says so); a UID in `hang` blocks its read until the event is set (a hung API server)."""
+    holds (stale when a test says so); a UID in `hang` blocks its read until the event is set, whatever its timeout."""
 
     def __init__(self) -> None:
         self.api: dict[str, dict[str, Any]] = {}
@@ -71,8 +71,7 @@ class MemoryClaims:
     def get(self, ref: ClaimRef, timeout: float) -> dict[str, Any]:
         self.gets.append(ref.uid)
         if ref.uid in self.hang:
-            if not self.hang[ref.uid].wait(timeout):
-                raise ClaimError(f"claim {ref}: cannot read it from the API: timed out")
+            self.hang[ref.uid].wait()  # hung past its timeout (as a read stuck in DNS or TLS can be)
         if ref.uid not in self.api:
             raise ClaimError(f"claim {ref} not found in the API")
         return self.api[ref.uid]

@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -166,3 +168,23 @@ def test_failed_writes_leave_no_temporary_files_and_a_start_removes_those_a_cras
     with pytest.raises(OSError):
         atomic_write(target, b"{}")
     assert not list((tmp_path / "claims").glob(".*.tmp"))
+
+
+def test_a_hung_read_fails_only_its_own_claim_before_the_deadline(tmp_path: Path) -> None:
+    """One claim's read hangs: a cached claim is prepared, the hung one gets its own error within the call's budget."""
+    import time
+
+    driver, source = make_driver(tmp_path), MemoryClaims()
+    cached, hung = claim([result("gpu-0", shares=1)]), claim([result("gpu-1", shares=1)])
+    source.put(cached[1])
+    source.put(hung[1])
+    assert _prepare(driver, source, cached[0])[1] == ""  # prepared once: its re-prepare is served from the cache
+    source.hang[hung[0].uid] = release = threading.Event()
+    source.gets.clear()
+    reads = ThreadPoolExecutor(2)  # not asyncio.run's default executor, which it would wait for
+    outcomes = asyncio.run(prepare_claims(driver, source, [hung[0], cached[0]], deadline=time.monotonic() + 0.5, reads=reads))
+    assert not release.is_set() and source.gets == [hung[0].uid]
+    assert outcomes[cached[0].uid].claim is not None and not outcomes[cached[0].uid].error
+    assert "not prepared" in outcomes[hung[0].uid].error and outcomes[hung[0].uid].claim is None
+    release.set()
+    reads.shutdown()
