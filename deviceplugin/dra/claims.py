@@ -53,6 +53,7 @@ class ApiClaims:
         cache: bool = True,
         max_cached: int = MAX_CACHED_CLAIMS,
         backoff_max: float = 30.0,
+        silence: float = MAX_SILENCE,
     ) -> None:
         from kubernetes import client
 
@@ -61,6 +62,7 @@ class ApiClaims:
         self.pool = pool
         self.timeout = timeout
         self.max_cached = max_cached
+        self.silence = silence  # seconds without an event or bookmark after which the cache is not current
         self.gets = 0  # claims fetched with a GET (cache misses included)
         self._cache: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._lock = threading.Lock()
@@ -203,6 +205,10 @@ class _Gone(Exception):
     """The watch's resourceVersion is too old: list again."""
 
 
+class _Silent(Exception):
+    """The watch delivered nothing (no event, no bookmark) for the silence bound: list again."""
+
+
 class _ClaimWatch(BackgroundLoop):
     def __init__(self, claims: ApiClaims, backoff_max: float) -> None:
         super().__init__("dra-claim-watch")
@@ -219,7 +225,7 @@ class _ClaimWatch(BackgroundLoop):
         self._start_thread()
 
     def current(self) -> bool:
-        return self.live.is_set() and time.monotonic() - self.heard < MAX_SILENCE
+        return self.live.is_set() and time.monotonic() - self.heard < self.claims.silence
 
     def stop(self) -> None:
         self._stop.set()
@@ -243,6 +249,10 @@ class _ClaimWatch(BackgroundLoop):
                 delay = 0.5
             except _Gone:
                 self.live.clear()
+                version = ""
+            except _Silent:
+                self.live.clear()
+                log.info("ResourceClaim watch silent for %.0fs (no event or bookmark); listing again", self.claims.silence)
                 version = ""
             except Exception as err:  # API errors, bad JSON, a silent watch, a bug: log (one line), back off, go on
                 self.live.clear()
@@ -281,7 +291,7 @@ class _ClaimWatch(BackgroundLoop):
     def _watch(self, version: str) -> str:
         response = self.claims.api.list_resource_claim_for_all_namespaces(
             watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS,
-            _preload_content=False, _request_timeout=(self.claims.timeout, MAX_SILENCE),  # a silent socket ends the watch
+            _preload_content=False, _request_timeout=(self.claims.timeout, self.claims.silence),  # a silent socket ends the watch
         )
         with self._response_lock:
             self._response = response
@@ -333,9 +343,18 @@ def _bounded_body(response: Any) -> bytes:
 
 
 def _events(response: Any) -> Iterator[dict[str, Any]]:
-    """The watch stream's JSON lines, each bounded."""
+    """The watch stream's JSON lines, each bounded; _Silent when the socket's read timeout (the silence bound) ends a read."""
+    from urllib3.exceptions import ReadTimeoutError
+
     buffer = b""
-    for chunk in response.stream(64 * 1024, decode_content=True):
+    chunks = response.stream(64 * 1024, decode_content=True)
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            return
+        except ReadTimeoutError:
+            raise _Silent() from None
         buffer += chunk
         if len(buffer) > MAX_EVENT_BYTES:
             raise RuntimeError(f"a watch event over {MAX_EVENT_BYTES} bytes")
