@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..kube.errors import error_line
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from .devices import ClaimError
@@ -258,7 +259,7 @@ class _ClaimWatch(BackgroundLoop):
                 self.live.clear()
                 if self._stop.is_set():
                     return
-                self._failures.log(logging.WARNING, (type(err), str(err)[:100]), "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs", _one_line(err), delay)
+                self._failures.log(logging.WARNING, (type(err), str(err)[:100]), "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs", error_line(err), delay)
                 self._failures.flush()
                 version = ""
                 self._wake.wait(delay)
@@ -319,15 +320,6 @@ class _ClaimWatch(BackgroundLoop):
             with self._response_lock:
                 self._response = None
             response.release_conn()
-
-
-def _one_line(err: BaseException) -> str:
-    """An error as one short line: an ApiException's status and reason, not its headers and body."""
-    from kubernetes.client.exceptions import ApiException
-
-    if isinstance(err, ApiException):
-        return f"{err.status} {err.reason}"
-    return safe_text(str(err).splitlines()[0] if str(err) else type(err).__name__, 300)
 
 
 def _bounded_body(response: Any) -> bytes:

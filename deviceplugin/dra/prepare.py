@@ -190,6 +190,12 @@ class Driver:
             self._add(known, -1)
 
     # --- what the metrics read -------------------------------------------------------------------
+    def reread(self) -> None:
+        """Read the checkpoint again if a twin changed it (a scrape calls this: a second instance's gauges follow
+        the first one's prepares)."""
+        with self.lock:
+            self._refresh("")
+
     def ledger(self) -> dict[str, int]:
         """Shares prepared claims hold, per device name (1 for a whole device)."""
         return dict(self._ledger)
@@ -279,7 +285,7 @@ class Driver:
         return fenced
 
     def _refresh(self, uid: str) -> None:
-        if self.checkpoint.refresh(uid):
+        if self.checkpoint.refresh(uid or None):
             self._rebuild_ledger()
 
     def _rebuild_ledger(self) -> None:

@@ -50,6 +50,7 @@ class DraCollector(Collector):
         self.registered = registered
 
     def collect(self) -> Iterator[Metric]:
+        self.driver.reread()  # a twin's prepares and unprepares, on every scrape
         claims = self.driver.prepared()
         yield GaugeMetricFamily("gpushare_dra_prepared_claims", "ResourceClaims prepared on this node (the driver's checkpoint).", value=len(claims))
         labels = ["device", "gpu", "uuid"]

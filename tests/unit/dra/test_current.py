@@ -188,3 +188,18 @@ def test_a_hung_read_fails_only_its_own_claim_before_the_deadline(tmp_path: Path
     assert "not prepared" in outcomes[hung[0].uid].error and outcomes[hung[0].uid].claim is None
     release.set()
     reads.shutdown()
+
+
+def test_a_twins_gauges_follow_the_other_instances_prepares(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from deviceplugin.obs.drametrics import DraCollector
+
+    one, two = make_driver(tmp_path), make_driver(tmp_path)
+    registry = CollectorRegistry()
+    registry.register(DraCollector(two, lambda: True))
+    held = claim([result("gpu-0", shares=2)])
+    one.prepare(*held)
+    assert registry.get_sample_value("gpushare_dra_prepared_claims") == 1
+    one.unprepare(held[0])
+    assert registry.get_sample_value("gpushare_dra_prepared_claims") == 0
