@@ -76,6 +76,14 @@ def test_a_damaged_record_fences_its_claims_devices_until_the_kubelet_unprepares
     restarted = make_driver(tmp_path)
     assert held[0].uid in restarted.checkpoint.damaged and restarted.checkpoint.quarantined == 1
     assert "stay fenced" in caplog.text
+    from prometheus_client import CollectorRegistry
+
+    from deviceplugin.obs.drametrics import DraCollector
+
+    registry = CollectorRegistry()
+    registry.register(DraCollector(restarted, lambda: True))
+    assert registry.get_sample_value("gpushare_dra_damaged_records") == 1
+    assert registry.get_sample_value("gpushare_dra_records_quarantined_total") == 1
     # The API's view of that UID cannot be told: every device is fenced.
     for device in ("gpu-0", "gpu-1"):
         with pytest.raises(ClaimError, match=f"device {device} is fenced: the checkpoint record of claim {held[0].uid} is damaged"):
