@@ -192,3 +192,11 @@ def test_a_cached_claim_is_prepared_while_another_pods_claim_read_hangs(root: Pa
     finally:
         kubelet.stop()
         plugin.stop()
+
+
+def test_a_claim_named_twice_in_one_call_gets_its_devices_once(started) -> None:
+    plugin, kubelet, claims, _ = started()
+    kubelet.wait_registered(DRIVER)
+    ref = claims.add([result("gpu-0", shares=1)])
+    assert [d.device_name for d in kubelet.prepare(DRIVER, [ref, ref])[ref[2]]] == ["gpu-0"]
+    assert plugin.driver.ledger() == {"gpu-0": 1}

@@ -281,6 +281,7 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
     with pytest.raises(PrepareError, match="not found"):
         driver.kubelet.prepare(DRIVER, [ref])
     assert driver.stop() == 0
+    assert "watch failed" not in Path(driver.logs[-1]).read_text()  # a clean SIGTERM warns about no watch
 
 
 
