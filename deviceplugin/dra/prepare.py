@@ -406,7 +406,7 @@ async def prepare_one(
     loop = asyncio.get_running_loop()
     try:
         check_ref(ref)
-        cached = source.cached(ref)
+        cached = source.cached(ref) if ref.uid in driver.checkpoint else None  # a first prepare always reads the API
         if cached is not None:
             try:
                 return Outcome(await loop.run_in_executor(writes, driver.prepare, ref, cached, False))
