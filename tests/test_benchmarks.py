@@ -13,7 +13,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
-    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra", "dra_slices", "stop")}
+    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra", "dra_slices", "dra_tenants", "stop")}
     assert results["admission-smoke"]["allocate"]["n"] == 50 and results["admission-smoke"]["devices"] == 512
     assert "over the 2097152 byte budget" in results["scale-smoke"]["60000_devices_refused_with"]
     assert results["recovery-smoke"]["socket_created_to_register_max_ms"] < 10_000
@@ -25,6 +25,9 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert results["extender-smoke"]["annotation"]["mig_instances"] == 56 and results["extender-smoke"]["memory"]["cache_mib"] > 0
     assert set(results["extender-smoke"]["node_choice_agreement"]) == {"binpack", "spread", "fgdstrand"}
     assert results["dra-smoke"]["disk"]["prepare_one_claim"]["n"] == 20 and results["dra-smoke"]["claims_prepared_beside"] == 100
+    assert results["dra-smoke"]["disk"]["prepare_again_while_a_read_hangs"]["n"] == 20
+    tenants = results["dra_tenants-smoke"]
+    assert "skipped" in tenants or (tenants["tenant_claims"] == 20 and tenants["with_tenant"]["cached"] == 0)
     hostile = results["hostile-smoke"]
     assert all(row["refused_with"] not in ("", "not refused") for row in hostile["refusals"])
     abuse = hostile["metrics_abuse"]

@@ -17,6 +17,7 @@ from deviceplugin.dra.kubeletplugin import KubeletPlugin, PluginSettings
 from deviceplugin.dra.prepare import ClaimRef
 from deviceplugin.dra.registration import PluginPaths
 from deviceplugin.state import NodeState
+from tests.conftest import wait_until
 from tests.support.dra import DRIVER, claim, make_driver, result
 from tests.support.dra_kubelet import FakeDraKubelet, PrepareError
 
@@ -32,7 +33,10 @@ class Claims:
         self.bodies[ref.uid] = body
         return (ref.namespace, ref.name, ref.uid)
 
-    def __call__(self, ref: ClaimRef) -> dict[str, Any]:
+    def cached(self, ref: ClaimRef) -> dict[str, Any] | None:
+        return None  # every claim is read with get(), as on its first prepare
+
+    def get(self, ref: ClaimRef, timeout: float) -> dict[str, Any]:
         if ref.uid not in self.bodies:
             raise ClaimError(f"claim {ref} not found in the API")
         return self.bodies[ref.uid]
@@ -155,3 +159,44 @@ def test_a_thousand_claims_in_one_call(started) -> None:
     assert all("has 4 shares" in e for e in errors.values() if e)
     kubelet.unprepare(DRIVER, refs)
     assert plugin.driver.ledger() == {} and plugin.driver.prepared() == []
+
+
+def test_a_cached_claim_is_prepared_while_another_pods_claim_read_hangs(root: Path) -> None:
+    """The kubelet prepares each pod on its own: pod A's claim read hangs, pod B's (cached, prepared before) is answered."""
+    import threading
+
+    from tests.support.dra import MemoryClaims
+
+    state, source = NodeState(), MemoryClaims()
+    driver = make_driver(root, state=state)
+    paths = PluginPaths(root / "plugins_registry", root / "plugins", DRIVER)
+    plugin = KubeletPlugin(driver, source, state, paths)
+    kubelet = FakeDraKubelet(paths.registrar_dir).start()
+    plugin.start()
+    try:
+        kubelet.wait_registered(DRIVER)
+        b_ref, b = claim([result("gpu-0", shares=1)], name="b")
+        a_ref, a = claim([result("gpu-1", shares=1)], name="a")
+        source.put(b)
+        source.put(a)
+        kubelet.prepare(DRIVER, [(b_ref.namespace, b_ref.name, b_ref.uid)])
+        release = source.hang[a_ref.uid] = threading.Event()
+        pod_a = threading.Thread(target=kubelet.prepare_errors, args=(DRIVER, [(a_ref.namespace, a_ref.name, a_ref.uid)]))
+        pod_a.start()
+        assert wait_until(lambda: a_ref.uid in source.gets, 10)
+        (device,) = kubelet.prepare(DRIVER, [(b_ref.namespace, b_ref.name, b_ref.uid)])[b_ref.uid]
+        assert device.device_name == "gpu-0" and pod_a.is_alive() and not release.is_set()
+        release.set()
+        pod_a.join()
+        assert plugin.driver.ledger() == {"gpu-0": 1, "gpu-1": 1}
+    finally:
+        kubelet.stop()
+        plugin.stop()
+
+
+def test_a_claim_named_twice_in_one_call_gets_its_devices_once(started) -> None:
+    plugin, kubelet, claims, _ = started()
+    kubelet.wait_registered(DRIVER)
+    ref = claims.add([result("gpu-0", shares=1)])
+    assert [d.device_name for d in kubelet.prepare(DRIVER, [ref, ref])[ref[2]]] == ["gpu-0"]
+    assert plugin.driver.ledger() == {"gpu-0": 1}

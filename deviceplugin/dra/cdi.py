@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..alloc.allocator import ContainerGrant
-from .checkpoint import atomic_write
+from .checkpoint import atomic_write, sweep_tmp
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "claim"
@@ -82,6 +82,10 @@ class CdiWriter:
                 return isinstance(json.load(f), dict)
         except (OSError, ValueError):
             return False
+
+    def sweep(self) -> int:
+        """Remove temporary spec files a crashed writer of this driver left (under the shared lock); how many."""
+        return sweep_tmp(self.root, f".{self.driver}_")
 
     def remove(self, path: str) -> None:
         """Remove a spec this driver wrote (already gone is fine)."""

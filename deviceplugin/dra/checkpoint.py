@@ -10,7 +10,16 @@ goes to a temporary file, is fsynced and renamed over the old one: a reader or a
 record. The directory itself is not fsynced: only a kernel crash or a power loss can lose a rename, and those also
 end every container using the claim; the kubelet prepares each claim again before it starts them anew (and an
 unprepare of a claim not on record succeeds), so nothing is handed out twice. Each file carries a CRC32 of its
-record; one that does not parse or whose checksum is wrong is renamed `<name>.corrupt` and logged.
+record.
+
+A record that does not parse or whose checksum is wrong fails closed: it is renamed `<uid>.json.corrupt`
+(quarantined, kept for the operator), logged and counted, and the claim stays in `damaged` (the driver fences its
+devices) until `release` (the kubelet unprepared it, or the API shows it gone), which renames the file
+`<uid>.json.corrupt.released`.
+
+Every writer bumps `.generation` (before its write, under the shared lock), and `refresh` reads that file on every
+call: a twin's write is seen whatever the file system's timestamp resolution (the directory's (inode, mtime) is
+still compared, for a twin that does not bump it).
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 SUFFIX = ".json"
+QUARANTINED = ".corrupt"  # appended to a damaged record's name
+RELEASED = ".released"  # appended to a quarantined record's name once its claim is unprepared or gone
+GENERATION = ".generation"
 MAX_RECORDS = 65_536  # files read at start-up; far more than a node can hold
 MAX_RECORD_BYTES = 1024 * 1024
 _UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -73,15 +85,17 @@ class PreparedClaim:
     name: str
     devices: tuple[PreparedDevice, ...]
     cdi_spec: str  # the spec file's path ("" when none was written)
+    allocation: str = ""  # digest of the allocation results it was prepared from ("" in records of older versions)
 
     def to_json(self) -> dict[str, Any]:
-        return {"uid": self.uid, "namespace": self.namespace, "name": self.name, "cdiSpec": self.cdi_spec, "devices": [d.to_json() for d in self.devices]}
+        data = {"uid": self.uid, "namespace": self.namespace, "name": self.name, "cdiSpec": self.cdi_spec, "devices": [d.to_json() for d in self.devices]}
+        return {**data, "allocation": self.allocation} if self.allocation else data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
         return cls(
             uid=str(data["uid"]), namespace=str(data["namespace"]), name=str(data["name"]), cdi_spec=str(data["cdiSpec"]),
-            devices=tuple(PreparedDevice.from_json(d) for d in data["devices"]),
+            devices=tuple(PreparedDevice.from_json(d) for d in data["devices"]), allocation=str(data.get("allocation") or ""),
         )
 
 
@@ -89,14 +103,17 @@ class Checkpoint:
     """The prepared claims, kept in memory and in `directory`; not thread-safe (the driver serialises its callers).
 
     `refresh()` reads the directory again when another process (a rolling-update twin, under the same file lock)
-    changed it.
+    changed it. `damaged`: claim UID -> its quarantined record, for claims whose record could not be read.
     """
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._claims: dict[str, PreparedClaim] = {}
+        self.damaged: dict[str, Path] = {}
+        self.quarantined = 0  # records quarantined by this process
         self._stat: tuple[int, int] | None = None
+        self._generation = b""
         self.refresh()
 
     def __contains__(self, uid: str) -> bool:
@@ -112,15 +129,20 @@ class Checkpoint:
         return iter(list(self._claims.values()))
 
     def put(self, claim: PreparedClaim) -> None:
+        """Write (or atomically replace) the claim's record; a quarantined record of the same claim is released."""
         data = json.dumps(claim.to_json(), sort_keys=True, separators=(",", ":"))
         record = f'{{"version":{FORMAT_VERSION},"checksum":{zlib.crc32(data.encode())},"claim":{data}}}'
+        self._bump()
         atomic_write(self._path(claim.uid), record.encode())
         self._claims = {**self._claims, claim.uid: claim}
+        if claim.uid in self.damaged:
+            self.release(claim.uid)
         self._stat = self._dir_stat()
 
     def remove(self, uid: str) -> None:
         if uid not in self._claims:
             return
+        self._bump()
         try:
             os.unlink(self._path(uid))
         except FileNotFoundError:
@@ -128,16 +150,46 @@ class Checkpoint:
         self._claims = {k: v for k, v in self._claims.items() if k != uid}
         self._stat = self._dir_stat()
 
-    def refresh(self, uid: str | None = None) -> bool:
-        """Read the records again if the directory changed since it was last read or written here, or if `uid`'s
-        record is on disk but not in memory (or the reverse): a twin's write within the directory's mtime tick
-        leaves the stat unchanged. True if read again."""
-        stat = self._dir_stat()
-        if stat == self._stat and (uid is None or (uid in self._claims) == self._path(uid).exists()):
-            return False
-        self._claims = self._load()
+    def release(self, uid: str) -> None:
+        """A damaged claim is unprepared or gone: its devices are no longer fenced; the record stays for the operator."""
+        path = self.damaged.pop(uid, None)
+        if path is None:
+            return
+        self._bump()
+        try:
+            os.replace(path, path.with_name(path.name + RELEASED))
+        except FileNotFoundError:
+            pass
         self._stat = self._dir_stat()
+
+    def refresh(self, uid: str | None = None) -> bool:
+        """Read the records again if another writer bumped the generation, the directory changed since it was last
+        read or written here, or `uid`'s record is on disk but not in memory (or the reverse). True if read again."""
+        stat = self._dir_stat()
+        generation = self._read_generation()
+        if generation == self._generation and stat == self._stat and (uid is None or (uid in self._claims) == self._path(uid).exists()):
+            return False
+        self._claims, self.damaged = self._load()
+        self._stat = self._dir_stat()
+        self._generation = self._read_generation()
         return True
+
+    def sweep(self) -> int:
+        """Remove temporary files a crashed writer left (call under the shared lock); how many."""
+        return sweep_tmp(self.directory, ".")
+
+    def _read_generation(self) -> bytes:
+        try:
+            with open(self.directory / GENERATION, "rb") as f:
+                return f.read(64)
+        except FileNotFoundError:
+            return b""
+
+    def _bump(self) -> None:
+        """Tell twins the records change (before the change: a crash after it costs a twin one needless read)."""
+        current = self._read_generation()
+        self._generation = str(int(current or b"0") + 1 if current.strip().isdigit() else 1).encode()
+        atomic_write(self.directory / GENERATION, self._generation, durable=False)
 
     def _path(self, uid: str) -> Path:
         if not valid_uid(uid):  # prepare.check_ref refuses such claims first
@@ -148,9 +200,13 @@ class Checkpoint:
         st = os.stat(self.directory)
         return (st.st_ino, st.st_mtime_ns)
 
-    def _load(self) -> dict[str, PreparedClaim]:
+    def _load(self) -> tuple[dict[str, PreparedClaim], dict[str, Path]]:
         claims: dict[str, PreparedClaim] = {}
+        damaged: dict[str, Path] = {}
         for entry in sorted(os.scandir(self.directory), key=lambda e: e.name)[:MAX_RECORDS]:
+            if entry.name.endswith(SUFFIX + QUARANTINED) and valid_uid(entry.name[: -len(SUFFIX + QUARANTINED)]):
+                damaged[entry.name[: -len(SUFFIX + QUARANTINED)]] = Path(entry.path)
+                continue
             if not entry.name.endswith(SUFFIX) or entry.name.startswith("."):
                 continue
             path = Path(entry.path)
@@ -168,27 +224,63 @@ class Checkpoint:
                     raise ValueError(f"holds claim {claim.uid}")
                 claims[claim.uid] = claim
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-                aside = path.with_name(path.name + ".corrupt")
-                log.error("DRA checkpoint record %s cannot be read (%s); moved to %s, that claim is not on record", path, err, aside)
+                uid = entry.name[: -len(SUFFIX)]
+                aside = path.with_name(path.name + QUARANTINED)
+                self.quarantined += 1
+                log.error(
+                    "DRA checkpoint record %s cannot be read (%s); quarantined as %s: the devices of claim %s stay fenced until the kubelet "
+                    "unprepares it or the API shows it gone", path, err, aside, uid,
+                )
                 try:
                     os.replace(path, aside)
                 except OSError:
                     pass
-        return claims
+                if valid_uid(uid):
+                    damaged[uid] = aside
+        return claims, damaged
 
 
 def atomic_write(path: Path, content: bytes, durable: bool = True) -> None:
     """Write `content` to `path` so that a reader, or a process that crashes, sees the old file or the new one,
     never a mix; with `durable` the content is fsynced before the rename. The temporary file's name starts with a
     dot, which CDI runtimes, the kubelet's plugin watcher and the checkpoint skip."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}{TMP}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(content)
-        while view:
-            view = view[os.write(fd, view):]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, an I/O error: leave no temporary file behind
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+TMP = ".tmp"
+
+
+def sweep_tmp(directory: Path, prefix: str) -> int:
+    """Remove `atomic_write`'s temporary files (`<prefix>*.tmp`) a crashed writer left in `directory`; how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return 0
+    for entry in entries[:MAX_RECORDS]:
+        if entry.name.startswith(prefix) and entry.name.endswith(TMP):
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except OSError:
+                pass
+    if removed:
+        log.info("removed %d temporary files a crashed writer left in %s", removed, directory)
+    return removed

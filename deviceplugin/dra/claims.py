@@ -1,32 +1,44 @@
-"""Reading ResourceClaims for NodePrepareResources: a GET per claim, or a watch cache that has seen its allocation.
+"""Reading ResourceClaims for NodePrepareResources: a GET per claim, or a watch cache that is provably current.
 
-`ApiClaims(ref)` returns the claim as the API serves it (resource.k8s.io/v1, a camelCase dict) or raises
-ClaimError with a message. With the cache on, a background watch of every namespace's claims keeps only the claims
-allocated to this driver on this node's pool (so memory is bounded by what the node can hold, and capped by
-`max_cached`); a claim the cache has with the asked UID and an allocation is served from memory, any other is
-fetched with a GET (the cache may lag the scheduler by a moment). The watch re-lists after `410 Gone` and backs off
-exponentially (to `backoff_max`) on errors; its loop never dies silently.
+`ApiClaims.get(ref, timeout)` returns the claim as the API serves it (resource.k8s.io/v1, a camelCase dict) or
+raises ClaimError with a message; its client makes no retries, so `timeout` is the read's whole budget. With the
+cache on, a background watch of every namespace's claims keeps only what prepare reads of the claims allocated to
+this driver on this node's pool (identity, this driver's results and opaque configs: never another driver's
+configs), so memory is bounded by what the node can hold, and capped by `max_cached`. The list is read in small
+pages (`LIST_PAGE` claims, each page at most `MAX_PAGE_BYTES`), so another tenant's large claims never sit in
+memory together.
+
+`cached(ref)` answers from memory only while the cache is provably current: listed, and the watch has delivered an
+event or a bookmark (the API server sends one about every minute) within `MAX_SILENCE` seconds. A watch silent for
+longer ends itself (the socket's read timeout) and lists again. The driver still GETs a claim's first prepare
+(`prepare.Unconfirmed`). The watch re-lists after `410 Gone` and backs off exponentially (to `backoff_max`) on
+errors; its loop never dies silently, and `stop()` ends it without a warning.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..kube.errors import error_line
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from .devices import ClaimError
-from .prepare import ClaimRef
+from .prepare import GONE, UNKNOWN, ClaimRef
 
 log = logging.getLogger(__name__)
 
 MAX_CACHED_CLAIMS = 16_384
 MAX_EVENT_BYTES = 8 * 1024 * 1024  # one watch event (a claim is at most ~1.5 MiB in etcd)
 WATCH_SECONDS = 300  # the server ends each watch after this long; the loop re-watches from the last version
-LIST_PAGE = 500
+MAX_SILENCE = 75.0  # seconds without an event or bookmark after which the cache is not trusted and the watch ends
+LIST_PAGE = 16  # claims per list page: 16 of the API's largest claims are a few MiB
+MAX_PAGE_BYTES = 32 * 1024 * 1024
 
 
 GET_TIMEOUT = 10.0  # seconds for one claim's GET (the kubelet plugin stops beginning claims this long before its deadline)
@@ -42,14 +54,16 @@ class ApiClaims:
         cache: bool = True,
         max_cached: int = MAX_CACHED_CLAIMS,
         backoff_max: float = 30.0,
+        silence: float = MAX_SILENCE,
     ) -> None:
         from kubernetes import client
 
-        self.api: Any = client.ResourceV1Api(api_client)  # called with _preload_content=False: raw responses
+        self.api: Any = client.ResourceV1Api(_without_retries(api_client))  # called with _preload_content=False: raw responses
         self.driver = driver
         self.pool = pool
         self.timeout = timeout
         self.max_cached = max_cached
+        self.silence = silence  # seconds without an event or bookmark after which the cache is not current
         self.gets = 0  # claims fetched with a GET (cache misses included)
         self._cache: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._lock = threading.Lock()
@@ -68,21 +82,42 @@ class ApiClaims:
         """The cache has listed once (always True without a cache)."""
         return self._watch.synced.is_set() if self._watch else True
 
-    def __call__(self, ref: ClaimRef) -> Mapping[str, Any]:
+    @property
+    def current(self) -> bool:
+        """The cache is listed and its watch has been heard from within MAX_SILENCE seconds."""
+        return self._watch is not None and self._watch.current()
+
+    def cached(self, ref: ClaimRef) -> Mapping[str, Any] | None:
+        if not self.current:  # a cache whose watch failed or went quiet may be stale
+            return None
         with self._lock:
             cached = self._cache.get((ref.namespace, ref.name))
-        live = self._watch is not None and self._watch.live.is_set()  # a cache whose watch failed may be stale
-        if live and cached is not None and cached["metadata"].get("uid") == ref.uid and (cached.get("status") or {}).get("allocation"):
+        if cached is not None and cached["metadata"].get("uid") == ref.uid and (cached.get("status") or {}).get("allocation"):
             return cached
-        return self.get(ref)
+        return None
 
-    def get(self, ref: ClaimRef) -> Mapping[str, Any]:
-        """The claim from the API server; ClaimError naming the claim and the cause."""
+    def find(self, uid: str) -> Mapping[str, Any] | str:
+        """The cached claim with `uid` allocated to this driver on this node; GONE when a current, complete cache has
+        none; UNKNOWN when that cannot be told."""
+        if not self.current:
+            return UNKNOWN
+        with self._lock:
+            if len(self._cache) >= self.max_cached:
+                return UNKNOWN
+            for claim in self._cache.values():
+                if claim["metadata"].get("uid") == uid:
+                    return claim
+        return GONE
+
+    def get(self, ref: ClaimRef, timeout: float | None = None) -> Mapping[str, Any]:
+        """The claim from the API server within `timeout` (at most `self.timeout`) seconds; ClaimError naming the
+        claim and the cause."""
         from kubernetes.client.exceptions import ApiException
 
         self.gets += 1
+        budget = self.timeout if timeout is None else max(0.1, min(timeout, self.timeout))
         try:
-            response = self.api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False, _request_timeout=self.timeout)
+            response = self.api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False, _request_timeout=budget)
             status, body = response.status, response.data
         except ApiException as err:  # the client raises on error statuses even without preloading
             raw = err.body or err.reason or ""
@@ -122,7 +157,8 @@ class ApiClaims:
             elif key in self._cache or len(self._cache) < self.max_cached:
                 self._cache[key] = claim
 
-    def cached(self) -> int:
+    def size(self) -> int:
+        """Claims in the cache."""
         with self._lock:
             return len(self._cache)
 
@@ -132,17 +168,46 @@ def _key(claim: Mapping[str, Any]) -> tuple[str, str]:
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
-def _slim(claim: Mapping[str, Any]) -> dict[str, Any]:
-    """What prepare reads: identity and the allocation (spec and managed fields are dropped)."""
+def _without_retries(api_client: Any) -> Any:
+    """A client like `api_client` whose connections make no retries: a read's timeout is its whole budget (urllib3
+    would retry a timed-out read three times)."""
+    from kubernetes import client
+
+    if api_client is None:  # the default client, as ResourceV1Api() would take
+        api_client = client.ApiClient()
+    configuration = copy.copy(api_client.configuration)
+    configuration.retries = False
+    return client.ApiClient(configuration)
+
+
+def _slim(claim: Mapping[str, Any], driver: str) -> dict[str, Any]:
+    """What prepare reads: identity, `driver`'s results and opaque configs (spec, managed fields, other drivers'
+    results and configs are dropped)."""
     meta = claim.get("metadata") or {}
+    allocation: Any = (claim.get("status") or {}).get("allocation")
+    devices = allocation.get("devices") if isinstance(allocation, dict) else None
+    if isinstance(allocation, dict) and isinstance(devices, dict):
+        results: list[Any] = devices["results"] if isinstance(devices.get("results"), list) else []
+        configs: list[Any] = devices["config"] if isinstance(devices.get("config"), list) else []
+        allocation = {
+            "devices": {
+                "results": [r for r in results if isinstance(r, dict) and r.get("driver") == driver],
+                "config": [c for c in configs if isinstance(c, dict) and isinstance(c.get("opaque"), dict) and c["opaque"].get("driver") == driver],
+            },
+            **{k: allocation[k] for k in ("nodeSelector", "allocationTimestamp") if k in allocation},
+        }
     return {
         "metadata": {k: meta.get(k) for k in ("namespace", "name", "uid", "resourceVersion")},
-        "status": {"allocation": (claim.get("status") or {}).get("allocation")},
+        "status": {"allocation": allocation},
     }
 
 
 class _Gone(Exception):
     """The watch's resourceVersion is too old: list again."""
+
+
+class _Silent(Exception):
+    """The watch delivered nothing (no event, no bookmark) for the silence bound: list again."""
 
 
 class _ClaimWatch(BackgroundLoop):
@@ -152,12 +217,16 @@ class _ClaimWatch(BackgroundLoop):
         self.backoff_max = backoff_max
         self.synced = threading.Event()
         self.live = threading.Event()  # listed, and the watch has not failed since: the cache may serve prepare
+        self.heard = float("-inf")  # time.monotonic() of the last list, event or bookmark
         self._failures = RepeatLimiter(log, window=60.0)
         self._response: Any = None
         self._response_lock = threading.Lock()
 
     def start(self) -> None:
         self._start_thread()
+
+    def current(self) -> bool:
+        return self.live.is_set() and time.monotonic() - self.heard < self.claims.silence
 
     def stop(self) -> None:
         self._stop.set()
@@ -174,6 +243,7 @@ class _ClaimWatch(BackgroundLoop):
             try:
                 if not version:
                     version = self._list()
+                    self.heard = time.monotonic()
                     self.synced.set()
                     self.live.set()
                 version = self._watch(version)
@@ -181,11 +251,15 @@ class _ClaimWatch(BackgroundLoop):
             except _Gone:
                 self.live.clear()
                 version = ""
-            except Exception as err:  # API errors, bad JSON, a bug: log, back off, go on
+            except _Silent:
+                self.live.clear()
+                log.info("ResourceClaim watch silent for %.0fs (no event or bookmark); listing again", self.claims.silence)
+                version = ""
+            except Exception as err:  # API errors, bad JSON, a silent watch, a bug: log (one line), back off, go on
                 self.live.clear()
                 if self._stop.is_set():
                     return
-                self._failures.log(logging.WARNING, (type(err), str(err)[:100]), "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs", safe_text(str(err), 300), delay)
+                self._failures.log(logging.WARNING, (type(err), str(err)[:100]), "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs", error_line(err), delay)
                 self._failures.flush()
                 version = ""
                 self._wake.wait(delay)
@@ -198,11 +272,17 @@ class _ClaimWatch(BackgroundLoop):
             response = self.claims.api.list_resource_claim_for_all_namespaces(
                 limit=LIST_PAGE, _continue=token, _preload_content=False, _request_timeout=self.claims.timeout
             )
+            try:
+                data = _bounded_body(response)
+            finally:
+                response.release_conn()
             if response.status != 200:
-                raise RuntimeError(f"list ResourceClaims: {response.status} {safe_text(response.data.decode(errors='replace'), 200)}")
-            page = json.loads(response.data)
-            # Only this node's claims are kept, page by page: the cluster's claims never sit in memory together.
-            items.extend(_slim(c) for c in page.get("items") or () if isinstance(c, dict) and self.claims._ours(c))
+                raise RuntimeError(f"list ResourceClaims: {response.status} {safe_text(data.decode(errors='replace'), 200)}")
+            page = json.loads(data)
+            del data
+            # Only this node's claims are kept, slimmed, page by page: the cluster's claims never sit in memory together.
+            items.extend(_slim(c, self.claims.driver) for c in page.get("items") or () if isinstance(c, dict) and self.claims._ours(c))
+            page["items"] = None
             del items[self.claims.max_cached:]
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -212,7 +292,7 @@ class _ClaimWatch(BackgroundLoop):
     def _watch(self, version: str) -> str:
         response = self.claims.api.list_resource_claim_for_all_namespaces(
             watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS,
-            _preload_content=False, _request_timeout=(self.claims.timeout, WATCH_SECONDS + 30),
+            _preload_content=False, _request_timeout=(self.claims.timeout, self.claims.silence),  # a silent socket ends the watch
         )
         with self._response_lock:
             self._response = response
@@ -232,8 +312,9 @@ class _ClaimWatch(BackgroundLoop):
                         raise _Gone()
                     raise RuntimeError(f"watch ResourceClaims: {safe_text(str(obj.get('message')), 200)}")
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                self.heard = time.monotonic()  # an event or a bookmark: the cache is current up to `version`
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self.claims._apply(str(kind), _slim(obj))
+                    self.claims._apply(str(kind), _slim(obj, self.claims.driver))
             return version
         finally:
             with self._response_lock:
@@ -241,10 +322,31 @@ class _ClaimWatch(BackgroundLoop):
             response.release_conn()
 
 
+def _bounded_body(response: Any) -> bytes:
+    """A response's body, at most MAX_PAGE_BYTES."""
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in response.stream(256 * 1024, decode_content=True):
+        size += len(chunk)
+        if size > MAX_PAGE_BYTES:
+            raise RuntimeError(f"a ResourceClaim list page over {MAX_PAGE_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _events(response: Any) -> Iterator[dict[str, Any]]:
-    """The watch stream's JSON lines, each bounded."""
+    """The watch stream's JSON lines, each bounded; _Silent when the socket's read timeout (the silence bound) ends a read."""
+    from urllib3.exceptions import ReadTimeoutError
+
     buffer = b""
-    for chunk in response.stream(64 * 1024, decode_content=True):
+    chunks = response.stream(64 * 1024, decode_content=True)
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            return
+        except ReadTimeoutError:
+            raise _Silent() from None
         buffer += chunk
         if len(buffer) > MAX_EVENT_BYTES:
             raise RuntimeError(f"a watch event over {MAX_EVENT_BYTES} bytes")

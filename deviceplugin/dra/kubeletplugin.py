@@ -2,7 +2,8 @@
 socket, then plugin registration on the registration socket (the kubelet may call as soon as it sees it).
 
 Everything gRPC runs on the plugin's one asyncio loop (`plugin.aioloop`); prepare and unprepare run the driver
-(`dra.prepare`, blocking: API reads, file writes) in a small thread pool, so a slow API server never blocks the
+(`dra.prepare`, blocking) in thread pools: claims' API reads in one (`READ_WORKERS`), the driver's file work in
+another, so a claim the cache answers never waits for another claim's read, and a slow API server never blocks the
 health streams. A health stream is a coroutine: it sends the full device list at once, on every change of the
 node's state or devices, and at least every `health_interval` seconds (below the `health_timeout` it declares,
 after which the kubelet reads a device as Unknown). Streams and batch sizes are bounded.
@@ -38,7 +39,7 @@ from ..plugin.aioloop import EventLoopThread, shared_loop
 from ..state import NodeState, NodeView
 from .claims import GET_TIMEOUT
 from .health import device_health
-from .prepare import MAX_CLAIMS_PER_CALL, ClaimReader, ClaimRef, Driver, Outcome, prepare_claims, unprepare_claims
+from .prepare import MAX_CLAIMS_PER_CALL, ClaimRef, ClaimSource, Driver, Outcome, prepare_claims, unprepare_claims
 from .registration import PluginPaths, Registration
 
 if TYPE_CHECKING:
@@ -47,10 +48,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_HEALTH_STREAMS = 8  # the kubelet opens one per connection; the rest are debugging clients
-FETCH_WORKERS = 4  # claims of one batch read from the API in parallel
-# Seconds before the kubelet's deadline (45 s) at which no further claim is begun: a claim's GET begun just before
-# it still ends in time, so the kubelet gets an answer (failed claims named) instead of DeadlineExceeded for the call.
-DEADLINE_MARGIN = GET_TIMEOUT + 2.0
+READ_WORKERS = 16  # claims read from the API at once, across calls
+WRITE_WORKERS = 2  # prepares and unprepares (serialised by the driver's lock; a second one queues on it, not here)
+# Seconds before the kubelet's deadline (45 s) at which every claim not yet prepared has its own answer: each read's
+# budget ends there (retries included), so the kubelet gets an answer (failed claims named), not DeadlineExceeded.
+DEADLINE_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class KubeletPlugin:
     def __init__(
         self,
         driver: Driver,
-        read: ClaimReader,
+        claims: ClaimSource,
         state: NodeState,
         paths: PluginPaths,
         settings: PluginSettings = PluginSettings(),
@@ -75,15 +77,15 @@ class KubeletPlugin:
     ) -> None:
         paths.check()
         self.driver = driver
-        self.read = read
+        self.claims = claims
         self.state = state
         self.paths = paths
         self.settings = settings
         self.metrics = metrics
         self.registration = Registration(driver.driver, paths.dra_socket)
         self._loop = loop or shared_loop()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dra-prepare")  # one batch at a time
-        self._fetch = ThreadPoolExecutor(max_workers=FETCH_WORKERS, thread_name_prefix="dra-claims")
+        self._pool = ThreadPoolExecutor(max_workers=WRITE_WORKERS, thread_name_prefix="dra-prepare")
+        self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="dra-claims")
         self._dra_server: grpc.aio.Server | None = None
         self._reg_server: grpc.aio.Server | None = None
         self._streams: set[asyncio.Event] = set()
@@ -105,7 +107,7 @@ class KubeletPlugin:
             self._loop.run(self._stop())
         self.started = False
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self._fetch.shutdown(wait=False, cancel_futures=True)
+        self._reads.shutdown(wait=False, cancel_futures=True)
 
     def on_config(self, config: Config, resources: list[Resource]) -> None:
         """A config reload: the driver prepares against the new devices; health streams send the new list."""
@@ -149,7 +151,7 @@ class KubeletPlugin:
         """`time_remaining`: seconds to the call's deadline; claims not begun DEADLINE_MARGIN before it fail."""
         started = time.perf_counter()
         deadline = None if time_remaining is None else time.monotonic() + time_remaining - DEADLINE_MARGIN
-        outcomes = await asyncio.get_running_loop().run_in_executor(self._pool, prepare_claims, self.driver, self.read, refs, self._fetch, deadline)
+        outcomes = await prepare_claims(self.driver, self.claims, refs, deadline, GET_TIMEOUT, self._reads, self._pool)
         if self.metrics:
             self.metrics.called("prepare", time.perf_counter() - started, sum(1 for o in outcomes.values() if not o.error), sum(1 for o in outcomes.values() if o.error))
         for outcome in outcomes.values():
@@ -226,7 +228,7 @@ class _DraService:
         outcomes = await self.plugin.prepare(refs, context.time_remaining())
         api = self.api
         response = api.NodePrepareResourcesResponse()
-        for ref in refs:
+        for ref in {ref.uid: ref for ref in refs}.values():  # a claim named twice is answered once
             outcome = outcomes[ref.uid]
             entry = response.claims[ref.uid]
             if outcome.error or outcome.claim is None:

@@ -15,16 +15,26 @@ message for the pod's event, never an exception of another kind for bad input:
   device plugin's Allocate would get, with its message.
 
 Prepare and unprepare are idempotent and serialised (`SerialLock`); the ledger is rebuilt from the checkpoint.
+
+Never from an allocation it cannot prove current: a claim's first prepare, and a prepare whose claim shows another
+allocation than the record (re-allocated under the same UID), need the claim as the API serves it now
+(`current=True`, a GET); a cached copy gets `Unconfirmed`, and the caller reads the claim again. A re-allocated
+claim is prepared from its new allocation and its record replaced atomically. A claim whose record is damaged
+(`Checkpoint.damaged`) keeps its devices fenced — the devices the API allocates to that UID (`find_claim`), or every
+device while that cannot be told — until the kubelet unprepares it (its CDI spec is removed) or the API shows it gone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..alloc.allocator import AllocationError, ContainerGrant
 from ..config.types import Config
@@ -57,6 +67,15 @@ class ClaimRef:
         return f"{safe_text(self.namespace, 63)}/{safe_text(self.name, MAX_NAME_CHARS)}"
 
 
+class Unconfirmed(ClaimError):
+    """The claim was a cached copy, and this prepare needs it as the API serves it now."""
+
+
+UNKNOWN = "unknown"  # find_claim: the API's view of that UID cannot be told now
+GONE = "gone"  # find_claim: no claim with that UID is allocated to this driver on this node
+ClaimFinder = Callable[[str], "Mapping[str, Any] | str"]  # UID -> the claim, UNKNOWN or GONE
+
+
 class Driver:
     """See the module docstring. Thread-safe."""
 
@@ -69,7 +88,11 @@ class Driver:
         self.lock = lock
         self._devices: dict[str, DraDevice] = {}
         self._ledger: dict[str, int] = {}
+        self.find_claim: ClaimFinder = lambda uid: UNKNOWN
+        self.reallocated = 0  # prepared claims whose record was replaced by a new allocation
         with self.lock:
+            self.checkpoint.sweep()
+            self.cdi.sweep()
             self._rebuild_ledger()
 
     @property
@@ -82,44 +105,74 @@ class Driver:
         self._devices = by_name(dra_devices(resources))
 
     # --- the two calls ---------------------------------------------------------------------------
-    def prepare(self, ref: ClaimRef, claim: Mapping[str, Any]) -> PreparedClaim:
-        """The claim prepared (the recorded answer when it already is); ClaimError with a message otherwise."""
+    def prepare(self, ref: ClaimRef, claim: Mapping[str, Any], current: bool = True) -> PreparedClaim:
+        """The claim prepared (the recorded answer when it already is, from the same allocation); ClaimError with a
+        message otherwise. `current`: `claim` is the API's answer to a read made for this prepare, not a cached copy."""
         uid = str(_get(claim, "metadata", "uid") or "")
+        refused = Unconfirmed if not current else ClaimError
         if uid != ref.uid:
-            raise ClaimError(f"claim {ref} got replaced: the API has UID {safe_text(uid)}, the kubelet asked for {safe_text(ref.uid)}")
+            raise refused(f"claim {ref} got replaced: the API has UID {safe_text(uid)}, the kubelet asked for {safe_text(ref.uid)}")
         allocation = _get(claim, "status", "allocation")
         if not allocation:
-            raise ClaimError(f"claim {ref} is not allocated")
+            raise refused(f"claim {ref} is not allocated")
+        digest = allocation_digest(self.driver, allocation)
         with self.lock:
             self._refresh(ref.uid)
             known = self.checkpoint.get(ref.uid)
-            if known is not None:
+            if known is not None and _same_allocation(known, digest, self.driver, allocation):
                 self._ensure_spec(known, ref, allocation)
                 return known
-            holdings = self._holdings(ref, allocation)
-            groups, grants = _request_grants(ref, holdings)
-            spec = str(self.cdi.write(ref.uid, grants)) if holdings else ""
-            first = {indexes[0]: g for g, indexes in enumerate(groups)}  # a request's CDI device goes with its first result
-            devices = tuple(
-                PreparedDevice(
-                    request=_base_request(result),
-                    pool=self.pool,
-                    device=share.device.name,
-                    cdi_ids=(cdi_id(self.cdi.kind, cdi_device_name(ref.uid, first[i])), *grants[first[i]].cdi_devices) if i in first else (),
-                    share_id=share.share_id,
-                    shares=0 if result.get("adminAccess") else share.shares,
-                    memory_mib=share.memory_mib,
-                )
-                for i, (result, share) in enumerate(holdings)
-            )
-            prepared = PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=devices, cdi_spec=spec)
+            if not current:
+                raise Unconfirmed(f"claim {ref}: " + ("first prepare" if known is None else "the cache shows another allocation than the record"))
+            fenced = self._fenced(ref.uid)
+            if known is not None:
+                self._add(known, -1)  # replaced below: the new allocation is checked without the old one's shares
             try:
-                self.checkpoint.put(prepared)
+                prepared = self._prepare_new(ref, allocation, digest, fenced)
             except BaseException:
-                self.cdi.remove(spec)
+                if known is not None:
+                    self._add(known, 1)
                 raise
-            self._add(prepared, 1)
+            if known is not None:
+                self.reallocated += 1
+                log.warning(
+                    "claim %s was re-allocated (devices %s -> %s): prepared from its new allocation, its record replaced",
+                    ref, brief(sorted(d.device for d in known.devices), 4), brief(sorted(d.device for d in prepared.devices), 4),
+                )
             return prepared
+
+    def _prepare_new(self, ref: ClaimRef, allocation: Mapping[str, Any], digest: str, fenced: Mapping[str, str]) -> PreparedClaim:
+        """Check, write the CDI spec and the record, count it in the ledger (under the lock)."""
+        holdings = self._holdings(ref, allocation)
+        for result, share in holdings:
+            if share.device.name in fenced and not result.get("adminAccess"):
+                raise ClaimError(
+                    f"claim {ref}: device {share.device.name} is fenced: the checkpoint record of claim {fenced[share.device.name]} is damaged "
+                    "(quarantined) and that claim may still use it, until the kubelet unprepares it or the API shows it gone"
+                )
+        groups, grants = _request_grants(ref, holdings)
+        spec = str(self.cdi.write(ref.uid, grants)) if holdings else ""
+        first = {indexes[0]: g for g, indexes in enumerate(groups)}  # a request's CDI device goes with its first result
+        devices = tuple(
+            PreparedDevice(
+                request=_base_request(result),
+                pool=self.pool,
+                device=share.device.name,
+                cdi_ids=(cdi_id(self.cdi.kind, cdi_device_name(ref.uid, first[i])), *grants[first[i]].cdi_devices) if i in first else (),
+                share_id=share.share_id,
+                shares=0 if result.get("adminAccess") else share.shares,
+                memory_mib=share.memory_mib,
+            )
+            for i, (result, share) in enumerate(holdings)
+        )
+        prepared = PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=devices, cdi_spec=spec, allocation=digest)
+        try:
+            self.checkpoint.put(prepared)
+        except BaseException:
+            self.cdi.remove(spec)
+            raise
+        self._add(prepared, 1)
+        return prepared
 
     def unprepare(self, ref: ClaimRef) -> None:
         """Undo prepare from the checkpoint alone (the claim may be gone); a claim not prepared here is done."""
@@ -127,12 +180,22 @@ class Driver:
             self._refresh(ref.uid)
             known = self.checkpoint.get(ref.uid)
             if known is None:
+                if ref.uid in self.checkpoint.damaged:  # its record is damaged: its spec is where this driver writes it
+                    self.cdi.remove(str(self.cdi.spec_path(ref.uid)))
+                    self.checkpoint.release(ref.uid)
+                    log.warning("claim %s (damaged record) unprepared: its CDI spec removed, its devices no longer fenced", ref)
                 return
             self.cdi.remove(known.cdi_spec)
             self.checkpoint.remove(ref.uid)
             self._add(known, -1)
 
     # --- what the metrics read -------------------------------------------------------------------
+    def reread(self) -> None:
+        """Read the checkpoint again if a twin changed it (a scrape calls this: a second instance's gauges follow
+        the first one's prepares)."""
+        with self.lock:
+            self._refresh("")
+
     def ledger(self) -> dict[str, int]:
         """Shares prepared claims hold, per device name (1 for a whole device)."""
         return dict(self._ledger)
@@ -199,8 +262,30 @@ class Driver:
         self.cdi.write(ref.uid, _request_grants(ref, holdings)[1])
         log.info("claim %s: CDI spec written again (it was gone)", ref)
 
+    def _fenced(self, uid: str) -> dict[str, str]:
+        """Device name -> the damaged claim (other than `uid`) that fences it; a damaged claim the API shows gone is
+        released, one whose allocation cannot be told fences every device."""
+        fenced: dict[str, str] = {}
+        for other in list(self.checkpoint.damaged):
+            if other == uid:
+                continue
+            found = self.find_claim(other)
+            if found == GONE:
+                self.cdi.remove(str(self.cdi.spec_path(other)))
+                self.checkpoint.release(other)
+                log.warning("claim %s (damaged record) is gone from the API: its CDI spec removed, its devices no longer fenced", other)
+                continue
+            if isinstance(found, Mapping):
+                results = (_get(found, "status", "allocation", "devices", "results") or ())[:MAX_RESULTS_PER_CLAIM]
+                names = {str(r.get("device")) for r in results if isinstance(r, Mapping) and r.get("driver") == self.driver and r.get("pool") == self.pool}
+            else:
+                names = set(self._devices)
+            for name in names:
+                fenced.setdefault(name, other)
+        return fenced
+
     def _refresh(self, uid: str) -> None:
-        if self.checkpoint.refresh(uid):
+        if self.checkpoint.refresh(uid or None):
             self._rebuild_ledger()
 
     def _rebuild_ledger(self) -> None:
@@ -220,6 +305,25 @@ class Driver:
                 else:
                     ledger.pop(device.device, None)
         self._ledger = ledger
+
+
+def allocation_digest(driver: str, allocation: Mapping[str, Any]) -> str:
+    """What identifies an allocation for `driver`: a digest of its results (devices, shares, capacity, requests)."""
+    results = (allocation.get("devices") or {}).get("results") if isinstance(allocation.get("devices"), Mapping) else None
+    ours = [r for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver][: MAX_RESULTS_PER_CLAIM + 1]
+    return hashlib.sha256(json.dumps(ours, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()[:32]
+
+
+def _same_allocation(known: PreparedClaim, digest: str, driver: str, allocation: Mapping[str, Any]) -> bool:
+    """The record was prepared from this allocation (records of older versions: the same devices and share IDs)."""
+    if known.allocation:
+        return known.allocation == digest
+    results = (allocation.get("devices") or {}).get("results") if isinstance(allocation.get("devices"), Mapping) else None
+    wanted = sorted(
+        (_base_request(r), str(r.get("pool")), str(r.get("device")), r.get("shareID") and str(r.get("shareID")))
+        for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver
+    )
+    return wanted == sorted((d.request, d.pool, d.device, d.share_id) for d in known.devices)
 
 
 def _get(data: Any, *keys: str) -> Any:
@@ -256,7 +360,14 @@ def _base_request(result: Mapping[str, Any]) -> str:
     return str(result.get("request") or "").split("/", 1)[0]
 
 
-ClaimReader = Callable[[ClaimRef], Mapping[str, Any]]  # the claim from the API; ClaimError when it cannot be read
+class ClaimSource(Protocol):
+    """Where claims come from (`dra.claims.ApiClaims`)."""
+
+    def cached(self, ref: ClaimRef) -> Mapping[str, Any] | None:
+        """The claim from memory when the cache is provably current and has it (that UID, allocated); else None."""
+
+    def get(self, ref: ClaimRef, timeout: float) -> Mapping[str, Any]:
+        """The claim from the API within `timeout` seconds, retries included; ClaimError naming the claim and the cause."""
 
 
 @dataclass(frozen=True)
@@ -275,50 +386,47 @@ def check_ref(ref: ClaimRef) -> None:
         raise ClaimError(f"claim {ref}: namespace (1-63 characters) and name (1-{MAX_NAME_CHARS}) are required")
 
 
-def prepare_claims(
-    driver: Driver, read: ClaimReader, refs: Sequence[ClaimRef], fetch: Executor | None = None, deadline: float | None = None
+async def prepare_claims(
+    driver: Driver, source: ClaimSource, refs: Sequence[ClaimRef], deadline: float | None = None, read_timeout: float = 10.0,
+    reads: Executor | None = None, writes: Executor | None = None,
 ) -> dict[str, Outcome]:
-    """NodePrepareResources for a batch: one outcome per distinct UID. Claims are read first (in `fetch`, when
-    given and there are several), then prepared one by one; a claim's failure never affects another's. A claim not
-    begun by `deadline` (time.monotonic()) fails with a message, so the call answers before the kubelet gives up."""
-
-    def late(ref: ClaimRef) -> str | None:
-        if deadline is not None and time.monotonic() > deadline:
-            return f"claim {ref}: not prepared, the call's deadline was near (the kubelet asks again)"
-        return None
-
-    def read_one(ref: ClaimRef) -> Mapping[str, Any] | str:
-        try:
-            check_ref(ref)
-            too_late = late(ref)
-            if too_late:
-                return too_late
-            return read(ref)
-        except ClaimError as err:
-            return str(err)
-        except Exception as err:  # a bug or an unexpected client error: this claim fails with a message
-            log.exception("reading claim %s failed", ref)
-            return f"claim {ref}: internal error reading it: {type(err).__name__}: {safe_text(str(err), 300)}"
-
+    """NodePrepareResources for a batch: one outcome per distinct UID, each claim on its own (a claim's read or
+    failure never delays or affects another's). A cached, current claim is prepared at once (in `writes`); any other
+    is read from the API (in `reads`, bounded) within `read_timeout` and what is left to `deadline`
+    (time.monotonic()), and fails with its own message when that runs out, so the call answers before the kubelet
+    gives up."""
     unique = list({ref.uid: ref for ref in refs}.values())
-    claims = list(fetch.map(read_one, unique)) if fetch is not None and len(unique) > 1 else [read_one(r) for r in unique]
-    outcomes: dict[str, Outcome] = {}
-    for ref, claim in zip(unique, claims, strict=True):
-        if isinstance(claim, str):
-            outcomes[ref.uid] = Outcome(None, claim)
-            continue
-        too_late = late(ref)
-        if too_late:
-            outcomes[ref.uid] = Outcome(None, too_late)
-            continue
+    answers = await asyncio.gather(*(prepare_one(driver, source, ref, deadline, read_timeout, reads, writes) for ref in unique))
+    return {ref.uid: outcome for ref, outcome in zip(unique, answers, strict=True)}
+
+
+async def prepare_one(
+    driver: Driver, source: ClaimSource, ref: ClaimRef, deadline: float | None, read_timeout: float, reads: Executor | None, writes: Executor | None
+) -> Outcome:
+    loop = asyncio.get_running_loop()
+    try:
+        check_ref(ref)
+        cached = source.cached(ref) if ref.uid in driver.checkpoint else None  # a first prepare always reads the API
+        if cached is not None:
+            try:
+                return Outcome(await loop.run_in_executor(writes, driver.prepare, ref, cached, False))
+            except Unconfirmed:
+                pass  # read it from the API below
+        budget = read_timeout if deadline is None else min(read_timeout, deadline - time.monotonic())
+        if budget <= 0:
+            return Outcome(None, f"claim {ref}: not prepared, the call's deadline was near (the kubelet asks again)")
         try:
-            outcomes[ref.uid] = Outcome(driver.prepare(ref, claim))
-        except ClaimError as err:
-            outcomes[ref.uid] = Outcome(None, str(err))
-        except Exception as err:
-            log.exception("preparing claim %s failed", ref)
-            outcomes[ref.uid] = Outcome(None, f"claim {ref}: internal error: {type(err).__name__}: {safe_text(str(err), 300)}")
-    return outcomes
+            claim = await asyncio.wait_for(loop.run_in_executor(reads, source.get, ref, budget), budget + 0.5)
+        except TimeoutError:
+            return Outcome(None, f"claim {ref}: not prepared, reading it from the API took over {budget:.1f}s (the kubelet asks again)")
+        if deadline is not None and time.monotonic() > deadline:
+            return Outcome(None, f"claim {ref}: not prepared, the call's deadline was near (the kubelet asks again)")
+        return Outcome(await loop.run_in_executor(writes, driver.prepare, ref, claim, True))
+    except ClaimError as err:
+        return Outcome(None, str(err))
+    except Exception as err:  # a bug or an unexpected client error: this claim fails with a message
+        log.exception("preparing claim %s failed", ref)
+        return Outcome(None, f"claim {ref}: internal error: {type(err).__name__}: {safe_text(str(err), 300)}")
 
 
 def unprepare_claims(driver: Driver, refs: Sequence[ClaimRef]) -> dict[str, str]:

@@ -38,6 +38,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..kube.errors import error_line
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
@@ -312,7 +313,7 @@ class SlicePublisher(BackgroundLoop):
         return min(self.backoff_max, self.backoff_initial * 2 ** min(self._failures - 1, 30))
 
     def _failed(self, loop: str, err: Exception) -> None:
-        text = f"{type(err).__name__}: {safe_text(str(err), 300)}"
+        text = error_line(err)  # one line: an ApiException's str() carries every header
         self.stats.errors[loop] += 1
         self.stats.last_error = text
         limiter = self._errors[loop]

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..kube.errors import error_line
 from ..loop import BackgroundLoop
 from .cache import ClusterCache, pod_state
 from .dra import claim_info, claim_requests, slice_info
@@ -88,7 +89,9 @@ class ResourceWatch(BackgroundLoop):
                 log.info("%s watch: resourceVersion expired, listing again", self.kind)
                 self.on_restart()
             except Exception as err:  # the loop must never die: log, back off, relist
-                self.last_error = f"{type(err).__name__}: {err}"
+                if self._stop.is_set():  # stop() shut the stream: no warning for a clean SIGTERM
+                    return
+                self.last_error = error_line(err)  # one line: an ApiException's str() carries every header
                 log.warning("%s watch failed (%s); listing again in %.1fs", self.kind, self.last_error, delay)
                 self.on_restart()
                 self._stop.wait(delay)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..model.node import MIB
@@ -50,6 +50,7 @@ class DraCollector(Collector):
         self.registered = registered
 
     def collect(self) -> Iterator[Metric]:
+        self.driver.reread()  # a twin's prepares and unprepares, on every scrape
         claims = self.driver.prepared()
         yield GaugeMetricFamily("gpushare_dra_prepared_claims", "ResourceClaims prepared on this node (the driver's checkpoint).", value=len(claims))
         labels = ["device", "gpu", "uuid"]
@@ -69,3 +70,7 @@ class DraCollector(Collector):
             memory.add_metric(values, held_memory.get(device.name, 0) * MIB)
         yield from (total, held, memory)
         yield GaugeMetricFamily("gpushare_dra_registered", "1 while the kubelet has registered the DRA driver.", value=1 if self.registered() else 0)
+        checkpoint = self.driver.checkpoint
+        yield GaugeMetricFamily("gpushare_dra_damaged_records", "Claims whose checkpoint record is damaged (quarantined); their devices are fenced.", value=len(checkpoint.damaged))
+        yield CounterMetricFamily("gpushare_dra_records_quarantined", "Checkpoint records this process found damaged and quarantined.", value=checkpoint.quarantined)
+        yield CounterMetricFamily("gpushare_dra_reallocated_claims", "Prepared claims re-allocated under the same UID, prepared again from the new allocation.", value=self.driver.reallocated)

@@ -97,6 +97,7 @@ class DraDaemon:
         )
         self.driver.on_config(self.config, self.resources)
         self.claims = ApiClaims(api_client, self.driver_name, node_name, cache=dra.claim_cache)
+        self.driver.find_claim = self.claims.find  # what a damaged record's claim holds, per the API
         self.registry = CollectorRegistry()
         self.metrics = DraMetrics(self.registry)
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)

@@ -277,16 +277,17 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
     request(api, "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/c")
     driver.kubelet.unprepare(DRIVER, [ref])
     assert not spec.exists()
-    assert [p.name for p in (driver.root / "plugins" / DRIVER / "claims").iterdir()] == []
+    assert [p.name for p in (driver.root / "plugins" / DRIVER / "claims").iterdir()] == [".generation"]  # no record
     with pytest.raises(PrepareError, match="not found"):
         driver.kubelet.prepare(DRIVER, [ref])
     assert driver.stop() == 0
+    assert "watch failed" not in Path(driver.logs[-1]).read_text()  # a clean SIGTERM warns about no watch
 
 
 
 def test_the_claim_cache_serves_claims_allocated_here_and_gets_the_others(controlplane: Any) -> None:
     from deviceplugin.dra.claims import ApiClaims
-    from deviceplugin.dra.prepare import ClaimRef
+    from deviceplugin.dra.prepare import GONE, ClaimRef
 
     api = controlplane.api_client()
     node_name = fresh("dra-cache")
@@ -298,14 +299,53 @@ def test_the_claim_cache_serves_claims_allocated_here_and_gets_the_others(contro
         ours = _allocate(api, _claim(api, ns, "ours", "any", 1), node_name, "gpu-0", 1)
         elsewhere = _allocate(api, _claim(api, ns, "elsewhere", "any", 1), "other-node", "gpu-0", 1)
         pending = _claim(api, ns, "pending", "any", 1)
-        assert wait_until(lambda: claims.cached() == 1, 10)
-        before = claims.gets
-        assert claims(ClaimRef(*_ref(ours)))["metadata"]["uid"] == ours["metadata"]["uid"] and claims.gets == before  # from the cache
-        assert claims(ClaimRef(*_ref(elsewhere)))["status"]["allocation"] and claims.gets == before + 1
-        assert not claims(ClaimRef(*_ref(pending))).get("status", {}).get("allocation") and claims.gets == before + 2
+        assert wait_until(lambda: claims.size() == 1, 10)
+        cached = claims.cached(ClaimRef(*_ref(ours)))
+        assert cached is not None and cached["metadata"]["uid"] == ours["metadata"]["uid"] and claims.current
+        assert claims.find(ours["metadata"]["uid"]) == cached and claims.find(elsewhere["metadata"]["uid"]) == GONE
+        assert claims.cached(ClaimRef(*_ref(elsewhere))) is None and claims.cached(ClaimRef(*_ref(pending))) is None
+        assert claims.get(ClaimRef(*_ref(elsewhere)), 5.0)["status"]["allocation"]
+        assert not claims.get(ClaimRef(*_ref(pending)), 5.0).get("status", {}).get("allocation")
         request(api, "DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/ours")
-        assert wait_until(lambda: claims.cached() == 0, 10)
+        assert wait_until(lambda: claims.size() == 0, 10)
         with pytest.raises(ClaimError, match="not found in the API"):
-            claims(ClaimRef(*_ref(ours)))
+            claims.get(ClaimRef(*_ref(ours)), 5.0)
+    finally:
+        claims.stop()
+
+
+def test_a_silent_claim_watch_is_not_trusted_and_a_re_allocated_claim_is_prepared_from_the_api(controlplane: Any, tmp_path: Path) -> None:
+    """A watch that delivers nothing (no event, no bookmark) for its silence bound is not used: cached() answers
+    None, the watch ends itself and lists again. A claim deallocated and re-allocated (same UID, gpu-0 -> gpu-1)
+    after its prepare is prepared again from the API's allocation, its record replaced."""
+    import asyncio
+
+    from deviceplugin.dra.claims import ApiClaims
+    from deviceplugin.dra.prepare import ClaimRef, prepare_claims
+    from tests.support.dra import make_driver
+
+    api = controlplane.api_client()
+    node_name = fresh("dra-silent")
+    ns = namespace(api, fresh("dra-silent"))
+    driver = make_driver(tmp_path)
+    driver.pool = node_name  # the example node's devices, in this node's pool
+    claims = ApiClaims(api, DRIVER, node_name, timeout=5.0, silence=1.0)
+    claims.start()
+    try:
+        assert wait_until(lambda: claims.synced, 10)
+        body = _allocate(api, _claim(api, ns, "c", "any", 2), node_name, "gpu-0", 2)
+        ref = ClaimRef(*_ref(body))
+        outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
+        assert outcome.claim is not None and outcome.claim.devices[0].device == "gpu-0"
+        assert wait_until(lambda: not claims.current, 10)  # the quiet watch outlived its bound
+        assert claims.cached(ref) is None
+        assert wait_until(lambda: claims.current, 10)  # it listed again
+        body["status"] = {}
+        body = request(api, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/c/status", body)
+        body = _allocate(api, body, node_name, "gpu-1", 2)
+        assert body["metadata"]["uid"] == ref.uid
+        outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
+        assert outcome.error == "" and outcome.claim is not None and [d.device for d in outcome.claim.devices] == ["gpu-1"]
+        assert driver.ledger() == {"gpu-1": 2} and driver.reallocated == 1
     finally:
         claims.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from deviceplugin.config.parse import parse_config
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint
-from deviceplugin.dra.devices import driver_name
+from deviceplugin.dra.devices import ClaimError, driver_name
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.prepare import ClaimRef, Driver
 from deviceplugin.state import NodeState
@@ -46,3 +47,31 @@ def claim(results: list[dict[str, Any]], name: str = "c", namespace: str = "defa
     uid = uid or str(uuid.uuid4())
     body = {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
     return ClaimRef(namespace, name, uid), body
+
+
+class MemoryClaims:
+    """A claim source (`prepare.ClaimSource`) from memory: `api` is what the API serves, `cache` what a watch cache
+    holds (stale when a test says so); a UID in `hang` blocks its read until the event is set, whatever its timeout."""
+
+    def __init__(self) -> None:
+        self.api: dict[str, dict[str, Any]] = {}
+        self.cache: dict[str, dict[str, Any]] = {}
+        self.current = True
+        self.gets: list[str] = []
+        self.hang: dict[str, threading.Event] = {}
+
+    def put(self, body: dict[str, Any], cached: bool = True) -> None:
+        self.api[body["metadata"]["uid"]] = body
+        if cached:
+            self.cache[body["metadata"]["uid"]] = body
+
+    def cached(self, ref: ClaimRef) -> dict[str, Any] | None:
+        return self.cache.get(ref.uid) if self.current else None
+
+    def get(self, ref: ClaimRef, timeout: float) -> dict[str, Any]:
+        self.gets.append(ref.uid)
+        if ref.uid in self.hang:
+            self.hang[ref.uid].wait()  # hung past its timeout (as a read stuck in DNS or TLS can be)
+        if ref.uid not in self.api:
+            raise ClaimError(f"claim {ref} not found in the API")
+        return self.api[ref.uid]

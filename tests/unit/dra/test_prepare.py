@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.prepare import prepare_claims, unprepare_claims
 from deviceplugin.state import NodeState
-from tests.support.dra import DRIVER, claim, make_driver, result
+from tests.support.dra import DRIVER, MemoryClaims, claim, make_driver, result
 
 T4 = 15360
 
@@ -113,15 +114,11 @@ def test_a_whole_gpu_is_prepared_for_one_claim_only_and_other_drivers_results_ar
 def test_a_batch_answers_every_claim_and_one_failure_touches_no_other(tmp_path: Path) -> None:
     driver = make_driver(tmp_path)
     good, bad = claim([result("gpu-0", shares=1)]), claim([result("gpu-9", shares=1)])
-    bodies = {good[0].uid: good[1], bad[0].uid: bad[1]}
-
-    def read(ref):
-        if ref.name == "gone":
-            raise ClaimError(f"claim {ref} not found in the API")
-        return bodies[ref.uid]
-
+    source = MemoryClaims()
+    source.put(good[1])
+    source.put(bad[1])
     missing = claim([], name="gone")[0]
-    outcomes = prepare_claims(driver, read, [good[0], bad[0], missing, good[0]])
+    outcomes = asyncio.run(prepare_claims(driver, source, [good[0], bad[0], missing, good[0]]))
     assert set(outcomes) == {good[0].uid, bad[0].uid, missing.uid}
     assert outcomes[good[0].uid].claim is not None and not outcomes[good[0].uid].error
     assert "gpu-9 is not published" in outcomes[bad[0].uid].error and "not found" in outcomes[missing.uid].error
@@ -195,7 +192,9 @@ def test_claims_not_begun_before_the_deadline_fail_with_a_message(tmp_path: Path
 
     driver = make_driver(tmp_path)
     ref, body = claim([result("gpu-0", shares=1)])
-    outcomes = prepare_claims(driver, lambda r: body, [ref], deadline=time.monotonic() - 1)
+    source = MemoryClaims()
+    source.put(body)
+    outcomes = asyncio.run(prepare_claims(driver, source, [ref], deadline=time.monotonic() - 1))
     assert "deadline was near" in outcomes[ref.uid].error and driver.ledger() == {}
 
 
@@ -263,5 +262,7 @@ def test_a_grant_the_allocator_refuses_is_a_claim_error_with_its_message(tmp_pat
     ref, body = claim([result(driver.devices[0].name, pool=info.name)])
     with pytest.raises(ClaimError, match=rf"claim {ref}: .*cannot read MIG capability"):
         driver.prepare(ref, body)
-    outcome = prepare_claims(driver, lambda r: body, [ref])[ref.uid]
+    source = MemoryClaims()
+    source.put(body)
+    outcome = asyncio.run(prepare_claims(driver, source, [ref]))[ref.uid]
     assert outcome.claim is None and outcome.error.startswith(f"claim {ref}: ") and "internal error" not in outcome.error

@@ -1,0 +1,22 @@
+"""API errors as one log line: an ApiException's str() spans many lines (every response header, the whole body)."""
+
+from __future__ import annotations
+
+import json
+
+from ..logs import safe_text
+
+
+def error_line(err: BaseException) -> str:
+    """`<status> <reason>: <the Status message>` for an ApiException, else the error's first line; at most ~300 characters."""
+    status = getattr(err, "status", None)
+    if status is not None and hasattr(err, "reason") and hasattr(err, "body"):  # kubernetes.client.exceptions.ApiException
+        message = ""
+        try:
+            body = json.loads(err.body or b"{}")
+            message = str(body.get("message") or "") if isinstance(body, dict) else ""
+        except (ValueError, TypeError):
+            pass
+        return safe_text(f"{status} {err.reason}" + (f": {message}" if message else ""), 300)
+    text = str(err)
+    return safe_text(f"{type(err).__name__}: {text.splitlines()[0] if text else ''}", 300)
