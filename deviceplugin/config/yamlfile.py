@@ -3,8 +3,10 @@ checked while it is read, so a hostile or mistyped file is refused in millisecon
 key is a problem (PyYAML would keep the last one silently); every problem names its line.
 
 PyYAML alone composes the whole node tree first (about 5 us and 400 bytes per node), recurses once per nesting
-level (5,000 levels raise RecursionError, not a YAMLError) and lets merge keys (`<<: [*a, *a, ...]`) multiply a
-small file into millions of entries. Every failure here is a `YamlProblem` whose text is one line, `where: reason`.
+level (5,000 levels raise RecursionError, not a YAMLError) and lets aliases and merge keys (`<<: [*a, *a, ...]`)
+multiply a small file into millions of entries: 346 bytes of nested aliases are 9**9 paths for whatever walks the
+tree. So an alias counts as the whole tree it stands for (computed once per node), and an anchor used inside
+itself is refused. Every failure here is a `YamlProblem` whose text is one line, `where: reason`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
-from yaml.nodes import MappingNode, SequenceNode
+from yaml.events import AliasEvent
+from yaml.nodes import MappingNode, Node, SequenceNode
 from yaml.resolver import Resolver
 
 from ..limits import MAX_CONFIG_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
@@ -94,6 +97,8 @@ class BoundedLoader(Composer, _Events, SafeConstructor, Resolver):
         Resolver.__init__(self)
         self._depth = 0
         self._nodes = 0
+        self._sizes: dict[int, int] = {}  # id(anchored node) -> the nodes it stands for, aliases expanded
+        self._open: set[str] = set()  # anchors of the nodes being composed (an alias to one is recursive)
         self.duplicates: list[str] = []
         self.lines: dict[str, int] = {}  # key path as parse.py names it (`profiles.a.pools[1].replicas`) -> its line
 
@@ -140,15 +145,44 @@ class BoundedLoader(Composer, _Events, SafeConstructor, Resolver):
             raise YamlProblem(f"{_where(mark)}: more than {MAX_YAML_NODES} YAML nodes (values, lists, mappings and merged keys)")
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        mark = self.peek_event().start_mark  # type: ignore[union-attr]  # the composer only asks while events remain
+        event = self.peek_event()
+        mark = event.start_mark  # type: ignore[union-attr]  # the composer only asks while events remain
+        if isinstance(event, AliasEvent):
+            if event.anchor in self._open:
+                raise YamlProblem(f"{_where(mark)}: the anchor {safe_text(str(event.anchor), 40)!r} is used inside itself (a recursive alias)")
+            if event.anchor in self.anchors:
+                self._count(self._expanded(self.anchors[event.anchor], mark), mark)  # an alias is the tree it names
+            return super().compose_node(parent, index)
         self._count(1, mark)
         if self._depth >= MAX_YAML_DEPTH:
             raise YamlProblem(f"{_where(mark)}: nested deeper than {MAX_YAML_DEPTH} levels")
+        anchor = getattr(event, "anchor", None)
         self._depth += 1
+        if anchor is not None:
+            self._open.add(anchor)
         try:
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+            self._open.discard(anchor)
+
+    def _expanded(self, node: Node, mark: Any) -> int:
+        """The nodes `node` stands for with every alias in it expanded, stopping at the bound (memoised per node, so
+        linear in the file; recursive only as deep as the tree, which compose_node bounds)."""
+        if id(node) in self._sizes:
+            return self._sizes[id(node)]
+        total = 1
+        children: list[Node] = []
+        if isinstance(node, MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, SequenceNode):
+            children = list(node.value)
+        for child in children:
+            total += self._expanded(child, mark)
+            if total > MAX_YAML_NODES:
+                raise YamlProblem(f"{_where(mark)}: more than {MAX_YAML_NODES} YAML nodes once aliases are expanded")
+        self._sizes[id(node)] = total
+        return total
 
     def flatten_mapping(self, node: MappingNode) -> None:
         """Merge keys copy their sources' entries: count the copies before PyYAML makes them."""
