@@ -27,9 +27,10 @@ def test_pod_resources_serves_active_pods_only_and_rate_limits(plugin_dir, start
         client = PodResourcesClient(kubelet.pod_resources_socket)
         listed = {(p.namespace, p.name): p for p in client.list().pod_resources}
         assert set(listed) == {("team", "a"), ("default", "b")}
-        devices = listed[("team", "a")].containers[0].devices[0]
-        assert devices.resource_name == SHARE and list(devices.device_ids) == kubelet.allocated(a)["main"][SHARE]
-        assert [n.ID for n in devices.topology.nodes] == [0]
+        entries = listed[("team", "a")].containers[0].devices  # as kubelet v1.36: one entry per ID and NUMA node
+        assert sorted(i for e in entries for i in e.device_ids) == sorted(kubelet.allocated(a)["main"][SHARE])
+        assert all(e.resource_name == SHARE and len(e.device_ids) == 1 and [n.ID for n in e.topology.nodes] == [0] for e in entries)
+        assert all(not c.cpu_ids and not c.memory for c in listed[("team", "a")].containers)  # no CPU or memory manager policy
         assert [c.name for c in listed[("team", "a")].containers] == ["main", "sidecar"]
         kubelet.finish_pod(b.uid)
         assert [p.name for p in client.list().pod_resources] == ["a"]
@@ -37,7 +38,7 @@ def test_pod_resources_serves_active_pods_only_and_rate_limits(plugin_dir, start
         stub = pr_grpc.PodResourcesListerStub(grpc.insecure_channel(f"unix:{kubelet.pod_resources_socket}"))
         with pytest.raises(grpc.RpcError) as err:
             stub.Get(pr.GetPodResourcesRequest(pod_name="b", pod_namespace="default"))
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        assert err.value.code() == grpc.StatusCode.UNKNOWN and err.value.details() == "pod b in namespace default not found"
         kubelet.rate_limit = TokenBucket(rate=0.001, burst=2)
         client.list()
         client.list()
