@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import grpc
 import pytest
 
@@ -46,5 +48,35 @@ def test_pod_resources_serves_active_pods_only_and_rate_limits(plugin_dir, start
             client.list()
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and err.value.details() == "rejected by rate limit"
         client.close()
+    finally:
+        kubelet.stop()
+
+
+def test_init_containers_sidecars_and_the_checkpoint_as_kubelet_v136_writes_them(plugin_dir, start_plugin):
+    """Ordinary init containers hold devices (admitted first, checkpointed) but pod-resources does not list them;
+    sidecars (restartable init containers) come first, then app containers. The checkpoint is Go's JSON: fields in
+    order, no spaces, the IDs per NUMA node, `null` without entries."""
+    kubelet = KubeletSimulator(plugin_dir, seed=1)
+    kubelet.start()
+    try:
+        start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]})
+        assert kubelet.wait_for(registered(SHARE), timeout=5)
+        pod = Pod("p", [Container("main", {SHARE: 2})], init_containers=[Container("setup", {SHARE: 1}), Container("proxy", {SHARE: 1}, restartable=True)])
+        kubelet.admit(pod)
+        assert set(kubelet.allocated(pod)) == {"setup", "proxy", "main"}
+        client = PodResourcesClient(kubelet.pod_resources_socket)
+        (listed,) = client.list().pod_resources
+        client.close()
+        assert [c.name for c in listed.containers] == ["proxy", "main"]
+        assert sorted(i for e in listed.containers[1].devices for i in e.device_ids) == sorted(kubelet.allocated(pod)["main"][SHARE])
+        text = (plugin_dir / "kubelet_internal_checkpoint").read_text()
+        assert text.startswith('{"Data":{"PodDeviceEntries":[{"PodUID":') and text.endswith(',"Checksum":0}') and ", " not in text
+        data = json.loads(text)["Data"]
+        entries = {e["ContainerName"]: e for e in data["PodDeviceEntries"]}
+        assert list(entries["main"]) == ["PodUID", "ContainerName", "ResourceName", "DeviceIDs", "AllocResp"]
+        assert entries["main"]["DeviceIDs"] == {"0": kubelet.allocated(pod)["main"][SHARE]}  # the T4s are on NUMA node 0
+        assert set(entries) == {"setup", "proxy", "main"} and len(data["RegisteredDevices"][SHARE]) == 8
+        kubelet.delete_pod(pod.uid)
+        assert json.loads((plugin_dir / "kubelet_internal_checkpoint").read_text())["Data"]["PodDeviceEntries"] is None
     finally:
         kubelet.stop()
