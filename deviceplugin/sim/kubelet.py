@@ -255,7 +255,10 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                     endpoint.devices = {d.ID: d for d in message.devices}
                     endpoint.messages += 1
                     self._cond.notify_all()
-                self._write_checkpoint()  # every message rewrites the checkpoint (its healthy IDs)
+                try:
+                    self._write_checkpoint()  # every message rewrites the checkpoint (its healthy IDs)
+                except OSError as err:  # the kubelet logs a failed write and goes on
+                    log.warning("cannot write the checkpoint: %s", err)
         except grpc.RpcError as err:
             log.info("ListAndWatch of %s ended: %s", endpoint.resource, err.code().name)
         except ValueError:  # the channel was closed before the stream began
