@@ -180,9 +180,12 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         Allocations survive (the real kubelet keeps them in its checkpoint); device lists do not.
         """
         self.stop()
-        for entry in self.plugin_dir.iterdir():
-            if stat.S_ISSOCK(entry.lstat().st_mode):
-                entry.unlink(missing_ok=True)
+        for entry in self.plugin_dir.iterdir():  # as CleanupPluginDirectory: a link is followed, one that fails is skipped
+            try:
+                if entry.name != "kubelet_internal_checkpoint" and stat.S_ISSOCK(entry.stat().st_mode):
+                    entry.unlink(missing_ok=True)
+            except OSError as err:
+                log.warning("cannot remove %s: %s", entry, err)
         with self._cond:
             for endpoint in self._endpoints.values():
                 endpoint.devices = {}
