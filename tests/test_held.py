@@ -320,7 +320,7 @@ def test_random_sequences_of_profile_label_switches_and_profile_edits_never_over
 
 def test_an_init_container_that_pod_resources_omits_still_pins_its_gpu(plugin, kubelet):
     """Ordinary init containers are in the kubelet's checkpoint, never in pod-resources: the checkpoint's holders count."""
-    pod = Pod("with-init", [Container("setup", {GPU: 1}, init=True), Container("c", {})])
+    pod = Pod("with-init", [Container("c", {})], init_containers=[Container("setup", {GPU: 1})])
     kubelet.admit(pod)
     assert not any(p.name == "with-init" and p.containers[0].devices for p in kubelet.pod_resources())
     plugin.reload(ALL_SHARED)

@@ -34,10 +34,10 @@ def claim_usage(
     records: dict[tuple[str, str], list[PreparedClaim]] = {}
     for claim in prepared:
         records.setdefault((claim.namespace, claim.name), []).append(claim)
+    # (container, unit UUID) -> what the container holds on it, each prepared device once: a container or pod listed
+    # twice, or one claim reported under two names, merges into one record
+    held: dict[tuple[tuple[str, str, str], str], dict[str, tuple[PreparedDevice, DraDevice]]] = {}
     active = set()
-    # (container, unit UUID) -> what the container holds on it, each prepared device once: a container listed twice,
-    # or a claim named twice, is one holding
-    held: dict[tuple[tuple[str, str, str], str], dict[tuple[str, str, str | None], tuple[PreparedDevice, DraDevice]]] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             key = (pod.namespace, pod.name, container.name)
@@ -49,19 +49,21 @@ def claim_usage(
                         continue
                     if (key, known.unit.uuid) not in held and len(held) >= MAX_SHARES:
                         log.warning("pod-resources lists more than %d DRA container shares; the rest are not watched or metered", MAX_SHARES)
-                        continue
-                    held.setdefault((key, known.unit.uuid), {})[(claim.uid, device.device, device.share_id)] = (device, known)
+                        return _usage(held, active)
+                    held.setdefault((key, known.unit.uuid), {}).setdefault(f"{claim.uid}/{device.device}/{device.share_id or ''}", (device, known))
+    return _usage(held, active)
+
+
+def _usage(
+    held: dict[tuple[tuple[str, str, str], str], dict[str, tuple[PreparedDevice, DraDevice]]], active: set[tuple[str, str, str]]
+) -> Usage:
     shares: list[ContainerShare] = []
     for (key, _), items in held.items():
-        unit, resource = next(iter(items.values()))[1].unit, next(iter(items.values()))[1].resource
+        first = next(iter(items.values()))[1]
+        unit, resource = first.unit, first.resource
         shares.append(
             container_share(
-                key,
-                resource,
-                unit,
-                [f"{uid}/{name}/{share_id or ''}" for uid, name, share_id in items],
-                sum(device.shares for device, _ in items.values()),
-                sum(device.memory_mib for device, _ in items.values()),
+                key, resource, unit, list(items), sum(d.shares for d, _ in items.values()), sum(d.memory_mib for d, _ in items.values())
             )
         )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))
