@@ -231,7 +231,7 @@ class Driver:
             if device is None:
                 raise ClaimError(f"claim {ref}: device {safe_text(name, 63)} is not published by this node (did the config change since allocation?)")
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
-            reason = unhealthy_reason(device, view)
+            reason = unhealthy_reason(device, view) or view.pending_gpus.get(device.unit.gpu.uuid)  # pending: dra.shapes
             if reason:
                 raise ClaimError(f"claim {ref}: device {name} is Unhealthy: {reason}")
             if not result.get("adminAccess"):
