@@ -38,8 +38,12 @@ class HeldShapes:
         self._lock = threading.Lock()
 
     def holds(self) -> frozenset[Hold]:
-        """What prepared claims hold, as holds on the units of the devices served now."""
+        """What prepared claims hold, as holds on the units of the devices served now. A record that could not be
+        read (`Checkpoint.damaged`) holds every unit in an unknown shape: fail closed, no GPU changes shape."""
         by_name = {d.name: d for d in self.driver.devices}
+        if self.driver.checkpoint.damaged:
+            damaged = ", ".join(sorted(self.driver.checkpoint.damaged)[:3])
+            return frozenset(Hold(d.resource.name, d.unit.uuid, None, f"damaged claim record(s) {damaged}") for d in by_name.values())
         return frozenset(
             Hold(d.resource.name, d.unit.uuid, d.unit.replicas, f"claim {c.namespace}/{c.name}")
             for c in self.driver.prepared()

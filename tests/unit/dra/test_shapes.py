@@ -71,3 +71,17 @@ def test_a_reload_that_keeps_a_held_gpus_shape_applies_at_once(tmp_path: Path) -
     config = parse_config({"version": "v1", "pools": [{**SHARED, "gpus": {"indexes": [0]}}]})
     shapes.on_config(config, resources_of(config, node("2xT4")))
     assert slices.shares() == {"gpu-0": 4} and shapes.pending == {}
+
+
+def test_a_damaged_claim_record_holds_every_gpu_in_its_shape(tmp_path: Path) -> None:
+    """A record that fails to read is unknown, never empty: no GPU changes shape until it is released."""
+    prepared = make_driver(tmp_path, pools=[SHARED]).prepare(*claim([result("gpu-1", shares=1)]))
+    record = next(p for p in (tmp_path / "claims").iterdir() if prepared.uid in p.name)
+    record.write_bytes(record.read_bytes()[:-7] + b"garbage")
+    state = NodeState()
+    driver = make_driver(tmp_path, pools=[SHARED], state=state)  # a restart: the record fails its check
+    assert driver.checkpoint.damaged and driver.prepared() == []
+    slices = Published()
+    shapes = HeldShapes(driver, state, [slices], *_config(4))
+    shapes.on_config(*_config(8))
+    assert slices.shares() == {"gpu-0": 4, "gpu-1": 4} and len(shapes.pending) == 2
