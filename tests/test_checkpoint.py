@@ -1,5 +1,5 @@
 """The kubelet's checkpoint, read only and never trusted: both formats, the share count our Allocate answer carried,
-and anything malformed or oversized unknown (HoldsUnknown), never empty."""
+and anything malformed, oversized or truncated unknown (HoldsUnknown), never empty; parsed entry by entry."""
 
 from __future__ import annotations
 
@@ -43,22 +43,55 @@ def test_both_formats_and_the_granted_share_count(tmp_path):
 
 
 def test_a_missing_file_holds_nothing_and_a_malformed_or_oversized_one_is_unknown(tmp_path, monkeypatch):
+    """Fail closed: only a missing file (the kubelet has granted nothing) reads as empty."""
     path = tmp_path / "kubelet_internal_checkpoint"
     assert read_checkpoint(path, OURS) == {}
-    for text in ("{", '{"Data": 3}', '{"Data": {"PodDeviceEntries": 5}}', '{"Data": {"PodDeviceEntries": [1]}}',
-                 '{"Data": {"PodDeviceEntries": [{"ResourceName": 5}]}}',
-                 '{"Data": {"PodDeviceEntries": [{"ResourceName": "r", "DeviceIDs": {"0": [7]}}]}}'):
+    for text, why in [
+        ("{", "no PodDeviceEntries"),
+        ('{"Data": 3}', "no PodDeviceEntries"),
+        ('{"Data": {"PodDeviceEntries": 3}}', "is not a list"),
+        ('{"Data": {"PodDeviceEntries": [1]}}', "without a ResourceName"),
+        ('{"Data": {"PodDeviceEntries": [{"ResourceName": 5}]}}', "without a ResourceName"),
+        ('{"Data": {"PodDeviceEntries": [{"ResourceName": "r", "DeviceIDs": {"0": [7]}}]}}', "DeviceIDs do not parse"),
+        ('{"Data": {"PodDeviceEntries": [{"ResourceName": "r", "DeviceIDs": ["GPU-a"]}, {"ResourceName": "r", "Devi', "truncated"),
+        ('{"Data": {"PodDeviceEntries": [{"ResourceName": "r", "DeviceIDs": ["GPU-a"]} {}]}}', "after an entry"),
+    ]:
         path.write_text(text)
-        with pytest.raises(HoldsUnknown):
+        with pytest.raises(HoldsUnknown, match=why):
             read_checkpoint(path, OURS)
-    monkeypatch.setattr(holds, "MAX_CHECKPOINT_BYTES", 10)
     write(path, [])
-    with pytest.raises(HoldsUnknown, match="is over 10 bytes"):
+    assert read_checkpoint(path, OURS) == {}
+    path.write_text('{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":0}')  # Go's JSON of none
+    assert read_checkpoint(path, OURS) == {}
+    monkeypatch.setattr(holds, "MAX_CHECKPOINT_BYTES", 10)
+    with pytest.raises(HoldsUnknown, match="is over 10 bytes: not read"):
         read_checkpoint(path, OURS)
 
 
-def test_a_share_count_that_does_not_parse_is_an_unknown_shape(tmp_path):
-    """`GPU_SHARE_TOTAL="²"` passes str.isdigit() and fails int(): the hold stays, its share count unknown."""
+def test_a_share_count_that_does_not_parse_is_a_hold_of_unknown_shape(tmp_path):
+    """GPU_SHARE_TOTAL="²" passes str.isdigit() and fails int(): the device is held, its shape unknown."""
     path = tmp_path / "kubelet_internal_checkpoint"
-    write(path, [{"PodUID": "u", "ContainerName": "c", "ResourceName": "example.com/gpu-share", "DeviceIDs": {"0": ["GPU-a::0"]}, "AllocResp": answer("²")}])
-    assert {k: h.replicas for k, h in read_checkpoint(path, OURS).items()} == {("example.com/gpu-share", "GPU-a::0"): None}
+    write(path, [{"PodUID": "u1", "ContainerName": "c", "ResourceName": "example.com/gpu-share", "DeviceIDs": {"0": ["GPU-a::0"]}, "AllocResp": answer(total)}
+                 for total in ("²",)] + [{"PodUID": "u2", "ContainerName": "c", "ResourceName": "example.com/gpu-share", "DeviceIDs": {"0": ["GPU-b::1"]}, "AllocResp": answer("0")}])
+    assert {k: h.replicas for k, h in read_checkpoint(path, OURS).items()} == {("example.com/gpu-share", "GPU-a::0"): None, ("example.com/gpu-share", "GPU-b::1"): None}
+
+
+def test_entries_over_their_bounds_are_unknown_not_read_whole(tmp_path, monkeypatch):
+    path = tmp_path / "kubelet_internal_checkpoint"
+    monkeypatch.setattr(holds, "MAX_ENTRY_BYTES", 1000)
+    write(path, [{"ResourceName": "r", "DeviceIDs": ["GPU-a"], "AllocResp": "x" * 2000}])
+    with pytest.raises(HoldsUnknown, match="entry over 1000 bytes"):
+        read_checkpoint(path, OURS)
+    monkeypatch.setattr(holds, "MAX_ENTRIES", 3)
+    write(path, [{"ResourceName": "r", "DeviceIDs": ["GPU-a"]}] * 4)
+    with pytest.raises(HoldsUnknown, match="over 3 entries"):
+        read_checkpoint(path, OURS)
+
+
+def test_entries_split_across_read_chunks_parse_as_one_file(tmp_path, monkeypatch):
+    path = tmp_path / "kubelet_internal_checkpoint"
+    entries = [{"PodUID": f"u{i}", "ContainerName": "c", "ResourceName": "example.com/gpu-share", "DeviceIDs": {"0": [f"GPU-a::{i}"]}, "AllocResp": answer("8")} for i in range(40)]
+    path.write_text(json.dumps({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {"r": ["é"] * 50}}, "Checksum": 1}, indent=2, ensure_ascii=False))
+    monkeypatch.setattr(holds, "CHUNK", 37)
+    found = read_checkpoint(path, OURS)
+    assert sorted(found) == sorted(("example.com/gpu-share", f"GPU-a::{i}") for i in range(40)) and {h.replicas for h in found.values()} == {8}

@@ -4,12 +4,14 @@ shape each was granted in (the share count our Allocate answer carried) and for 
 before a GPU changes shape (alloc.pending).
 
 Fail closed: a source that cannot be read is unknown, never empty. A checkpoint that exists but cannot be read or
-parsed whole raises `HoldsUnknown` (the caller keeps every GPU as it is and takes no new work on a changing one
-until a source answers); an entry whose share count does not parse holds its devices in an unknown shape (replicas
+parsed whole, or is over a bound, raises `HoldsUnknown` (the caller keeps every GPU as it is and takes no new work
+on a changing one until a source answers); an entry whose share count does not parse holds its devices in an unknown shape (replicas
 None), so a GPU it names keeps its shape.
 
 The checkpoint (`kubelet_internal_checkpoint` in the device-plugin directory) is the kubelet's internal file: it is
-only ever read, bounded, and anything in it that does not parse is skipped, never trusted. Its shape:
+only ever read, never trusted, and bounded: in bytes, in entries and in bytes per entry, parsed one entry at a time
+from a buffer of a few chunks, so a file at the bound costs the plugin a few MiB, not the file in Python objects (the
+benchmark `python -m benchmarks.checkpoint` prints the peaks). Its shape:
 `{"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName", "DeviceIDs": {"<NUMA node>": [ids]}
 (a flat list before Kubernetes 1.20), "AllocResp": "<base64 ContainerAllocateResponse>"}], ...}, "Checksum": N}`.
 """
@@ -18,10 +20,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import json
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -36,59 +41,134 @@ from .usage import PodResourcesClient
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "kubelet_internal_checkpoint"
-MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024  # a full node (110 pods, a few containers each) writes about 1 MiB; parsing 4 MiB peaks near +20 MiB
-MAX_HOLDS = 200_000  # device IDs taken from one reading; a node has at most a few thousand devices
+MAX_CHECKPOINT_BYTES = 4 * 1024 * 1024  # a full node (110 pods, a few containers each) writes about 1 MiB
+MAX_ENTRY_BYTES = 256 * 1024  # one container's devices and Allocate answer; ours are under 4 KiB
+MAX_ENTRIES = 20_000  # containers with devices on one node: a few hundred at most
+MAX_HOLDS = 20_000  # device IDs taken from one reading; a node has at most a few thousand devices
+CHUNK = 64 * 1024
+_ENTRIES_KEY = re.compile(r'"PodDeviceEntries"\s*:')
+_SPACE = re.compile(r"[ \t\r\n]*")
 
 
 class HoldsUnknown(Exception):
-    """What containers hold cannot be read: treat every GPU as held, in a shape not known."""
+    """No source can say what is held: every GPU keeps its shape and takes no new one until a source answers."""
 
 
 def read_checkpoint(path: Path, ours: Callable[[str], bool]) -> dict[tuple[str, str], Hold]:
-    """(resource, device ID) -> its hold, for the devices `ours(unit UUID)` accepts; {} when there is no file (a node
-    the kubelet never allocated on). Raises HoldsUnknown when the file exists but cannot be read or parsed whole."""
+    """(resource, device ID) -> its hold, for the devices `ours(unit UUID)` accepts; {} when the file is missing
+    (the kubelet has granted nothing yet). Raises HoldsUnknown when it cannot be read, is over a bound, or has an
+    entry that does not parse."""
     try:
         with open(path, "rb") as file:
-            data = file.read(MAX_CHECKPOINT_BYTES + 1)
+            return _read(file, path, ours)
     except FileNotFoundError:
         return {}
     except OSError as err:
         raise HoldsUnknown(f"cannot read the kubelet checkpoint {path}: {err}") from err
-    if len(data) > MAX_CHECKPOINT_BYTES:
-        raise HoldsUnknown(f"the kubelet checkpoint {path} is over {MAX_CHECKPOINT_BYTES} bytes")
-    try:
-        entries = json.loads(data)["Data"]["PodDeviceEntries"] or []
-    except (ValueError, KeyError, TypeError) as err:
-        raise HoldsUnknown(f"the kubelet checkpoint {path} does not parse ({safe_text(str(err), 200)})") from err
-    if not isinstance(entries, list):
-        raise HoldsUnknown(f"the kubelet checkpoint {path} has no list of entries")
+
+
+def _read(file: BinaryIO, path: Path, ours: Callable[[str], bool]) -> dict[tuple[str, str], Hold]:
     holds: dict[tuple[str, str], Hold] = {}
-    for entry in entries:
-        if not isinstance(entry, dict) or not isinstance(entry.get("ResourceName"), str):
-            raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry without a resource name")
-        resource = entry["ResourceName"]
-        holder = f"pod {safe_text(str(entry.get('PodUID', '?')), 40)} container {safe_text(str(entry.get('ContainerName', '?')), 64)}"
-        replicas = _granted_replicas(entry.get("AllocResp"))
-        for device in _device_ids(entry.get("DeviceIDs")):
-            hold = Hold(resource, device, replicas if replicas is not None else _whole(device), holder)
-            if ours(hold.unit_uuid) and len(holds) < MAX_HOLDS:
-                holds[(resource, device)] = hold
+    for number, entry in enumerate(_entries(file, path)):
+        if number >= MAX_ENTRIES:
+            raise HoldsUnknown(f"the kubelet checkpoint {path} has over {MAX_ENTRIES} entries: not read")
+        for hold in _entry_holds(entry, path):
+            if ours(hold.unit_uuid):
+                holds[(hold.resource, hold.device)] = hold
+                if len(holds) > MAX_HOLDS:
+                    raise HoldsUnknown(f"the kubelet checkpoint {path} lists over {MAX_HOLDS} of our devices: not read")
     return holds
 
 
-def _device_ids(value: object) -> list[str]:
-    """`{"<NUMA node>": [ids]}`, or a flat list (checkpoints before Kubernetes 1.20); HoldsUnknown for anything else
-    (an entry whose devices cannot be read holds devices nobody can name)."""
+def _entries(file: BinaryIO, path: Path) -> Iterator[object]:
+    """The values of `Data.PodDeviceEntries`, decoded one at a time from a buffer of a few chunks (an entry over
+    MAX_ENTRY_BYTES, a file over MAX_CHECKPOINT_BYTES or one that ends early raises HoldsUnknown)."""
+    decoder, utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")("strict")
+    text, pos, read = "", 0, 0
+
+    def fill() -> bool:
+        nonlocal text, pos, read
+        more = file.read(min(CHUNK, MAX_CHECKPOINT_BYTES + 1 - read))
+        read += len(more)
+        if read > MAX_CHECKPOINT_BYTES:
+            raise HoldsUnknown(f"the kubelet checkpoint {path} is over {MAX_CHECKPOINT_BYTES} bytes: not read")
+        try:
+            text = text[pos:] + utf8.decode(more, final=not more)
+        except UnicodeDecodeError as err:
+            raise HoldsUnknown(f"the kubelet checkpoint {path} is not UTF-8: not read") from err
+        pos = 0
+        return bool(more)
+
+    def skip() -> str:
+        """The next character after white space ("" at the end of the file)."""
+        nonlocal pos
+        while True:
+            pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+            if pos < len(text) or not fill():
+                return text[pos:pos + 1]
+
+    fill()
+    found = _ENTRIES_KEY.search(text)
+    if found is None:
+        raise HoldsUnknown(f"the kubelet checkpoint {path} has no PodDeviceEntries in its first {CHUNK} bytes: not read")
+    pos = found.end()
+    if skip() == "n" and text.startswith("null", pos):
+        return
+    if skip() != "[":
+        raise HoldsUnknown(f"the kubelet checkpoint {path}: PodDeviceEntries is not a list: not read")
+    pos += 1
+    if skip() == "]":
+        return
+    while True:
+        while True:
+            try:
+                value, end = decoder.raw_decode(text, pos)
+                break
+            except ValueError as err:
+                if len(text) - pos > MAX_ENTRY_BYTES:
+                    raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry over {MAX_ENTRY_BYTES} bytes: not read") from err
+                if not fill():
+                    raise HoldsUnknown(f"the kubelet checkpoint {path} is truncated or does not parse: not read") from err
+        if end - pos > MAX_ENTRY_BYTES:
+            raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry over {MAX_ENTRY_BYTES} bytes: not read")
+        yield value
+        pos = end
+        after = skip()
+        if after == "]":
+            return
+        if after != ",":
+            raise HoldsUnknown(f"the kubelet checkpoint {path} is truncated or does not parse after an entry: not read")
+        pos += 1
+        skip()
+
+
+def _entry_holds(entry: object, path: Path) -> list[Hold]:
+    """The holds one checkpoint entry records; HoldsUnknown when it does not say which devices of which resource."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("ResourceName"), str):
+        raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry without a ResourceName: not read")
+    devices = _device_ids(entry.get("DeviceIDs"))
+    if devices is None:
+        raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry of {safe_text(entry['ResourceName'], 100)} whose DeviceIDs do not parse: not read")
+    resource = entry["ResourceName"]
+    holder = f"pod {safe_text(str(entry.get('PodUID', '?')), 40)} container {safe_text(str(entry.get('ContainerName', '?')), 64)}"
+    replicas = _granted_replicas(entry.get("AllocResp"))
+    return [Hold(resource, device, replicas if replicas is not None else _whole(device), holder) for device in devices]
+
+
+def _device_ids(value: object) -> list[str] | None:
+    """`{"<NUMA node>": [ids]}`, or a flat list (checkpoints before Kubernetes 1.20); None when it is neither."""
+    if value is None:
+        return []
     found: list[str] = []
     for ids in list(value.values()) if isinstance(value, dict) else [value]:
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise HoldsUnknown("the kubelet checkpoint has an entry whose device IDs do not parse")
+            return None
         found.extend(ids)
     return found
 
 
 def _granted_replicas(alloc_resp: object) -> int | None:
-    """The share count our Allocate answer carried (GPU_SHARE_TOTAL); None when it says none."""
+    """The share count our Allocate answer carried (GPU_SHARE_TOTAL); None when it says none or none that parses."""
     if not isinstance(alloc_resp, str):
         return None
     try:
@@ -96,8 +176,9 @@ def _granted_replicas(alloc_resp: object) -> int | None:
     except (binascii.Error, ValueError, DecodeError):
         return None
     total = response.envs.get(ENV_SHARE_TOTAL, "")
-    # ASCII digits only: "²" passes isdigit() and fails int()
-    return int(total) if total.isascii() and total.isdigit() and 0 < int(total) < 1_000_000 else None
+    if not (total.isascii() and total.isdigit() and 0 < len(total) < 7):
+        return None
+    return int(total) or None
 
 
 def _whole(device: str) -> int | None:
@@ -139,18 +220,21 @@ class ContainerHolds:
 
 
 def holds_in(response: pr.ListPodResourcesResponse, granted: dict[tuple[str, str], Hold], ours: Callable[[str], bool]) -> list[Hold]:
-    """The holds a pod-resources List shows (at most MAX_HOLDS), with the share counts the checkpoint knows."""
-    holds: list[Hold] = []
+    """The holds a pod-resources List shows, each device once (the kubelet lists one entry per device ID and NUMA
+    node), with the share counts the checkpoint knows; HoldsUnknown over MAX_HOLDS."""
+    holds: dict[tuple[str, str], Hold] = {}
     for pod in response.pod_resources:
         for container in pod.containers:
             holder = safe_text(f"{pod.namespace}/{pod.name}/{container.name}", 200)
             for devices in container.devices:
                 for device in devices.device_ids:
-                    known = granted.get((devices.resource_name, device))
+                    key = (devices.resource_name, device)
+                    if key in holds:
+                        continue
+                    known = granted.get(key)
                     hold = Hold(devices.resource_name, device, known.replicas if known else _whole(device), holder)
                     if ours(hold.unit_uuid):
-                        holds.append(hold)
-                        if len(holds) >= MAX_HOLDS:
-                            log.warning("pod-resources lists over %d of our devices: the rest are not read", MAX_HOLDS)
-                            return holds
-    return holds
+                        holds[key] = hold
+                        if len(holds) > MAX_HOLDS:
+                            raise HoldsUnknown(f"pod-resources lists over {MAX_HOLDS} of our devices: not read")
+    return list(holds.values())

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +92,7 @@ class KubeletPlugin:
         self._closing = False
         self._unsubscribe = state.subscribe(self._state_changed)
         self.started = False
+        self.after_unprepare: Callable[[], None] = lambda: None  # a held GPU may switch shape now (dra.shapes)
 
     # --- lifecycle (any thread but the loop's) ----------------------------------------------------
     def start(self) -> None:
@@ -167,6 +168,7 @@ class KubeletPlugin:
         for error in errors.values():
             if error:
                 log.warning("unprepare: %s", error)
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.after_unprepare)
         return errors
 
     # --- health -----------------------------------------------------------------------------------

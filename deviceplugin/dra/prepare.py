@@ -88,6 +88,7 @@ class Driver:
         self.lock = lock
         self._devices: dict[str, DraDevice] = {}
         self._ledger: dict[str, int] = {}
+        self._ledger_mib: dict[str, int] = {}  # GPU memory prepared claims hold, per device name (survives a reload)
         self.find_claim: ClaimFinder = lambda uid: UNKNOWN
         self.reallocated = 0  # prepared claims whose record was replaced by a new allocation
         with self.lock:
@@ -223,17 +224,19 @@ class Driver:
         devices = self._devices
         holdings: list[tuple[Mapping[str, Any], ClaimShare]] = []
         wanted: dict[str, int] = {}
+        wanted_mib: dict[str, int] = {}
         for result in results:
             name = str(result.get("device") or "")
             device = devices.get(name)
             if device is None:
                 raise ClaimError(f"claim {ref}: device {safe_text(name, 63)} is not published by this node (did the config change since allocation?)")
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
-            reason = unhealthy_reason(device, view)
+            reason = unhealthy_reason(device, view) or view.pending_gpus.get(device.unit.gpu.uuid)  # pending: dra.shapes
             if reason:
                 raise ClaimError(f"claim {ref}: device {name} is Unhealthy: {reason}")
             if not result.get("adminAccess"):
                 wanted[name] = wanted.get(name, 0) + share.shares
+                wanted_mib[name] = wanted_mib.get(name, 0) + share.memory_mib
             holdings.append((result, share))
         for name, count in wanted.items():
             device, held = devices[name], self._ledger.get(name, 0)
@@ -243,6 +246,12 @@ class Driver:
                 raise ClaimError(
                     f"claim {ref}: device {name} has {device.shares} shares; prepared claims hold {held} and this claim needs {count} "
                     "(a claim naming only one of the capacities shares and memory is granted the larger)"
+                )
+            held_mib, unit_mib = self._ledger_mib.get(name, 0), device.unit.memory_mib
+            if device.shared and held_mib + wanted_mib[name] > unit_mib:  # shares prepared before a reload are not these shares
+                raise ClaimError(
+                    f"claim {ref}: device {name} has {unit_mib} MiB; prepared claims hold {held_mib} MiB and this claim needs "
+                    f"{wanted_mib[name]} MiB (shares of its shape before a reload count by the memory they were granted)"
                 )
         return holdings
 
@@ -289,22 +298,23 @@ class Driver:
             self._rebuild_ledger()
 
     def _rebuild_ledger(self) -> None:
-        self._ledger = {}
+        self._ledger, self._ledger_mib = {}, {}
         for claim in self.checkpoint.claims():
             self._add(claim, 1)
 
     def _add(self, claim: PreparedClaim, sign: int) -> None:
         """Count a claim in (1) or out (-1); the ledger is replaced, never changed in place, so `ledger()` (a metrics
         scrape, on another thread) reads a whole one."""
-        ledger = dict(self._ledger)
+        ledger, ledger_mib = dict(self._ledger), dict(self._ledger_mib)
         for device in claim.devices:
             if device.shares:
-                left = ledger.get(device.device, 0) + sign * device.shares
-                if left > 0:
-                    ledger[device.device] = left
-                else:
-                    ledger.pop(device.device, None)
-        self._ledger = ledger
+                for counts, amount in ((ledger, device.shares), (ledger_mib, device.memory_mib)):
+                    left = counts.get(device.device, 0) + sign * amount
+                    if left > 0:
+                        counts[device.device] = left
+                    else:
+                        counts.pop(device.device, None)
+        self._ledger, self._ledger_mib = ledger, ledger_mib
 
 
 def allocation_digest(driver: str, allocation: Mapping[str, Any]) -> str:

@@ -34,6 +34,7 @@ from ..dra.lock import LOCK_FILE, SerialLock
 from ..dra.mpsready import MpsReadiness
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
+from ..dra.shapes import HeldShapes
 from ..dra.slices import SlicePublisher
 from ..dra.usage import ClaimUsage
 from ..health.monitor import HealthMonitor
@@ -113,7 +114,9 @@ class DraDaemon:
             watchdog=MemoryWatchdog(self.config.watchdog_policy),
             build=ClaimUsage(self.driver.prepared, lambda: self.driver.devices, self.driver_name, node_name),
         )
-        consumers: list[ConfigConsumer] = [self, self.mps, self.plugin, self.slices, self.agent.watchdog, self.agent]
+        self.shapes = HeldShapes(self.driver, self.state, [self.plugin, self.slices], self.config, self.resources)  # held GPUs keep their shape
+        self.plugin.after_unprepare = self.shapes.check
+        consumers: list[ConfigConsumer] = [self, self.mps, self.shapes, self.agent.watchdog, self.agent]
         self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers, clock)
         self.registry.register(DraCollector(self.driver, lambda: self.plugin.registered))
         self.registry.register(self.slices.collector())
@@ -143,7 +146,7 @@ class DraDaemon:
         self.mps.start()
         self.plugin.start()
         self.claims.start()
-        self.slices.on_config(self.config, self.resources)
+        self.slices.on_config(self.config, self.shapes.served)
         self.slices.start()
         self.agent.start()
         self.reloader.start(self.config, self._digest)

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from deviceplugin.config.parse import parse_config
 from deviceplugin.dra.cdi import cdi_kind
 from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.prepare import prepare_claims, unprepare_claims
 from deviceplugin.state import NodeState
-from tests.support.dra import DRIVER, MemoryClaims, claim, make_driver, result
+from tests.support.dra import DRIVER, MemoryClaims, claim, make_driver, node, resources_of, result
 
 T4 = 15360
 
@@ -67,6 +68,23 @@ def test_the_ledger_refuses_shares_beyond_the_device_and_a_restart_rebuilds_it(t
         restarted.prepare(*memory_only)
     assert restarted.prepare(*claim([result("gpu-0", shares=1)])).devices[0].shares == 1
     assert restarted.ledger() == {"gpu-0": 4}
+
+
+def test_after_a_reload_to_more_replicas_the_ledger_refuses_by_memory_not_share_counts(tmp_path: Path) -> None:
+    """Issue 29's repro: a claim holds 2 of 4 shares (7,680 MiB); a reload to 8 replicas; a claim for 6 of 8 (11,520 MiB)
+    would put 19,200 MiB on a 15,360 MiB T4. It is refused; 4 of 8 (7,680 MiB) fits and is prepared."""
+    shared = [{"name": "s", "mode": "shared", "replicas": 4}]
+    driver = make_driver(tmp_path, pools=shared)
+    driver.prepare(*claim([result("gpu-0", shares=2)]))
+    config = parse_config({"version": "v1", "pools": [{**shared[0], "replicas": 8}]})
+    driver.on_config(config, resources_of(config, node("2xT4")))
+    with pytest.raises(ClaimError, match=f"device gpu-0 has {T4} MiB; prepared claims hold {T4 // 2} MiB and this claim needs {6 * T4 // 8} MiB"):
+        driver.prepare(*claim([result("gpu-0", shares=6)]))
+    assert driver.prepare(*claim([result("gpu-0", shares=4)])).devices[0].memory_mib == T4 // 2
+    assert make_driver(tmp_path, pools=[{**shared[0], "replicas": 8}]).prepare(*claim([result("gpu-1", shares=8)]))  # the other GPU is free
+    restarted = make_driver(tmp_path, pools=[{**shared[0], "replicas": 8}])  # the memory ledger is rebuilt from the records
+    with pytest.raises(ClaimError, match=f"prepared claims hold {T4} MiB"):
+        restarted.prepare(*claim([result("gpu-0", shares=1)]))
 
 
 def test_an_unhealthy_device_is_refused_with_the_monitors_reason(tmp_path: Path) -> None:
