@@ -557,3 +557,26 @@ def test_changelog_heads_with_the_package_version():
 def test_a_new_components_values_block_needs_only_its_enabled_toggle():
     """Room for the next component: a block with `enabled` passes the schema; off, it renders nothing."""
     assert render({"next.enabled": "false", "next.image": "x"}) == render()
+
+
+def _rules(document: dict) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    """A ClusterRole's rules, one (apiGroups, resources, verbs) per rule, in order."""
+    return [(tuple(r.get("apiGroups", ())), tuple(r.get("resources", ())), tuple(r.get("verbs", ()))) for r in document["rules"]]
+
+
+@needs_helm
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+@pytest.mark.parametrize("scoring", [{"dra.enabled": "true"}, {"extender.dra.enabled": "true"}])
+def test_the_extenders_rbac_follows_its_dra_flag_rule_by_rule(tmp_path, scoring):
+    """Scoring DRA claims (dra.enabled, or extender.dra.enabled for a driver installed apart) passes --dra-class and
+    grants the kustomization's resource.k8s.io reads; without it, the chart grants only the core reads."""
+    kustomized = by_kind(_kustomize(tmp_path))[("ClusterRole", "gpu-share-extender")]
+    dra_rule = (("resource.k8s.io",), ("resourceslices", "resourceclaims", "resourceclaimtemplates"), ("get", "list", "watch"))
+    assert dra_rule in _rules(kustomized)
+    with_dra = by_kind(render({"extender.enabled": "true", **scoring}))
+    assert _rules(with_dra[("ClusterRole", "gpu-share-extender")]) == _rules(kustomized)
+    args = with_dra[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--dra-class=gpu-share-shares" in args
+    without = by_kind(render({"extender.enabled": "true"}))
+    assert _rules(without[("ClusterRole", "gpu-share-extender")]) == [r for r in _rules(kustomized) if r != dra_rule]
+    assert not any(a.startswith("--dra-class") for a in without[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]["args"])
