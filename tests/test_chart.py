@@ -242,7 +242,7 @@ def test_a_config_without_its_admission_values_is_refused_by_name():
     for values, message in (({"domain": "Bad_Domain"}, "- at '/domain': 'Bad_Domain' does not match pattern"),
                             ({"admission.limits.gpu-share": "many"}, "- at '/admission/limits/gpu-share': 'many' does not match pattern '^[0-9]+$'"),
                             ({"plugin.nodeSelecter.pool": "gpu"}, "- at '/plugin': additional properties 'nodeSelecter' not allowed"),
-                            ({"imge.repository": "x"}, "- at '/imge': missing property 'enabled'"),  # a typo, not a component block
+                            ({"imge.repository": "x"}, "- at '': additional properties 'imge' not allowed"),  # a typo, refused by name
                             ({"plugin.metricsPort": "http"}, "- at '/plugin/metricsPort': got string, want integer"),
                             ({"dra.enabled": "true", "dra.draOnly": "yes"}, "- at '/dra/draOnly': got string, want boolean")):
         proc = helm("template", "gs", str(CHART), *[f"--set={k}={v}" for k, v in values.items()], check=False)
@@ -560,10 +560,54 @@ def test_changelog_heads_with_the_package_version():
     assert first.split()[1] == __version__, first
 
 
+NODE_PLUGINS = {"gpu-share", "gpu-share-dra"}  # the pods that open device nodes
+HOSTILE = [  # values a template once pasted unquoted into YAML: each must be refused by the schema
+    {"plugin.priorityClassName": "x\n      hostPID: true\n      hostNetwork: true"},
+    {"plugin.runtimeClassName": "x\n      hostIPC: true"},
+    {"mps.enabled": "true", "mps.priorityClassName": "x\n      hostNetwork: true"},
+    {"dra.enabled": "true", "dra.runtimeClassName": "x\n      hostPID: true"},
+    {"extender.enabled": "true", "scheduler.enabled": "true", "scheduler.image": "a\n          securityContext: {privileged: true}"},
+    {"extender.enabled": "true", "extender.policy": "x\n            - --kubeconfig=/host"},
+    {"extender.enabled": "true", "extender.managedResources[0]": "x\n      ignorable: true"},
+    {"extender.enabled": "true", "scheduler.enabled": "true", "scheduler.name": "x\n  hostPID: true"},
+    {"image.repository": "a\n          securityContext: {privileged: true}"},
+    {"image.tag": "1\n          securityContext: {privileged: true}"},
+    {"serviceMonitor.enabled": "true", "serviceMonitor.interval": "30s\n  hostPID: true"},
+]
+
+
 @needs_helm
-def test_a_new_components_values_block_needs_only_its_enabled_toggle():
-    """Room for the next component: a block with `enabled` passes the schema; off, it renders nothing."""
-    assert render({"next.enabled": "false", "next.image": "x"}) == render()
+@pytest.mark.parametrize("values", HOSTILE)
+def test_hostile_values_are_refused_naming_the_key(values):
+    proc = helm("template", "gs", str(CHART), *[f"--set-string={k}={v}" if k.endswith(("Name", "image", "policy", "]", "repository", "tag", "interval", ".name"))
+                                               else f"--set={k}={v}" for k, v in values.items()], check=False)
+    assert proc.returncode != 0, proc.stdout
+    key = next(k for k in values if not k.endswith(".enabled"))
+    assert f"at '/{key.replace('.', '/').replace('[0]', '/0')}'" in proc.stderr, proc.stderr
+
+
+@needs_helm
+def test_no_value_renders_a_host_namespace_beyond_the_plugins_needs():
+    """Every component on: no host namespaces (the plugin's kill policy adds hostPID, off by default), privileged only
+    in the node plugins (the device plugin, the DRA driver: device nodes), and no hostPath of the host's `/`."""
+    for document in render({**EVERY_COMPONENT, **DRA}):
+        spec = document.get("spec", {}).get("template", {}).get("spec") or (document["spec"] if document["kind"] == "Pod" else None)
+        if not spec:
+            continue
+        assert not any(spec.get(k) for k in ("hostPID", "hostIPC", "hostNetwork")), document["metadata"]["name"]
+        if document["metadata"]["name"] not in NODE_PLUGINS:
+            assert not any((c.get("securityContext") or {}).get("privileged") for c in spec["containers"]), document["metadata"]["name"]
+        assert all(v["hostPath"]["path"].rstrip("/") for v in spec.get("volumes", []) if "hostPath" in v), document["metadata"]["name"]
+
+
+@needs_helm
+@pytest.mark.parametrize("key, hint", [("schedular.enabled", "additional properties 'schedular' not allowed"),
+                                       ("dashboard.enabled", "additional properties 'dashboard' not allowed"),
+                                       ("nodeSelector.pool", "set it per component, e.g. plugin.nodeSelector"),
+                                       ("tolerations[0].key", "set it per component, e.g. plugin.tolerations")])
+def test_unknown_top_level_keys_are_refused_by_name(key, hint):
+    proc = helm("template", "gs", str(CHART), f"--set={key}=x" if not key.endswith("enabled") else f"--set={key}=true", check=False)
+    assert proc.returncode != 0 and hint in proc.stderr, proc.stderr
 
 
 def _rules(document: dict) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
@@ -694,3 +738,18 @@ def test_the_admission_policy_refuses_after_install_reenable_and_reinstall(contr
         helm("uninstall", "gpu-share", "--namespace", namespace, kubeconfig, check=False)
     check = subprocess.run([sys.executable, "-c", container["args"][0]], env=check_env, capture_output=True, text=True, timeout=60)
     assert check.returncode == 1 and "is not enforcing" in check.stderr, check.stderr  # uninstalled: the check fails, loudly
+
+
+@needs_helm
+@pytest.mark.parametrize("root, says", [("/", "must not be /:"), ("/etc/gpu", "must not be inside /etc:"), ("/run", "must not be /run:"),
+                                        ("/a/../b", "must be an absolute, normalised path"), ("/srv/mps/", "must be an absolute, normalised path")])
+def test_the_chart_refuses_an_mps_root_the_plugin_refuses(root, says, tmp_path):
+    """The MPS DaemonSet mounts mpsRoot from the host: the chart applies the plugin's own rule (config/paths.py)."""
+    from deviceplugin.config.paths import mps_root_problem
+
+    text = f"version: v1\nmpsRoot: {root}\npools: [{{name: quick, mode: shared, backend: mps, replicas: 4}}]\n"
+    assert mps_root_problem(root) is not None  # the plugin refuses it too
+    (tmp_path / "config.yaml").write_text(text)
+    proc = helm("template", "gs", str(CHART), "--set", "mps.enabled=true", "--set", "admission.enabled=false",
+                f"--set-file=config={tmp_path / 'config.yaml'}", check=False)
+    assert proc.returncode != 0 and f"config: mpsRoot: {says}" in proc.stderr, proc.stderr
