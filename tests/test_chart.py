@@ -93,8 +93,10 @@ def test_default_install_is_the_plugin_with_its_admission_policies_and_schema_va
         ("ClusterRole", "gpu-share-pods"), ("ClusterRoleBinding", "gpu-share-pods"), ("ConfigMap", "gpu-share-config"),
         ("DaemonSet", "gpu-share"), ("Service", "gpu-share-metrics"),
         ("ValidatingAdmissionPolicy", "gpu-share-own-node"), ("ValidatingAdmissionPolicyBinding", "gpu-share-own-node"),
-        ("ConfigMap", "gpu-share-admission-limits"), ("ValidatingAdmissionPolicy", "gpu-share-shares-per-gpu"),
+        ("ValidatingAdmissionPolicy", "gpu-share-shares-per-gpu"),
         ("ValidatingAdmissionPolicyBinding", "gpu-share-shares-per-gpu"),
+        ("ServiceAccount", "gpu-share-admission-test"), ("Role", "gpu-share-admission-test"),  # helm test's hook
+        ("RoleBinding", "gpu-share-admission-test"), ("Pod", "gpu-share-admission-test"),
     ])
     for document in documents:
         kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
@@ -159,7 +161,7 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     assert call["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888"
     assert {r["name"] for r in call["managedResources"]} >= {"acme.io/gpu-share", "acme.io/gpu"}
     assert all(r["name"].startswith("acme.io/") for r in call["managedResources"])
-    assert objects[("ConfigMap", "gpu-share-admission-limits")]["data"]["domain"] == "acme.io"
+    assert _policy_variables(objects)["domain"] == "'acme.io'"
     dra = objects[("DaemonSet", "gpu-share-dra")]["spec"]["template"]["spec"]
     assert dra["containers"][0]["image"] == "registry.acme.io/gpu-share:9.9.9"
     assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in dra["containers"][0]["env"]
@@ -173,12 +175,12 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     only = by_kind(render({"domain": "acme.io", **DRA_ONLY}))[("ValidatingAdmissionPolicy", "gpu-share-dra-only-share-requests")]
     assert only["spec"]["variables"][0]["expression"] == "'acme.io' + '/gpu-share'"
     binding = objects[("ValidatingAdmissionPolicyBinding", "gpu-share-shares-per-gpu")]["spec"]
-    assert binding["paramRef"] == {"name": "gpu-share-admission-limits", "namespace": "gpu-system", "parameterNotFoundAction": "Allow"}
+    assert binding == {"policyName": "gpu-share-shares-per-gpu", "validationActions": ["Deny"]}  # no params: nothing to lose
     for document in documents:
         namespace = document["metadata"].get("namespace")
         if document["kind"] in CLUSTER_SCOPED:
             assert namespace is None, document["metadata"]  # a cluster-scoped object has no namespace
-        elif document["kind"] == "RoleBinding":
+        elif document["kind"] == "RoleBinding" and document["metadata"]["name"] != "gpu-share-admission-test":
             assert namespace == "kube-system"  # the scheduler's authentication reader
         else:
             assert namespace == "gpu-system", document["metadata"]
@@ -200,6 +202,11 @@ def test_pod_settings_come_from_values():
     build_parser().parse_args(["run", *container["args"]])  # every flag the chart passes exists
 
 
+def _policy_variables(objects: dict[tuple[str, str], dict]) -> dict[str, str]:
+    """The shares-per-GPU policy's variables, name to expression."""
+    return {v["name"]: v["expression"] for v in objects[("ValidatingAdmissionPolicy", "gpu-share-shares-per-gpu")]["spec"]["variables"]}
+
+
 def _with_config(text: str) -> list[str]:
     """helm flags installing `text` as the config, with the admission values computed for it."""
     values = yaml.safe_load(admission_params_for(text))
@@ -213,7 +220,7 @@ def admission_params_for(text: str) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as file:
         file.write(text)
         file.flush()
-        return admission_params(file.name, [str(n) for n in NODES], "gpu-share", chart_values=True)
+        return admission_params(file.name, [str(n) for n in NODES], chart_values=True)
 
 
 @needs_helm
@@ -223,7 +230,7 @@ def test_kill_policy_and_cdi_follow_the_installed_config():
     spec = by_kind(documents)[("DaemonSet", "gpu-share")]["spec"]["template"]["spec"]
     assert spec["hostPID"] is True and spec["containers"][0]["securityContext"]["capabilities"]["add"] == ["KILL"]
     assert {"/etc/cdi", "/var/run/cdi"} <= {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
-    assert by_kind(documents)[("ConfigMap", "gpu-share-admission-limits")]["data"] == {"domain": "example.com", "gpu-share": "4"}
+    assert _policy_variables(by_kind(documents))["limits"] == "{'gpu-share': 4}"
     assert by_kind(documents)[("ConfigMap", "gpu-share-config")]["data"]["config.yaml"] == text
 
 
@@ -235,7 +242,7 @@ def test_a_config_without_its_admission_values_is_refused_by_name():
     for values, message in (({"domain": "Bad_Domain"}, "- at '/domain': 'Bad_Domain' does not match pattern"),
                             ({"admission.limits.gpu-share": "many"}, "- at '/admission/limits/gpu-share': 'many' does not match pattern '^[0-9]+$'"),
                             ({"plugin.nodeSelecter.pool": "gpu"}, "- at '/plugin': additional properties 'nodeSelecter' not allowed"),
-                            ({"imge.repository": "x"}, "- at '/imge': missing property 'enabled'"),  # a typo, not a component block
+                            ({"imge.repository": "x"}, "- at '': additional properties 'imge' not allowed"),  # a typo, refused by name
                             ({"plugin.metricsPort": "http"}, "- at '/plugin/metricsPort': got string, want integer"),
                             ({"dra.enabled": "true", "dra.draOnly": "yes"}, "- at '/dra/draOnly': got string, want boolean")):
         proc = helm("template", "gs", str(CHART), *[f"--set={k}={v}" for k, v in values.items()], check=False)
@@ -318,8 +325,7 @@ def test_chart_and_kustomization_install_the_same_objects(tmp_path):
     for ours, theirs in ((("DaemonSet", "gpu-share"),) * 2, (("DaemonSet", "gpu-share-mps-mps"), ("DaemonSet", "gpu-share-mps")),
                          (("Deployment", "gpu-share-extender"),) * 2):
         assert _pod_spec(chart[ours]) == _pod_spec(kustomized[theirs]), ours
-    for key in (("ConfigMap", "gpu-share-config"), ("ConfigMap", "gpu-share-admission-limits")):
-        assert chart[key]["data"] == kustomized[key]["data"], key
+    assert chart[("ConfigMap", "gpu-share-config")]["data"] == kustomized[("ConfigMap", "gpu-share-config")]["data"]
     for key in (("ValidatingAdmissionPolicy", "gpu-share-shares-per-gpu"), ("ClusterRole", "gpu-share-node"), ("ClusterRole", "gpu-share-pods")):
         assert chart[key].get("spec", chart[key].get("rules")) == kustomized[key].get("spec", kustomized[key].get("rules")), key
 
@@ -460,9 +466,9 @@ def test_admission_params_equal_what_config_check_shows(config, node_file):
 def test_shipped_params_are_computed_from_the_shipped_config():
     nodes = [str(n) for n in NODES]
     (params,) = [d for d in yaml.safe_load_all((ROOT / "daemonset" / "admission" / "params.yaml").read_text()) if d]
-    assert params == yaml.safe_load(admission_params(str(CONFIG), nodes, "gpu-share", chart_values=False))
+    assert params == yaml.safe_load(admission_params(str(CONFIG), nodes, chart_values=False))
     values = yaml.safe_load((CHART / "values.yaml").read_text())["admission"]
-    computed = yaml.safe_load(admission_params(str(CONFIG), nodes, "gpu-share", chart_values=True))["admission"]
+    computed = yaml.safe_load(admission_params(str(CONFIG), nodes, chart_values=True))["admission"]
     assert {k: values[k] for k in ("configSha256", "limits")} == computed
     assert computed["configSha256"] == config_sha256(CONFIG.read_text()) and computed["limits"] == {"gpu-share": "20"}
 
@@ -473,7 +479,7 @@ def test_admission_params_command_needs_nodes_for_memory_per_share():
     assert "profiles.inference.pools[0].memoryPerShare: the share count depends on the GPU's memory: give --node FILE" in proc.stderr
     proc = subprocess.run([*GPU_CLI, "config", "admission-params", str(EXAMPLES / "config" / "default.yaml")], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    assert yaml.safe_load(proc.stdout)["data"] == {"domain": "example.com", "gpu-share": "10"}
+    assert yaml.safe_load(proc.stdout)["data"] == {"limits": "{'gpu-share': 10}"}
 
 
 # --- against a real API server ---------------------------------------------------------------------------
@@ -497,7 +503,8 @@ def test_chart_output_passes_server_side_dry_run(controlplane):
     namespace = f"gs-chart-{os.getpid()}"
     assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
     for values in ({**EVERY_COMPONENT, **DRA}, DRA_ONLY):
-        documents = [d for d in render({"domain": "acme.io", **values}, namespace=namespace) if d["kind"] != "ServiceMonitor"]  # no CRD there
+        documents = [d for d in render({"domain": "acme.io", **values}, namespace=namespace)
+                     if d["kind"] != "ServiceMonitor" and "helm.sh/hook" not in d["metadata"].get("annotations", {})]  # no CRD; helm test's own
         proc = _kubectl(controlplane, "apply", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(documents))
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.count("(server dry run)") == len(documents), proc.stdout
@@ -553,7 +560,229 @@ def test_changelog_heads_with_the_package_version():
     assert first.split()[1] == __version__, first
 
 
+NODE_PLUGINS = {"gpu-share", "gpu-share-dra"}  # the pods that open device nodes
+HOSTILE = [  # values a template once pasted unquoted into YAML: each must be refused by the schema
+    {"plugin.priorityClassName": "x\n      hostPID: true\n      hostNetwork: true"},
+    {"plugin.runtimeClassName": "x\n      hostIPC: true"},
+    {"mps.enabled": "true", "mps.priorityClassName": "x\n      hostNetwork: true"},
+    {"dra.enabled": "true", "dra.runtimeClassName": "x\n      hostPID: true"},
+    {"extender.enabled": "true", "scheduler.enabled": "true", "scheduler.image": "a\n          securityContext: {privileged: true}"},
+    {"extender.enabled": "true", "extender.policy": "x\n            - --kubeconfig=/host"},
+    {"extender.enabled": "true", "extender.managedResources[0]": "x\n      ignorable: true"},
+    {"extender.enabled": "true", "scheduler.enabled": "true", "scheduler.name": "x\n  hostPID: true"},
+    {"image.repository": "a\n          securityContext: {privileged: true}"},
+    {"image.tag": "1\n          securityContext: {privileged: true}"},
+    {"serviceMonitor.enabled": "true", "serviceMonitor.interval": "30s\n  hostPID: true"},
+]
+
+
 @needs_helm
-def test_a_new_components_values_block_needs_only_its_enabled_toggle():
-    """Room for the next component: a block with `enabled` passes the schema; off, it renders nothing."""
-    assert render({"next.enabled": "false", "next.image": "x"}) == render()
+@pytest.mark.parametrize("values", HOSTILE)
+def test_hostile_values_are_refused_naming_the_key(values):
+    proc = helm("template", "gs", str(CHART), *[f"--set-string={k}={v}" if k.endswith(("Name", "image", "policy", "]", "repository", "tag", "interval", ".name"))
+                                               else f"--set={k}={v}" for k, v in values.items()], check=False)
+    assert proc.returncode != 0, proc.stdout
+    key = next(k for k in values if not k.endswith(".enabled"))
+    assert f"at '/{key.replace('.', '/').replace('[0]', '/0')}'" in proc.stderr, proc.stderr
+
+
+@needs_helm
+def test_no_value_renders_a_host_namespace_beyond_the_plugins_needs():
+    """Every component on: no host namespaces (the plugin's kill policy adds hostPID, off by default), privileged only
+    in the node plugins (the device plugin, the DRA driver: device nodes), and no hostPath of the host's `/`."""
+    for document in render({**EVERY_COMPONENT, **DRA}):
+        spec = document.get("spec", {}).get("template", {}).get("spec") or (document["spec"] if document["kind"] == "Pod" else None)
+        if not spec:
+            continue
+        assert not any(spec.get(k) for k in ("hostPID", "hostIPC", "hostNetwork")), document["metadata"]["name"]
+        if document["metadata"]["name"] not in NODE_PLUGINS:
+            assert not any((c.get("securityContext") or {}).get("privileged") for c in spec["containers"]), document["metadata"]["name"]
+        assert all(v["hostPath"]["path"].rstrip("/") for v in spec.get("volumes", []) if "hostPath" in v), document["metadata"]["name"]
+
+
+@needs_helm
+@pytest.mark.parametrize("key, hint", [("schedular.enabled", "additional properties 'schedular' not allowed"),
+                                       ("dashboard.enabled", "additional properties 'dashboard' not allowed"),
+                                       ("nodeSelector.pool", "set it per component, e.g. plugin.nodeSelector"),
+                                       ("tolerations[0].key", "set it per component, e.g. plugin.tolerations")])
+def test_unknown_top_level_keys_are_refused_by_name(key, hint):
+    proc = helm("template", "gs", str(CHART), f"--set={key}=x" if not key.endswith("enabled") else f"--set={key}=true", check=False)
+    assert proc.returncode != 0 and hint in proc.stderr, proc.stderr
+
+
+def _rules(document: dict) -> list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]]:
+    """A ClusterRole's rules, one (apiGroups, resources, verbs) per rule, in order."""
+    return [(tuple(r.get("apiGroups", ())), tuple(r.get("resources", ())), tuple(r.get("verbs", ()))) for r in document["rules"]]
+
+
+@needs_helm
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+@pytest.mark.parametrize("scoring", [{"dra.enabled": "true"}, {"extender.dra.enabled": "true"}])
+def test_the_extenders_rbac_follows_its_dra_flag_rule_by_rule(tmp_path, scoring):
+    """Scoring DRA claims (dra.enabled, or extender.dra.enabled for a driver installed apart) passes --dra-class and
+    grants the kustomization's resource.k8s.io reads; without it, the chart grants only the core reads."""
+    kustomized = by_kind(_kustomize(tmp_path))[("ClusterRole", "gpu-share-extender")]
+    dra_rule = (("resource.k8s.io",), ("resourceslices", "resourceclaims", "resourceclaimtemplates"), ("get", "list", "watch"))
+    assert dra_rule in _rules(kustomized)
+    with_dra = by_kind(render({"extender.enabled": "true", **scoring}))
+    assert _rules(with_dra[("ClusterRole", "gpu-share-extender")]) == _rules(kustomized)
+    args = with_dra[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--dra-class=gpu-share-shares" in args
+    without = by_kind(render({"extender.enabled": "true"}))
+    assert _rules(without[("ClusterRole", "gpu-share-extender")]) == [r for r in _rules(kustomized) if r != dra_rule]
+    assert not any(a.startswith("--dra-class") for a in without[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def _helm_section_commands() -> list[str]:
+    """The shell commands of docs/install.md's Helm section, in order (continuations joined, comments dropped)."""
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text[text.index("\n## Helm\n"):text.index("\n## kustomize\n")]
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#\s.*$", "", line).strip()
+            if line:
+                commands.append(re.sub(r"\s+", " ", line))
+    return commands
+
+
+@needs_helm
+def test_install_md_helm_commands_keep_the_release_values(controlplane, tmp_path):
+    """docs/install.md's Helm section, command by command, on a real API server with the domain acme.io: after the
+    DRA and admission-params upgrades the release still has its domain and image, the plugin still reads acme.io, and
+    the admission policy refuses the too-big acme.io/gpu-share pod."""
+    namespace, node_name = f"gs-docs-{os.getpid()}", f"gpu-node-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "-f", "-", stdin=yaml.safe_dump({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name}})).returncode == 0
+    shutil.copy(CONFIG, tmp_path / "my-config.yaml")
+    shutil.copy(EXAMPLES / "nodes" / "2xT4.yaml", tmp_path / "node-a.json")  # YAML is JSON's superset: the CLI reads both
+    shutil.copy(EXAMPLES / "nodes" / "8xH100-80GB.yaml", tmp_path / "node-b.json")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "gpu-share").write_text(f"#!/bin/sh\nexec {sys.executable} -m deviceplugin.cli \"$@\"\n")
+    (bin_dir / "gpu-share").chmod(0o755)
+    kubectl = controlplane.bin / "kubectl" if (controlplane.bin / "kubectl").is_file() else shutil.which("kubectl")
+    assert kubectl is not None and HELM is not None
+    (bin_dir / "kubectl").symlink_to(kubectl)
+    (bin_dir / "helm").symlink_to(HELM)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "KUBECONFIG": str(controlplane.admin_kubeconfig),
+           "PYTHONPATH": str(ROOT)}
+    commands = _helm_section_commands()
+    assert any("--set-file config=my-config.yaml" in c for c in commands) and any("dra.enabled=true" in c for c in commands)
+    try:
+        for command in commands:
+            command = re.sub(r"(namespace|-n) gpu-share\b", rf"\1 {namespace}", command)
+            command = command.replace("deploy/helm/gpu-share", str(CHART)).replace("<gpu-node>", node_name)
+            if command.startswith("helm test"):
+                continue  # its hook pod needs a kubelet: test_the_admission_policy_refuses_after_install_reenable_and_reinstall runs its check
+            proc = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+            if "--dry-run=server" in command:  # the doc's liveness check: refused
+                deadline = time.monotonic() + 30
+                while "more than 19" not in proc.stderr and time.monotonic() < deadline:  # the updated policy loads within about a second
+                    time.sleep(0.5)
+                    proc = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                assert proc.returncode != 0 and "container too-big asks for 21 acme.io/gpu-share but no GPU has more than 19" in proc.stderr, proc.stderr  # H100 80GB: 19 of 4 GiB
+                continue
+            assert proc.returncode == 0, (command, proc.stdout, proc.stderr)
+            if command.startswith("kubectl create namespace"):  # no ServiceAccount controller there
+                assert _kubectl(controlplane, "create", "serviceaccount", "default", "-n", namespace).returncode == 0
+        values = yaml.safe_load(helm("get", "values", "gpu-share", "-n", namespace, f"--kubeconfig={controlplane.admin_kubeconfig}", "-o", "yaml").stdout)
+        assert values["domain"] == "acme.io" and values["image"]["repository"] == "registry.acme.io/gpu-share" and values["dra"]["enabled"]
+        plugin = yaml.safe_load(_kubectl(controlplane, "get", "daemonset", "gpu-share", "-n", namespace, "-o", "yaml").stdout)
+        env_entries = plugin["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in env_entries
+        proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("big", "acme.io/gpu-share", 21))
+        deadline = time.monotonic() + 30
+        while "asks for 21" not in proc.stderr and time.monotonic() < deadline:  # the API server loads a policy within about a second
+            time.sleep(0.5)
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("big", "acme.io/gpu-share", 21))
+        assert proc.returncode != 0 and "asks for 21 acme.io/gpu-share" in proc.stderr, proc.stderr
+    finally:
+        helm("uninstall", "gpu-share", "--namespace", namespace, f"--kubeconfig={controlplane.admin_kubeconfig}", check=False)
+        _kubectl(controlplane, "delete", "node", node_name)
+
+
+def _refused_within(controlplane, namespace: str, resource: str, count: int) -> subprocess.CompletedProcess[str]:
+    """The server-side dry run of a pod asking `count` of `resource`, once refused or after 30 s."""
+    deadline = time.monotonic() + 30
+    while True:  # the API server loads a new policy within about a second
+        proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=_share_pod("big", resource, count))
+        if proc.returncode != 0 or time.monotonic() > deadline:
+            return proc
+        time.sleep(0.5)
+
+
+@needs_helm
+def test_the_admission_policy_refuses_after_install_reenable_and_reinstall(controlplane):
+    """install → admission off and on → uninstall → install, in another namespace and domain: after each step the
+    21-share pod is refused (no params object whose informer could die, kubernetes/kubernetes#130887), and the chart's
+    `helm test` check, run here with the admin's kubeconfig, says so."""
+    namespace = f"gs-again-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    assert _kubectl(controlplane, "create", "serviceaccount", "default", "-n", namespace).returncode == 0  # no SA controller
+    kubeconfig = f"--kubeconfig={controlplane.admin_kubeconfig}"
+    hook = next(d for d in render({"domain": "acme.io"}, namespace=namespace) if d["kind"] == "Pod" and d["metadata"]["name"] == "gpu-share-admission-test")
+    container = hook["spec"]["containers"][0]
+    check_env = {**os.environ, "KUBECONFIG": str(controlplane.admin_kubeconfig), **{e["name"]: e["value"] for e in container["env"]}}
+    steps = [("install", "--set=domain=acme.io"), ("upgrade", "--reset-then-reuse-values", "--set=admission.enabled=false"),
+             ("upgrade", "--reset-then-reuse-values", "--set=admission.enabled=true"), ("uninstall",), ("install", "--set=domain=acme.io")]
+    try:
+        for verb, *flags in steps:
+            helm(verb, "gpu-share", *([str(CHART)] if verb != "uninstall" else []), "--namespace", namespace, kubeconfig, *flags)
+            if verb == "uninstall" or "--set=admission.enabled=false" in flags:
+                continue
+            proc = _refused_within(controlplane, namespace, "acme.io/gpu-share", 21)
+            assert proc.returncode != 0 and "asks for 21 acme.io/gpu-share but no GPU has more than 20" in proc.stderr, (verb, flags, proc.stderr)
+            check = subprocess.run([sys.executable, "-c", container["args"][0]], env=check_env, capture_output=True, text=True, timeout=60)
+            assert check.returncode == 0 and "refused, as it should be: 21 acme.io/gpu-share" in check.stdout, (verb, check.stdout, check.stderr)
+    finally:
+        helm("uninstall", "gpu-share", "--namespace", namespace, kubeconfig, check=False)
+    deadline = time.monotonic() + 30
+    while True:  # uninstalled: once the API server drops the policy, the check fails, loudly
+        check = subprocess.run([sys.executable, "-c", container["args"][0]], env=check_env, capture_output=True, text=True, timeout=60)
+        if check.returncode != 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert check.returncode == 1 and "is not enforcing" in check.stderr, check.stderr
+
+
+@needs_helm
+@pytest.mark.parametrize("root, says", [("/", "must not be /:"), ("/etc/gpu", "must not be inside /etc:"), ("/run", "must not be /run:"),
+                                        ("/a/../b", "must be an absolute, normalised path"), ("/srv/mps/", "must be an absolute, normalised path")])
+def test_the_chart_refuses_an_mps_root_the_plugin_refuses(root, says, tmp_path):
+    """The MPS DaemonSet mounts mpsRoot from the host: the chart applies the plugin's own rule (config/paths.py)."""
+    from deviceplugin.config.paths import mps_root_problem
+
+    text = f"version: v1\nmpsRoot: {root}\npools: [{{name: quick, mode: shared, backend: mps, replicas: 4}}]\n"
+    assert mps_root_problem(root) is not None  # the plugin refuses it too
+    (tmp_path / "config.yaml").write_text(text)
+    proc = helm("template", "gs", str(CHART), "--set", "mps.enabled=true", "--set", "admission.enabled=false",
+                f"--set-file=config={tmp_path / 'config.yaml'}", check=False)
+    assert proc.returncode != 0 and f"config: mpsRoot: {says}" in proc.stderr, proc.stderr
+
+
+def test_the_charts_files_are_copies_of_the_kustomization_sources():
+    """No symlinks in the chart (a copied or packaged chart carries its files); deploy/helm/sync-files.py keeps them
+    equal to daemonset/'s."""
+    assert not [p for p in CHART.rglob("*") if p.is_symlink()]
+    proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "helm" / "sync-files.py"), "--check"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert {str(p.relative_to(CHART / "files")) for p in (CHART / "files").rglob("*") if p.is_file()} == {
+        "admission-policy.yaml", "config.yaml", "gpu-share-dashboard.json", "dra/01-rbac.yaml", "dra/02-deviceclasses.yaml",
+        "dra/04-slice-policy.yaml", "dra/05-share-mapping-policy.yaml", "dra/dra-only-policy.yaml"}
+
+
+@needs_helm
+def test_a_packaged_chart_renders_from_a_copy_like_the_chart(tmp_path):
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (package,) = tmp_path.glob("gpu-share-*.tgz")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(package, elsewhere / package.name)
+    shutil.copytree(CHART, elsewhere / "chart")
+    values = {"domain": "acme.io", **EVERY_COMPONENT, **DRA}
+    expected = render(values)
+    sets = [f"--set={k}={v}" for k, v in values.items()]
+    for source in (elsewhere / package.name, elsewhere / "chart"):
+        proc = helm("template", "gs", str(source), "--namespace", "gpu-share", *sets)
+        assert "symbolic link" not in proc.stderr
+        assert [d for d in yaml.safe_load_all(proc.stdout) if d] == expected, source

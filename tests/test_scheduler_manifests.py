@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import celpy
@@ -71,17 +72,27 @@ def test_extender_rbac_only_reads():
 # --- the admission policy, evaluated by a CEL interpreter -------------------------------------------
 
 
-def admit(pod: dict, data: dict[str, str] | None = None) -> tuple[bool, str]:
-    """(allowed, message) as the API server would evaluate the policy with its params ConfigMap (or these `data`)."""
-    (params,) = documents(ADMISSION / "params.yaml")
-    if data is not None:
-        params = {**params, "data": data}
+def policy_variables(domain: str | None = None, limits: dict[str, int] | None = None) -> list[dict]:
+    """The shipped policy's variables, with another `domain` or `limits` (as the domain component or the chart set them)."""
+    (policy,) = documents(ADMISSION / "policy.yaml")
+    variables = [dict(v) for v in policy["spec"]["variables"]]
+    for variable in variables:
+        if variable["name"] == "domain" and domain is not None:
+            variable["expression"] = f"'{domain}'"
+        if variable["name"] == "limits" and limits is not None:
+            variable["expression"] = "{" + ", ".join(f"'{k}': {v}" for k, v in limits.items()) + "}"
+    return variables
+
+
+def admit(pod: dict, domain: str | None = None, limits: dict[str, int] | None = None) -> tuple[bool, str]:
+    """(allowed, message) as the API server would evaluate the policy (with another domain or limits)."""
     (policy,) = documents(ADMISSION / "policy.yaml")
     spec = policy["spec"]
+    assert "paramKind" not in spec  # nothing outside the policy can switch it off
     env = celpy.Environment()
-    activation = {"object": celpy.json_to_cel(pod), "params": celpy.json_to_cel(params)}
+    activation = {"object": celpy.json_to_cel(pod)}
     variables = {}
-    for variable in spec["variables"]:
+    for variable in policy_variables(domain, limits):
         variables[celpy.celtypes.StringType(variable["name"])] = env.program(env.compile(variable["expression"])).evaluate(activation)
         activation["variables"] = celpy.celtypes.MapType(variables)
     (validation,) = spec["validations"]
@@ -114,24 +125,24 @@ def test_admission_refuses_more_shares_than_any_gpu_and_says_what_to_ask_for():
     assert admit({"spec": {"containers": [{"name": "plain"}]}}) == (True, "")
 
 
-def test_admission_takes_the_domain_from_its_params():
-    data = {"domain": "acme.io", "gpu-share": "4", "small": "2"}
-    allowed, message = admit(pod({"acme.io/small": "3"}), data)
+def test_admission_takes_the_domain_and_limits_from_its_variables():
+    limits = {"gpu-share": 4, "small": 2}
+    allowed, message = admit(pod({"acme.io/small": "3"}), "acme.io", limits)
     assert not allowed and message == (
         "container c0 asks for 3 acme.io/small but no GPU has more than 2: one container's shares come from one GPU. "
         "Ask for at most 2 acme.io/small, or for a whole GPU (acme.io/gpu)"
     )
-    assert admit(pod({"example.com/gpu-share": "50"}), data)[0]  # another domain: not checked
-    assert admit(pod({"acme.io/gpu-share": "4"}), data)[0]
-    assert admit(pod({"example.com/gpu-share": "50"}), {"gpu-share": "4"})[0]  # params without a domain check nothing
+    assert admit(pod({"example.com/gpu-share": "50"}), "acme.io", limits)[0]  # another domain: not checked
+    assert admit(pod({"acme.io/gpu-share": "4"}), "acme.io", limits)[0]
+    assert admit(pod({"acme.io/gpu-share": "50"}), "acme.io", {})[0]  # no limits: nothing checked
 
 
-def test_admission_policy_binds_to_its_params():
+def test_admission_policy_holds_its_limits_and_binds_without_params():
     docs = {d["kind"]: d for name in ("policy.yaml", "params.yaml", "binding.yaml") for d in documents(ADMISSION / name)}
     binding = docs["ValidatingAdmissionPolicyBinding"]["spec"]
-    assert binding["policyName"] == docs["ValidatingAdmissionPolicy"]["metadata"]["name"]
-    assert binding["paramRef"]["name"] == docs["ConfigMap"]["metadata"]["name"] and binding["validationActions"] == ["Deny"]
+    assert binding == {"policyName": docs["ValidatingAdmissionPolicy"]["metadata"]["name"], "validationActions": ["Deny"]}
     assert docs["ValidatingAdmissionPolicy"]["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    assert docs["ConfigMap"]["metadata"]["annotations"] == {"config.kubernetes.io/local-config": "true"}  # kustomize's only
 
 
 # --- the demo's scheduler step ------------------------------------------------------------------------
@@ -149,11 +160,11 @@ SAMPLES = [
 def test_the_demo_answers_as_the_policy_does(containers):
     from deviceplugin.sim.scheduler import admission_refusal
 
-    (params,) = documents(ADMISSION / "params.yaml")
     body = {"spec": {"containers": [{"name": n, "resources": {"limits": {r: str(c) for r, c in req.items()}}} for n, req in containers.items()]}}
     allowed, message = admit(body)
-    limits = {k: int(v) for k, v in params["data"].items() if k != "domain"}
-    assert admission_refusal(containers, limits, params["data"]["domain"]) == (None if allowed else message)
+    variables = {v["name"]: v["expression"] for v in policy_variables()}
+    limits = {k: int(v) for k, v in re.findall(r"'([^']+)': (\d+)", variables["limits"])}
+    assert admission_refusal(containers, limits, variables["domain"].strip("'")) == (None if allowed else message)
 
 
 def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():

@@ -101,10 +101,11 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     assert [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"] == ["gpu-system"]
     settings = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-settings")
     assert settings["data"] == {"domain": "gpu.acme.io"}
-    params = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-admission-limits")
-    assert params["data"]["domain"] == "gpu.acme.io"
+    assert not [d for d in documents if d["metadata"]["name"] == "gpu-share-admission-limits"]  # kustomize's only: never applied
+    policy = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "gpu-share-shares-per-gpu")
+    assert {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["domain"] == "'gpu.acme.io'"
     binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["metadata"]["name"] == "gpu-share-shares-per-gpu")
-    assert binding["spec"]["paramRef"]["namespace"] == "gpu-system"
+    assert "paramRef" not in binding["spec"]  # the same binding in every namespace
     config = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-config")
     assert config["data"]["config.yaml"] == CONFIG.read_text()
     assert "example.com" not in yaml.safe_dump_all(documents)
@@ -135,8 +136,8 @@ def test_an_overlay_changes_the_domain_in_one_place(tmp_path):
             for t in d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
             for e in t["matchExpressions"]}
     assert {"acme.io/gpu-share.enabled", "acme.io/gpu-share.config"} <= keys
-    params = next(d for d in documents if d["metadata"]["name"] == "gpu-share-admission-limits")
-    assert params["data"]["domain"] == "acme.io"
+    policy = next(d for d in documents if d["metadata"]["name"] == "gpu-share-shares-per-gpu" and d["kind"] == "ValidatingAdmissionPolicy")
+    assert {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["domain"] == "'acme.io'"
 
 
 @pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")

@@ -17,7 +17,6 @@ from ..model.node import NodeInfo
 from .modes import mode_of
 from .plan import build_resources
 
-DOMAIN_KEY = "domain"  # the params key holding the domain; every other key is a resource
 PARAMS_NAME = "gpu-share-admission-limits"
 
 
@@ -39,14 +38,14 @@ class FleetLimits:
     limits: dict[str, int]
     skipped: list[str]  # resources outside the domain, profiles no node can serve, ...: one line each
 
-    def data(self) -> dict[str, str]:
-        """The params ConfigMap's data: the domain, and each resource of the domain by its name after `<domain>/`."""
-        data = {DOMAIN_KEY: self.domain}
+    def in_domain(self) -> dict[str, int]:
+        """Each resource of the domain by its name after `<domain>/`, sorted: the policy's `limits`."""
         prefix = self.domain + "/"
-        for name, count in sorted(self.limits.items()):
-            if name.startswith(prefix):
-                data[name[len(prefix):]] = str(count)
-        return data
+        return {name[len(prefix):]: count for name, count in sorted(self.limits.items()) if name.startswith(prefix)}
+
+    def cel(self) -> str:
+        """`in_domain` as the CEL map literal of the policy's `limits` variable, e.g. {'gpu-share': 20}."""
+        return "{" + ", ".join(f"'{name}': {count}" for name, count in self.in_domain().items()) + "}"
 
 
 def fleet_limits(config: Config, nodes: Iterable[NodeInfo]) -> FleetLimits:
@@ -85,8 +84,6 @@ def fleet_limits(config: Config, nodes: Iterable[NodeInfo]) -> FleetLimits:
             skipped.append(f"profile {profile}: no given node can serve it (gpu-share config check --node shows why)")
     prefix = config.domain + "/"
     skipped += [f"{name}: not under the domain {config.domain}, not checked" for name in sorted(limits) if not name.startswith(prefix)]
-    if DOMAIN_KEY in (name[len(prefix):] for name in limits if name.startswith(prefix)):
-        raise ConfigError([f"resource {prefix}{DOMAIN_KEY}: its name is the admission params' domain key; rename the pool's resource"], config.source)
     return FleetLimits(config.domain, limits, skipped)
 
 

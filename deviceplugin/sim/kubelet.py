@@ -461,6 +461,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                 response = stub.GetPreferredAllocation(request)
             except grpc.RpcError as err:
                 raise AdmissionError(f"device plugin GetPreferredAllocation rpc failed with err: {_rpc_text(err)}") from None
+            except ValueError:  # the endpoint was replaced (its channel closed) since it was looked up
+                raise AdmissionError(f"Allocate failed due to endpoint {resource} has been stopped, which is unexpected") from None
             if response.container_responses:
                 preferred = response.container_responses[0].deviceIDs
                 chosen = [i for i in dict.fromkeys(preferred) if i in available][:needed]
@@ -475,6 +477,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             response = stub.Allocate(request)
         except grpc.RpcError as err:
             raise AdmissionError(f"Allocate failed due to {_rpc_text(err)}, which is unexpected") from None
+        except ValueError:  # the endpoint was replaced (its channel closed) since it was looked up
+            raise AdmissionError(f"Allocate failed due to endpoint {resource} has been stopped, which is unexpected") from None
         if not response.container_responses:
             raise AdmissionError("Allocate failed due to no containers return in allocation response, which is unexpected")
         return response.container_responses[0]

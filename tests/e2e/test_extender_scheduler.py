@@ -106,19 +106,15 @@ def test_the_admission_policy_refuses_a_pod_larger_than_any_gpu_on_the_real_api_
 
     api = controlplane.api_client()
     core, admission = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
-    config_map, policy, binding = (yaml.safe_load((ROOT / "daemonset/admission" / f).read_text()) for f in ("params.yaml", "policy.yaml", "binding.yaml"))
-    limit = int(config_map["data"]["gpu-share"])
+    policy, binding = (yaml.safe_load((ROOT / "daemonset/admission" / f).read_text()) for f in ("policy.yaml", "binding.yaml"))
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    limit = int(variables["limits"].removeprefix("{'gpu-share': ").removesuffix("}"))  # the shipped policy's one limit
     # The shipped objects under names of this test's own, bound to this test's namespace only: the session's API
-    # server is shared with the chart's tests, and they are left in place (deleting a param-kind policy there delayed
-    # the next one's enforcement past the chart test's 30 s).
+    # server is shared with the chart's tests. No params object: the limits are the policy's own variables.
     run = secrets.token_hex(3)
-    params_ns, name, ns = f"admission-params-{run}", f"gpu-share-shares-per-gpu-{run}", f"admission-{run}"
-    namespace(core, params_ns)
-    config_map["metadata"]["namespace"] = params_ns
+    name, ns = f"gpu-share-shares-per-gpu-{run}", f"admission-{run}"
     policy["metadata"]["name"] = binding["metadata"]["name"] = binding["spec"]["policyName"] = name
-    binding["spec"]["paramRef"]["namespace"] = params_ns
     binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
-    core.create_namespaced_config_map(params_ns, config_map)
     admission.create_validating_admission_policy(policy)
     admission.create_validating_admission_policy_binding(binding)
     refused_and_admitted(core, limit, name, ns)
