@@ -95,3 +95,28 @@ def test_entries_split_across_read_chunks_parse_as_one_file(tmp_path, monkeypatc
     monkeypatch.setattr(holds, "CHUNK", 37)
     found = read_checkpoint(path, OURS)
     assert sorted(found) == sorted(("example.com/gpu-share", f"GPU-a::{i}") for i in range(40)) and {h.replicas for h in found.values()} == {8}
+
+
+class _Listing:
+    """A pod-resources client whose List answers no pods (the holders below are the checkpoint's alone)."""
+
+    def list(self):
+        from deviceplugin.api import podresources_pb2 as pr
+
+        return pr.ListPodResourcesResponse()
+
+
+def test_a_checkpoint_holder_counts_while_its_pod_directory_exists(tmp_path):
+    """The kubelet keeps a deleted pod's entry until its next checkpoint write: the pod's directory tells it is gone."""
+    from deviceplugin.agent.holds import ContainerHolds
+
+    plugins = tmp_path / "device-plugins"
+    plugins.mkdir()
+    write(plugins / "kubelet_internal_checkpoint", [
+        {"PodUID": "alive", "ContainerName": "init", "ResourceName": "example.com/gpu", "DeviceIDs": {"0": ["GPU-a"]}},
+        {"PodUID": "gone", "ContainerName": "init", "ResourceName": "example.com/gpu", "DeviceIDs": {"0": ["GPU-b"]}},
+    ])
+    holds = ContainerHolds(_Listing(), plugins, OURS)  # type: ignore[arg-type]
+    assert {h.device for h in holds()} == {"GPU-a", "GPU-b"}  # no pods directory: cannot tell, both count
+    (tmp_path / "pods" / "alive").mkdir(parents=True)
+    assert {h.device for h in holds()} == {"GPU-a"}

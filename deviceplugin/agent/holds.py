@@ -21,10 +21,12 @@ from __future__ import annotations
 import base64
 import binascii
 import codecs
+import itertools
 import json
 import logging
+import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -48,6 +50,9 @@ MAX_HOLDS = 20_000  # device IDs taken from one reading; a node has at most a fe
 CHUNK = 64 * 1024
 _ENTRIES_KEY = re.compile(r'"PodDeviceEntries"\s*:')
 _SPACE = re.compile(r"[ \t\r\n]*")
+
+
+MAX_POD_DIRS = 10_000  # pod directories read from the kubelet root; a node runs at most a few hundred pods
 
 
 class HoldsUnknown(Exception):
@@ -152,7 +157,8 @@ def _entry_holds(entry: object, path: Path) -> list[Hold]:
     resource = entry["ResourceName"]
     holder = f"pod {safe_text(str(entry.get('PodUID', '?')), 40)} container {safe_text(str(entry.get('ContainerName', '?')), 64)}"
     replicas = _granted_replicas(entry.get("AllocResp"))
-    return [Hold(resource, device, replicas if replicas is not None else _whole(device), holder) for device in devices]
+    uid = entry["PodUID"] if isinstance(entry.get("PodUID"), str) else ""
+    return [Hold(resource, device, replicas if replicas is not None else _whole(device), holder, uid) for device in devices]
 
 
 def _device_ids(value: object) -> list[str] | None:
@@ -192,12 +198,35 @@ class ContainerHolds:
     ordinary init containers, which pod-resources never lists). Without pod-resources (the kubelet is down or
     restarting) the checkpoint alone answers. Either may list a finished container, which only keeps a GPU waiting
     longer. A checkpoint that cannot be read leaves pod-resources' holders in an unknown shape (so their GPUs keep
-    theirs); with pod-resources down too, HoldsUnknown."""
+    theirs); with pod-resources down too, HoldsUnknown.
 
-    def __init__(self, client: PodResourcesClient, plugin_dir: Path, ours: Callable[[str], bool]) -> None:
+    The kubelet drops a deleted pod's checkpoint entry only at its next write (an allocation, a device-list update),
+    so a holder only the checkpoint names counts while its pod's directory (`<kubelet root>/pods/<UID>`) exists;
+    when that directory cannot be listed (not mounted, unreadable), every such holder counts (fail closed)."""
+
+    def __init__(self, client: PodResourcesClient, plugin_dir: Path, ours: Callable[[str], bool], pods_dir: Path | None = None) -> None:
         self.client = client
         self.checkpoint = Path(plugin_dir) / CHECKPOINT
         self.ours = ours  # whether a GPU or MIG UUID is on this node
+        # the kubelet's layout: <root>/device-plugins beside <root>/pods; elsewhere (tests, odd set-ups) unknown
+        kubelet_layout = Path(plugin_dir).name == "device-plugins"
+        self.pods_dir = Path(pods_dir) if pods_dir is not None else Path(plugin_dir).parent / "pods" if kubelet_layout else None
+
+    def _pods_on_node(self) -> frozenset[str] | None:
+        """The UIDs of the pods the kubelet keeps a directory for; None when that cannot be told."""
+        if self.pods_dir is None:
+            return None
+        try:
+            with os.scandir(self.pods_dir) as entries:
+                names = [e.name for e in itertools.islice(entries, MAX_POD_DIRS + 1)]
+        except OSError:
+            return None
+        return frozenset(names) if len(names) <= MAX_POD_DIRS else None
+
+    def _alive(self, holds: Iterable[Hold]) -> frozenset[Hold]:
+        """The checkpoint's holds whose pods are still on the node (all of them when that cannot be told)."""
+        pods = self._pods_on_node()
+        return frozenset(h for h in holds if pods is None or not h.pod_uid or h.pod_uid in pods)
 
     def __call__(self) -> frozenset[Hold]:
         damaged: HoldsUnknown | None = None
@@ -211,12 +240,12 @@ class ContainerHolds:
             if damaged is not None:
                 raise HoldsUnknown(f"{damaged}, and pod-resources List failed ({err.code().name})") from err
             log.warning("pod-resources List failed (%s): what containers hold is taken from the kubelet checkpoint alone", err.code().name)
-            return frozenset(granted.values())
+            return self._alive(granted.values())
         if damaged is not None:  # who holds what is known; the share counts are not: every held GPU keeps its shape
             log.warning("%s: the holders pod-resources lists are kept in the shape they have", damaged)
         listed = holds_in(response, granted, self.ours)
         seen = {(h.resource, h.device) for h in listed}
-        return frozenset(listed) | frozenset(h for key, h in granted.items() if key not in seen)
+        return frozenset(listed) | self._alive(h for key, h in granted.items() if key not in seen)
 
 
 def holds_in(response: pr.ListPodResourcesResponse, granted: dict[tuple[str, str], Hold], ours: Callable[[str], bool]) -> list[Hold]:

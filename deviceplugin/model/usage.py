@@ -50,6 +50,7 @@ class Hold:
     device: str  # its device ID: a GPU or MIG UUID, or `<uuid>::<k>`
     replicas: int | None = None  # shares of its unit when granted (1: a whole unit); None: not known from this source
     holder: str = field(default="", compare=False)  # who, for log lines: `namespace/pod/container`
+    pod_uid: str = field(default="", compare=False)  # the holding pod's UID where the source names it (the checkpoint)
 
     @property
     def unit_uuid(self) -> str:
