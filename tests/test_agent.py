@@ -740,3 +740,33 @@ def test_device_specs_turned_on_by_a_reload_make_a_gpu_without_nodes_unhealthy(d
     assert kubelet.wait_for(lambda st: GPU in st and st[GPU].registered and st[GPU].allocatable == 1, timeout=5)
     rewrite(d, deviceSpecs=True, deviceRoot=str(root))  # the health check follows the new deviceSpecs and deviceRoot
     assert kubelet.wait_for(lambda st: GPU in st and st[GPU].registered and list(st[GPU].unhealthy) == [U1], timeout=5)
+
+
+def test_a_three_share_container_is_one_series_of_three_shares_and_the_watchdog_leaves_it_alone(daemon, kubelet):
+    """Kubelet v1.36 lists one ContainerDevices entry per device ID, each with its NUMA node: over the real socket the
+    agent makes them one holding of 3 shares with a 3-share memory limit (10 shares of a 15360 MiB T4: 4608 MiB)."""
+    d = serving(daemon, kubelet, policy="kill", pools=[{"name": "s", "mode": "shared", "replicas": 10}])
+    killed: list[int] = []
+    d.agent.watchdog.kill = killed.append
+    pod = Pod("trainer", [Container("app", {SHARE: 3})])
+    kubelet.admit(pod)
+    client = PodResourcesClient(kubelet.pod_resources_socket)
+    entries = client.list().pod_resources[0].containers[0].devices
+    client.close()
+    assert [(len(e.device_ids), [n.ID for n in e.topology.nodes]) for e in entries] == [(1, [0])] * 3  # as the kubelet lists it
+    unit = kubelet.allocated(pod)["app"][SHARE][0].split("::")[0]
+    d.inventory.add_process(501, unit, 3000, cgroup=cgroup(pod, "app"))
+    d.agent.sync()
+    d.metrics_server.start()
+    text = get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1]
+    series = [(s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text) for s in f.samples]
+    assert len(series) == len(set(series))  # no label set twice in the exposition
+    m = samples(text)
+    held = [items for name, items in m if name == "gpushare_container_shares" and ("pod", "trainer") in items]
+    assert len(held) == 1 and m[("gpushare_container_shares", held[0])] == 3
+    assert value(m, "gpushare_container_memory_limit_bytes", pod="trainer") == 4608 * MIB
+    assert value(m, "gpushare_container_over_limit", pod="trainer") == 0
+    assert killed == [] and d.agent.watchdog.violations == 0  # 3000 of its 4608 MiB: left alone
+    d.inventory.add_process(502, unit, 2000, cgroup=cgroup(pod, "app"))  # together 5000 MiB: over
+    d.agent.sync()
+    assert sorted(killed) == [501, 502] and d.agent.watchdog.violations == 1

@@ -29,32 +29,40 @@ UsageBuilder = Callable[[pr.ListPodResourcesResponse, list[Resource]], Usage]  #
 def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]) -> Usage:
     """Map each active container's device IDs onto our resources' GPUs; IDs of other plugins are ignored.
 
-    Bounded whatever the reply holds: a device is counted once (a second holder of the same ID, or the same ID twice,
-    is not a second share), so the shares are at most our devices; at most MAX_ACTIVE_CONTAINERS containers are kept
-    as active (the attribution of processes only reports what it cannot place, never quarantines it).
+    The kubelet lists a container's devices as one `ContainerDevices` entry per device ID, and one per NUMA node of a
+    device with topology, in no particular order. So entries are grouped per (container, resource, unit) and each ID
+    counts once: a container holds one record per GPU or MIG instance, whatever the reply's shape (a container or pod
+    listed twice merges into one record too).
+
+    Bounded whatever the reply holds: a device is counted once and for its first holder only (a second holder of the
+    same ID is not a second share), so the records and shares are at most our devices; at most MAX_ACTIVE_CONTAINERS
+    containers are kept as active (the attribution of processes only reports what it cannot place, never
+    quarantines it).
     """
     by_name = {r.name: r for r in resources}
-    shares: list[ContainerShare] = []
+    held: dict[tuple[tuple[str, str, str], str, str], dict[str, None]] = {}  # (container, resource, unit) -> IDs, ordered
+    holder: dict[tuple[str, str], tuple[str, str, str]] = {}  # (resource, ID) -> the container counted for it
     active: set[tuple[str, str, str]] = set()
-    counted: set[tuple[str, str]] = set()
     for pod in response.pod_resources:
         for container in pod.containers:
+            key = (pod.namespace, pod.name, container.name)
             if len(active) < MAX_ACTIVE_CONTAINERS:
-                active.add((pod.namespace, pod.name, container.name))
+                active.add(key)
             for devices in container.devices:
                 resource = by_name.get(devices.resource_name)
                 if resource is None:
                     continue
-                per_unit: dict[str, list[str]] = {}
                 for device_id in devices.device_ids:
                     device = resource.devices.get(device_id)
-                    if device is not None and (resource.name, device_id) not in counted:
-                        counted.add((resource.name, device_id))
-                        per_unit.setdefault(device.unit.uuid, []).append(device_id)
-                for ids in per_unit.values():
-                    unit = resource.devices[ids[0]].unit
-                    # a whole device is one replica
-                    shares.append(container_share((pod.namespace, pod.name, container.name), resource, unit, ids, len(ids), share_memory_mib(unit, len(ids))))
+                    if device is None or holder.setdefault((resource.name, device_id), key) != key:
+                        continue
+                    held.setdefault((key, resource.name, device.unit.uuid), {})[device_id] = None
+    shares = []
+    for (key, name, _), ids in held.items():
+        resource = by_name[name]
+        unit = resource.devices[next(iter(ids))].unit
+        # a whole device is one replica
+        shares.append(container_share(key, resource, unit, list(ids), len(ids), share_memory_mib(unit, len(ids))))
     return Usage(shares=tuple(shares), active_containers=frozenset(active))
 
 

@@ -34,32 +34,38 @@ def claim_usage(
     records: dict[tuple[str, str], list[PreparedClaim]] = {}
     for claim in prepared:
         records.setdefault((claim.namespace, claim.name), []).append(claim)
-    shares: list[ContainerShare] = []
+    # (container, unit UUID) -> what the container holds on it, each prepared device once: a container or pod listed
+    # twice, or one claim reported under two names, merges into one record
+    held: dict[tuple[tuple[str, str, str], str], dict[str, tuple[PreparedDevice, DraDevice]]] = {}
     active = set()
     for pod in response.pod_resources:
         for container in pod.containers:
-            active.add((pod.namespace, pod.name, container.name))
-            held: dict[str, list[tuple[PreparedClaim, PreparedDevice, DraDevice]]] = {}  # unit UUID -> what the container holds on it
+            key = (pod.namespace, pod.name, container.name)
+            active.add(key)
             for dynamic in container.dynamic_resources:
                 for claim, device in _reported(records.get((dynamic.claim_namespace, dynamic.claim_name), []), dynamic, driver, pool):
                     known = devices.get(device.device)
-                    if known is not None and device.shares > 0:  # admin access holds no share
-                        held.setdefault(known.unit.uuid, []).append((claim, device, known))
-            for items in held.values():
-                if len(shares) >= MAX_SHARES:
-                    log.warning("pod-resources lists more than %d DRA container shares; the rest are not watched or metered", MAX_SHARES)
-                    return Usage(shares=tuple(shares), active_containers=frozenset(active))
-                unit, resource = items[0][2].unit, items[0][2].resource
-                shares.append(
-                    container_share(
-                        (pod.namespace, pod.name, container.name),
-                        resource,
-                        unit,
-                        [f"{claim.uid}/{device.device}/{device.share_id or ''}" for claim, device, _ in items],
-                        sum(device.shares for _, device, _ in items),
-                        sum(device.memory_mib for _, device, _ in items),
-                    )
-                )
+                    if known is None or device.shares <= 0:  # admin access holds no share
+                        continue
+                    if (key, known.unit.uuid) not in held and len(held) >= MAX_SHARES:
+                        log.warning("pod-resources lists more than %d DRA container shares; the rest are not watched or metered", MAX_SHARES)
+                        return _usage(held, active)
+                    held.setdefault((key, known.unit.uuid), {}).setdefault(f"{claim.uid}/{device.device}/{device.share_id or ''}", (device, known))
+    return _usage(held, active)
+
+
+def _usage(
+    held: dict[tuple[tuple[str, str, str], str], dict[str, tuple[PreparedDevice, DraDevice]]], active: set[tuple[str, str, str]]
+) -> Usage:
+    shares: list[ContainerShare] = []
+    for (key, _), items in held.items():
+        first = next(iter(items.values()))[1]
+        unit, resource = first.unit, first.resource
+        shares.append(
+            container_share(
+                key, resource, unit, list(items), sum(d.shares for d, _ in items.values()), sum(d.memory_mib for d, _ in items.values())
+            )
+        )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))
 
 

@@ -90,7 +90,7 @@ class MetricsServer:
         )
         for reason in DROP_REASONS:
             self.dropped.labels(reason)  # every series exists from the first scrape
-        self._exposed = exposed_registry(registry, node) if node else registry
+        self._exposed = exposed_registry(registry, node or None)
         self._sock = _listen(host, port)
         self._connections: dict[asyncio.StreamWriter, _Connection] = {}  # oldest first
         self._refusing = 0  # connections answered 503, waiting for the client to close

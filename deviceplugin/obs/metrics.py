@@ -3,6 +3,7 @@ prefixed `gpushare_` and documented in docs/metrics.md; obs.http serves them wit
 
 from __future__ import annotations
 
+import logging
 import platform
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ if TYPE_CHECKING:  # annotations only: the exporter must not import the plugin i
     from ..plugin.manager import PluginManager
     from ..runtime.reload import ConfigReloader
 
+log = logging.getLogger(__name__)
 
 
 class PluginMetrics:
@@ -137,15 +139,24 @@ class StateCollector(Collector):
         limit = GaugeMetricFamily("gpushare_container_memory_limit_bytes", "GPU memory a container's shares allow.", labels=container_labels)
         used = GaugeMetricFamily("gpushare_container_memory_used_bytes", "GPU memory a container's processes really use (NVML).", labels=container_labels)
         over = GaugeMetricFamily("gpushare_container_over_limit", "1 when a time-sliced container uses more GPU memory than its shares allow.", labels=container_labels)
-        measured = {(c.share.key, c.share.unit_uuid): c for c in snapshot.containers} if snapshot else {}
+        # one series per label set: records that share one (a usage map that did not merge them) add up
+        held_by: dict[tuple[str, ...], list[int]] = {}  # labels -> [shares, limit MiB]
         for share in snapshot.usage.shares if snapshot else ():
-            labels = [share.namespace, share.pod, share.container, share.resource, share.unit_uuid]
-            shares.add_metric(labels, share.shares)
-            limit.add_metric(labels, share.memory_limit_mib * MIB)
-            item = measured.get((share.key, share.unit_uuid))
-            if item is not None:
-                used.add_metric(labels, item.used_mib * MIB)
-                over.add_metric(labels, 1 if item.over_limit else 0)
+            totals = held_by.setdefault((share.namespace, share.pod, share.container, share.resource, share.unit_uuid), [0, 0])
+            totals[0] += share.shares
+            totals[1] += share.memory_limit_mib
+        measured: dict[tuple[str, ...], list[int]] = {}  # labels -> [used MiB, over limit]
+        for item in snapshot.containers if snapshot else ():
+            share = item.share
+            values = measured.setdefault((share.namespace, share.pod, share.container, share.resource, share.unit_uuid), [0, 0])
+            values[0] = max(values[0], item.used_mib)  # the same processes, measured for each record
+            values[1] |= item.over_limit
+        for series, (count, limit_mib) in held_by.items():
+            shares.add_metric(list(series), count)
+            limit.add_metric(list(series), limit_mib * MIB)
+            if series in measured:
+                used.add_metric(list(series), measured[series][0] * MIB)
+                over.add_metric(list(series), measured[series][1])
         yield from (shares, limit, used, over)
 
         yield CounterMetricFamily("gpushare_kubelet_restarts", "Kubelet restarts seen (kubelet.sock recreated).", value=s.kubelet_restarts())
@@ -207,24 +218,45 @@ def _metering(meter) -> Iterator[Metric]:
         yield family
 
 
-class NodeLabel(Collector):
-    """Every series of `inner` with a `node` label (the node's name), so dashboards need no relabeling."""
+class Exposition(Collector):
+    """What /metrics serves: every series of `inner`, with a `node` label (the node's name, when given) so dashboards
+    need no relabeling, and never two series with one name and label set, nor two families of one name (a scrape
+    rejects either): a repeated series is left out and logged once per metric name."""
 
-    def __init__(self, inner: CollectorRegistry, node: str) -> None:
+    def __init__(self, inner: CollectorRegistry, node: str | None) -> None:
         self.inner = inner
         self.node = node
+        self.duplicates = 0  # series left out because an earlier one had the same name and labels
+        self._logged: set[str] = set()
 
     def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
         for family in self.inner.collect():
-            labelled = Metric(family.name, family.documentation, family.type, family.unit)
-            labelled.samples = [sample._replace(labels={**sample.labels, "node": self.node}) for sample in family.samples]
-            yield labelled
+            out = families.get(family.name)
+            if out is None:
+                out = families[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                labels = {**sample.labels, "node": self.node} if self.node else dict(sample.labels)
+                series = (sample.name, tuple(sorted(labels.items())))
+                if series in seen:
+                    self._duplicate(sample.name, labels)
+                    continue
+                seen.add(series)
+                out.samples.append(sample._replace(labels=labels))
+        yield from families.values()
+
+    def _duplicate(self, name: str, labels: dict[str, str]) -> None:
+        self.duplicates += 1
+        if name not in self._logged and len(self._logged) < 256:
+            self._logged.add(name)
+            log.warning("metrics: a second %s series with labels %s was left out (a bug: please report it)", name, labels)
 
 
-def exposed_registry(inner: CollectorRegistry, node: str) -> CollectorRegistry:
-    """What /metrics serves: `inner` with the node label."""
+def exposed_registry(inner: CollectorRegistry, node: str | None) -> CollectorRegistry:
+    """What /metrics serves: `inner` through the Exposition."""
     registry = CollectorRegistry()
-    registry.register(NodeLabel(inner, node))
+    registry.register(Exposition(inner, node))
     return registry
 
 

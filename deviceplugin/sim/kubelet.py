@@ -4,11 +4,16 @@ It serves Registration on kubelet.sock and validates like the kubelet; inside Re
 it dials the plugin back, calls GetDevicePluginOptions and starts ListAndWatch; it keeps
 capacity/allocatable per resource; it admits pods with the kubelet's device choice
 (GetPreferredAllocation as a hint, shortfall filled in random order, one Allocate per
-container and resource); and it restarts like the kubelet (every socket deleted,
-kubelet.sock recreated, allocations kept); it writes its allocations to
-`kubelet_internal_checkpoint` in the kubelet's format after every allocation and pod
-deletion. Simplifications: no Topology Manager alignment, no reuse of init-container
-devices, no checksum (0).
+container and resource, init containers first); and it restarts like the kubelet (every
+socket deleted, kubelet.sock recreated, allocations kept). Pod-resources answers as
+kubelet v1.36's does: one `ContainerDevices` per device ID, one per NUMA node when the
+device has topology (none when it has not), in no set order; restartable (sidecar) init
+containers, then app containers, and no ordinary init container; CPU and memory left empty
+(no CPU or memory manager policy). It writes its allocations to
+`kubelet_internal_checkpoint` in the kubelet's JSON (IDs per NUMA node, -1 without
+topology) once per admitted container, on every ListAndWatch message and on pod deletion.
+Simplifications: no Topology Manager alignment, no reuse of init-container devices, no
+checksum (0). docs/kubelet.md lists which facts were read from the kubelet's code.
 """
 
 from __future__ import annotations
@@ -47,11 +52,15 @@ class AdmissionError(Exception):
     """Pod admission failed, with the message the kubelet would put on the pod."""
 
 
+NO_TOPOLOGY = -1  # the checkpoint's NUMA key of devices without topology
+
+
 @dataclass
 class Container:
     name: str
     requests: dict[str, int]
     claims: list[pr.DynamicResource] = field(default_factory=list)  # DRA claims, listed as the kubelet prepared them
+    restartable: bool = False  # an init container with restartPolicy Always (a sidecar); only in init_containers
 
 
 @dataclass
@@ -59,6 +68,7 @@ class Pod:
     name: str
     containers: list[Container]
     namespace: str = "default"
+    init_containers: list[Container] = field(default_factory=list)  # admitted first; pod-resources lists the sidecars only
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     container_ids: dict[str, str] = field(default_factory=dict)  # container name -> runtime ID, set at admission
     active: bool = True  # False once the pod reached a terminal phase
@@ -126,6 +136,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self._endpoints: dict[str, _Endpoint] = {}
         self._pods: dict[str, Pod] = {}
         self._allocated: dict[tuple[str, str, str], list[str]] = {}  # (pod uid, container, resource) -> IDs
+        self._numa: dict[tuple[str, str, str], dict[int, list[str]]] = {}  # the same, per NUMA node (-1: none), as checkpointed
         self._responses: dict[tuple[str, str, str], pb.ContainerAllocateResponse] = {}
         self._server: grpc.Server | None = None
         self._running = False
@@ -215,23 +226,26 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         return pb.Empty()
 
     def _write_checkpoint(self) -> None:
-        """The kubelet's checkpoint of allocations (written whole, then renamed, as the kubelet's checkpoint manager does)."""
+        """The kubelet's checkpoint of allocations, as Go's encoding/json writes it (struct fields in order, map keys
+        sorted, no spaces; no entries is `null`), written whole, then renamed, as the kubelet's checkpoint manager does."""
         with self._cond:
             entries = [
                 {
                     "PodUID": uid,
                     "ContainerName": container,
                     "ResourceName": resource,
-                    "DeviceIDs": {"-1": list(ids)},
+                    "DeviceIDs": {str(n): list(ids) for n, ids in sorted(self._numa[(uid, container, resource)].items(), key=lambda i: str(i[0]))},
                     "AllocResp": base64.b64encode(self._responses[(uid, container, resource)].SerializeToString()).decode(),
                 }
-                for (uid, container, resource), ids in self._allocated.items()
+                for (uid, container, resource) in self._allocated
                 if (uid, container, resource) in self._responses
             ]
-            registered = {name: self._status(e).healthy for name, e in self._endpoints.items()}
+            registered = {name: self._status(self._endpoints[name]).healthy for name in sorted(self._endpoints)}
+            text = json.dumps({"Data": {"PodDeviceEntries": entries or None, "RegisteredDevices": registered}, "Checksum": 0}, separators=(",", ":"), ensure_ascii=False)
+            text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # Go's HTML-safe escaping
             path = self.plugin_dir / "kubelet_internal_checkpoint"
             temporary = path.with_name(path.name + ".tmp")
-            temporary.write_text(json.dumps({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": registered}, "Checksum": 0}))
+            temporary.write_text(text)
             os.replace(temporary, path)
 
     def _consume(self, endpoint: _Endpoint) -> None:
@@ -241,6 +255,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                     endpoint.devices = {d.ID: d for d in message.devices}
                     endpoint.messages += 1
                     self._cond.notify_all()
+                self._write_checkpoint()  # every message rewrites the checkpoint (its healthy IDs)
         except grpc.RpcError as err:
             log.info("ListAndWatch of %s ended: %s", endpoint.resource, err.code().name)
         except ValueError:  # the channel was closed before the stream began
@@ -300,11 +315,11 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
     def admit(self, pod: Pod) -> dict[str, dict[str, pb.ContainerAllocateResponse]]:
         """Allocate devices for every container; on failure roll back and raise AdmissionError."""
         results: dict[str, dict[str, pb.ContainerAllocateResponse]] = {}
-        pod.container_ids = {c.name: f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}" for c in pod.containers}
         with self._cond:
             self._pods[pod.uid] = pod
+        pod.container_ids = {c.name: f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}" for c in [*pod.init_containers, *pod.containers]}
         try:
-            for container in pod.containers:
+            for container in [*pod.init_containers, *pod.containers]:
                 results[container.name] = {}
                 for resource, count in container.requests.items():
                     key = (pod.uid, container.name, resource)
@@ -314,8 +329,10 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                     response = self._allocate(resource, ids)
                     with self._cond:
                         self._responses[key] = response
-                    self._write_checkpoint()
+                        self._numa[key] = self._per_numa(resource, ids)
                     results[container.name][resource] = response
+                if container.requests:
+                    self._write_checkpoint()  # once per container, after all its resources
         except AdmissionError:
             self.delete_pod(pod.uid)
             raise
@@ -350,29 +367,50 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             ]
 
     def allocatable_devices(self) -> list[pr.ContainerDevices]:
-        """What pod-resources' GetAllocatableResources lists: every healthy device, one entry each."""
+        """What pod-resources' GetAllocatableResources lists: every healthy device, one entry per ID and NUMA node."""
         with self._cond:
             return [
-                pr.ContainerDevices(resource_name=name, device_ids=[i], topology=self._topology(name, [i]))
+                entry
                 for name, endpoint in self._endpoints.items()
-                for i in self._status(endpoint).healthy
+                for entry in self._entries(name, self._per_numa(name, self._status(endpoint).healthy))
             ]
 
     def _pod_resources(self, pod: Pod) -> pr.PodResources:
+        """One pod as v1.36's List has it: sidecars, then app containers; CPU and memory left empty."""
+        listed = [c for c in pod.init_containers if c.restartable] + pod.containers
         containers = []
-        for container in pod.containers:
+        for container in listed:
             devices = []
             for resource in container.requests:
-                ids = self._allocated.get((pod.uid, container.name, resource))
-                if ids:
-                    devices.append(pr.ContainerDevices(resource_name=resource, device_ids=ids, topology=self._topology(resource, ids)))
+                per_numa = self._numa.get((pod.uid, container.name, resource))
+                if per_numa:
+                    devices.extend(self._entries(resource, per_numa))
+            self._rng.shuffle(devices)  # Go map iteration: effectively random
             containers.append(pr.ContainerResources(name=container.name, devices=devices, dynamic_resources=container.claims))
         return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
-    def _topology(self, resource: str, ids: list[str]) -> pr.TopologyInfo:
+    def _per_numa(self, resource: str, ids: list[str]) -> dict[int, list[str]]:
+        """IDs per NUMA node as the kubelet records an allocation: a device under each of its nodes, or under -1."""
         endpoint = self._endpoints.get(resource)
-        nodes = sorted({n.ID for i in ids if endpoint and i in endpoint.devices for n in endpoint.devices[i].topology.nodes})
-        return pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in nodes])
+        out: dict[int, list[str]] = {}
+        for i in ids:
+            device = endpoint.devices.get(i) if endpoint else None
+            nodes = [n.ID for n in device.topology.nodes] if device is not None and device.HasField("topology") else []
+            for node in nodes or [NO_TOPOLOGY]:
+                out.setdefault(node, []).append(i)
+        return out
+
+    @staticmethod
+    def _entries(resource: str, per_numa: dict[int, list[str]]) -> list[pr.ContainerDevices]:
+        """Pod-resources' entries for IDs per NUMA node: one per ID and node; no topology field for a device without."""
+        entries = []
+        for node, ids in per_numa.items():
+            for i in ids:
+                if node == NO_TOPOLOGY:
+                    entries.append(pr.ContainerDevices(resource_name=resource, device_ids=[i]))
+                else:
+                    entries.append(pr.ContainerDevices(resource_name=resource, device_ids=[i], topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=node)])))
+        return entries
 
     def pod_directory(self) -> SimulatedPodDirectory:
         return SimulatedPodDirectory(self)
@@ -388,6 +426,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             for key in [k for k in self._allocated if k[0] == uid]:
                 del self._allocated[key]
                 self._responses.pop(key, None)
+                self._numa.pop(key, None)
         self._write_checkpoint()
 
     def _devices_to_allocate(self, resource: str, needed: int) -> list[str]:
@@ -477,7 +516,8 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
         found = self.kubelet.pod_resources(name=request.pod_name, namespace=request.pod_namespace)
         if found:
             return pr.GetPodResourcesResponse(pod_resources=found[0])
-        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+        # a plain Go error in the kubelet: gRPC UNKNOWN with its text
+        context.abort(grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
         raise AssertionError("context.abort raises")
 
 

@@ -96,3 +96,15 @@ def test_the_map_is_bounded(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(dra_usage, "MAX_SHARES", 3)
     listing = _listing(*((f"p{i}", {"app": [_dynamic("c", [("gpu-0", shared["shareID"])])]}) for i in range(5)))
     assert len(_usage(driver, listing).shares) == 3
+
+
+def test_a_container_listed_twice_or_a_claim_listed_twice_is_one_holding_counted_once(tmp_path: Path) -> None:
+    driver = make_driver(tmp_path)
+    two = result("gpu-0", shares=2)
+    driver.prepare(*claim([two], name="two"))
+    listed = _dynamic("two", [("gpu-0", two["shareID"])])
+    repeated = pr.ListPodResourcesResponse(pod_resources=[
+        pr.PodResources(name="train", namespace="default", containers=[pr.ContainerResources(name="main", dynamic_resources=[listed, listed])] * 2)
+    ] * 2)
+    usage = _usage(driver, repeated)
+    assert [(s.key, s.unit_uuid, s.shares) for s in usage.shares] == [(("default", "train", "main"), T4[0].uuid, 2)]
