@@ -78,10 +78,14 @@ def namespace(core: client.CoreV1Api) -> str:
     return name
 
 
+def config(policy: str) -> dict[str, Any]:
+    return {"version": "v1", "memoryWatchdog": {"policy": policy}, "pools": [{"name": "default", "mode": "shared", "resource": "gpu-share", "replicas": 10}]}
+
+
 @pytest.fixture(scope="module")
 def plugin(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory, core: client.CoreV1Api) -> Iterator[Plugin]:
     work = tmp_path_factory.mktemp("plugin")
-    p = Plugin(realnode, work, {"version": "v1", "memoryWatchdog": {"policy": "kill"}, "pools": [{"name": "default", "mode": "shared", "resource": "gpu-share", "replicas": 10}]})
+    p = Plugin(realnode, work, config("report"))
     p.start()
 
     def allocatable() -> bool:
@@ -129,13 +133,16 @@ def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
     wait_for(gone, 60)
 
 
-def container_pids(realnode: RealNode, pod: client.V1Pod) -> list[int]:
-    """The PIDs in the pod's container cgroups (cgroupfs, under the node's cgroupRoot)."""
+def container_pid(realnode: RealNode, pod: client.V1Pod) -> int:
+    """The PID of the pod's first container (not its sandbox's pause): its cgroup (cgroupfs, under the node's
+    cgroupRoot) is named after the container ID."""
     root = (realnode.node_dir / "cgroup-root").read_text().strip()
-    pids: set[int] = set()
-    for procs in Path("/sys/fs/cgroup").glob(f"*{root}/kubepods/**/pod{pod.metadata.uid}/*/cgroup.procs"):
-        pids.update(int(p) for p in procs.read_text().split())
-    return sorted(pids)
+    container_id = pod.status.container_statuses[0].container_id.split("://", 1)[1]
+    for procs in Path("/sys/fs/cgroup").glob(f"*{root}/kubepods/**/pod{pod.metadata.uid}/{container_id}/cgroup.procs"):
+        pids = procs.read_text().split()
+        if pids:
+            return int(pids[0])
+    raise AssertionError(f"no process in the cgroup of container {container_id}")
 
 
 def env_of(core: client.CoreV1Api, namespace: str, name: str) -> dict[str, str]:
@@ -176,19 +183,30 @@ def test_the_watchdog_leaves_a_container_under_its_limit_and_kills_one_over_it(r
         return gpus if len(gpus) == 2 else None
 
     gpu_of = wait_for(both, 30)
-    under_pid, over_pid = container_pids(realnode, under)[0], container_pids(realnode, over)[0]
+    under_pid, over_pid = container_pid(realnode, under), container_pid(realnode, over)
     table[gpu_of["under"]].append([under_pid, 3000])  # 3000 MiB of its 3 x 1536
     table[gpu_of["over"]].append([over_pid, 3000])  # 3000 MiB of its 1 x 1536
     plugin.processes.write_text(json.dumps(table))
+
+    def over_limit() -> dict[str, float]:
+        return {labels["pod"]: value for labels, value in plugin.series("gpushare_container_over_limit") if labels["pod"] in ("under", "over")}
+
+    wait_for(lambda: over_limit().get("over") == 1.0, 30)  # policy report: reported...
+    assert over_limit().get("under", 0.0) == 0.0
+    assert core.read_namespaced_pod("over", namespace).status.container_statuses[0].state.running  # ...not killed
 
     def over_terminated() -> client.V1ContainerStateTerminated | None:
         status = core.read_namespaced_pod("over", namespace).status
         return status.container_statuses and status.container_statuses[0].state.terminated
 
+    plugin.config.write_text(yaml.safe_dump(config("kill")))  # applied by the hot reload
     terminated = wait_for(over_terminated, 60)
     assert terminated.exit_code == 137
-    assert core.read_namespaced_pod("under", namespace).status.phase == "Running"
-    assert "under" not in " ".join(line for line in plugin.log().splitlines() if "over the" in line)
+    under_now = core.read_namespaced_pod("under", namespace).status
+    assert under_now.phase == "Running" and under_now.container_statuses[0].restart_count == 0
+    assert over_limit().get("under", 0.0) == 0.0
+    assert not [line for line in plugin.log().splitlines() if "/under/" in line and "over the" in line]
+    plugin.config.write_text(yaml.safe_dump(config("report")))
     plugin.processes.write_text("{}")
     delete_pod(core, namespace, "under")
     delete_pod(core, namespace, "over")
@@ -206,3 +224,29 @@ def test_a_kubelet_restart_keeps_the_running_pod_and_the_plugin_registers_again(
     assert again.status.phase == "Running" and again.status.container_statuses[0].restart_count == 0
     assert again.metadata.uid == pod.metadata.uid
     delete_pod(core, namespace, "survivor")
+
+
+def test_a_plugin_restart_keeps_the_running_pod_and_its_gpu(realnode, core, namespace, plugin):
+    run_pod(core, realnode, namespace, "kept", 2)
+
+    def gpu() -> str | None:
+        return next((labels["uuid"] for labels, _ in plugin.series("gpushare_container_shares") if labels["pod"] == "kept"), None)
+
+    before = wait_for(gpu, 30)
+    plugin.stop()
+    plugin.start()
+    assert wait_for(gpu, 30) == before
+    wait_for(lambda: core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "20", 60)
+    status = core.read_namespaced_pod("kept", namespace).status
+    assert status.phase == "Running" and status.container_statuses[0].restart_count == 0
+    delete_pod(core, namespace, "kept")
+
+
+def test_deleted_pods_free_their_shares(realnode, core, namespace, plugin):
+    """Every test above deleted its pods: two pods of a whole GPU's 10 shares each both start."""
+    run_pod(core, realnode, namespace, "full-a", 10)
+    run_pod(core, realnode, namespace, "full-b", 10)
+    gpus = {e["NVIDIA_VISIBLE_DEVICES"] for e in (env_of(core, namespace, n) for n in ("full-a", "full-b"))}
+    assert gpus == set(UUIDS)
+    delete_pod(core, namespace, "full-a")
+    delete_pod(core, namespace, "full-b")
