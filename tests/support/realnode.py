@@ -95,6 +95,8 @@ class RealNode:
         if f"node {self.name} Ready=True" not in done.stdout:  # up.sh waits for Ready, then says what it saw
             log = (self.node_dir / "logs" / "kubelet.log").read_text(errors="replace").splitlines()[-20:]
             raise RuntimeError(f"the node did not become Ready: {done.stdout[-1500:]}\nkubelet.log:\n" + "\n".join(log))
+        # no node-lifecycle controller (kcm.sh is not run): remove the not-ready taint the API server put on the new Node
+        subprocess.run(["kubectl", "taint", "node", self.name, "node.kubernetes.io/not-ready:NoSchedule-"], env=self.env, capture_output=True, timeout=30)
 
     def nsexec(self, *argv: str, log: Path | None = None) -> subprocess.Popen[bytes]:
         """Start a process in the node's mount namespace (where the kubelet's sockets and /var/run/cdi are), with
