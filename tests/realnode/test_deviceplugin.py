@@ -78,8 +78,8 @@ def namespace(core: client.CoreV1Api) -> str:
     return name
 
 
-def config(policy: str) -> dict[str, Any]:
-    return {"version": "v1", "memoryWatchdog": {"policy": policy}, "pools": [{"name": "default", "mode": "shared", "resource": "gpu-share", "replicas": 10}]}
+def config(policy: str, replicas: int = 10) -> dict[str, Any]:
+    return {"version": "v1", "memoryWatchdog": {"policy": policy}, "pools": [{"name": "default", "mode": "shared", "resource": "gpu-share", "replicas": replicas}]}
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +240,40 @@ def test_a_plugin_restart_keeps_the_running_pod_and_its_gpu(realnode, core, name
     status = core.read_namespaced_pod("kept", namespace).status
     assert status.phase == "Running" and status.container_statuses[0].restart_count == 0
     delete_pod(core, namespace, "kept")
+
+
+def test_a_reload_leaves_alone_the_gpu_an_init_container_holds(realnode, core, namespace, plugin):
+    """The real kubelet leaves init containers out of pod-resources: the holders come from its checkpoint too."""
+    body = pod_spec("initholder", 0, "sleep 3600", nodeName=realnode.name)
+    main = body["spec"]["containers"][0]
+    main.pop("resources")
+    body["spec"]["initContainers"] = [{**main, "name": "init", "resources": {"limits": {RESOURCE: "2"}}}]
+    core.create_namespaced_pod(namespace, body)
+
+    def init_running() -> bool:
+        statuses = core.read_namespaced_pod("initholder", namespace).status.init_container_statuses or []
+        return bool(statuses and statuses[0].state.running)
+
+    wait_for(init_running, 60)
+
+    def pending() -> float | None:
+        values = [value for _, value in plugin.series("gpushare_config_pending_gpus")]
+        return values[0] if values else None
+
+    # A restart forgets Allocate's recent grants (held for a second, before the kubelet records them): from here the
+    # holders come only from what the kubelet says.
+    plugin.stop()
+    plugin.start()
+    wait_for(lambda: pending() == 0.0, 30)
+    plugin.config.write_text(yaml.safe_dump(config("report", replicas=4)))  # a new shape for both GPUs
+    capacity = wait_for(lambda: (c := core.read_node(realnode.name).status.capacity.get(RESOURCE)) in ("8", "14") and c, 60)
+    assert capacity == "14", "the GPU the init container holds switched to 4 shares"  # one switched, the held one waits
+    assert pending() == 1.0
+    assert init_running()
+    delete_pod(core, namespace, "initholder")
+    wait_for(lambda: pending() == 0.0 and core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "8", 60)  # released: it switches
+    plugin.config.write_text(yaml.safe_dump(config("report")))
+    wait_for(lambda: core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "20", 60)
 
 
 def test_deleted_pods_free_their_shares(realnode, core, namespace, plugin):
