@@ -121,7 +121,12 @@ def run_pod(core: client.CoreV1Api, realnode: RealNode, namespace: str, name: st
 
 
 def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
-    core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    """Delete the pod (if it is still there) and wait until it is gone."""
+    try:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
 
     def gone() -> bool:
         try:
@@ -266,21 +271,24 @@ def test_a_reload_leaves_alone_the_gpu_an_init_container_holds(realnode, core, n
     plugin.start()
     wait_for(lambda: pending() == 0.0, 30)
     plugin.config.write_text(yaml.safe_dump(config("report", replicas=4)))  # a new shape for both GPUs
-    capacity = wait_for(lambda: (c := core.read_node(realnode.name).status.capacity.get(RESOURCE)) in ("8", "14") and c, 60)
-    assert capacity == "14", "the GPU the init container holds switched to 4 shares"  # one switched, the held one waits
-    assert pending() == 1.0
-    assert init_running()
-    delete_pod(core, namespace, "initholder")
-    wait_for(lambda: pending() == 0.0 and core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "8", 60)  # released: it switches
-    plugin.config.write_text(yaml.safe_dump(config("report")))
-    wait_for(lambda: core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "20", 60)
+    try:
+        capacity = wait_for(lambda: (c := core.read_node(realnode.name).status.capacity.get(RESOURCE)) in ("8", "14") and c, 60)
+        assert capacity == "14", "the GPU the init container holds switched to 4 shares"  # one switched, the held one waits
+        assert pending() == 1.0
+        assert init_running()
+        delete_pod(core, namespace, "initholder")
+        wait_for(lambda: pending() == 0.0 and core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "8", 60)  # released: it switches
+    finally:
+        delete_pod(core, namespace, "initholder")
+        plugin.config.write_text(yaml.safe_dump(config("report")))
+        wait_for(lambda: core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "20", 60)
 
 
 def test_deleted_pods_free_their_shares(realnode, core, namespace, plugin):
     """Every test above deleted its pods: two pods of a whole GPU's 10 shares each both start."""
     run_pod(core, realnode, namespace, "full-a", 10)
     run_pod(core, realnode, namespace, "full-b", 10)
-    gpus = {e["NVIDIA_VISIBLE_DEVICES"] for e in (env_of(core, namespace, n) for n in ("full-a", "full-b"))}
+    gpus = {wait_for(lambda n=n: env_of(core, namespace, n).get("NVIDIA_VISIBLE_DEVICES"), 30) for n in ("full-a", "full-b")}
     assert gpus == set(UUIDS)
     delete_pod(core, namespace, "full-a")
     delete_pod(core, namespace, "full-b")
