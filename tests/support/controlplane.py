@@ -85,6 +85,7 @@ class ControlPlane:
             f'{self.admin_token},gs-admin,gs-admin,"system:masters"\n{scheduler_token},system:kube-scheduler,system:kube-scheduler\n'
         )
         subprocess.run(["openssl", "genrsa", "-out", str(work / "sa.key"), "2048"], check=True, capture_output=True)
+        self._client_pki(work / "pki")
         etcd_port, peer_port, api_port = _free_port(), _free_port(), _free_port()
         self._spawn(
             "etcd",
@@ -99,12 +100,16 @@ class ControlPlane:
             "kube-apiserver",
             [
                 "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}", f"--cert-dir={work / 'certs'}",
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}", f"--tls-cert-file={work / 'pki' / 'server.crt'}", f"--tls-private-key-file={work / 'pki' / 'server.key'}",
                 f"--token-auth-file={work / 'tokens.csv'}", "--authorization-mode=Node,RBAC", "--anonymous-auth=false",
                 f"--service-account-key-file={work / 'sa.key'}", f"--service-account-signing-key-file={work / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc", "--api-audiences=https://kubernetes.default.svc",
                 "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
                 "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy", "--profiling=false", "--v=1",
+                # a real kubelet (tests/realnode) signs in with a client cert of this CA and accepts the admin's
+                f"--client-ca-file={work / 'pki' / 'ca.crt'}",
+                f"--kubelet-client-certificate={work / 'pki' / 'admin.crt'}", f"--kubelet-client-key={work / 'pki' / 'admin.key'}",
+                "--kubelet-preferred-address-types=Hostname,InternalIP",
             ],
         )
         self.admin_kubeconfig = work / "admin.kubeconfig"
@@ -112,6 +117,21 @@ class ControlPlane:
         self.scheduler_kubeconfig = work / "scheduler.kubeconfig"
         self.scheduler_kubeconfig.write_text(yaml.safe_dump(_kubeconfig(self.server, "system:kube-scheduler", scheduler_token)))
         self._wait_ready(timeout)
+
+    @staticmethod
+    def _client_pki(pki: Path) -> None:
+        """A CA (ca.crt/ca.key: it signs a real kubelet's client cert) that also signed the server's cert and an admin
+        client cert in system:masters (the API server's own client cert to kubelets)."""
+        pki.mkdir()
+        def ssl_(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=pki)
+        ssl_("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "365", "-subj", "/CN=gs-test-ca")
+        ssl_("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "admin.key", "-out", "admin.csr", "-subj", "/O=system:masters/CN=gs-kubelet-client")
+        (pki / "client.ext").write_text("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n")
+        ssl_("x509", "-req", "-in", "admin.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "admin.crt", "-days", "365", "-extfile", "client.ext")
+        ssl_("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver")
+        (pki / "server.ext").write_text("basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        ssl_("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "365", "-extfile", "server.ext")
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.work / "logs" / f"{name}.log", "wb")
