@@ -31,7 +31,7 @@ from .verbs import Extender
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a Pod (etcd keeps at most 1.5 MiB) plus 50,000 node names of 50 characters
-MAX_IN_FLIGHT_BYTES = 2 * MAX_BODY_BYTES  # JSON parsed from a body can take ~20x its size: bounded by this, not by clients
+MAX_IN_FLIGHT_BYTES = MAX_BODY_BYTES  # JSON parsed from a body can take ~20x its size: bounded by this, not by clients
 READ_TIMEOUT = 5.0  # kube-scheduler's httpTimeout: an answer later than that is of no use to it
 WRITE_TIMEOUT = 10.0
 EVICT_AFTER = 0.2  # seconds a worker waits for a request head while other connections wait for a worker
