@@ -16,10 +16,13 @@ HOLD = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcn
 
 def test_the_command_line_is_read_bounded_and_printable():
     word = "x" * (2 * MAX_CMDLINE_BYTES)
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", word, "a\tb"], stdin=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()", "a\tb", word],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # exec'd: its own command line
         text = command_line(proc.pid)
         assert text is not None and text.startswith(f"{sys.executable} -c import sys") and text.endswith("…")
+        assert " a?b xxx" in text  # a control character shows as ?
         assert len(text.encode()) <= MAX_CMDLINE_BYTES + len("…".encode())
     finally:
         proc.communicate(b"")
