@@ -6,6 +6,8 @@ Nodes have 8 GPUs of 10 shares with random use; the pod asks for 2 shares (the c
 Timed in-process (the verbs on decoded JSON; wall time and the thread's CPU time; the first call, which
 builds every node's view, apart) and over real HTTP on loopback to the extender in its own process (JSON
 both ways, one kept-alive connection, as kube-scheduler calls it). Memory: tracemalloc of the cache filled with 5,000 nodes x 8 GPUs.
+Hostile bodies: the extender process's peak RSS while 8 clients at once send the largest body it reads, made of
+empty JSON lists (the costliest to parse), and while 8 send twice that (refused unread); answers by status.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import json
 import multiprocessing
 import os
 import random
+import socket
 import sys
+import threading
 import time
 import tracemalloc
 
@@ -24,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config
 from deviceplugin.extender.cache import ClusterCache
-from deviceplugin.extender.http import ExtenderHTTPServer
+from deviceplugin.extender.http import MAX_BODY_BYTES, ExtenderHTTPServer
 from deviceplugin.extender.metrics import ExtenderMetrics
 from deviceplugin.extender.score import Scorer
 from deviceplugin.extender.verbs import Extender
@@ -198,6 +202,47 @@ def agreement(trials: int, seed: int = 7) -> dict:
     return out
 
 
+def _peak_rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError("no VmHWM")
+
+
+def _send(port: int, body: bytes, answers: list[str]) -> None:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            answers.append(sock.recv(64).split(b" ")[1].decode())
+    except OSError as err:  # refused unread: the server closed while the rest was on its way
+        answers.append(type(err).__name__)
+
+
+def hostile_bodies(clients: int = 8) -> list[dict]:
+    """Peak RSS of the extender process while `clients` send big bodies at once: at the limit, and twice it."""
+    rows = []
+    for size in (MAX_BODY_BYTES, 2 * MAX_BODY_BYTES):
+        ours, theirs = multiprocessing.get_context("spawn").Pipe()
+        server = multiprocessing.get_context("spawn").Process(target=_serve, args=(10, theirs), daemon=True)
+        server.start()
+        try:
+            port = ours.recv()
+            idle = _peak_rss_mib(server.pid or 0)
+            body = b"[" + b"[]," * ((size - 4) // 3) + b"[]]"
+            answers: list[str] = []
+            senders = [threading.Thread(target=_send, args=(port, body, answers)) for _ in range(clients)]
+            for sender in senders:
+                sender.start()
+            for sender in senders:
+                sender.join(timeout=60)
+            rows.append({"clients": clients, "body_bytes": len(body), "idle_peak_rss_mib": idle, "peak_rss_mib": _peak_rss_mib(server.pid or 0),
+                         "answers": ",".join(f"{a}x{answers.count(a)}" for a in sorted(set(answers)))})
+        finally:
+            ours.send("stop")
+            server.join(timeout=10)
+    return rows
+
+
 def run(smoke: bool = False) -> dict:
     sizes, rounds = ((50, 200), 5) if smoke else ((1000, 5000), 100)
     return {
@@ -205,6 +250,7 @@ def run(smoke: bool = False) -> dict:
         "memory": cache_memory(200 if smoke else 5000),
         "annotation": annotation_bytes(),
         "node_choice_agreement": agreement(200 if smoke else 5000),
+        "hostile_bodies": hostile_bodies(2 if smoke else 8),
     }
 
 

@@ -13,6 +13,7 @@ MPS_CONTROL_BINARY = "nvidia-cuda-mps-control"
 REGISTER_TIMEOUT = 30.0  # above the kubelet's own 10 s dial timeout
 BACKOFF_MAX = 5.0
 WATCH_INTERVAL = 0.2  # the polling safety net beside inotify
+STANDBY_TIMEOUT = 30.0  # seconds a standing-by instance answers /readyz ready (a surge rollout goes on), not ready after
 PENDING_INTERVAL = 2.0  # seconds between looks at whether a GPU kept in its old shape is released (one pod-resources List)
 # `gpu-share run`
 METRICS_HOST = "0.0.0.0"  # every IPv4 interface, as exporters do

@@ -4,8 +4,10 @@ command, and the extender against the node plugin and the simulator (the pure pa
 from __future__ import annotations
 
 import json
+import select
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -109,6 +111,77 @@ def test_a_slow_client_does_not_hold_the_server(serve):
     assert status == 200 and result["NodeNames"] == ["n"]
     assert time.monotonic() - started < 3
     slow.close()
+
+
+class Dripper:
+    """A client that sends `head`, then one byte every 20 ms (at most `limit`), until the server cuts it off."""
+
+    def __init__(self, url: str, head: bytes, limit: int = 2000) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.sendall(head)
+        self.sent = 0
+        self.cut = threading.Event()
+        self.thread = threading.Thread(target=self._drip, args=(limit,), daemon=True)
+        self.thread.start()
+
+    def _drip(self, limit: int) -> None:
+        try:
+            for _ in range(limit):
+                readable, _, _ = select.select([self.sock], [], [], 0.02)
+                if readable and self.sock.recv(4096) == b"":
+                    break  # the server closed the connection
+                self.sock.sendall(b"a")
+                self.sent += 1
+            else:
+                return
+        except OSError:
+            pass
+        self.cut.set()
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(timeout=10)
+
+
+def raw(url: str, request: bytes) -> bytes:
+    """Send `request` on a fresh connection; everything the server answers until it closes."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+@pytest.mark.parametrize("head", [
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nX-Slow: ",  # a head that never ends
+    b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{",  # a body that never ends
+], ids=["head", "body"])
+def test_dripping_clients_holding_every_worker_are_cut_off_and_filter_answers_meanwhile(serve, head):
+    """A byte every 20 ms never trips a per-read timeout: the deadline is for the whole head, and for the whole body."""
+    url = serve(extender({"n": annotation((4, 0))}), workers=2, read_timeout=0.5)
+    drippers = [Dripper(url, head) for _ in range(2)]
+    try:
+        assert wait_until(lambda: all(d.sent for d in drippers))  # both workers hold a dripping connection
+        status, result = post(url + "/filter", args(pod("p", {SHARE: 1}), "n"))
+        assert status == 200 and result["NodeNames"] == ["n"]
+        assert wait_until(lambda: all(d.cut.is_set() for d in drippers), timeout=10)
+        assert all(d.sent < 2000 for d in drippers)
+    finally:
+        for dripper in drippers:
+            dripper.close()
+
+
+def test_an_oversized_or_unsized_body_is_refused_without_being_read(serve):
+    url = serve(extender({"n": annotation((4, 0))}))
+    answer = raw(url, b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n")  # 100 MiB announced, none sent
+    assert answer.startswith(b"HTTP/1.1 413 ") and b"request body of 104857600 bytes is over the 4194304 byte limit" in answer
+    answer = raw(url, b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 411 ") and b"Content-Length is required" in answer
+    status, text = get(url + "/metrics")
+    assert 'gpushare_extender_requests_total{outcome="error",verb="filter"} 2.0' in text
 
 
 # --- watches against a fake API server over real HTTP ----------------------------------------------

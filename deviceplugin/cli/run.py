@@ -7,6 +7,8 @@ import functools
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -45,6 +47,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--instance-conflict", choices=["wait", "exit"], default="wait",
                      help="when another instance serves --plugin-dir: stand by and take over once it stops (wait, the default), or exit 1")
+    run.add_argument("--instance-lock", default=None, metavar="PATH",
+                     help="directory or file whose flock makes one instance per plugin directory (default: --plugin-dir itself); for a filesystem that refuses flock")
+    run.add_argument("--standby-timeout", type=seconds, default=defaults.STANDBY_TIMEOUT, metavar="SECONDS",
+                     help="a standing-by instance answers /readyz ready this long, then not ready with the lock holder (default %(default)g)")
     run.add_argument("--register-timeout", type=seconds, default=defaults.REGISTER_TIMEOUT, help="deadline of one Register call (default %(default)g)")
     run.add_argument("--shutdown-grace", type=seconds, default=defaults.SHUTDOWN_GRACE, metavar="SECONDS",
                      help="after SIGTERM/SIGINT, exit anyway once this long has passed (default %(default)g, inside the pod's 30 s)")
@@ -101,8 +107,13 @@ def node_name() -> str:
     return os.environ.get("NODE_NAME") or socket.gethostname()
 
 
-def _not_ready_endpoint(args: argparse.Namespace, reason: str, ready: bool = False) -> MetricsServer | None:
-    """/healthz ok, /readyz with `reason` (ready or not), every plugin metric at 0: a plugin serving nothing."""
+def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> MetricsServer | None:
+    """/healthz ok, /readyz not ready with `reason`, every plugin metric at 0: a plugin serving nothing."""
+    return _idle_endpoint(args, lambda: (False, f"not ready: {reason}"))
+
+
+def _idle_endpoint(args: argparse.Namespace, readyz: Callable[[], tuple[bool, str]], standby: bool = False) -> MetricsServer | None:
+    """/healthz ok, /readyz as `readyz` says, every plugin metric at 0 (`gpushare_instance_standby` as `standby`)."""
     if not args.metrics_port:
         return None
     from prometheus_client import CollectorRegistry
@@ -112,10 +123,8 @@ def _not_ready_endpoint(args: argparse.Namespace, reason: str, ready: bool = Fal
     from ..obs.metrics import MetricSources, StateCollector
 
     registry = CollectorRegistry()
-    registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False)))  # every plugin metric, at 0
-    server = MetricsServer(
-        registry, lambda: (True, "ok"), lambda: (ready, reason if ready else f"not ready: {reason}"), args.metrics_port, args.metrics_bind_address, node=node_name()
-    )
+    registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False, standby=standby)))  # every plugin metric, at 0
+    server = MetricsServer(registry, lambda: (True, "ok"), readyz, args.metrics_port, args.metrics_bind_address, node=node_name())
     try:
         server.start()
     except OSError as err:  # the port is the serving instance's while this one stands by
@@ -128,14 +137,14 @@ def _one_instance(args: argparse.Namespace) -> InstanceLock | None:
     """Hold the plugin directory's instance lock: at once, or after standing by (None: a signal came meanwhile)."""
     from ..runtime.instance import InstanceLock, conflict_message
 
-    lock = InstanceLock(Path(args.plugin_dir))
+    lock = InstanceLock(Path(args.plugin_dir), Path(args.instance_lock) if args.instance_lock else None)
     if lock.try_acquire():
         return lock
     conflict = conflict_message(lock)
     if args.instance_conflict == "exit":
         raise StartupError(f"{conflict}; exiting (--instance-conflict=exit): one instance per plugin directory")
     log.warning("%s: standing by, serving nothing; this instance takes over within %gs of it stopping (--instance-conflict=wait)", conflict, args.watch_interval)
-    endpoint = _not_ready_endpoint(args, f"standby: {conflict}", ready=True)
+    endpoint = _idle_endpoint(args, functools.partial(_standby_readiness, lock, time.monotonic(), args.standby_timeout), standby=True)
     try:
         if not lock.wait(stop_requested, args.watch_interval):
             return None
@@ -144,6 +153,17 @@ def _one_instance(args: argparse.Namespace) -> InstanceLock | None:
             endpoint.stop()
     log.info("the other instance stopped: this one serves %s now", args.plugin_dir)
     return lock
+
+
+def _standby_readiness(lock: InstanceLock, since: float, bound: float) -> tuple[bool, str]:
+    """Ready for `bound` seconds of standing by (a surge rollout goes on and stops the old pod), then not ready: a
+    holder that outlives the rollout serves nothing here, and the node would serve no GPUs unseen."""
+    from ..runtime.instance import conflict_message
+
+    waited = time.monotonic() - since
+    if waited < bound:
+        return True, f"standby: {conflict_message(lock)}"
+    return False, f"not ready: standing by for {waited:.0f}s (over --standby-timeout {bound:g}s), serving nothing: {conflict_message(lock)}"
 
 
 def daemon_options(args: argparse.Namespace) -> DaemonOptions:

@@ -13,7 +13,7 @@ from ..config.types import DEFAULT_DOMAIN
 from ..dra.devices import driver_name
 from ..kube.annotation import ANNOTATION
 from .cache import ClusterCache
-from .http import ExtenderHTTPServer
+from .http import READ_TIMEOUT, ExtenderHTTPServer
 from .metrics import ExtenderMetrics
 from .score import Scorer
 from .verbs import Extender
@@ -27,7 +27,7 @@ class ExtenderOptions:
     host: str = "0.0.0.0"
     policy: str = defaults.EXTENDER_POLICY
     workers: int = 8
-    read_timeout: float = 10.0
+    read_timeout: float = READ_TIMEOUT  # for a request head, and again for its body
     reservation_ttl: float = defaults.RESERVATION_TTL
     dra_classes: tuple[str, ...] = ()  # DeviceClasses whose claims ask the DRA driver gpu-share.<domain> for shares; (): no DRA
     watch: WatchSettings = field(default_factory=WatchSettings)

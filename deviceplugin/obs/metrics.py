@@ -178,6 +178,9 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "gpushare_gpus_skipped", "GPUs discovery could not describe at start-up: left out, the others are served (log: GPU N is not usable).", value=len(node.skipped)
         )
+        yield GaugeMetricFamily(
+            "gpushare_instance_standby", "1 while this process stands by for the instance lock another process holds, serving nothing.", value=1 if s.standby else 0
+        )
         yield GaugeMetricFamily("gpushare_nvml_up", "1 when the GPUs were discovered (NVML loaded); 0 while the plugin runs without devices.", value=1 if s.nvml_up else 0)
         info = GaugeMetricFamily("gpushare_build_info", "Always 1; the labels say which gpu-share runs.", labels=["version", "python"])
         info.add_metric([__version__, platform.python_version()], 1)
@@ -279,8 +282,10 @@ class MetricSources:
         nvml_up: bool = True,
         cdi_missing: Callable[[], dict[str, list[str]]] | None = None,
         events: EventOutbox | None = None,
+        standby: bool = False,
     ) -> None:
         self.node = node
+        self.standby = standby  # a second instance waiting for the instance lock, serving nothing
         self.state = state or NodeState()
         self.nvml_up = nvml_up
         self.cdi_missing = cdi_missing or dict  # () -> {resource: [CDI names no spec defines]}
