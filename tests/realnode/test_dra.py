@@ -54,9 +54,11 @@ def api(realnode: RealNode) -> Any:
 @pytest.fixture(scope="module")
 def cluster(realnode: RealNode, api: Any) -> Iterator[str]:
     """The shipped DeviceClasses, a kube-scheduler of our own name, a namespace."""
+    created = []
     for document in yaml.safe_load_all((ROOT / "daemonset" / "dra" / "02-deviceclasses.yaml").read_text()):
         try:
             request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", document)
+            created.append(document["metadata"]["name"])
         except client.ApiException as err:
             assert err.status == 409, err
     realnode.cp.scheduler({"profiles": [{"schedulerName": SCHEDULER}]}, name="realnode")
@@ -66,6 +68,8 @@ def cluster(realnode: RealNode, api: Any) -> Iterator[str]:
     core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
     yield ns
     realnode.cp.stop_process("kube-scheduler#realnode")
+    for name in created:  # the session API server is shared: the chart's tests install DeviceClasses of these names
+        request(api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
 
 
 @pytest.fixture(scope="module")
