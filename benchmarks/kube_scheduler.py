@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     data = sample(args.trace_dir, args.nodes, args.seed, args.trace)
     gpus = sum(len(n.gpu_free) for n in data.nodes)
-    print(f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); seed {args.seed}; "
+    print(f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); trace {args.trace}, seed {args.seed}; "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, {data.simulated['130']:.2f} % at 130 %")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below: stop what this run started
