@@ -1,6 +1,6 @@
 """A sample of the openb trace through a real kube-apiserver + kube-scheduler, with and without the extender.
 
-    python -m benchmarks.kube_scheduler [--nodes 16] [--seed 42] [--configs all] [--json FILE]   # a few minutes on 2 cores
+    python -m benchmarks.kube_scheduler [--trace default] [--nodes 16] [--seed 42] [--configs all|shipped|KEY,...] [--json FILE]   # ~40 s a configuration on 2 cores
 
 Needs the control-plane binaries (`KUBEBUILDER_ASSETS`, as the tests; skipped without). The sample: `--nodes`
 nodes drawn from the trace's GPU node list (their GPUs, CPU and memory), and the trace's pod list shuffled and
@@ -59,16 +59,66 @@ from .standin import (
 REPLICAS = 10
 QUIET = 4.0  # seconds without change that count as settled
 WAVE_TIMEOUT = 180.0
-SHIPPED = {"weight": 5, "strategy": "LeastAllocated", "every_pod": False}  # daemonset/extender/scheduler before this benchmark
-# (label, path, extender settings or None: weight of each entry, NodeResourcesFit's strategy, the every-pod entry too)
-CONFIGS = {
+SHIPPED_FILE = Path(__file__).resolve().parents[1] / "daemonset/extender/scheduler/second-scheduler.yaml"
+
+
+def shipped_entry(path: Path = SHIPPED_FILE) -> dict:
+    """The extender settings the project ships (the second scheduler's KubeSchedulerConfiguration, which the chart
+    renders alike): each entry's weight (0: absent) and NodeResourcesFit's strategy (LeastAllocated: kube-scheduler's default)."""
+    import yaml
+
+    config_map = next(d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "ConfigMap")
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    share = next((e["weight"] for e in config.get("extenders", []) if e.get("managedResources")), 0)
+    every = next((e["weight"] for e in config.get("extenders", []) if not e.get("managedResources")), 0)
+    strategy = "LeastAllocated"
+    for arg in (a for p in config["profiles"] for a in p.get("pluginConfig", []) if a["name"] == "NodeResourcesFit"):
+        strategy = arg["args"]["scoringStrategy"]["type"]
+    return {"share": share, "every": every, "strategy": strategy}
+
+
+def _entry(share: int, every: int, strategy: str) -> dict:
+    return {"share": share, "every": every, "strategy": strategy}
+
+
+# key: (label, path, extender settings or None: the share entry's weight, the every-pod entry's (0: none), NodeResourcesFit's strategy)
+CONFIGS: dict[str, tuple[str, str, dict | None]] = {
     "dp-none": ("device plugin, no extender", "dp", None),
-    "dp-shipped": ("device plugin, share entry weight 5, LeastAllocated (shipped before)", "dp", SHIPPED),
-    "dp-w20-least": ("device plugin, both entries weight 20, LeastAllocated", "dp", {"weight": 20, "strategy": "LeastAllocated", "every_pod": True}),
-    "dp-w20-most": ("device plugin, both entries weight 20, MostAllocated", "dp", {"weight": 20, "strategy": "MostAllocated", "every_pod": True}),
+    "dp-shipped": ("device plugin, as shipped (daemonset/extender/scheduler)", "dp", None),  # filled by shipped_entry()
+    "dp-w5-least": ("device plugin, share entry weight 5, LeastAllocated", "dp", _entry(5, 0, "LeastAllocated")),
+    "dp-w5-most": ("device plugin, share entry weight 5, MostAllocated", "dp", _entry(5, 0, "MostAllocated")),
+    "dp-w5e5-least": ("device plugin, both entries weight 5, LeastAllocated", "dp", _entry(5, 5, "LeastAllocated")),
+    "dp-w5e5-most": ("device plugin, both entries weight 5, MostAllocated", "dp", _entry(5, 5, "MostAllocated")),
+    "dp-w20-least": ("device plugin, share entry weight 20, LeastAllocated", "dp", _entry(20, 0, "LeastAllocated")),
+    "dp-w20-most": ("device plugin, share entry weight 20, MostAllocated", "dp", _entry(20, 0, "MostAllocated")),
+    "dp-w20e20-least": ("device plugin, both entries weight 20, LeastAllocated", "dp", _entry(20, 20, "LeastAllocated")),
+    "dp-w20e20-most": ("device plugin, both entries weight 20, MostAllocated", "dp", _entry(20, 20, "MostAllocated")),
     "dra-none": ("DRA, no extender (first fit)", "dra", None),
-    "dra-w20-most": ("DRA, every-pod entry weight 20, MostAllocated", "dra", {"weight": 20, "strategy": "MostAllocated", "every_pod": True}),
+    "dra-shipped": ("DRA, as shipped (the every-pod entry of daemonset/extender/scheduler)", "dra", None),  # filled by shipped_entry()
+    "dra-e5-least": ("DRA, every-pod entry weight 5, LeastAllocated", "dra", _entry(0, 5, "LeastAllocated")),
+    "dra-e20-least": ("DRA, every-pod entry weight 20, LeastAllocated", "dra", _entry(0, 20, "LeastAllocated")),
+    "dra-e20-most": ("DRA, every-pod entry weight 20, MostAllocated", "dra", _entry(0, 20, "MostAllocated")),
 }
+ALIASES = {"shipped": "dp-shipped"}
+
+
+def config_keys(text: str) -> list[str]:
+    """`all`, or comma-separated keys of CONFIGS (`shipped`: dp-shipped); an unknown key is an error naming it."""
+    keys = list(CONFIGS) if text == "all" else [ALIASES.get(k.strip(), k.strip()) for k in text.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in CONFIGS]
+    if unknown or not keys:
+        raise SystemExit(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join([*ALIASES, *CONFIGS])}")
+    return keys
+
+
+def settings(key: str) -> tuple[str, str, dict | None]:
+    label, path, entry = CONFIGS[key]
+    if key.endswith("-shipped"):
+        entry = shipped_entry()
+        if path == "dra":
+            entry["share"] = 0
+        label = f"{label}: share {entry['share']}, every-pod {entry['every']}, {entry['strategy']}"
+    return label, path, entry
 
 
 @dataclass(frozen=True)
@@ -79,11 +129,12 @@ class Sample:
     simulated: dict[str, float]  # fgdstrand in the simulator: allocation at 100 % and 130 %
 
 
-def sample(trace_dir: str | None, nodes: int, seed: int) -> Sample:
+def sample(trace_dir: str | None, nodes: int, seed: int, trace: str = "default") -> Sample:
+    """`nodes` nodes and the arrivals of the pod list `trace` (a name of the trace directory's openb_pod_list_<name>.csv, or a path)."""
     rng = random.Random(seed)
     all_nodes = load_nodes(resolve(DEFAULT_NODES, trace_dir, "openb_node_list_{}.csv"))
     chosen = [n for n in rng.sample(list(all_nodes), nodes)]
-    pods = [PodDemand(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, name=p.name) for p in load_pods(resolve("default", trace_dir, POD_FILE))]
+    pods = [PodDemand(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, name=p.name) for p in load_pods(resolve(trace, trace_dir, POD_FILE))]
     experiment = Experiment(chosen, pods, replicas=REPLICAS)
     run_rng = random.Random(seed)  # drawn exactly as Experiment.run draws
     capacity = MILLI * experiment.gpus
@@ -105,7 +156,7 @@ class Run:
         from kubernetes import client
 
         self.cp, self.api, self.key, self.data = cp, api, key, data
-        self.label, self.path, self.entry = CONFIGS[key]
+        self.label, self.path, self.entry = settings(key)
         self.core, self.resource = client.CoreV1Api(api), client.ResourceV1Api(api)
         run = secrets.token_hex(2)
         self.ns = f"bench-{key}-{run}"
@@ -132,9 +183,10 @@ class Run:
     def config(self) -> dict:
         if self.entry is None:
             return scheduler_config(self.scheduler, None)
-        config = scheduler_config(self.scheduler, self.extender_url if self.path == "dp" else None, self.entry["weight"], self.entry["strategy"])
-        if self.entry["every_pod"]:
-            config["extenders"] = config.get("extenders", []) + [every_pod_entry(self.extender_url, self.entry["weight"])]
+        share = self.path == "dp" and self.entry["share"] > 0
+        config = scheduler_config(self.scheduler, self.extender_url if share else None, self.entry["share"] or 1, self.entry["strategy"])
+        if self.entry["every"]:
+            config["extenders"] = config.get("extenders", []) + [every_pod_entry(self.extender_url, self.entry["every"])]
         return config
 
     def create(self, index: int, pod: PodDemand) -> None:
@@ -260,20 +312,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir")
     parser.add_argument("--nodes", type=int, default=16, help="nodes sampled from the trace (default %(default)s)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--configs", default="all", help=f"comma-separated, of {', '.join(CONFIGS)} (default all)")
+    parser.add_argument("--trace", default="default", help="the pod list: openb_pod_list_<TRACE>.csv of the trace directory, or a CSV path (default %(default)s)")
+    parser.add_argument("--configs", default="all", help=f"comma-separated, of {', '.join([*ALIASES, *CONFIGS])} (default all)")
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")  # the loopback API server's self-signed certificate
-    keys = list(CONFIGS) if args.configs == "all" else args.configs.split(",")
+    keys = config_keys(args.configs)
     from tests.support.controlplane import ControlPlane, _free_port, assets_dir
 
     bin_dir = assets_dir()
     if bin_dir is None:
         print("skipped: needs the control-plane binaries (KUBEBUILDER_ASSETS)")
         return 0
-    data = sample(args.trace_dir, args.nodes, args.seed)
+    data = sample(args.trace_dir, args.nodes, args.seed, args.trace)
     gpus = sum(len(n.gpu_free) for n in data.nodes)
-    print(f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); seed {args.seed}; "
+    print(f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); trace {args.trace}, seed {args.seed}; "
           f"load {os.getloadavg()[0]:.2f}")
     print(f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, {data.simulated['130']:.2f} % at 130 %")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below: stop what this run started
@@ -301,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         cp.stop()
     print(f"load after: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"seed": args.seed, "nodes": len(data.nodes), "gpus": gpus, "simulated": data.simulated, "results": results}, indent=2))
+        args.json.write_text(json.dumps({"trace": args.trace, "seed": args.seed, "nodes": len(data.nodes), "gpus": gpus, "simulated": data.simulated, "results": results}, indent=2))
     return 0
 
 

@@ -51,7 +51,7 @@ def test_second_scheduler_is_the_official_image_named_gpu_share():
     (profile,) = scheduler_configs()[1]["profiles"]
     assert profile["schedulerName"] == "gpu-share"
     (fit,) = profile["pluginConfig"]
-    assert fit["name"] == "NodeResourcesFit" and fit["args"]["scoringStrategy"]["type"] == "MostAllocated"  # docs/scheduler.md
+    assert fit["name"] == "NodeResourcesFit" and fit["args"]["scoringStrategy"]["type"] == "LeastAllocated"  # docs/scheduler.md (the sweep, issue 34)
 
 
 def test_extender_rbac_only_reads():

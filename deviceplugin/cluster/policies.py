@@ -185,14 +185,27 @@ class FgdStrandPolicy(FgdPolicy):
         self.cpu_need = (shapes.cpu_per_gpu_milli or 0) * STRANDING_HEADROOM
         self.memory_need = (shapes.memory_per_gpu_milli or 0) * STRANDING_HEADROOM
 
-    def measure(self, model: str, gpu_free: list[int], cpu_free: int, memory_free: int) -> float:
-        frag = self.shapes.fragmentation_of(model, gpu_free, cpu_free)
+    def stranded(self, gpu_free: list[int], cpu_free: int, memory_free: int) -> float:
+        """Idle GPU milli that the free CPU, and the free memory, cannot feed (the two summed)."""
         idle = sum(gpu_free)
+        out = 0.0
         if self.cpu_need:
-            frag += max(0.0, idle - cpu_free / self.cpu_need)
+            out += max(0.0, idle - cpu_free / self.cpu_need)
         if self.memory_need:
-            frag += max(0.0, idle - memory_free / self.memory_need)
-        return frag
+            out += max(0.0, idle - memory_free / self.memory_need)
+        return out
+
+    def measure(self, model: str, gpu_free: list[int], cpu_free: int, memory_free: int) -> float:
+        return self.shapes.fragmentation_of(model, gpu_free, cpu_free) + self.stranded(gpu_free, cpu_free, memory_free)
+
+    def strand_score(self, pod: PodDemand, node: Node) -> int | None:
+        """A CPU-only pod's score: MAX_SCORE where it strands no more idle GPU milli, less by the milli it strands
+        (at least 1); None where it does not fit. Neutral where nothing is stranded, so it only steers away."""
+        if not fits(pod, node):
+            return None
+        before = self.stranded(node.gpu_free, node.cpu_free, node.memory_free)
+        after = self.stranded(node.gpu_free, node.cpu_free - pod.cpu_milli, node.memory_free - pod.memory_mib)
+        return max(1, MAX_SCORE - math.ceil(max(0.0, after - before) * MAX_SCORE / MILLI / max(1, len(node.gpu_free))))
 
 
 class BinpackPolicy:

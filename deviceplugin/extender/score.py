@@ -20,6 +20,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from ..cluster import MILLI, NEEDS_SHAPES, POLICIES, Node, PodDemand, Policy, TaskShapes, make_policy
+from ..cluster.policies import FgdStrandPolicy
 from .cache import CandidateNode
 from .inputs import HostCapacity, PodRequest, pod_demand
 
@@ -113,7 +114,9 @@ class Scorer:
 
     def _host_only(self, policy: Policy, request: PodRequest, views: list[CandidateNode]) -> list[int]:
         """A pod asking for no share (CPU-only): scored on each node's GPUs (its largest resource's units) and host; a
-        node without a gpu-share inventory as a node without GPUs (nothing to strand there)."""
+        node without a gpu-share inventory as a node without GPUs (nothing to strand there). Under fgdstrand only by
+        the GPUs it would strand (FgdStrandPolicy.strand_score): every node where it strands none scores alike, so
+        kube-scheduler's own scores decide there (issue 34: ranked fragmentation scores steered every CPU-only pod)."""
         pod = PodDemand(request.cpu_milli, request.memory_mib)
         key = _key(self._generation, "", pod)
         out = []
@@ -140,5 +143,8 @@ class Scorer:
         gpu_free = [min(MILLI, f * MILLI // max(t, 1)) for t, f in zip(totals, free, strict=True)]
         cpu, memory, slots = (max(0, v) for v in host_free)
         node = Node("", host.cpu_milli, host.memory_mib, "", gpu_free, cpu, memory, host.pods, host.pods - slots)
+        if not pod.num_gpu and isinstance(policy, FgdStrandPolicy):
+            score = policy.strand_score(pod, node)
+            return NO_ROOM if score is None else score
         choice = policy.score(pod, node)
         return NO_ROOM if choice is None else choice.score

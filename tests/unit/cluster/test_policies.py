@@ -235,3 +235,20 @@ def test_share_shapes_are_every_share_count_equally_popular():
     assert [(s.gpu_milli, p) for s, p in shapes.shapes] == [(250, 0.25), (500, 0.25), (750, 0.25), (1000, 0.25)]
     with pytest.raises(ValueError, match="replicas"):
         TaskShapes.shares(0)
+
+
+def test_fgdstrand_scores_a_cpu_only_pod_only_where_it_strands_gpus():
+    """strand_score: every node where the pod strands nothing scores alike (kube-scheduler's own scores decide there),
+    a node where it strands idle GPUs less, by how much it strands."""
+    shapes = TaskShapes.from_pods([PodDemand(8000, 32_000, 1, MILLI)] * 9 + [PodDemand(4000, 8000)])
+    policy = make_policy("fgdstrand", shapes=shapes)
+    cpu_only = PodDemand(8000, 1024)
+    roomy = gpu_node("roomy", [MILLI] * 2, cpu=96_000, cpu_free=90_000)
+    full = gpu_node("full", [0] * 8, cpu=96_000, cpu_free=40_000)
+    no_gpus = gpu_node("no-gpus", [], cpu=96_000, cpu_free=10_000)
+    one_idle = gpu_node("one-idle", [MILLI] + [0] * 7, cpu=96_000, cpu_free=14_000)
+    eight_idle = gpu_node("eight-idle", [MILLI] * 8, cpu=96_000, cpu_free=40_000)
+    scores = {n.name: policy.strand_score(cpu_only, n) for n in (roomy, full, no_gpus, one_idle, eight_idle)}
+    assert scores["roomy"] == scores["full"] == scores["no-gpus"] == 100
+    assert 1 <= scores["eight-idle"] < scores["one-idle"] < 100
+    assert policy.strand_score(PodDemand(200_000, 1024), roomy) is None  # does not fit
