@@ -8,6 +8,7 @@ import base64
 import json
 import random
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -272,6 +273,20 @@ def test_a_grant_the_kubelet_has_not_recorded_yet_still_pins_its_gpu(plugin, kub
     assert list(pending) == [gpu0] and "a container granted just now" in pending[gpu0]
     assert wait_until(lambda: plugin.pending() == {}, timeout=5)
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8, timeout=5)
+
+
+def test_allocate_answers_are_remembered_for_the_grant_window_not_by_count(plugin, kubelet):
+    """Only the last grant_window of Allocate answers is ever read, so only that is kept: an older answer is dropped
+    by the next Allocate."""
+    gpu0 = plugin.node.gpus[0].uuid
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[gpu0])])
+    kubelet.stub(GPU).Allocate(request)
+    assert plugin.daemon is not None
+    server = next(s for s in plugin.daemon.manager.servers if s.resource.name == GPU)
+    first = server.recent_grants[0][0]
+    assert wait_until(lambda: time.monotonic() > first + server.timings.grant_window, timeout=5)
+    kubelet.stub(GPU).Allocate(request)
+    assert len(server.recent_grants) == 1 and server.recent_grants[0][0] > first
 
 
 def test_random_sequences_of_profile_label_switches_and_profile_edits_never_overcommit(plugin, kubelet):

@@ -160,7 +160,7 @@ def test_allocate_is_deterministic_for_the_same_ids(kubelet, start_plugin):
         (
             [f"{UUID0}::0", f"{UUID1}::1"],
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"shares of example.com/gpu-share span 2 GPUs ({UUID0} shares 0; {UUID1} shares 1)",
+            f"shares of example.com/gpu-share span 2 GPUs ({UUID0} 1 share; {UUID1} 1 share)",
         ),
     ],
 )

@@ -48,12 +48,44 @@ class ContainerGrant:
     cdi_devices: tuple[str, ...] = ()  # fully qualified CDI names, <cdiKind>=<UUID>
 
 
+def check_holding(resource: Resource, holdings: Sequence[tuple[Unit, int]]) -> None:
+    """Refuse a holding (which units, how many devices of each) the pool's mode does not allow one container: shares
+    spanning units where the mode keeps a container on one, more devices than the mode allows one container, more
+    shares of a unit than it has. Pure; `unit_grant` calls it, so both node APIs refuse the same holdings."""
+    pool = resource.pool
+    mode = mode_of(pool)
+    if not holdings:
+        raise AllocationError(Refusal.INVALID, f"no devices in the request for {resource.name}")
+    over = [(u, k) for u, k in holdings if k < 1 or k > u.replicas]
+    if over:
+        unit, k = over[0]
+        raise AllocationError(Refusal.INVALID, f"{resource.name}: {k} devices of {unit.uuid}, which has {unit.replicas}")
+    units = [u for u, _ in holdings]
+    if len(units) > 1 and not mode.may_span(pool):
+        kind = "MIG instances" if units[0].mig else "GPUs"
+        per_unit = "; ".join(f"{u.uuid} {k} share{'s' if k > 1 else ''}" for u, k in holdings[:8])
+        per_unit += f"; and {len(units) - 8} more" if len(units) > 8 else ""
+        raise AllocationError(
+            Refusal.INVALID,
+            f"shares of {resource.name} span {len(units)} {kind} ({per_unit}); all shares of a container must be on one {kind[:-1]}",
+        )
+    total = sum(k for _, k in holdings)
+    if (most := mode.most_per_container(pool)) is not None and total > most:
+        raise AllocationError(
+            Refusal.INVALID,
+            f"{resource.name} uses MPS with strict limits: one share per container, got {total} "
+            "(ask for 1, or use mpsLimits: proportional)",
+        )
+
+
 def unit_grant(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None = None) -> ContainerGrant:
     """What a container gets for `k` devices (shares, or 1 for a whole unit) of each unit: the one place both node
     APIs (the device plugin's Allocate, the DRA driver's NodePrepareResources) build a grant.
 
     `mps_client_limits`: give an MPS client its own limits from its shares (the pool's `mpsLimits: proportional`
-    when None; the DRA driver always does, from the claim's consumed capacity)."""
+    when None; the DRA driver always does, from the claim's consumed capacity). A holding the mode does not allow
+    one container is refused (`check_holding`)."""
+    check_holding(resource, holdings)
     units = [u for u, _ in holdings]
     settings = resource.settings
     visible = ",".join(u.uuid for u in units)
@@ -180,23 +212,7 @@ class ResourceAllocator:
             raise AllocationError(
                 Refusal.PRECONDITION, f"devices quarantined for {resource.name} (their GPU holds a finished container's memory): {brief(quarantined, 8)}"
             )
-        pool = resource.pool
         units = _units_of(resource, devices)
-        mode = mode_of(pool)
-        if len(units) > 1 and not mode.may_span(pool):
-            kind = "MIG instances" if units[0].mig else "GPUs"
-            per_unit = "; ".join(f"{u.uuid} shares {brief([str(d.share) for d in devices if d.unit is u], 8)}" for u in units[:8])
-            per_unit += f"; and {len(units) - 8} more" if len(units) > 8 else ""
-            raise AllocationError(
-                Refusal.INVALID,
-                f"shares of {resource.name} span {len(units)} {kind} ({per_unit}); all shares of a container must be on one {kind[:-1]}",
-            )
-        if (most := mode.most_per_container(pool)) is not None and len(devices) > most:
-            raise AllocationError(
-                Refusal.INVALID,
-                f"{resource.name} uses MPS with strict limits: one share per container, got {len(devices)} "
-                "(ask for 1, or use mpsLimits: proportional)",
-            )
         return unit_grant(resource, [(u, sum(1 for d in devices if d.unit is u)) for u in units]), units
 
 

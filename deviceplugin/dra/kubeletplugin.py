@@ -1,7 +1,7 @@
 """The DRA kubelet plugin on the wire: the DRAPlugin services (v1 and v1beta1) and DRAResourceHealth on the DRA
 socket, then plugin registration on the registration socket (the kubelet may call as soon as it sees it).
 
-Everything gRPC runs on the plugin's one asyncio loop (`plugin.aioloop`); prepare and unprepare run the driver
+Everything gRPC runs on the plugin's one asyncio loop (`aioloop`); prepare and unprepare run the driver
 (`dra.prepare`, blocking) in thread pools: claims' API reads in one (`READ_WORKERS`), the driver's file work in
 another, so a claim the cache answers never waits for another claim's read, and a slow API server never blocks the
 health streams. A health stream is a coroutine: it sends the full device list at once, on every change of the
@@ -26,6 +26,7 @@ import grpc
 import grpc.aio
 
 from .. import defaults
+from ..aioloop import EventLoopThread, shared_loop
 from ..api import dra_health_v1alpha1_pb2 as health_pb
 from ..api import dra_health_v1alpha1_pb2_grpc as health_grpc
 from ..api import dra_v1_pb2 as v1
@@ -35,7 +36,6 @@ from ..api import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from ..api import pluginregistration_v1_pb2_grpc as reg_grpc
 from ..config.types import Config
 from ..model.devices import Resource
-from ..plugin.aioloop import EventLoopThread, shared_loop
 from ..state import NodeState, NodeView
 from .claims import GET_TIMEOUT
 from .health import device_health

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..aioloop import EventLoopThread, shared_loop
 from ..alloc.pending import PendingGpu, changing_gpus, reconcile
 from ..logs import safe_text
 from ..model.devices import Resource
@@ -29,7 +30,6 @@ from ..model.usage import Hold
 from ..mps.control import MpsLiveness
 from ..mps.paths import MpsPaths
 from ..state import NodeState
-from .aioloop import EventLoopThread, shared_loop
 from .inotify import DirectoryWatch
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 

@@ -43,7 +43,6 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 SOCKET_PREFIX = "gpu-share-"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
-MAX_RECENT_GRANTS = 1024  # Allocate answers remembered for `Timings.grant_window` (the kubelet admits one pod at a time)
 _instance_counter = itertools.count()
 
 
@@ -129,7 +128,8 @@ class DevicePluginServer:
         self.register_calls = 0  # Register calls made (kubelet.sock existed)
         self.register_failures = 0  # attempts that did not register, a missing kubelet.sock included
         self.registrations = 0  # accepted by the kubelet
-        self.recent_grants: deque[tuple[float, tuple[str, ...]]] = deque(maxlen=MAX_RECENT_GRANTS)  # (monotonic time, IDs)
+        # (monotonic time, IDs) of the Allocate answers of the last `timings.grant_window`: kept by time, not count
+        self.recent_grants: deque[tuple[float, tuple[str, ...]]] = deque()
         self.preferred_waiting = 0  # GetPreferredAllocation calls queued or running
         self.preferred_turn: asyncio.Semaphore | None = None  # one large placement at a time, made on the loop
         self._state = threading.Lock()

@@ -161,7 +161,11 @@ class Servicer(pb_grpc.DevicePluginServicer):
             self._count(False, started)
             await self._abort(context, wire.status_code(err.code), err.message)
         response = wire.allocate_response(allocation)
-        plugin.recent_grants.append((time.monotonic(), allocation.device_ids))
+        now = time.monotonic()
+        grants = plugin.recent_grants
+        while grants and grants[0][0] < now - plugin.timings.grant_window:  # only the last window is ever read
+            grants.popleft()
+        grants.append((now, allocation.device_ids))
         self._count(True, started)
         if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
             log.info("allocated %s: %s -> %s", self.resource.name, brief(allocation.device_ids), brief(allocation.units, 3))

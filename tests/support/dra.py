@@ -18,7 +18,7 @@ from tests.conftest import node
 from tests.support.resources import resources_of
 
 DRIVER = driver_name("example.com")
-MPS_POOLS = [{"name": "s", "mode": "shared", "replicas": 4, "backend": "mps"}]
+MPS_POOLS = [{"name": "s", "mode": "shared", "replicas": 4, "backend": "mps", "mpsLimits": "proportional"}]
 
 
 def make_driver(directory: Path, pools: list[dict[str, Any]] | None = None, node_name: str = "2xT4", state: NodeState | None = None) -> Driver:

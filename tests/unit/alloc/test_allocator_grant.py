@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from deviceplugin.alloc.allocator import AllocationError, ContainerGrant, Refusal, ResourceAllocator
@@ -122,3 +126,52 @@ def test_a_mig_grant_whose_capability_nodes_cannot_be_read_is_refused(tmp_path):
     with pytest.raises(AllocationError, match="cannot read MIG capability") as refused:
         container_grant(mig, [next(iter(mig.devices))])
     assert refused.value.code is Refusal.PRECONDITION
+
+
+def _dra_grant(tmp_path: Path, pool: dict[str, Any], holdings: list[tuple[int, int]]) -> dict[str, str]:
+    """The DRA driver's answer for one claim request holding `k` shares of GPU i: NodePrepareResources' code
+    (`Driver.prepare`), the container's environment read back from the CDI spec it writes."""
+    from deviceplugin.dra.devices import ClaimError
+    from tests.support.dra import claim, make_driver, result
+
+    driver = make_driver(tmp_path, [pool])
+    try:
+        prepared = driver.prepare(*claim([result(f"gpu-{i}", shares=k) for i, k in holdings]))
+    except ClaimError as err:
+        raise AllocationError(Refusal.INVALID, str(err)) from None
+    spec = json.loads(Path(prepared.cdi_spec).read_text())
+    return dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
+
+
+def _plugin_grant(pool: dict[str, Any], holdings: list[tuple[int, int]]) -> dict[str, str]:
+    """The device plugin's grant for the same holding (k share IDs of GPU i): Allocate's code, as plain data."""
+    resource = one_pool(T4, pool)
+    return dict(ResourceAllocator(resource).allocate([[f"{T[i]}::{s}" for i, k in holdings for s in range(k)]]).grants[0].envs)
+
+
+@pytest.mark.parametrize(
+    "pool, holdings, expected",
+    [
+        # the issue's repro: strict MPS, two GPUs, three shares each: refused (not 150 % and 0=23040M on a T4)
+        ({"mpsLimits": "strict"}, [(0, 3), (1, 3)], "span 2 GPUs"),
+        ({"mpsLimits": "strict"}, [(0, 3)], "one share per container, got 3"),
+        ({"mpsLimits": "proportional"}, [(0, 1), (1, 1)], "span 2 GPUs"),
+        # MPS never spans (one MPS server per GPU); shared shares span only with allowSpanGPUs
+        ({"backend": "timeSlicing", "allowSpanGPUs": True}, [(0, 3), (1, 1)], {"GPU_SHARE_COUNT": "4", "GPU_SHARE_COMPUTE_PERCENT": "100"}),
+        ({"backend": "timeSlicing"}, [(0, 1), (1, 1)], "span 2 GPUs"),
+        ({"mpsLimits": "proportional"}, [(0, 2)], {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=7680M"}),
+    ],
+)
+def test_both_node_apis_grant_or_refuse_the_same_holding(tmp_path, pool, holdings, expected):
+    pool = {"name": "m", "mode": "shared", "backend": "mps", "replicas": 4, **pool}
+    answers: list[dict[str, str] | str] = []
+    for answer in (lambda: _plugin_grant(pool, holdings), lambda: _dra_grant(tmp_path, pool, holdings)):
+        try:
+            answers.append(answer())
+        except AllocationError as err:
+            answers.append(err.message)
+    if isinstance(expected, str):
+        assert all(isinstance(a, str) and expected in a for a in answers), answers
+    else:
+        for envs in answers:
+            assert isinstance(envs, dict) and {k: envs[k] for k in expected} == expected, answers

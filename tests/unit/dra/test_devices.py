@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from deviceplugin.alloc.allocator import AllocationError
 from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices, driver_name, parse_quantity
 from tests.conftest import node
 from tests.support.resources import resources_of
@@ -62,10 +63,17 @@ def test_a_claim_holds_the_larger_of_its_shares_and_its_memory_in_shares(consume
     assert grant.envs["GPU_SHARE_COUNT"] == str(shares) and grant.envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(3840 * shares)
 
 
-def test_mps_limits_come_from_the_claim_even_with_strict_pool_limits() -> None:
-    _, devices = _devices([{"name": "p", "mode": "shared", "replicas": 4, "backend": "mps"}])
+def test_mps_limits_come_from_the_claim() -> None:
+    _, devices = _devices([{"name": "p", "mode": "shared", "replicas": 4, "backend": "mps", "mpsLimits": "proportional"}])
     envs = claim_share(devices[0], {"shares": "2"}, "s").grant().envs
     assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7680M"
+
+
+def test_a_strict_mps_pool_gives_a_claim_one_share_as_the_device_plugin_does() -> None:
+    _, devices = _devices([{"name": "p", "mode": "shared", "replicas": 4, "backend": "mps"}])
+    assert claim_share(devices[0], {"shares": "1"}, "s").grant().envs["GPU_SHARE_COUNT"] == "1"
+    with pytest.raises(AllocationError, match="uses MPS with strict limits: one share per container, got 2"):
+        claim_share(devices[0], {"shares": "2"}, "s").grant()
 
 
 @pytest.mark.parametrize(

@@ -248,7 +248,7 @@ def test_rolling_update_socket_names_carry_the_pod_uid() -> None:
 
 
 def test_the_devices_of_one_request_share_one_cdi_device_so_a_container_sees_them_all(tmp_path: Path) -> None:
-    driver = make_driver(tmp_path)
+    driver = make_driver(tmp_path, [{"name": "s", "mode": "shared", "replicas": 4, "allowSpanGPUs": True}])
     gpus = ("GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000001")
     ref, body = claim([result("gpu-0", shares=1, request="two"), result("gpu-1", shares=2, request="two"), result("gpu-1", shares=1, request="one")])
     prepared = driver.prepare(ref, body)

@@ -39,7 +39,7 @@ def test_a_claim_maps_onto_each_container_that_uses_it_with_its_shares_and_memor
     two = result("gpu-0", shares=2)
     ref, body = claim([two], name="two")
     prepared = driver.prepare(ref, body)
-    whole_ref, whole_body = claim([result("gpu-1", shares=1), result("gpu-0", shares=1)], name="mixed")
+    whole_ref, whole_body = claim([result("gpu-1", shares=1, request="a"), result("gpu-0", shares=1, request="b")], name="mixed")
     mixed = driver.prepare(whole_ref, whole_body)
     listing = _listing(
         ("train", {"main": [_dynamic("two", [("gpu-0", two["shareID"])])], "sidecar": [_dynamic("two", [("gpu-0", two["shareID"])])], "idle": []}),
