@@ -14,7 +14,7 @@ import yaml
 from kubernetes import client
 
 from tests.conftest import ROOT, wait_until
-from tests.support.kubeobjects import apply, ready_node, request
+from tests.support.kubeobjects import apply, delete, ready_node, request
 
 KUBECTL = shutil.which("kubectl")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -36,9 +36,13 @@ def installed(controlplane: Any) -> Any:
         client.CoreV1Api(api).create_namespace({"metadata": {"name": "gpu-share"}})
     except client.ApiException as err:
         assert err.status == 409
-    for obj in _rendered():
+    objects = _rendered()
+    for obj in objects:
         apply(api, obj)
-    return controlplane
+    yield controlplane
+    for obj in objects:  # the session API server is shared: the chart's tests install objects of these names
+        if obj["kind"] != "Namespace":
+            delete(api, obj)
 
 
 def _driver_client(cp: Any, node: str) -> Any:

@@ -66,3 +66,14 @@ def apply(api: Any, obj: dict[str, Any], dry_run: bool = False) -> Any:
     where = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
     query: list[tuple[str, Any]] = [("fieldManager", "gpu-share-tests"), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
     return request(api, "PATCH", f"{prefix}{where}/{plural}/{obj['metadata']['name']}", obj, query, "application/apply-patch+yaml")
+
+
+def delete(api: Any, obj: dict[str, Any]) -> None:
+    """Delete one manifest object; one already gone is fine."""
+    prefix, plural, namespaced = _KINDS[obj["kind"]]
+    where = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
+    try:
+        request(api, "DELETE", f"{prefix}{where}/{plural}/{obj['metadata']['name']}")
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
