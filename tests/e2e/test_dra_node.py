@@ -31,7 +31,7 @@ from tests.support.resources import resources_of
 
 DRIVER = driver_name("example.com")
 T4_MIB = 15360
-POOL = {"name": "mps", "mode": "shared", "replicas": 4, "backend": "mps"}
+POOL = {"name": "mps", "mode": "shared", "replicas": 4, "backend": "mps", "mpsLimits": "proportional"}  # claims of several shares (strict allows one)
 _names = itertools.count()
 
 

@@ -37,14 +37,18 @@ _ids = itertools.count()
 def cluster(controlplane: Any) -> Iterator[Any]:
     """The shipped DeviceClasses and a kube-scheduler of our own name (other tests may run the default one)."""
     api = controlplane.api_client()
+    created = []
     for document in yaml.safe_load_all((DRA / "02-deviceclasses.yaml").read_text()):
         try:
             request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", document)
+            created.append(document["metadata"]["name"])
         except client.ApiException as err:
             assert err.status == 409, err
     controlplane.scheduler({"profiles": [{"schedulerName": SCHEDULER}]}, name="dra-e2e")
     yield controlplane
     controlplane.stop_process("kube-scheduler#dra-e2e")
+    for name in created:  # the session API server is shared: the chart's tests install DeviceClasses of these names
+        request(api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
 
 
 class Node:
