@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 
 from tests.realnode.fake_nvml_run import T4_MIB, UUIDS
-from tests.support.realnode import RealNode, wait_for
+from tests.support.realnode import RealNode, delete_pod, wait_for
 
 RESOURCE = "example.com/gpu-share"
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,24 +118,6 @@ def run_pod(core: client.CoreV1Api, realnode: RealNode, namespace: str, name: st
         return pod if pod.status.phase == "Running" else None
 
     return wait_for(running, 60)
-
-
-def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
-    """Delete the pod (if it is still there) and wait until it is gone."""
-    try:
-        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-    except client.ApiException as err:
-        if err.status != 404:
-            raise
-
-    def gone() -> bool:
-        try:
-            core.read_namespaced_pod(name, namespace)
-        except client.ApiException as err:
-            return err.status == 404
-        return False
-
-    wait_for(gone, 60)
 
 
 def container_pid(realnode: RealNode, pod: client.V1Pod) -> int:

@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client
 
 from tests.support.kubeobjects import request
-from tests.support.realnode import RealNode, wait_for
+from tests.support.realnode import RealNode, delete_pod, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER = "gpu-share-realnode"
@@ -116,17 +116,7 @@ def env_of(api: Any, ns: str, name: str) -> dict[str, str]:
 
 
 def delete(api: Any, ns: str, name: str) -> None:
-    core = client.CoreV1Api(api)
-    core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
-
-    def gone() -> bool:
-        try:
-            core.read_namespaced_pod(name, ns)
-        except client.ApiException as err:
-            return err.status == 404
-        return False
-
-    wait_for(gone, 60)
+    delete_pod(client.CoreV1Api(api), ns, name)
     request(api, "DELETE", CLAIMS.format(ns=ns) + f"/{name}")
 
 

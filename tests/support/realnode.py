@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kubernetes import client
+
 from tests.support.controlplane import ControlPlane, _free_port
 
 
@@ -146,3 +148,21 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05):  # type:
         if time.monotonic() > deadline:
             raise TimeoutError(f"not true after {timeout:g} s: {getattr(predicate, '__name__', predicate)}")
         time.sleep(interval)
+
+
+def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
+    """Delete the pod (if it is still there) and wait until it is gone."""
+    try:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod(name, namespace)
+        except client.ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(gone, 60)
