@@ -100,11 +100,12 @@ class RealNode:
         # no node-lifecycle controller (kcm.sh is not run): remove the not-ready taint the API server put on the new Node
         subprocess.run(["kubectl", "taint", "node", self.name, "node.kubernetes.io/not-ready:NoSchedule-"], env=self.env, capture_output=True, timeout=30)
 
-    def nsexec(self, *argv: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    def nsexec(self, *argv: str, log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start a process in the node's mount namespace (where the kubelet's sockets and /var/run/cdi are), with
-        NODE_NAME set as the DaemonSet sets it."""
+        NODE_NAME set as the DaemonSet sets it (and `env` added)."""
         out = open(log or os.devnull, "ab")
-        proc = subprocess.Popen([str(self.scripts / "nsexec.sh"), *argv], env={**self.env, "NODE_NAME": self.name}, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([str(self.scripts / "nsexec.sh"), *argv], env={**self.env, "NODE_NAME": self.name, **(env or {})},
+                                stdout=out, stderr=subprocess.STDOUT)
         out.close()
         self.started.append(proc)
         return proc
