@@ -88,6 +88,7 @@ class RealNode:
         (run / "pki").mkdir(parents=True)
         for name in ("ca.crt", "ca.key"):
             shutil.copy(self.cp.work / "pki" / name, run / "pki" / name)
+        shutil.copy(self.cp.work / "sa.key", run / "pki" / "sa.key")  # kcm.sh signs service-account tokens with it
         (run / "env").write_text(f'export CP_SERVER="{self.cp.server}"\nexport KUBECONFIG="{self.cp.admin_kubeconfig}"\n')
         self.kubelet_port = _free_port()
         env = {**self.env, "KUBELET_PORT": str(self.kubelet_port), "KUBELET_HEALTHZ_PORT": str(_free_port())}
