@@ -105,7 +105,9 @@ def api(realnode: RealNode) -> Any:
 
 @pytest.fixture(scope="module")
 def cluster(realnode: RealNode, api: Any) -> Iterator[str]:
-    """The shipped DeviceClasses, a kube-scheduler of our own name, a namespace."""
+    """The shipped DeviceClasses, a kube-scheduler of our own name, a namespace, and the real kube-controller-manager
+    (its resourceclaim controller makes claims from templates, and releases a deleted claim's allocation: without
+    it a deleted claim keeps its devices behind the scheduler's finalizer)."""
     created = []
     for document in yaml.safe_load_all((ROOT / "daemonset" / "dra" / "02-deviceclasses.yaml").read_text()):
         try:
@@ -118,7 +120,9 @@ def cluster(realnode: RealNode, api: Any) -> Iterator[str]:
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": ns}})
     core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+    realnode.script("kcm.sh", "start")
     yield ns
+    realnode.script("kcm.sh", "stop")
     realnode.cp.stop_process("kube-scheduler#realnode")
     for name in created:  # the session API server is shared: the chart's tests install DeviceClasses of these names
         request(api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
@@ -216,8 +220,10 @@ def env_of(api: Any, ns: str, name: str, key: str = "PATH") -> dict[str, str]:
 
 
 def delete(api: Any, ns: str, name: str) -> None:
+    """Delete the pod and its claim, and wait until the claim is gone (its allocation released)."""
     delete_pod(client.CoreV1Api(api), ns, name)
     request(api, "DELETE", CLAIMS.format(ns=ns) + f"/{name}")
+    wait_for(lambda: name not in {c["metadata"]["name"] for c in request(api, "GET", CLAIMS.format(ns=ns))["items"]}, 60)
 
 
 def test_a_claim_of_three_shares_reaches_the_container_through_containerd_cdi(realnode, api, cluster, driver):
@@ -258,7 +264,7 @@ def test_a_mapped_extended_resource_gets_a_whole_gpu_through_dra(realnode, api, 
         uid = claim_uid(api, cluster, "dra-mapped")
         assert env_of(api, cluster, "dra-mapped", "NVIDIA_VISIBLE_DEVICES")["NVIDIA_VISIBLE_DEVICES"] == UUID.format(2)
         delete_pod(client.CoreV1Api(api), cluster, "dra-mapped")
-        wait_for(lambda: not cdi_spec(realnode, uid).exists(), 30)
+        wait_for(lambda: not cdi_spec(realnode, uid).exists() and uid not in recorded(realnode), 30)
     finally:
         delete_pod(client.CoreV1Api(api), cluster, "dra-mapped")
         request(api, "DELETE", "/apis/resource.k8s.io/v1/deviceclasses/rn-mapped-gpu")
@@ -295,17 +301,13 @@ def test_a_claim_from_a_template_through_the_real_controller_manager(realnode, a
     request(api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{cluster}/resourceclaimtemplates", {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "two-shares"},
         "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": shares(2)}]}}}})
-    realnode.script("kcm.sh", "start")
-    try:
-        claim_pod(api, realnode, cluster, "dra-templated", template="two-shares")
-        uid = claim_uid(api, cluster, "dra-templated")
-        assert env_of(api, cluster, "dra-templated", "GPU_SHARE_COUNT")["GPU_SHARE_COUNT"] == "2"
-        delete_pod(client.CoreV1Api(api), cluster, "dra-templated")
-        # the controller deletes the claim it made; the kubelet unprepared it when the pod went
-        wait_for(lambda: not cdi_spec(realnode, uid).exists() and uid not in recorded(realnode), 30)
-        wait_for(lambda: not [c for c in request(api, "GET", CLAIMS.format(ns=cluster))["items"] if c["metadata"]["uid"] == uid], 60)
-    finally:
-        realnode.script("kcm.sh", "stop")
+    claim_pod(api, realnode, cluster, "dra-templated", template="two-shares")
+    uid = claim_uid(api, cluster, "dra-templated")
+    assert env_of(api, cluster, "dra-templated", "GPU_SHARE_COUNT")["GPU_SHARE_COUNT"] == "2"
+    delete_pod(client.CoreV1Api(api), cluster, "dra-templated")
+    # the controller deletes the claim it made; the kubelet unprepared it when the pod went
+    wait_for(lambda: not cdi_spec(realnode, uid).exists() and uid not in recorded(realnode), 30)
+    wait_for(lambda: not [c for c in request(api, "GET", CLAIMS.format(ns=cluster))["items"] if c["metadata"]["uid"] == uid], 60)
 
 
 def test_a_kubelet_restart_and_a_driver_sigkill_keep_the_prepared_pod(realnode, api, cluster, driver):
