@@ -37,6 +37,7 @@ from ..dra.registration import PluginPaths
 from ..dra.shapes import HeldShapes
 from ..dra.slices import SlicePublisher
 from ..dra.usage import ClaimUsage
+from ..health.evidence import FILE_NAME as EVIDENCE_FILE
 from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
 from ..loop import Clock
@@ -88,11 +89,12 @@ class DraDaemon:
         self._digest = plan.digest
         self.driver_name = driver_name(self.config.domain)
         self.state = NodeState()
-        self.monitor = HealthMonitor(inventory, self.node, self.state, options.health)
-        self.mps = MpsReadiness(self.state, MpsLiveness(options.mps_control), self.resources, options.timings.watch_interval)
         self.paths = PluginPaths(dra.registrar_dir, dra.plugins_dir, self.driver_name, dra.instance)
         self.paths.check()
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        health = options.health.keeping_evidence_in(self.paths.data_dir / EVIDENCE_FILE)
+        self.monitor = HealthMonitor(inventory, self.node, self.state, health)
+        self.mps = MpsReadiness(self.state, MpsLiveness(options.mps_control), self.resources, options.timings.watch_interval)
         self.driver = Driver(
             self.driver_name, node_name, Checkpoint(self.paths.checkpoint), CdiWriter(dra.cdi_root, self.driver_name), self.state, SerialLock(self.paths.data_dir / LOCK_FILE)
         )

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "deviceplugin"
 
 # Lowest first; a package may import its own modules and those of any lower layer.
 LAYERS: list[set[str]] = [
-    {"__init__", "defaults", "limits", "logs", "errors", "loop", "signals", "api", "aioloop"},  # leaf modules and generated stubs
+    {"__init__", "defaults", "limits", "logs", "errors", "loop", "signals", "api", "aioloop", "atomicfile"},  # leaf modules and generated stubs
     {"model", "config"},  # the data: node, devices, config types (model.devices holds a PoolConfig, config.types a Gpu)
     {"discovery"},
     {"mps", "cluster"},
