@@ -24,22 +24,14 @@ from typing import Any
 
 from ..alloc.allocator import ContainerGrant, unit_grant
 from ..alloc.modes import mode_of
+from ..kube.dranames import CAPACITY_MEMORY, CAPACITY_SHARES
 from ..model.devices import Resource, Unit
 from ..model.node import MIB, NodeInfo, gpu_family
 from ..model.quantity import MAX_QUANTITY_LENGTH, parse_quantity
 from ..model.shares import share_memory_mib
 
-DRIVER_PREFIX = "gpu-share"
 # A slice holds at most 128 devices, 64 when any device has taints (the API's limits); the publisher splits by 64.
 MAX_DEVICES_PER_SLICE = 64
-
-CAPACITY_SHARES = "shares"
-CAPACITY_MEMORY = "memory"
-
-
-def driver_name(domain: str) -> str:
-    """The DRA driver's name: `gpu-share.<domain>` (a DNS subdomain, as `results[].driver` names it)."""
-    return f"{DRIVER_PREFIX}.{domain}"
 
 
 class ClaimError(ValueError):

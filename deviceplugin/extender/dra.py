@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dra.devices import CAPACITY_MEMORY, CAPACITY_SHARES
+from ..kube.dranames import CAPACITY_MEMORY, CAPACITY_SHARES
 from ..model.quantity import parse_quantity
 
 MAX_DEVICES = 128  # per slice

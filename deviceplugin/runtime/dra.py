@@ -28,10 +28,8 @@ from ..discovery.inventory import Inventory
 from ..dra.cdi import CdiWriter
 from ..dra.checkpoint import Checkpoint
 from ..dra.claims import ApiClaims
-from ..dra.devices import driver_name
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
-from ..dra.mpsready import MpsReadiness
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
 from ..dra.shapes import HeldShapes
@@ -39,7 +37,9 @@ from ..dra.slices import SlicePublisher
 from ..dra.usage import ClaimUsage
 from ..health.evidence import FILE_NAME as EVIDENCE_FILE
 from ..health.monitor import HealthMonitor
+from ..health.mpsready import MpsReadiness
 from ..kube.client import NodeClient
+from ..kube.dranames import driver_name
 from ..loop import Clock
 from ..model.devices import Resource
 from ..model.pods import PodDirectory

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from deviceplugin.alloc.allocator import AllocationError
-from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices, driver_name
+from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices
+from deviceplugin.kube.dranames import driver_name
 from tests.conftest import node
 from tests.support.resources import resources_of
 
