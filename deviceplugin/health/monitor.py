@@ -94,7 +94,8 @@ class HealthMonitor(BackgroundLoop):
         self._reset_waits: dict[str, _ResetWait] = {}  # uuid -> waiting for a GPU reset
         self._ignored = RepeatLimiter(log, clock=clock)  # an XID storm: one line and a summary per minute
         self._next_check = 0.0
-        self._evidence = EvidenceFile(settings.evidence_file, boot_id) if settings.evidence_file else None
+        kept = settings.evidence_file if settings.enabled else None  # health checks off: no evidence, old or new
+        self._evidence = EvidenceFile(kept, boot_id) if kept else None
         self._carried: dict[str, Evidence] = {}  # evidence of UUIDs not on the node now (a GPU discovery left out)
         self._saved: dict[str, Evidence] | None = None  # what the evidence file holds; None: unknown
         self._evidence_errors = 0  # failed reads and writes of the evidence file

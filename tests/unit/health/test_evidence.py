@@ -145,3 +145,13 @@ def test_a_failed_write_is_counted_and_retried(path):
     path.parent.unlink()  # the operator fixes the host path
     first.check(0.0)
     assert gpu in json.loads(path.read_text())["evidence"]
+
+
+def test_with_health_checks_off_the_evidence_is_neither_read_nor_written(path):
+    gpu = SimulatedInventory.from_file(NODE).discover().gpus[0].uuid
+    EvidenceFile(path, Boot()).save({gpu: Evidence(gpu, gpu, "XID 79")})
+    inventory = SimulatedInventory.from_file(NODE)
+    settings = HealthSettings(enabled=False, evidence_file=path)
+    off = HealthMonitor(inventory, inventory.discover(), NodeState(), settings, clock=ManualClock(), boot_id=Boot())
+    assert off.state.snapshot().unhealthy == frozenset()  # as --health-checks=false says: every GPU advertised Healthy
+    assert gpu in json.loads(path.read_text())["evidence"]  # kept for when checks are on again
