@@ -28,7 +28,7 @@ FILE_NAME = "reset-evidence.json"
 # Under --plugin-dir: the kubelet's clean-up removes sockets (and, before 1.30, files), never directories.
 DEVICE_PLUGIN_DIR = "gpu-share"
 CORRUPT = ".corrupt"
-MAX_BYTES = 64 * 1024  # a node has at most 16 GPUs with 7 MIG instances each: ~2 KiB of entries in the worst case
+MAX_BYTES = 1024 * 1024  # above the largest file `save` writes (MAX_ENTRIES of the longest fields, all escaped)
 MAX_ENTRIES = 256
 MAX_REASON_CHARS = 200
 MAX_UUID_CHARS = 96
@@ -92,8 +92,10 @@ class EvidenceFile:
         return Loaded(entries)
 
     def save(self, entries: Mapping[str, Evidence]) -> None:
-        """Replace the file with `entries` (at most MAX_ENTRIES, the first kept); OSError when it cannot be written."""
-        kept = list(entries.values())[:MAX_ENTRIES]
+        """Replace the file with `entries` (at most MAX_ENTRIES, the first kept; reasons cut to MAX_REASON_CHARS);
+        OSError when it cannot be written. An entry whose UUIDs are over MAX_UUID_CHARS cannot come from NVML, and
+        is left out rather than written into a file the next start would refuse."""
+        kept = [e for e in entries.values() if max(len(e.uuid), len(e.gpu_uuid)) <= MAX_UUID_CHARS][:MAX_ENTRIES]
         body = {
             "version": FORMAT_VERSION,
             "bootId": self.boot_id(),

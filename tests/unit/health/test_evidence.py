@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.discovery.simulated import SimulatedInventory
-from deviceplugin.health.evidence import MAX_BYTES, Evidence, EvidenceFile
+from deviceplugin.health.evidence import MAX_BYTES, MAX_ENTRIES, MAX_REASON_CHARS, MAX_UUID_CHARS, Evidence, EvidenceFile
 from deviceplugin.health.monitor import HealthMonitor, HealthSettings
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES
@@ -155,3 +155,16 @@ def test_with_health_checks_off_the_evidence_is_neither_read_nor_written(path):
     off = HealthMonitor(inventory, inventory.discover(), NodeState(), settings, clock=ManualClock(), boot_id=Boot())
     assert off.state.snapshot().unhealthy == frozenset()  # as --health-checks=false says: every GPU advertised Healthy
     assert gpu in json.loads(path.read_text())["evidence"]  # kept for when checks are on again
+
+
+def test_the_largest_file_save_writes_loads_back(path):
+    """MAX_ENTRIES entries of the longest UUIDs and reasons, every character escaped in JSON: still under MAX_BYTES."""
+    boot = Boot()
+    uuid = lambda i: f"{i:03d}" + "\u00e9" * (MAX_UUID_CHARS - 3)  # noqa: E731
+    entries = {uuid(i): Evidence(uuid(i), uuid(i), "\u00e9" * (MAX_REASON_CHARS + 50), True) for i in range(MAX_ENTRIES + 10)}
+    entries["GPU-" + "x" * MAX_UUID_CHARS] = Evidence("GPU-" + "x" * MAX_UUID_CHARS, "GPU-x", "XID 79")  # cannot be NVML's
+    EvidenceFile(path, boot).save(entries)
+    assert MAX_BYTES // 2 < path.stat().st_size <= MAX_BYTES
+    loaded = EvidenceFile(path, boot).load()
+    assert loaded.problem is None and len(loaded.entries) == MAX_ENTRIES
+    assert all(len(e.reason) == MAX_REASON_CHARS for e in loaded.entries.values())
