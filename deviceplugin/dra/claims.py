@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..kube.errors import error_line
-from ..kube.watch import Gone, Silent, raise_for_error, watch_events
+from ..kube.watch import Gone, Silent, raise_for_error, read_body, watch_events
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from .devices import ClaimError
@@ -266,7 +266,7 @@ class _ClaimWatch(BackgroundLoop):
                 limit=LIST_PAGE, _continue=token, _preload_content=False, _request_timeout=self.claims.timeout
             )
             try:
-                data = _bounded_body(response)
+                data = read_body(response, MAX_PAGE_BYTES, "list ResourceClaims")
             finally:
                 response.release_conn()
             if response.status != 200:
@@ -311,15 +311,3 @@ class _ClaimWatch(BackgroundLoop):
             with self._response_lock:
                 self._response = None
             response.release_conn()
-
-
-def _bounded_body(response: Any) -> bytes:
-    """A response's body, at most MAX_PAGE_BYTES."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.stream(256 * 1024, decode_content=True):
-        size += len(chunk)
-        if size > MAX_PAGE_BYTES:
-            raise RuntimeError(f"a ResourceClaim list page over {MAX_PAGE_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)

@@ -39,7 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..kube.errors import error_line
-from ..kube.watch import watch_events
+from ..kube.watch import read_body, watch_events
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
@@ -58,10 +58,6 @@ RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 LIST_PAGE = 128
-
-
-class ResponseTooLarge(RuntimeError):
-    pass
 
 
 class SliceApi:
@@ -90,11 +86,9 @@ class SliceApi:
     def _json(self, method: str, path: str, query: list[tuple[str, Any]] | None = None, body: Any = None) -> dict[str, Any]:
         response = self._send(method, path, query, body)
         try:
-            data = response.read(MAX_RESPONSE_BYTES + 1, decode_content=True)
+            data = read_body(response, MAX_RESPONSE_BYTES, f"{method} {path}")
         finally:
             response.release_conn()
-        if len(data) > MAX_RESPONSE_BYTES:
-            raise ResponseTooLarge(f"{method} {path}: response over {MAX_RESPONSE_BYTES} bytes")
         return dict(json.loads(data))
 
     def node_uid(self) -> str:
