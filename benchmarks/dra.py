@@ -29,11 +29,11 @@ from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint
-from deviceplugin.dra.devices import driver_name
 from deviceplugin.dra.kubeletplugin import KubeletPlugin
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.prepare import Driver
 from deviceplugin.dra.registration import PluginPaths
+from deviceplugin.kube.dranames import driver_name
 from deviceplugin.state import NodeState
 
 from .common import node_file, summary_ms, timed

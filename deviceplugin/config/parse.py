@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import limits
 from ..logs import safe_text
+from ..model.quantity import quantity_mib
 from .names import resource_name_problem
 from .paths import POOL_NAME, POOL_NAME_RULE, mps_root_problem, path_problem
 from .schema import Fields, SchemaError, join, list_of
@@ -37,8 +38,6 @@ from .types import (
 )
 from .yamlfile import YamlProblem, decode, load_yaml_lines, read_bounded
 
-_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_QUANTITY_BYTES = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _CDI_KIND = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
 
 _TOP_KEYS = {
@@ -117,17 +116,6 @@ def _with_line(problem: str, lines: dict[str, int]) -> str:
     while path and path not in lines:
         path = path[: path.rindex("[")] if path.endswith("]") else path.rpartition(".")[0]
     return f"{problem} (line {lines[path]})" if path else problem
-
-
-def parse_quantity_mib(text: str) -> int:
-    """A Kubernetes quantity (`4Gi`, `512Mi`, `8G`) in whole MiB; ValueError when malformed or under 1 MiB."""
-    match = _QUANTITY.match(text.strip())
-    if not match:
-        raise ValueError(f"must be a quantity such as 4Gi or 512Mi, got {text!r}")
-    mib = int(match.group(1)) * _QUANTITY_BYTES[match.group(2)] // 2**20
-    if mib < 1:
-        raise ValueError(f"must be at least 1Mi, got {text!r}")
-    return mib
 
 
 class _Problems:
@@ -280,7 +268,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         fields.check(replicas <= most, "replicas", f"must be <= {most}{why}, got {shown}")
         if fields.has("memoryPerShare"):
             try:
-                memory = parse_quantity_mib(fields.get("memoryPerShare", ""))
+                memory = quantity_mib(fields.get("memoryPerShare", ""))
             except ValueError as err:
                 problems.append(f"{join(path, 'memoryPerShare')}: {err}")
     fields.check(backend == "mps" or not fields.has("mpsLimits"), "mpsLimits", "only applies to backend mps")

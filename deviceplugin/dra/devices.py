@@ -18,30 +18,20 @@ hold on each device: a claim that names only one of the two can never make the n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ..alloc.allocator import ContainerGrant, unit_grant
 from ..alloc.modes import mode_of
+from ..kube.dranames import CAPACITY_MEMORY, CAPACITY_SHARES
 from ..model.devices import Resource, Unit
 from ..model.node import MIB, NodeInfo, gpu_family
+from ..model.quantity import MAX_QUANTITY_LENGTH, parse_quantity
 from ..model.shares import share_memory_mib
 
-DRIVER_PREFIX = "gpu-share"
 # A slice holds at most 128 devices, 64 when any device has taints (the API's limits); the publisher splits by 64.
 MAX_DEVICES_PER_SLICE = 64
-MAX_QUANTITY_LENGTH = 64
-
-CAPACITY_SHARES = "shares"
-CAPACITY_MEMORY = "memory"
-
-
-def driver_name(domain: str) -> str:
-    """The DRA driver's name: `gpu-share.<domain>` (a DNS subdomain, as `results[].driver` names it)."""
-    return f"{DRIVER_PREFIX}.{domain}"
 
 
 class ClaimError(ValueError):
@@ -193,29 +183,6 @@ def _count(raw: Any, default: int, name: str, device: DraDevice) -> int:
     if value < 0:
         raise ClaimError(f"consumed {name} of {device.name} is negative: {str(raw)[:MAX_QUANTITY_LENGTH]}")
     return int(value.to_integral_value(rounding="ROUND_CEILING"))
-
-
-_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d{1,3})|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?)")
-_SUFFIX = {
-    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-}
-
-
-def parse_quantity(text: str) -> Decimal:
-    """A Kubernetes Quantity ("2", "1536Mi", "20Gi", "1e3") as a Decimal; ValueError naming the text otherwise."""
-    if len(text) > MAX_QUANTITY_LENGTH:
-        raise ValueError(f"quantity longer than {MAX_QUANTITY_LENGTH} characters")
-    match = _QUANTITY.fullmatch(text.strip())
-    if not match:
-        raise ValueError(f"not a quantity: {text!r}")
-    number, exponent, suffix = match.groups()
-    try:
-        value = Decimal(number)
-        return value * (Decimal(10) ** int(exponent[1:]) if exponent else _SUFFIX[suffix or ""])
-    except (InvalidOperation, KeyError):
-        raise ValueError(f"not a quantity: {text!r}") from None
 
 
 def by_name(devices: Sequence[DraDevice]) -> dict[str, DraDevice]:

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from .. import defaults
 from ..config.types import DEFAULT_DOMAIN
-from ..dra.devices import driver_name
 from ..kube.annotation import ANNOTATION
+from ..kube.dranames import driver_name
 from .cache import ClusterCache
 from .http import READ_TIMEOUT, ExtenderHTTPServer
 from .metrics import ExtenderMetrics

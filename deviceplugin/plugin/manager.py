@@ -3,10 +3,9 @@
 Kubelet restart signals (docs/kubelet.md#kubelet-restarts): kubelet.sock is recreated, or a server's own socket
 disappears. The device-plugin directory is watched with inotify, so a new kubelet.sock is answered with
 a Register within milliseconds; a poll every `watch_interval` is the safety net (and the only signal
-where inotify is unavailable). The same poll follows MPS pools: a pool is served once its control daemon
-is alive (MpsLiveness: the ready marker and an answer on the control pipe, asked off the loop), and its
-devices are Unhealthy while it is not (written to the NodeState the servers follow). Everything runs on the
-one gRPC event loop.
+where inotify is unavailable). The same poll follows MPS pools (`health.mpsready`, the DRA driver's too): a
+pool is served once its control daemon is alive, and its devices are Unhealthy while it is not (written to the
+NodeState the servers follow). Everything runs on the one gRPC event loop.
 """
 
 from __future__ import annotations
@@ -24,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from ..aioloop import EventLoopThread, shared_loop
 from ..alloc.pending import PendingGpu, changing_gpus, reconcile
+from ..health.mpsready import MpsReadiness
 from ..logs import safe_text
 from ..model.devices import Resource
 from ..model.usage import Hold
 from ..mps.control import MpsLiveness
-from ..mps.paths import MpsPaths
 from ..state import NodeState
 from .inotify import DirectoryWatch
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
@@ -95,7 +94,6 @@ class PluginManager:
         is ever held (tests of the bare gRPC layer). Holds other sources wrote to the NodeState count too."""
         self.plugin_dir = Path(plugin_dir)
         self.state = state or NodeState()  # what the servers advertise follows it
-        self.mps = mps or MpsLiveness()
         self.timings = timings
         self.metrics = metrics  # counts from the first registration on
         self.kubelet_restarts = 0
@@ -108,6 +106,7 @@ class PluginManager:
         self._next_pending_check = 0.0
         self._loop = loop or shared_loop()
         self.servers = [self._new_server(r) for r in resources]
+        self.mps_pools = MpsReadiness(self.state, mps or MpsLiveness(), resources, timings.watch_interval)  # checked by _poll
         self._lifecycle = asyncio.Lock()  # serialises start/stop/apply/check on the loop
         self._nudge = asyncio.Event()  # set by inotify: check now
         self._kubelet: tuple[int, int] | None = None
@@ -181,6 +180,7 @@ class PluginManager:
                 # holds that cannot be read are unknown, never empty: serve nothing until a source answers (the
                 # pending check retries), rather than a plan that may re-pool a held GPU
                 self.servers = [self._new_server(r) for r in plan or []]
+                self.mps_pools.on_config(None, self.resources)
             for server in self.servers:
                 await self._start_server(server, retry=False)
             if self.servers or not self._unsettled:
@@ -287,6 +287,7 @@ class PluginManager:
             if name not in current:
                 changes.append(f"added {name}")
         self.servers = kept
+        self.mps_pools.on_config(None, self.resources)  # a new MPS pool waits for its daemon
         for server in started:
             await self._start_server(server)
         return changes
@@ -295,7 +296,8 @@ class PluginManager:
         """Serve unless an MPS pool's daemon is not ready. With `retry`, a failure (a socket that cannot be bound)
         is logged and left to the next check, which tries again; without, it is raised (start-up)."""
         if self._waits_for_mps(server):
-            log.info("%s: waiting for the control daemon of MPS pool %s (%s)", server.resource.name, server.resource.pool.name, self._mps_paths(server).root)
+            paths = self.mps_pools.paths(server.resource.pool.name)
+            log.info("%s: waiting for the control daemon of MPS pool %s (%s)", server.resource.name, server.resource.pool.name, paths.root if paths else "?")
             return
         try:
             await server.serve()
@@ -309,13 +311,7 @@ class PluginManager:
             self._serve_failures.pop(server.resource.name, None)
 
     def _waits_for_mps(self, server: DevicePluginServer) -> bool:
-        return server.resource.pool.mps and not self._mps_ready(server)
-
-    def _mps_paths(self, server: DevicePluginServer) -> MpsPaths:
-        return MpsPaths.of(server.resource.settings.mps_root, server.resource.pool.name)
-
-    def _mps_ready(self, server: DevicePluginServer) -> bool:
-        return self.mps.ready(self._mps_paths(server))
+        return server.resource.pool.mps and not self.mps_pools.ready(server.resource.pool.name)
 
     def _on_directory_event(self) -> None:
         """inotify says entries of the plugin directory changed: check at once (not at the next poll)."""
@@ -357,16 +353,9 @@ class PluginManager:
 
     async def _follow_mps(self) -> None:
         """Write each MPS pool's readiness to the NodeState; serve a pool's resource once its daemon is ready."""
+        self.mps_pools.check()
         for server in self.servers:
-            if not server.resource.pool.mps:
-                continue
-            pool = server.resource.pool.name
-            ready = self._mps_ready(server)
-            if server.serving and ready == (pool in self.state.snapshot().mps_not_ready):
-                log.warning("MPS control daemon of pool %s is %s", pool, "back" if ready else "down: devices Unhealthy")
-            self.state.set_mps_ready(pool, ready)
-            if not server.serving and ready:
-                log.info("MPS control daemon of pool %s is ready", pool)
+            if server.resource.pool.mps and not server.serving and self.mps_pools.ready(server.resource.pool.name):
                 await self._start_server(server)
 
     async def _follow_kubelet(self) -> None:

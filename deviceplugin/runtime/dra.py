@@ -28,17 +28,18 @@ from ..discovery.inventory import Inventory
 from ..dra.cdi import CdiWriter
 from ..dra.checkpoint import Checkpoint
 from ..dra.claims import ApiClaims
-from ..dra.devices import driver_name
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
-from ..dra.mpsready import MpsReadiness
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
 from ..dra.shapes import HeldShapes
 from ..dra.slices import SlicePublisher
 from ..dra.usage import ClaimUsage
+from ..health.evidence import FILE_NAME as EVIDENCE_FILE
 from ..health.monitor import HealthMonitor
+from ..health.mpsready import MpsReadiness
 from ..kube.client import NodeClient
+from ..kube.dranames import driver_name
 from ..loop import Clock
 from ..model.devices import Resource
 from ..model.pods import PodDirectory
@@ -88,11 +89,12 @@ class DraDaemon:
         self._digest = plan.digest
         self.driver_name = driver_name(self.config.domain)
         self.state = NodeState()
-        self.monitor = HealthMonitor(inventory, self.node, self.state, options.health)
-        self.mps = MpsReadiness(self.state, MpsLiveness(options.mps_control), self.resources, options.timings.watch_interval)
         self.paths = PluginPaths(dra.registrar_dir, dra.plugins_dir, self.driver_name, dra.instance)
         self.paths.check()
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        health = options.health.keeping_evidence_in(self.paths.data_dir / EVIDENCE_FILE)
+        self.monitor = HealthMonitor(inventory, self.node, self.state, health)
+        self.mps = MpsReadiness(self.state, MpsLiveness(options.mps_control), self.resources, options.timings.watch_interval)
         self.driver = Driver(
             self.driver_name, node_name, Checkpoint(self.paths.checkpoint), CdiWriter(dra.cdi_root, self.driver_name), self.state, SerialLock(self.paths.data_dir / LOCK_FILE)
         )

@@ -20,6 +20,7 @@ from ..agent.usage import PodResourcesClient
 from ..alloc.devicenodes import missing_device_nodes, missing_mig_capabilities
 from ..config.types import Config
 from ..discovery.inventory import Inventory
+from ..health import evidence
 from ..health.monitor import HealthMonitor
 from ..kube.client import NodeClient
 from ..loop import Clock
@@ -90,5 +91,6 @@ def plan_serving(
         plan.resources, options.plugin_dir, options.timings, metrics=metrics, mps=MpsLiveness(options.mps_control), holdings=holdings
     )
     device_nodes = DeviceNodeCheck(plan.config)
-    monitor = HealthMonitor(inventory, plan.node, manager.state, options.health, node_check=device_nodes)
+    health = options.health.keeping_evidence_in(options.plugin_dir / evidence.DEVICE_PLUGIN_DIR / evidence.FILE_NAME)
+    monitor = HealthMonitor(inventory, plan.node, manager.state, health, node_check=device_nodes)
     return Serving(plan, inventory, options, clock, registry, metrics, manager, monitor, device_nodes)

@@ -21,7 +21,8 @@ import yaml
 
 from deviceplugin.api import dra_health_v1alpha1_pb2 as health_pb
 from deviceplugin.api import podresources_pb2 as pr
-from deviceplugin.dra.devices import ClaimError, driver_name
+from deviceplugin.dra.devices import ClaimError
+from deviceplugin.kube.dranames import driver_name
 from deviceplugin.mps.control import MpsDaemon
 from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
 from tests.conftest import EXAMPLES, GPU_CLI, ROOT, free_port, get, node, wait_until

@@ -19,8 +19,9 @@ import yaml
 from kubernetes import client
 
 from deviceplugin.config.parse import parse_config, parse_config_text
-from deviceplugin.dra.devices import driver_name, parse_quantity
 from deviceplugin.dra.slices import SlicePublisher
+from deviceplugin.kube.dranames import driver_name
+from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, ROOT, node, wait_until
 from tests.support.kubeobjects import namespace, ready_node, request, slices

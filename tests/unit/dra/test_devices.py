@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from deviceplugin.alloc.allocator import AllocationError
-from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices, driver_name, parse_quantity
+from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices
+from deviceplugin.kube.dranames import driver_name
 from tests.conftest import node
 from tests.support.resources import resources_of
 
@@ -84,14 +85,3 @@ def test_results_the_driver_cannot_prepare_are_refused_with_a_message(consumed: 
     _, devices = _devices([{"name": "s", "mode": "shared", "replicas": 4}])
     with pytest.raises(ClaimError, match=message):
         claim_share(devices[0], consumed, share_id)
-
-
-@pytest.mark.parametrize(("text", "value"), [("2", 2), ("1536Mi", 1536 * 2**20), ("20Gi", 20 * 2**30), ("1e3", 1000), ("500m", 0.5), ("1k", 1000)])
-def test_quantities(text: str, value: float) -> None:
-    assert parse_quantity(text) == pytest.approx(value)
-
-
-def test_a_quantity_too_long_or_malformed_is_refused() -> None:
-    for text in ("1" * 100, "12Xi", "", "--1"):
-        with pytest.raises(ValueError):
-            parse_quantity(text)

@@ -183,7 +183,7 @@ def test_a_twins_write_within_one_mtime_tick_is_still_seen(tmp_path: Path) -> No
 
 
 def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Path) -> None:
-    from deviceplugin.dra.mpsready import MpsReadiness
+    from deviceplugin.health.mpsready import MpsReadiness
 
     class Liveness:
         answers = False
