@@ -109,7 +109,8 @@ TOGGLES = {
     "mps.enabled": {("DaemonSet", "gpu-share-mps-mps")},
     "extender.enabled": {("ServiceAccount", "gpu-share-extender"), ("ClusterRole", "gpu-share-extender"),
                          ("ClusterRoleBinding", "gpu-share-extender"), ("Deployment", "gpu-share-extender"), ("Service", "gpu-share-extender"),
-                         ("ConfigMap", "gpu-share-scheduler-extender")},
+                         ("ConfigMap", "gpu-share-scheduler-extender"), ("Secret", "gpu-share-extender-tls"),
+                         ("Secret", "gpu-share-scheduler-tls"), ("NetworkPolicy", "gpu-share-extender")},
     "serviceMonitor.enabled": {("ServiceMonitor", "gpu-share")},
     "dashboards.enabled": {("ConfigMap", "gpu-share-dashboards")},
     "dra.enabled": DRA_OBJECTS,
@@ -157,8 +158,9 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in extender["env"] and extender["image"] == "registry.acme.io/gpu-share:9.9.9"
     scheduler = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
     call, every_pod = scheduler["extenders"]
-    assert every_pod["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888/all"
-    assert call["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888"
+    assert every_pod["urlPrefix"] == "https://gpu-share-extender.gpu-system.svc:8888/all"
+    assert call["urlPrefix"] == "https://gpu-share-extender.gpu-system.svc:8888"
+    assert call["tlsConfig"]["serverName"] == every_pod["tlsConfig"]["serverName"] == "gpu-share-extender.gpu-system.svc"
     assert {r["name"] for r in call["managedResources"]} >= {"acme.io/gpu-share", "acme.io/gpu"}
     assert all(r["name"].startswith("acme.io/") for r in call["managedResources"])
     assert _policy_variables(objects)["domain"] == "'acme.io'"
