@@ -20,7 +20,7 @@ from deviceplugin.extender.http import ExtenderHTTPServer
 from deviceplugin.extender.tls import ServerTLS, TLSSettings
 from deviceplugin.extender.verbs import Extender
 from tests.support.extender import SHARE, annotation, args, extender, pod
-from tests.support.pki import CLIENT_NAME, SERVER_NAME, Pki, make_pki
+from tests.support.pki import CLIENT_NAME, SERVER_NAME, Pki, call, client_context, make_pki
 
 from .conftest import GPU_CLI, wait_until
 
@@ -55,27 +55,6 @@ def serve():
     yield start
     for server in servers:
         server.stop()
-
-
-def client_context(trust: Pki, cert: Pki | None) -> ssl.SSLContext:
-    context = ssl.create_default_context(cafile=trust.path("ca.crt"))
-    if cert is not None:
-        context.load_cert_chain(cert.path("scheduler.crt"), cert.path("scheduler.key"))
-    return context
-
-
-def call(port: int, context: ssl.SSLContext, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
-    """One request over a fresh TLS connection that checks the extender's certificate for SERVER_NAME."""
-    sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname=SERVER_NAME)
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-    connection.sock = sock
-    try:
-        data = json.dumps(body).encode() if body is not None else None
-        connection.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
-        response = connection.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        connection.close()
 
 
 def refused(port: int, context: ssl.SSLContext | None) -> bool:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import re
 import shutil
+import socket
+import ssl
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,3 +57,24 @@ def make_pki(directory: Path) -> Pki:
 def _run(command: str, cwd: Path) -> None:
     proc = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, (command, proc.stderr)
+
+
+def client_context(trust: Pki, cert: Pki | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=trust.path("ca.crt"))
+    if cert is not None:
+        context.load_cert_chain(cert.path("scheduler.crt"), cert.path("scheduler.key"))
+    return context
+
+
+def call(port: int, context: ssl.SSLContext, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
+    """One request over a fresh TLS connection that checks the extender's certificate for SERVER_NAME."""
+    sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname=SERVER_NAME)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.sock = sock
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        connection.request(method, path, body=data, headers={"Content-Type": "application/json"} if data else {})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
