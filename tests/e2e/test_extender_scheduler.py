@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import random
 import secrets
+import socket
+import ssl
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -278,3 +281,55 @@ def test_a_reservation_is_made_only_for_the_scheduler_and_ends_when_its_pod_bind
         service.stop()
         for node in nodes:
             core.delete_node(node.name)
+
+
+def test_the_documented_commands_create_the_secrets_the_shipped_pods_mount(controlplane: Any, tmp_path: Path) -> None:
+    """docs/security.md's commands, every one, on the real API server (in a namespace of this test): the two Secrets
+    hold the keys the extender's flags and the schedulers' tlsConfig read, and the extender takes the scheduler's."""
+    import base64
+    import os
+    import shutil
+    import subprocess
+
+    from kubernetes import client
+
+    from deviceplugin.extender.tls import ServerTLS, TLSSettings
+    from tests.support.pki import SERVER_NAME, documented_commands
+
+    core = client.CoreV1Api(controlplane.api_client())
+    ns = f"tls-docs-{secrets.token_hex(3)}"
+    namespace(core, ns)
+    kubectl = controlplane.bin / "kubectl" if (controlplane.bin / "kubectl").is_file() else shutil.which("kubectl")
+    assert kubectl is not None
+    env = {**os.environ, "KUBECONFIG": str(controlplane.admin_kubeconfig)}
+    for command in documented_commands():
+        command = command.replace("kubectl -n gpu-share ", f"{kubectl} -n {ns} ")
+        proc = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, (command, proc.stderr)
+    deployment = next(d for d in yaml.safe_load_all((ROOT / "daemonset/extender/01-deployment.yaml").read_text()) if d)
+    spec = deployment["spec"]["template"]["spec"]
+    flags = dict(a.split("=", 1) for a in spec["containers"][0]["args"] if "=" in a)
+    mount = spec["containers"][0]["volumeMounts"][0]["mountPath"] + "/"
+    files = tmp_path / "mounted"
+    for secret_name, folder in ((spec["volumes"][0]["secret"]["secretName"], "extender"), ("gpu-share-scheduler-tls", "scheduler")):
+        data = core.read_namespaced_secret(secret_name, ns).data
+        assert set(data) == {"tls.crt", "tls.key", "ca.crt"}
+        (files / folder).mkdir(parents=True)
+        for key, value in data.items():
+            (files / folder / key).write_bytes(base64.b64decode(value))
+    tls = TLSSettings(*(str(files / "extender" / flags[f].removeprefix(mount)) for f in ("--tls-cert-file", "--tls-private-key-file", "--client-ca-file")),
+                      frozenset(flags["--client-names"].split(",")))
+    config = yaml.safe_load((ROOT / "daemonset/extender/scheduler/kube-scheduler-config.yaml").read_text())["extenders"][0]["tlsConfig"]
+    assert config["serverName"] == SERVER_NAME
+    context = ssl.create_default_context(cafile=str(files / "scheduler" / Path(config["caFile"]).name))
+    context.load_cert_chain(files / "scheduler" / Path(config["certFile"]).name, files / "scheduler" / Path(config["keyFile"]).name)
+    server = ServerTLS(tls)
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[Any] = []
+    thread = threading.Thread(target=lambda: accepted.append(server.handshake(listener.accept()[0], 5, lambda waited: False)))
+    thread.start()
+    with context.wrap_socket(socket.create_connection(listener.getsockname()), server_hostname=config["serverName"]):
+        thread.join(10)
+    assert accepted and server.refusal(accepted[0]) is None  # the scheduler's certificate, the name the extender wants
+    accepted[0].close()
+    listener.close()
