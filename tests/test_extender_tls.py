@@ -104,12 +104,12 @@ def test_another_ca_plain_http_and_another_name_are_refused_and_reserve_nothing(
     assert not refused(port, client_context(pki, pki))  # and the scheduler still gets through
 
 
-class HandshakeDripper:
-    """Sends a real TLS ClientHello one byte every 20 ms, until the extender closes the connection."""
+class Dripper:
+    """Sends `data` one byte every 20 ms on `sock` (never the last byte), until the extender closes the connection."""
 
-    def __init__(self, port: int, hello: bytes) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.hello = hello
+    def __init__(self, sock: socket.socket, data: bytes) -> None:
+        self.sock = sock
+        self.data = data
         self.sent = 0
         self.cut = threading.Event()
         self.thread = threading.Thread(target=self._drip, daemon=True)
@@ -118,7 +118,7 @@ class HandshakeDripper:
     def _drip(self) -> None:
         self.sock.settimeout(0.02)
         try:
-            for byte in self.hello[:-1]:  # never the whole of it
+            for byte in self.data[:-1]:
                 self.sock.sendall(bytes([byte]))
                 self.sent += 1
                 try:
@@ -126,7 +126,7 @@ class HandshakeDripper:
                         break
                 except TimeoutError:
                     continue
-        except OSError:
+        except OSError:  # reset, or (TLS) the close seen as an error
             pass
         self.cut.set()
 
@@ -143,22 +143,30 @@ def client_hello(context: ssl.SSLContext) -> bytes:
     return outgoing.read()
 
 
-def test_handshakes_dripped_into_every_worker_are_cut_off_and_the_scheduler_is_answered(serve, pki):
-    """A byte every 20 ms of a ClientHello: the handshake has a deadline in all, and gives way to waiting connections."""
+@pytest.mark.parametrize("phase", ["handshake", "head"])
+def test_clients_dripping_into_every_worker_are_cut_off_and_the_scheduler_is_answered(serve, pki, phase):
+    """A byte every 20 ms of a ClientHello, or (with the scheduler's own certificate) of a request head after the
+    handshake: each phase has a deadline in all, and gives way to connections waiting for a worker."""
     ext = extender({"n": annotation((4, 0))})
     port = serve(ext, settings(pki), workers=2, read_timeout=0.5)
-    hello = client_hello(client_context(pki, pki))
-    assert len(hello) > 100
-    drippers = [HandshakeDripper(port, hello) for _ in range(2)]
+    context = client_context(pki, pki)
+
+    def dripper() -> Dripper:
+        sock = socket.create_connection(("127.0.0.1", port))
+        if phase == "handshake":
+            return Dripper(sock, client_hello(context))
+        return Dripper(context.wrap_socket(sock, server_hostname=SERVER_NAME), b"POST /filter HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 2000)
+
+    drippers = [dripper() for _ in range(2)]
     try:
-        assert wait_until(lambda: all(d.sent for d in drippers))  # both workers hold a dripping handshake
-        status, text = call(port, client_context(pki, pki), "POST", "/filter", args(pod("p", {SHARE: 1}), "n"))
+        assert wait_until(lambda: all(d.sent for d in drippers))  # both workers hold a dripping connection
+        status, text = call(port, context, "POST", "/filter", args(pod("p", {SHARE: 1}), "n"))
         assert status == 200 and json.loads(text)["NodeNames"] == ["n"]
         assert wait_until(lambda: all(d.cut.is_set() for d in drippers), timeout=10)
-        assert all(d.sent < len(hello) - 1 for d in drippers)
+        assert all(d.sent < len(d.data) - 1 for d in drippers)
     finally:
-        for dripper in drippers:
-            dripper.close()
+        for d in drippers:
+            d.close()
 
 
 def secret_volume(directory: Path, source: Pki, generation: str) -> None:
