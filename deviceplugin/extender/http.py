@@ -261,10 +261,11 @@ class _PooledHTTPServer(HTTPServer):
         try:
             self._queue.put_nowait((request, client_address))
         except queue.Full:
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            except OSError:
-                pass
+            if self.handshake is None:  # with TLS, plain text would be garbage to the client: the close says it all
+                try:
+                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
             self.shutdown_request(request)
 
     def _work(self) -> None:

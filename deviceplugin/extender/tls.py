@@ -123,15 +123,15 @@ class ServerTLS:
             check_readable_file(flag, path)
         try:
             context.load_cert_chain(s.cert_file, s.key_file)
-        except ssl.SSLError as err:
+        except OSError as err:  # ssl.SSLError, or a file gone since (a rotation under way)
             raise FlagError("--tls-cert-file", s.cert_file, f"not a PEM certificate whose key is --tls-private-key-file {s.key_file} "
-                            f"({err.reason or err})") from None
+                            f"({_why(err)})") from None
         if s.client_ca_file:
             check_readable_file("--client-ca-file", s.client_ca_file)
             try:
                 context.load_verify_locations(cafile=s.client_ca_file)
-            except ssl.SSLError as err:
-                raise FlagError("--client-ca-file", s.client_ca_file, f"not PEM CA certificates ({err.reason or err})") from None
+            except OSError as err:
+                raise FlagError("--client-ca-file", s.client_ca_file, f"not PEM CA certificates ({_why(err)})") from None
             context.verify_mode = ssl.CERT_OPTIONAL
         return context
 
@@ -141,3 +141,6 @@ def client_names(cert: dict) -> set[str]:
     names = {value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"}
     return names | {value for kind, value in cert.get("subjectAltName", ()) if kind in ("DNS", "URI")}
 
+
+def _why(err: OSError) -> str:
+    return str(getattr(err, "reason", None) or err.strerror or err)
