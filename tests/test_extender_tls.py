@@ -230,3 +230,15 @@ def test_the_command_refuses_an_unauthenticated_exposure_and_half_set_tls_flags(
     result = subprocess.run([*GPU_CLI, "extender", "--kubeconfig", str(kubeconfig(tmp_path)), "--port", "0", *flags],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
+
+
+def test_the_tls_benchmark_scheduler_is_answered_under_each_attack_and_nothing_is_reserved_for_them():
+    """benchmarks/extender_tls.py, smoke size: every scheduler call answered under each flood, the attackers' calls made,
+    and the extender holding only the scheduler pod's reservation after each."""
+    from benchmarks.extender_tls import run
+
+    result = run(smoke=True)
+    rows = {r["attack"]: r for r in result["scenarios"]}
+    assert set(rows) == {"none", "no-certificate flood", "other-CA flood", "dripped handshakes"}
+    assert all(r["failed"] == 0 and r["reservations_after"] == 1 for r in rows.values()), rows
+    assert all(r["attempts"] > 0 for name, r in rows.items() if name != "none"), rows
