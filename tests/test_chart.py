@@ -4,9 +4,11 @@ admission params equal to what `config check` shows for every shipped config on 
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ from deviceplugin.cli.config_check import check_config
 from deviceplugin.cli.main import build_parser
 from deviceplugin.config.parse import load_config
 from deviceplugin.config.types import ConfigError
+from tests.support.pki import CLIENT_NAME, SERVER_NAME, Pki, call, client_context
 
 from .conftest import EXAMPLES, GPU_CLI, ROOT, node
 
@@ -109,7 +112,8 @@ TOGGLES = {
     "mps.enabled": {("DaemonSet", "gpu-share-mps-mps")},
     "extender.enabled": {("ServiceAccount", "gpu-share-extender"), ("ClusterRole", "gpu-share-extender"),
                          ("ClusterRoleBinding", "gpu-share-extender"), ("Deployment", "gpu-share-extender"), ("Service", "gpu-share-extender"),
-                         ("ConfigMap", "gpu-share-scheduler-extender")},
+                         ("ConfigMap", "gpu-share-scheduler-extender"), ("Secret", "gpu-share-extender-tls"),
+                         ("Secret", "gpu-share-scheduler-tls"), ("NetworkPolicy", "gpu-share-extender")},
     "serviceMonitor.enabled": {("ServiceMonitor", "gpu-share")},
     "dashboards.enabled": {("ConfigMap", "gpu-share-dashboards")},
     "dra.enabled": DRA_OBJECTS,
@@ -157,8 +161,9 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in extender["env"] and extender["image"] == "registry.acme.io/gpu-share:9.9.9"
     scheduler = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
     call, every_pod = scheduler["extenders"]
-    assert every_pod["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888/all"
-    assert call["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888"
+    assert every_pod["urlPrefix"] == "https://gpu-share-extender.gpu-system.svc:8888/all"
+    assert call["urlPrefix"] == "https://gpu-share-extender.gpu-system.svc:8888"
+    assert call["tlsConfig"]["serverName"] == every_pod["tlsConfig"]["serverName"] == "gpu-share-extender.gpu-system.svc"
     assert {r["name"] for r in call["managedResources"]} >= {"acme.io/gpu-share", "acme.io/gpu"}
     assert all(r["name"].startswith("acme.io/") for r in call["managedResources"])
     assert _policy_variables(objects)["domain"] == "'acme.io'"
@@ -780,9 +785,92 @@ def test_a_packaged_chart_renders_from_a_copy_like_the_chart(tmp_path):
     shutil.copy(package, elsewhere / package.name)
     shutil.copytree(CHART, elsewhere / "chart")
     values = {"domain": "acme.io", **EVERY_COMPONENT, **DRA}
-    expected = render(values)
+    expected = _without_generated_certificates(render(values))
     sets = [f"--set={k}={v}" for k, v in values.items()]
     for source in (elsewhere / package.name, elsewhere / "chart"):
         proc = helm("template", "gs", str(source), "--namespace", "gpu-share", *sets)
         assert "symbolic link" not in proc.stderr
-        assert [d for d in yaml.safe_load_all(proc.stdout) if d] == expected, source
+        assert _without_generated_certificates([d for d in yaml.safe_load_all(proc.stdout) if d]) == expected, source
+
+
+def _without_generated_certificates(documents: list[dict]) -> list[dict]:
+    """The documents with the extender's Secrets' data (new certificates at each render) set to their keys alone."""
+    return [{**d, "data": sorted(d["data"])} if d["kind"] == "Secret" else d for d in documents]
+
+
+# --- the extender's TLS: generated certificates, kept across upgrades; the NetworkPolicy --------------------------
+
+
+def _write_pki(objects: dict[tuple[str, str], dict], folder: Path) -> Pki:
+    """The chart's two Secrets as the files docs/security.md's commands make (extender.*, scheduler.*, ca.crt)."""
+    import base64
+
+    folder.mkdir()
+    server, client = (objects[("Secret", name)]["data"] for name in ("gpu-share-extender-tls", "gpu-share-scheduler-tls"))
+    assert server["ca.crt"] == client["ca.crt"]
+    for secret, stem in ((server, "extender"), (client, "scheduler")):
+        (folder / f"{stem}.crt").write_bytes(base64.b64decode(secret["tls.crt"]))
+        (folder / f"{stem}.key").write_bytes(base64.b64decode(secret["tls.key"]))
+    (folder / "ca.crt").write_bytes(base64.b64decode(server["ca.crt"]))
+    return Pki(folder)
+
+
+@needs_helm
+def test_the_charts_generated_certificates_let_the_scheduler_and_no_one_else_call_the_extender(tmp_path):
+    """The extender started with the chart's Secrets and flags answers the scheduler's certificate (checked for the
+    tlsConfig's serverName), 401 to a client without one; another install's scheduler certificate fails the handshake."""
+    from deviceplugin.extender.http import ExtenderHTTPServer
+    from deviceplugin.extender.tls import ServerTLS, TLSSettings
+    from tests.support.extender import SHARE, annotation, args, extender, pod
+
+    objects = by_kind(render({"extender.enabled": "true", "scheduler.enabled": "true"}))
+    pki = _write_pki(objects, tmp_path / "mine")
+    other = _write_pki(by_kind(render({"extender.enabled": "true"})), tmp_path / "other")
+    flags = dict(a.split("=", 1) for a in objects[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert flags["--client-names"] == CLIENT_NAME
+    ext = extender({"n": annotation((4, 0))})
+    tls = ServerTLS(TLSSettings(pki.path("extender.crt"), pki.path("extender.key"), pki.path("ca.crt"), frozenset({CLIENT_NAME})))
+    server = ExtenderHTTPServer(ext, ext.metrics, lambda: (True, "ready"), port=0, host="127.0.0.1", tls=tls)
+    server.start()
+    try:
+        assert SERVER_NAME == yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])["extenders"][0]["tlsConfig"]["serverName"]
+        assert call(server.port, client_context(pki, pki), "POST", "/filter", args(pod("p", {SHARE: 1}), "n"))[0] == 200
+        assert call(server.port, client_context(pki, None), "POST", "/filter", args(pod("q", {SHARE: 1}), "n"))[0] == 401
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            call(server.port, client_context(pki, other), "POST", "/filter", args(pod("r", {SHARE: 1}), "n"))
+        assert ext.cache.counts()["reservations"] == 1
+    finally:
+        server.stop()
+
+
+@needs_helm
+def test_an_upgrade_keeps_the_generated_certificates(controlplane):
+    """helm install, then upgrade, on a real API server: the Secrets hold the same certificates (lookup), so the
+    scheduler's copy (way 1's on the control-plane nodes) stays valid."""
+    namespace = f"gs-tls-{os.getpid()}"
+    kubeconfig = f"--kubeconfig={controlplane.admin_kubeconfig}"
+    base = ["--namespace", namespace, kubeconfig, "--set", "extender.enabled=true,plugin.enabled=false,admission.enabled=false"]
+    try:
+        helm("install", "gpu-share", str(CHART), "--create-namespace", *base)
+        first = _kubectl(controlplane, "get", "secret", "gpu-share-scheduler-tls", "gpu-share-extender-tls", "-n", namespace, "-o", "yaml")
+        helm("upgrade", "gpu-share", str(CHART), *base, "--set", "extender.policy=binpack")
+        again = _kubectl(controlplane, "get", "secret", "gpu-share-scheduler-tls", "gpu-share-extender-tls", "-n", namespace, "-o", "yaml")
+        datas = [[item["data"] for item in yaml.safe_load(proc.stdout)["items"]] for proc in (first, again)]
+        assert datas[0] == datas[1] and all(set(d) == {"tls.crt", "tls.key", "ca.crt"} for d in datas[0])
+    finally:
+        helm("uninstall", "gpu-share", "--namespace", namespace, kubeconfig, check=False)
+        _kubectl(controlplane, "delete", "namespace", namespace, "--wait=false")
+
+
+@needs_helm
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def test_the_charts_network_policy_is_the_kustomizations_and_takes_way_1s_addresses(tmp_path):
+    chart = by_kind(render({"extender.enabled": "true"}))[("NetworkPolicy", "gpu-share-extender")]
+    kustomized = by_kind(_kustomize(tmp_path))[("NetworkPolicy", "gpu-share-extender")]
+    assert chart["spec"]["ingress"] == kustomized["spec"]["ingress"] and chart["spec"]["policyTypes"] == kustomized["spec"]["policyTypes"]
+    way1 = by_kind(render({"extender.enabled": "true", "extender.networkPolicy.extraFrom[0].ipBlock.cidr": "10.0.0.0/24",
+                           "extender.networkPolicy.metricsNamespace": "observability"}))[("NetworkPolicy", "gpu-share-extender")]
+    peers = way1["spec"]["ingress"][0]["from"]
+    assert {"ipBlock": {"cidr": "10.0.0.0/24"}} in peers
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}} in peers
+    assert ("NetworkPolicy", "gpu-share-extender") not in by_kind(render({"extender.enabled": "true", "extender.networkPolicy.enabled": "false"}))

@@ -25,24 +25,36 @@
 the share entry, and the every-pod entry (DRA claims, CPU-only pods); weight 20 as measured there. */}}
 {{- define "gpu-share.extenderCall" -}}
 {{- $domain := include "gpu-share.domain" . -}}
-- urlPrefix: http://gpu-share-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
+- urlPrefix: https://gpu-share-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
   filterVerb: filter
   prioritizeVerb: prioritize
   weight: 20
   httpTimeout: 5s
   nodeCacheCapable: true
   ignorable: false
+  enableHTTPS: true
+  tlsConfig:
+    serverName: gpu-share-extender.{{ .Release.Namespace }}.svc
+    certFile: /etc/gpu-share-scheduler-tls/tls.crt
+    keyFile: /etc/gpu-share-scheduler-tls/tls.key
+    caFile: /etc/gpu-share-scheduler-tls/ca.crt
   managedResources:
     {{- range .Values.extender.managedResources }}
     - name: {{ $domain }}/{{ . }}
     {{- end }}
-- urlPrefix: http://gpu-share-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}/all
+- urlPrefix: https://gpu-share-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}/all
   filterVerb: filter
   prioritizeVerb: prioritize
   weight: 20
   httpTimeout: 5s
   nodeCacheCapable: true
   ignorable: true
+  enableHTTPS: true
+  tlsConfig:
+    serverName: gpu-share-extender.{{ .Release.Namespace }}.svc
+    certFile: /etc/gpu-share-scheduler-tls/tls.crt
+    keyFile: /etc/gpu-share-scheduler-tls/tls.key
+    caFile: /etc/gpu-share-scheduler-tls/ca.crt
 {{- end -}}
 
 {{- define "gpu-share.image" -}}
