@@ -18,8 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import FlagError
-from ..runtime.startup import check_readable_file
+from ..errors import FlagError, check_readable_file
 
 log = logging.getLogger(__name__)
 
