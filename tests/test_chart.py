@@ -106,7 +106,7 @@ def test_default_install_is_the_plugin_with_its_admission_policies_and_schema_va
 
 
 TOGGLES = {
-    "mps.enabled": {("DaemonSet", "gpu-share-mps-mps")},
+    "mps.enabled": {("DaemonSet", "gpu-share-mps")},
     "extender.enabled": {("ServiceAccount", "gpu-share-extender"), ("ClusterRole", "gpu-share-extender"),
                          ("ClusterRoleBinding", "gpu-share-extender"), ("Deployment", "gpu-share-extender"), ("Service", "gpu-share-extender"),
                          ("ConfigMap", "gpu-share-scheduler-extender")},
@@ -143,14 +143,14 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     assert "example.com" not in proc.stdout  # comments included
     documents = [d for d in yaml.safe_load_all(proc.stdout) if d]
     objects = by_kind(documents)
-    for name in ("gpu-share", "gpu-share-mps-mps"):
+    for name in ("gpu-share", "gpu-share-mps"):
         spec = objects[("DaemonSet", name)]["spec"]["template"]["spec"]
         container = spec["containers"][0]
         assert container["image"] == "registry.acme.io/gpu-share:9.9.9"
         assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in container["env"]
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert all({"key": "acme.io/gpu-share.enabled", "operator": "In", "values": ["true"]} in t["matchExpressions"] for t in terms)
-    mps_terms = objects[("DaemonSet", "gpu-share-mps-mps")]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+    mps_terms = objects[("DaemonSet", "gpu-share-mps")]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {"key": "acme.io/gpu-share.config", "operator": "In", "values": ["mps"]} in mps_terms[0]["matchExpressions"]
     extender = objects[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]
@@ -190,14 +190,15 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
 def test_pod_settings_come_from_values():
     documents = render({"plugin.runtimeClassName": "nvidia", "plugin.priorityClassName": "gpu-critical", "plugin.nodeSelector.pool": "gpu",
                         "plugin.extraArgs[0]": "--health-recovery=600", "plugin.extraEnv[0].name": "FAIL_ON_INIT_ERROR",
-                        "plugin.resources.limits.memory": "512Mi", "plugin.tolerations": "null", "image.digest": "sha256:" + "a" * 64},
+                        "plugin.resources.limits.memory": "512Mi", "plugin.tolerations[0].key": "gpu", "plugin.tolerations[0].operator": "Exists",
+                        "image.digest": "sha256:" + "a" * 64},
                        "--set-string", "plugin.extraEnv[0].value=false")
     spec = by_kind(documents)[("DaemonSet", "gpu-share")]["spec"]["template"]["spec"]
     container = spec["containers"][0]
     assert spec["runtimeClassName"] == "nvidia" and spec["priorityClassName"] == "gpu-critical" and spec["nodeSelector"] == {"pool": "gpu"}
-    assert "tolerations" not in spec
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
     assert container["args"][-1] == "--health-recovery=600" and container["env"][-1] == {"name": "FAIL_ON_INIT_ERROR", "value": "false"}
-    assert container["resources"]["limits"]["memory"] == "512Mi"
+    assert container["resources"] == {"limits": {"memory": "512Mi"}}  # a component's key replaces the built-in one
     assert container["image"] == "ghcr.io/example/gpu-share@sha256:" + "a" * 64
     build_parser().parse_args(["run", *container["args"]])  # every flag the chart passes exists
 
@@ -322,7 +323,7 @@ def _pod_spec(document: dict) -> dict:
 def test_chart_and_kustomization_install_the_same_objects(tmp_path):
     chart = by_kind(render({"mps.enabled": "true", "extender.enabled": "true"}))
     kustomized = by_kind(_kustomize(tmp_path))
-    for ours, theirs in ((("DaemonSet", "gpu-share"),) * 2, (("DaemonSet", "gpu-share-mps-mps"), ("DaemonSet", "gpu-share-mps")),
+    for ours, theirs in ((("DaemonSet", "gpu-share"),) * 2, (("DaemonSet", "gpu-share-mps"),) * 2,
                          (("Deployment", "gpu-share-extender"),) * 2):
         assert _pod_spec(chart[ours]) == _pod_spec(kustomized[theirs]), ours
     assert chart[("ConfigMap", "gpu-share-config")]["data"] == kustomized[("ConfigMap", "gpu-share-config")]["data"]
@@ -393,11 +394,101 @@ def test_the_dra_driver_never_selects_a_device_plugin_node():
     assert ("DaemonSet", "gpu-share-dra") in by_kind(render({**DRA, **kept}, "--set-string", f"{plugin_terms}.values[0]=true"))
 
 
+POD_COMPONENTS = {("DaemonSet", "gpu-share"): "plugin", ("DaemonSet", "gpu-share-mps"): "mps", ("DaemonSet", "gpu-share-dra"): "dra",
+                  ("Deployment", "gpu-share-extender"): "extender", ("Deployment", "gpu-share-scheduler"): "scheduler"}
+GLOBAL_SETTINGS = {"nodeSelector": {"pool": "gpu"}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+                   "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                       {"matchExpressions": [{"key": "example.com/gpu-share.enabled", "operator": "In", "values": ["true"]},
+                                             {"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+                   "resources": {"requests": {"cpu": "50m", "memory": "100Mi"}, "limits": {"memory": "300Mi"}},
+                   "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}}
+
+
+def _render_values(tmp_path: Path, values: dict) -> dict[tuple[str, str], dict]:
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    return by_kind(render({**EVERY_COMPONENT, **DRA}, "-f", str(tmp_path / "values.yaml")))
+
+
+def _settings(objects: dict[tuple[str, str], dict], key: tuple[str, str]) -> dict:
+    """A component's five pod settings as rendered (the DRA driver's affinity without the term it always adds)."""
+    spec = objects[key]["spec"]
+    pod = spec["template"]["spec"]
+    affinity = yaml.safe_load(yaml.safe_dump(pod.get("affinity")))
+    for term in dig(affinity, "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms") or []:
+        term["matchExpressions"] = [e for e in term["matchExpressions"] if e["operator"] != "NotIn"]
+    return {"nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"), "affinity": affinity,
+            "resources": pod["containers"][0]["resources"], "updateStrategy": spec.get("updateStrategy")}
+
+
+def dig(value, *keys):
+    for key in keys:
+        value = (value or {}).get(key)
+    return value
+
+
+@needs_helm
+def test_top_level_pod_settings_reach_every_component_and_a_components_own_wins(tmp_path):
+    """NVIDIA-style top-level nodeSelector, tolerations, affinity, resources and updateStrategy reach the pods of every
+    component (updateStrategy: the DaemonSets'); a component's own key, where set, wins over it; unset on both levels,
+    the component keeps its built-in default."""
+    builtin = {key: _settings(_render_values(tmp_path, {}), key) for key in POD_COMPONENTS}
+    objects = _render_values(tmp_path, GLOBAL_SETTINGS)
+    for key, component in POD_COMPONENTS.items():
+        got = _settings(objects, key)
+        expected = {**GLOBAL_SETTINGS, "updateStrategy": GLOBAL_SETTINGS["updateStrategy"] if key[0] == "DaemonSet" else None}
+        assert got == expected, component
+        assert builtin[key] != got, component
+    own = {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "own", "operator": "Exists"}], "resources": {"limits": {"cpu": "2"}},
+           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+               {"matchExpressions": [{"key": "example.com/gpu-share.enabled", "operator": "In", "values": ["true"]}]}]}}}}
+    for component in POD_COMPONENTS.values():  # each alone: the others keep the top-level settings
+        mine = {**own, **({"updateStrategy": {"type": "OnDelete"}} if component in ("plugin", "mps", "dra") else {})}
+        objects = _render_values(tmp_path, {**GLOBAL_SETTINGS, component: mine})
+        for key, other in POD_COMPONENTS.items():
+            got = _settings(objects, key)
+            if other == component:
+                assert got == {**mine, "updateStrategy": mine.get("updateStrategy")}, component
+            else:
+                assert got["nodeSelector"] == GLOBAL_SETTINGS["nodeSelector"] and got["resources"] == GLOBAL_SETTINGS["resources"], (component, other)
+    for document in objects.values():
+        if document["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+
+
+@needs_helm
+def test_install_mds_pod_settings_example_renders_as_it_says(tmp_path):
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text[text.index("### Pod settings for every component"):text.index("### The DRA driver")]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S)[1])
+    objects = _render_values(tmp_path, example)
+    for key, component in POD_COMPONENTS.items():
+        got = _settings(objects, key)
+        assert got["tolerations"] == example["tolerations"] and got["resources"] == example["resources"], component
+        assert got["nodeSelector"] == ({"node-pool": "system"} if component == "extender" else {"node-pool": "gpu"}), component
+        if key[0] == "DaemonSet":
+            assert got["updateStrategy"] == ({"type": "OnDelete"} if component == "mps" else example["updateStrategy"]), component
+
+
+def test_builtin_pod_settings_are_the_kustomizations():
+    """The chart's built-in defaults (templates/_helpers.tpl) are what daemonset/'s manifests set."""
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    builtins = yaml.safe_load(text[text.index('{{- define "gpu-share.builtins" -}}') + 35:].split("{{- end -}}")[0])
+    manifests = {"plugin": ROOT / "daemonset" / "03-daemonset.yaml", "mps": ROOT / "daemonset" / "optional" / "mps" / "mps-daemonset.yaml",
+                 "dra": ROOT / "daemonset" / "dra" / "03-daemonset.yaml", "extender": ROOT / "daemonset" / "extender" / "01-deployment.yaml"}
+    for component, path in manifests.items():
+        (workload,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in ("DaemonSet", "Deployment")]
+        pod = workload["spec"]["template"]["spec"]
+        assert builtins[component]["resources"] == pod["containers"][0]["resources"], component
+        assert builtins[component].get("tolerations") == pod.get("tolerations"), component
+        if workload["kind"] == "DaemonSet":
+            assert builtins[component]["updateStrategy"] == workload["spec"]["updateStrategy"], component
+
+
 @needs_helm
 def test_dra_pod_settings_and_class_options_come_from_values():
     documents = render({**DRA, "dra.runtimeClassName": "nvidia", "dra.priorityClassName": "gpu-critical", "dra.nodeSelector.pool": "gpu",
                         "dra.extraArgs[0]": "--health-stream-interval=30", "dra.extraEnv[0].name": "KUBELET_ROOT",
-                        "dra.extraEnv[0].value": "/var/lib/k0s/kubelet", "dra.resources.limits.memory": "512Mi", "dra.tolerations": "null",
+                        "dra.extraEnv[0].value": "/var/lib/k0s/kubelet", "dra.resources.limits.memory": "512Mi", "dra.tolerations[0].key": "gpu", "dra.tolerations[0].operator": "Exists",
                         "dra.logFormat": "text", "dra.updateStrategy.rollingUpdate.maxSurge": "0",
                         "dra.updateStrategy.rollingUpdate.maxUnavailable": "1", "dra.gpuExtendedResource": "false"})
     objects = by_kind(documents)
@@ -405,7 +496,7 @@ def test_dra_pod_settings_and_class_options_come_from_values():
     spec = ds["template"]["spec"]
     container = spec["containers"][0]
     assert spec["runtimeClassName"] == "nvidia" and spec["priorityClassName"] == "gpu-critical" and spec["nodeSelector"] == {"pool": "gpu"}
-    assert "tolerations" not in spec and ds["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}] and ds["updateStrategy"] == {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     assert container["args"][-2:] == ["--log-format=text", "--health-stream-interval=30"]
     assert container["env"][-1] == {"name": "KUBELET_ROOT", "value": "/var/lib/k0s/kubelet"}
     assert container["resources"]["limits"]["memory"] == "512Mi"
@@ -525,7 +616,7 @@ def test_helm_install_under_another_domain_admits_exactly_what_one_gpu_holds(con
     helm("install", "gpu-share", str(CHART), "--namespace", namespace, kubeconfig, *sets)
     try:
         proc = _kubectl(controlplane, "get", "daemonsets,deployments", "-n", namespace, "-o", "name")
-        assert sorted(proc.stdout.split()) == ["daemonset.apps/gpu-share", "daemonset.apps/gpu-share-mps-mps",
+        assert sorted(proc.stdout.split()) == ["daemonset.apps/gpu-share", "daemonset.apps/gpu-share-mps",
                                                "deployment.apps/gpu-share-extender", "deployment.apps/gpu-share-scheduler"], proc.stdout + proc.stderr
         deadline = time.monotonic() + 30
         while True:  # the API server loads a new policy within about a second
@@ -603,8 +694,10 @@ def test_no_value_renders_a_host_namespace_beyond_the_plugins_needs():
 @needs_helm
 @pytest.mark.parametrize("key, hint", [("schedular.enabled", "additional properties 'schedular' not allowed"),
                                        ("dashboard.enabled", "additional properties 'dashboard' not allowed"),
-                                       ("nodeSelector.pool", "set it per component, e.g. plugin.nodeSelector"),
-                                       ("tolerations[0].key", "set it per component, e.g. plugin.tolerations")])
+                                       ("runtimeClassName", "set it per component, e.g. plugin.runtimeClassName"),
+                                       ("priorityClassName", "set it per component, e.g. plugin.priorityClassName"),
+                                       ("tolerations[0].operator", "at '/tolerations/0/operator': value must be one of"),
+                                       ("resources.limits.cpu", "at '/resources/limits/cpu': 'x' does not match pattern")])
 def test_unknown_top_level_keys_are_refused_by_name(key, hint):
     proc = helm("template", "gs", str(CHART), f"--set={key}=x" if not key.endswith("enabled") else f"--set={key}=true", check=False)
     assert proc.returncode != 0 and hint in proc.stderr, proc.stderr
@@ -758,6 +851,15 @@ def test_the_chart_refuses_an_mps_root_the_plugin_refuses(root, says, tmp_path):
     proc = helm("template", "gs", str(CHART), "--set", "mps.enabled=true", "--set", "admission.enabled=false",
                 f"--set-file=config={tmp_path / 'config.yaml'}", check=False)
     assert proc.returncode != 0 and f"config: mpsRoot: {says}" in proc.stderr, proc.stderr
+
+
+@needs_helm
+def test_the_chart_refuses_an_mps_pool_name_the_plugin_refuses(tmp_path):
+    """An MPS pool's name reaches the MPS DaemonSet's name, labels and flags: the chart applies the plugin's POOL_NAME."""
+    (tmp_path / "config.yaml").write_text('version: v1\npools: [{name: "a\\n  hostPID: true", mode: shared, backend: mps, replicas: 4}]\n')
+    proc = helm("template", "gs", str(CHART), "--set", "mps.enabled=true", "--set", "admission.enabled=false",
+                f"--set-file=config={tmp_path / 'config.yaml'}", check=False)
+    assert proc.returncode != 0 and "config: profile default: an MPS pool's name must be 1-40 characters of [a-z0-9-]" in proc.stderr, proc.stderr
 
 
 def test_the_charts_files_are_copies_of_the_kustomization_sources():

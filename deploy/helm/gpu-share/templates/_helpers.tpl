@@ -75,6 +75,9 @@ those with exclusiveProcess, "default": defaultProfile}. */}}
 {{- range $name, $pools := $profiles -}}
 {{- range $pool := $pools -}}
 {{- if eq (toString $pool.backend) "mps" -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$" (toString $pool.name)) -}}{{- /* the plugin's POOL_NAME (config/paths.py) */}}
+{{- fail (printf "config: profile %s: an MPS pool's name must be 1-40 characters of [a-z0-9-], starting and ending alphanumeric, got %q" $name (toString $pool.name)) -}}
+{{- end -}}
 {{- $_ := set $found.pools $pool.name (append (get $found.pools $pool.name | default list) $name) -}}
 {{- if $pool.exclusiveProcess -}}{{- $_ := set $found.exclusive $pool.name true -}}{{- end -}}
 {{- end -}}
@@ -105,4 +108,44 @@ release namespace on the ServiceAccount and the ClusterRoleBinding's subjects. *
 {{- end -}}
 {{- end -}}
 {{- toJson $objects -}}
+{{- end -}}
+
+{{/* Each component's built-in pod settings: what it gets where neither its own key nor the top-level one is set
+(values.yaml's comments list them; the kustomization's manifests hold the same). */}}
+{{- define "gpu-share.builtins" -}}
+plugin:
+  resources: {requests: {cpu: 20m, memory: 96Mi}, limits: {cpu: 500m, memory: 256Mi}}
+  tolerations:
+    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+    - {key: CriticalAddonsOnly, operator: Exists}
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 1}}
+mps:
+  resources: {requests: {cpu: 10m, memory: 64Mi}, limits: {cpu: 500m, memory: 256Mi}}
+  tolerations:
+    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+  updateStrategy: {type: OnDelete}
+dra:
+  resources: {requests: {cpu: 20m, memory: 128Mi}, limits: {cpu: 500m, memory: 320Mi}}
+  tolerations:
+    - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+    - {key: CriticalAddonsOnly, operator: Exists}
+  updateStrategy: {type: RollingUpdate, rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}
+extender:
+  resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {cpu: "1", memory: 512Mi}}
+scheduler:
+  resources: {requests: {cpu: 100m, memory: 128Mi}, limits: {memory: 512Mi}}
+{{- end -}}
+
+{{/* A component's pod settings (nodeSelector, tolerations, affinity, resources, updateStrategy) as a JSON object:
+each the component's own key when set (not empty), else the top-level key when set, else the built-in default above
+(none: absent). The one place of the precedence values.yaml and docs/install.md state. */}}
+{{- define "gpu-share.settings" -}}
+{{- $own := get .root.Values .component -}}
+{{- $builtin := get (include "gpu-share.builtins" .root | fromYaml) .component | default dict -}}
+{{- $settings := dict -}}
+{{- range list "nodeSelector" "tolerations" "affinity" "resources" "updateStrategy" -}}
+{{- $value := coalesce (get $own .) (get $.root.Values .) (get $builtin .) -}}
+{{- if $value }}{{ $_ := set $settings . $value }}{{ end -}}
+{{- end -}}
+{{- toJson $settings -}}
 {{- end -}}
