@@ -21,7 +21,7 @@ from deviceplugin.alloc.admission import config_sha256, fleet_limits
 from deviceplugin.cli.admission_params import admission_params
 from deviceplugin.cli.config_check import check_config
 from deviceplugin.cli.main import build_parser
-from deviceplugin.config.parse import load_config
+from deviceplugin.config.parse import load_config, parse_quantity_mib
 from deviceplugin.config.types import ConfigError
 
 from .conftest import EXAMPLES, GPU_CLI, ROOT, node
@@ -50,7 +50,9 @@ DRA_OBJECTS = {("ServiceAccount", "gpu-share-dra"), ("ClusterRole", "gpu-share-d
                ("DeviceClass", "gpu-share-shares"), ("ValidatingAdmissionPolicy", "gpu-share-dra-own-node-slices"),
                ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-own-node-slices"),
                ("ValidatingAdmissionPolicy", "gpu-share-dra-no-share-mapping"),
-               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-no-share-mapping")}
+               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-no-share-mapping"),
+               ("ValidatingAdmissionPolicy", "gpu-share-dra-capacity-convention"),
+               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-capacity-convention")}
 DRA_ONLY = {"dra.enabled": "true", "dra.draOnly": "true", "plugin.enabled": "false"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass"}
 
@@ -507,6 +509,28 @@ def test_dra_pod_settings_and_class_options_come_from_values():
 
 
 @needs_helm
+def test_the_capacity_convention_follows_dra_capacity_and_the_configs_pools(tmp_path):
+    """dra.capacity picks the capacity the policy lets claims name; its message's pools are the config's shared pools
+    (memoryPerShare in MiB, replicas, the plugin's default of 10), as the kustomization's file holds for the shipped
+    config (test_chart_and_dra_kustomization_install_the_same_objects)."""
+    def variables(objects: dict[tuple[str, str], dict]) -> dict[str, str]:
+        policy = objects[("ValidatingAdmissionPolicy", "gpu-share-dra-capacity-convention")]
+        return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+    assert variables(by_kind(render(DRA)))["capacity"] == "'shares'"
+    (tmp_path / "config.yaml").write_text("version: v1\ndefaultProfile: small\nprofiles:\n"
+                                          "  small: {pools: [{name: s, mode: shared, memoryPerShare: 1536Mi}, {name: w, mode: exclusive}]}\n"
+                                          "  big: {pools: [{name: b, mode: shared, memoryPerShare: 8G}, {name: d, mode: shared}]}\n")
+    found = variables(by_kind(render({**DRA, "dra.capacity": "memory", "admission.enabled": "false"}, f"--set-file=config={tmp_path / 'config.yaml'}")))
+    assert found["capacity"] == "'memory'"
+    assert found["pools"] == ("[{'name': 'big/b', 'replicas': '0', 'mib': '7629'}, {'name': 'big/d', 'replicas': '10', 'mib': '0'}, "
+                              "{'name': 'small/s', 'replicas': '0', 'mib': '1536'}]")
+    assert parse_quantity_mib("8G") == 7629 and parse_quantity_mib("1536Mi") == 1536  # the plugin's own conversion
+    proc = helm("template", "gs", str(CHART), "--set", "dra.enabled=true,dra.capacity=bytes", check=False)
+    assert proc.returncode != 0 and "at '/dra/capacity': value must be one of 'shares', 'memory'" in proc.stderr, proc.stderr
+
+
+@needs_helm
 def test_dra_only_adds_its_policy_and_needs_the_plugin_off():
     base = set(by_kind(render({**DRA, "plugin.enabled": "false"})))
     documents = render(DRA_ONLY)
@@ -870,7 +894,7 @@ def test_the_charts_files_are_copies_of_the_kustomization_sources():
     assert proc.returncode == 0, proc.stderr
     assert {str(p.relative_to(CHART / "files")) for p in (CHART / "files").rglob("*") if p.is_file()} == {
         "admission-policy.yaml", "config.yaml", "gpu-share-dashboard.json", "dra/01-rbac.yaml", "dra/02-deviceclasses.yaml",
-        "dra/04-slice-policy.yaml", "dra/05-share-mapping-policy.yaml", "dra/dra-only-policy.yaml"}
+        "dra/04-slice-policy.yaml", "dra/05-share-mapping-policy.yaml", "dra/06-capacity-policy.yaml", "dra/dra-only-policy.yaml"}
 
 
 @needs_helm

@@ -201,7 +201,7 @@ def test_mig_and_whole_gpu_claims_and_the_extended_resource_mapping(make_node: A
 
 def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
     shares = make_node("8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed"))
-    for example in ("claim-shares", "claim-memory", "claim-mig"):
+    for example in ("claim-shares", "claim-shares-ampere", "claim-mig"):
         for document in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()):
             if document["kind"] == "ResourceClaim":
                 request(shares.api, "POST", CLAIMS.format(ns=shares.ns), document)
@@ -210,11 +210,12 @@ def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
                 client.CoreV1Api(shares.api).create_namespaced_pod(shares.ns, document)
         pod = next(d for d in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()) if d["kind"] == "Pod")
         assert shares.bound(pod["metadata"]["name"]), example
-    [memory] = shares.allocation("twenty-gib")
-    device = next(d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == memory["device"])
-    step = parse_quantity(device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])  # one share's memory
-    consumed = parse_quantity(memory["consumedCapacity"]["memory"])
-    assert consumed % step == 0 and 20 * 1024**3 <= consumed < 20 * 1024**3 + step  # rounded up to whole shares
+    for claim, shares_asked in (("three-shares", 3), ("ampere-shares", 2)):  # the convention: claims name shares
+        [result] = shares.allocation(claim)
+        device = next(d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == result["device"])
+        step = parse_quantity(device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])  # one share's memory
+        assert parse_quantity(result["consumedCapacity"]["shares"]) == shares_asked, claim
+        assert parse_quantity(result["consumedCapacity"]["memory"]) == step, claim  # memory at its default: one share
 
 
 def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:

@@ -149,3 +149,41 @@ each the component's own key when set (not empty), else the top-level key when s
 {{- end -}}
 {{- toJson $settings -}}
 {{- end -}}
+
+{{/* The config's shared pools as the capacity policy's CEL list (06-capacity-policy.yaml's `pools`, for its
+message): [{'name': '<profile>/<pool>', 'replicas': 'N', 'mib': 'M'}], sorted by name; memoryPerShare in whole MiB
+(the plugin's parse_quantity_mib), replicas 0 then, and the plugin's default of 10 replicas where neither is given. */}}
+{{- define "gpu-share.sharedPools" -}}
+{{- $config := include "gpu-share.configData" . | fromJson -}}
+{{- $profiles := dict -}}
+{{- if $config.pools -}}{{- $_ := set $profiles "default" $config.pools -}}{{- end -}}
+{{- range $name, $body := ($config.profiles | default dict) -}}{{- $_ := set $profiles $name $body.pools -}}{{- end -}}
+{{- $bytes := dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 -}}
+{{- $entries := list -}}
+{{- range $profile, $pools := $profiles -}}
+{{- range $pool := $pools -}}
+{{- if eq (toString $pool.mode) "shared" -}}
+{{- $name := printf "%s/%s" $profile (toString $pool.name) -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?/[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$" $name) -}}
+{{- fail (printf "config: profile and pool names must be 1-40 characters of [a-z0-9-], starting and ending alphanumeric, got %q" $name) -}}
+{{- end -}}
+{{- $mib := 0 -}}
+{{- $replicas := $pool.replicas | default 10 -}}
+{{- with $pool.memoryPerShare -}}
+{{- $found := regexFindAll "^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$" (toString .) 1 -}}
+{{- if not $found -}}
+{{- fail (printf "config: profile %s: pool %s: memoryPerShare: must be a quantity such as 4Gi or 512Mi, got %q" $profile (toString $pool.name) (toString .)) -}}
+{{- end -}}
+{{- $unit := regexReplaceAll "^[0-9]+" (toString .) "" -}}
+{{- $mib = div (mul (regexReplaceAll "[^0-9]" (toString .) "" | atoi) (get $bytes $unit)) 1048576 -}}
+{{- $replicas = 0 -}}
+{{- end -}}
+{{- if not (regexMatch "^[0-9]+$" (toString $replicas)) -}}
+{{- fail (printf "config: profile %s: pool %s: replicas: must be a whole number, got %v" $profile (toString $pool.name) $replicas) -}}
+{{- end -}}
+{{- $entries = append $entries (printf "{'name': '%s', 'replicas': '%v', 'mib': '%d'}" $name $replicas $mib) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- printf "[%s]" (join ", " (sortAlpha $entries)) -}}
+{{- end -}}
