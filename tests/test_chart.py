@@ -238,6 +238,16 @@ def test_kill_policy_and_cdi_follow_the_installed_config():
 
 
 @needs_helm
+@pytest.mark.parametrize("config", sorted((EXAMPLES / "config").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_config_installs_under_another_domain(config):
+    """The example configs carry no domain key of their own, so the chart's `domain` applies to them."""
+    proc = helm("template", "gs", str(CHART), "--set", "domain=acme.io", "--set", "admission.enabled=false",
+                f"--set-file=config={config}", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "domain:" not in config.read_text()
+
+
+@needs_helm
 def test_a_config_without_its_admission_values_is_refused_by_name():
     proc = helm("template", "gs", str(CHART), "--set-file", f"config={EXAMPLES / 'config' / 'default.yaml'}", check=False)
     assert proc.returncode != 0
@@ -291,6 +301,18 @@ def test_both_ways_of_calling_the_extender_are_the_shipped_scheduler_config():
     shipped_second = next(d for d in yaml.safe_load_all((ROOT / "daemonset" / "extender" / "scheduler" / "second-scheduler.yaml").read_text())
                           if d and d["kind"] == "ConfigMap")
     assert way2["profiles"] == yaml.safe_load(shipped_second["data"]["config.yaml"])["profiles"]
+
+
+@needs_helm
+def test_the_extender_manages_every_resource_the_config_advertises():
+    """extender.managedResources plus each pool's own resource: examples/config/mig-mixed.yaml's mig-share, and the
+    MIG profiles an A100/H100 80GB advertises (4g.40gb included)."""
+    objects = by_kind(render({"extender.enabled": "true", "admission.enabled": "false"},
+                             f"--set-file=config={EXAMPLES / 'config' / 'mig-mixed.yaml'}"))
+    call = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-extender")]["data"]["extenders.yaml"])["extenders"][0]
+    names = [r["name"] for r in call["managedResources"]]
+    assert names == [f"example.com/{n}" for n in ("gpu-share", "gpu", "mig-1g.10gb", "mig-1g.20gb", "mig-2g.20gb", "mig-3g.40gb", "mig-4g.40gb",
+                                                   "mig-7g.80gb", "mig-share")]
 
 
 # --- one source of truth: the chart and the kustomization install the same objects ---------------------------

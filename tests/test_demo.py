@@ -83,7 +83,7 @@ def test_default_demo_shows_every_kind_of_pod():
 def test_demo_shows_the_plugins_warnings():
     rc, lines = demo(EXAMPLES / "nodes" / "8xH100-80GB.yaml", EXAMPLES / "config" / "by-model.yaml")
     assert rc == 0
-    assert "  warning: pool t4-shares has no usable GPU on this node; gpu.example.org/t4-share is not advertised" in lines
+    assert "  warning: pool t4-shares has no usable GPU on this node; example.com/t4-share is not advertised" in lines
 
 
 def test_demo_names_the_configs_allocation_policy():

@@ -33,7 +33,7 @@ the share entry, and the every-pod entry (DRA claims, CPU-only pods); weight 20 
   nodeCacheCapable: true
   ignorable: false
   managedResources:
-    {{- range .Values.extender.managedResources }}
+    {{- range include "gpu-share.managedResources" . | fromJsonArray }}
     - name: {{ $domain }}/{{ . }}
     {{- end }}
 - urlPrefix: http://gpu-share-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}/all
@@ -186,4 +186,25 @@ message): [{'name': '<profile>/<pool>', 'replicas': 'N', 'mib': 'M'}], sorted by
 {{- end -}}
 {{- end -}}
 {{- printf "[%s]" (join ", " (sortAlpha $entries)) -}}
+{{- end -}}
+
+{{/* The resources kube-scheduler calls the extender for (names after <domain>/): extender.managedResources, then
+each resource the config's shared and exclusive pools advertise that the list lacks (a pool's `resource`, by
+default gpu-share and gpu), so a config's own names (mig-share, t4-share, ...) are never left out. */}}
+{{- define "gpu-share.managedResources" -}}
+{{- $config := include "gpu-share.configData" . | fromJson -}}
+{{- $pools := $config.pools | default list -}}
+{{- range $_, $body := ($config.profiles | default dict) -}}{{- $pools = concat $pools ($body.pools | default list) -}}{{- end -}}
+{{- $names := .Values.extender.managedResources -}}
+{{- range $pools -}}
+{{- $default := get (dict "shared" "gpu-share" "exclusive" "gpu") (toString .mode) -}}
+{{- $name := toString (.resource | default $default) -}}
+{{- if and $name (not (has $name $names)) -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "config: pool %s: resource must be a resource name after <domain>/ such as gpu-share, got %q" (toString .name) $name) -}}
+{{- end -}}
+{{- $names = append $names $name -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $names -}}
 {{- end -}}
