@@ -885,6 +885,46 @@ def test_the_admission_policy_refuses_after_install_reenable_and_reinstall(contr
 
 
 @needs_helm
+def test_require_scheduler_name_refuses_share_pods_that_bypass_the_second_scheduler(controlplane):
+    """scheduler.requireSchedulerName (off by default): a pod asking for a managed resource without the second
+    scheduler's schedulerName is refused, naming the container, the resource and the schedulerName to set; with it, or
+    asking for no managed resource, the pod is admitted. Bound to this test's namespace (the API server is shared)."""
+    assert not any(d["metadata"]["name"] == "gpu-share-require-scheduler-name" for d in render({"extender.enabled": "true", "scheduler.enabled": "true"}))
+    namespace = f"gs-schedname-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    assert _kubectl(controlplane, "label", "namespace", namespace, f"gpu-share-test={namespace}").returncode == 0
+    assert _kubectl(controlplane, "create", "serviceaccount", "default", "-n", namespace).returncode == 0  # no SA controller
+    documents = [d for d in render({"domain": "acme.io", "extender.enabled": "true", "scheduler.enabled": "true", "scheduler.requireSchedulerName": "true"})
+                 if d["metadata"]["name"] == "gpu-share-require-scheduler-name"]
+    assert sorted(d["kind"] for d in documents) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    for document in documents:
+        document["metadata"]["name"] = namespace
+        if document["kind"] == "ValidatingAdmissionPolicyBinding":
+            document["spec"] |= {"policyName": namespace, "matchResources": {"namespaceSelector": {"matchLabels": {"gpu-share-test": namespace}}}}
+
+    def pod(scheduler: str | None, limits: dict[str, str]) -> str:
+        spec = {"containers": [{"name": "server", "image": "busybox", "resources": {"limits": limits}}]}
+        return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec | ({"schedulerName": scheduler} if scheduler else {})})
+
+    try:
+        assert _kubectl(controlplane, "apply", "-f", "-", stdin=yaml.safe_dump_all(documents)).returncode == 0
+        bypass = pod(None, {"acme.io/gpu-share": "2"})
+        deadline = time.monotonic() + 30
+        while True:  # the API server loads a new policy within about a second
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=bypass)
+            if proc.returncode != 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert proc.returncode != 0 and ("container server asks for acme.io/gpu-share but the pod's schedulerName is default-scheduler: "
+                                         "set spec.schedulerName: gpu-share") in proc.stderr, proc.stderr
+        for admitted in (pod("gpu-share", {"acme.io/gpu-share": "2"}), pod(None, {"cpu": "1"}), pod(None, {"example.com/gpu-share": "1"})):
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=admitted)
+            assert proc.returncode == 0, (admitted, proc.stderr)
+    finally:  # cluster-scoped
+        _kubectl(controlplane, "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", namespace, "--ignore-not-found")
+
+
+@needs_helm
 @pytest.mark.parametrize("root, says", [("/", "must not be /:"), ("/etc/gpu", "must not be inside /etc:"), ("/run", "must not be /run:"),
                                         ("/a/../b", "must be an absolute, normalised path"), ("/srv/mps/", "must be an absolute, normalised path")])
 def test_the_chart_refuses_an_mps_root_the_plugin_refuses(root, says, tmp_path):
