@@ -743,7 +743,11 @@ def test_no_value_renders_a_host_namespace_beyond_the_plugins_needs():
                                        ("runtimeClassName", "set it per component, e.g. plugin.runtimeClassName"),
                                        ("priorityClassName", "set it per component, e.g. plugin.priorityClassName"),
                                        ("tolerations[0].operator", "at '/tolerations/0/operator': value must be one of"),
-                                       ("resources.limits.cpu", "at '/resources/limits/cpu': 'x' does not match pattern")])
+                                       ("resources.limits.cpu", "at '/resources/limits/cpu': 'x' does not match pattern"),
+                                       ("nameOverride", "its object names are fixed, one release per cluster"),
+                                       ("migStrategy", "strategy in the config (docs/migration.md)"),
+                                       ("mps.enableHostPID", "MPS daemons run in their own containers"),
+                                       ("mps.root", "mpsRoot")])
 def test_unknown_top_level_keys_are_refused_by_name(key, hint):
     proc = helm("template", "gs", str(CHART), f"--set={key}=x" if not key.endswith("enabled") else f"--set={key}=true", check=False)
     assert proc.returncode != 0 and hint in proc.stderr, proc.stderr
