@@ -454,12 +454,16 @@ def dig(value, *keys):
 def test_top_level_pod_settings_reach_every_component_and_a_components_own_wins(tmp_path):
     """NVIDIA-style top-level nodeSelector, tolerations, affinity, resources and updateStrategy reach the pods of every
     component (updateStrategy: the DaemonSets'); a component's own key, where set, wins over it; unset on both levels,
-    the component keeps its built-in default."""
+    the component keeps its built-in default. The DRA driver has an affinity of its own throughout: a top-level one
+    keeps the plugin's opt-in label, where the driver never runs (refused for it, below)."""
+    dra_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "example.com/gpu-share.api", "operator": "In", "values": ["dra"]}]}]}}}
     builtin = {key: _settings(_render_values(tmp_path, {}), key) for key in POD_COMPONENTS}
-    objects = _render_values(tmp_path, GLOBAL_SETTINGS)
+    objects = _render_values(tmp_path, {**GLOBAL_SETTINGS, "dra": {"affinity": dra_affinity}})
     for key, component in POD_COMPONENTS.items():
         got = _settings(objects, key)
-        expected = {**GLOBAL_SETTINGS, "updateStrategy": GLOBAL_SETTINGS["updateStrategy"] if key[0] == "DaemonSet" else None}
+        expected = {**GLOBAL_SETTINGS, "updateStrategy": GLOBAL_SETTINGS["updateStrategy"] if key[0] == "DaemonSet" else None,
+                    **({"affinity": dra_affinity} if component == "dra" else {})}
         assert got == expected, component
         assert builtin[key] != got, component
     own = {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "own", "operator": "Exists"}], "resources": {"limits": {"cpu": "2"}},
@@ -467,7 +471,8 @@ def test_top_level_pod_settings_reach_every_component_and_a_components_own_wins(
                {"matchExpressions": [{"key": "example.com/gpu-share.enabled", "operator": "In", "values": ["true"]}]}]}}}}
     for component in POD_COMPONENTS.values():  # each alone: the others keep the top-level settings
         mine = {**own, **({"updateStrategy": {"type": "OnDelete"}} if component in ("plugin", "mps", "dra") else {})}
-        objects = _render_values(tmp_path, {**GLOBAL_SETTINGS, component: mine})
+        mine |= {"affinity": dra_affinity} if component == "dra" else {}
+        objects = _render_values(tmp_path, {**GLOBAL_SETTINGS, "dra": {"affinity": dra_affinity}, component: mine})
         for key, other in POD_COMPONENTS.items():
             got = _settings(objects, key)
             if other == component:
@@ -477,6 +482,10 @@ def test_top_level_pod_settings_reach_every_component_and_a_components_own_wins(
     for document in objects.values():
         if document["kind"] != "ServiceMonitor":
             kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(GLOBAL_SETTINGS))  # the DRA driver would get the plugin's label
+    proc = helm("template", "gs", str(CHART), "--set", "dra.enabled=true", "-f", str(tmp_path / "values.yaml"), check=False)
+    assert proc.returncode != 0 and "dra.affinity: a nodeSelectorTerm requires example.com/gpu-share.enabled" in proc.stderr, proc.stderr
+    assert "give the DRA driver a dra.affinity of its own" in proc.stderr
 
 
 @needs_helm
