@@ -482,6 +482,8 @@ def test_top_level_pod_settings_reach_every_component_and_a_components_own_wins(
     for document in objects.values():
         if document["kind"] != "ServiceMonitor":
             kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+    hook = objects[("Pod", "gpu-share-admission-test")]["spec"]  # `helm test`'s pod gets them too, where it runs
+    assert {k: hook.get(k) for k in ("nodeSelector", "tolerations", "affinity")} == {k: GLOBAL_SETTINGS[k] for k in ("nodeSelector", "tolerations", "affinity")}
     (tmp_path / "values.yaml").write_text(yaml.safe_dump(GLOBAL_SETTINGS))  # the DRA driver would get the plugin's label
     proc = helm("template", "gs", str(CHART), "--set", "dra.enabled=true", "-f", str(tmp_path / "values.yaml"), check=False)
     assert proc.returncode != 0 and "dra.affinity: a nodeSelectorTerm requires example.com/gpu-share.enabled" in proc.stderr, proc.stderr
