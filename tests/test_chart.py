@@ -853,6 +853,18 @@ def test_install_md_helm_commands_keep_the_release_values(controlplane, tmp_path
     finally:
         helm("uninstall", "gpu-share", "--namespace", namespace, f"--kubeconfig={controlplane.admin_kubeconfig}", check=False)
         _kubectl(controlplane, "delete", "node", node_name)
+        _wait_until_memory_claims_pass(controlplane, namespace)
+
+
+def _wait_until_memory_claims_pass(controlplane, namespace: str) -> None:
+    """After an uninstall with dra.enabled: the DRA capacity policy refuses memory claims for gpu-share-shares
+    cluster-wide until the API server drops it; wait for that (tests/e2e/test_dra_scheduling.py mixes both)."""
+    claim = yaml.safe_dump({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "after"}, "spec": {"devices": {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-share-shares", "capacity": {"requests": {"memory": "1Gi"}}}}]}}})
+    deadline = time.monotonic() + 30
+    while _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=claim).returncode != 0:
+        assert time.monotonic() < deadline, "the DRA capacity policy is still enforced 30 s after the uninstall"
+        time.sleep(0.5)
 
 
 def _refused_within(controlplane, namespace: str, resource: str, count: int) -> subprocess.CompletedProcess[str]:

@@ -44,6 +44,10 @@ def installed(controlplane: Any) -> Any:
     for obj in objects:  # the session API server is shared: the chart's tests install objects of these names
         if obj["kind"] != "Namespace":
             delete(api, obj)
+    # The capacity policy refuses memory claims for gpu-share-shares cluster-wide until the API server drops it:
+    # wait for that, so later modules (tests/e2e/test_dra_scheduling.py mixes both on purpose) are not refused.
+    memory = _claim("ResourceClaim", "after", "gpu-share-shares", {"memory": "1Gi"})
+    assert wait_until(lambda: _create_refusal(api, "gpu-share", memory) == "", timeout=30)
 
 
 def _driver_client(cp: Any, node: str) -> Any:
