@@ -29,7 +29,7 @@ def test_the_knobs_agree_with_the_device_plugins_and_the_driver_is_named_after_t
     assert ours["images"] == base["images"] == [{"name": "gpu-share", "newName": "ghcr.io/example/gpu-share", "newTag": __version__}]
     assert ours["namespace"] == base["namespace"]
     settings = dict(item.split("=", 1) for item in ours["configMapGenerator"][0]["literals"])
-    assert settings == {"domain": "example.com", "driver": "gpu-share.example.com"}
+    assert settings == {"domain": "example.com", "capacity": "shares"}  # the driver and its directory follow the domain
     [base_settings] = [g for g in base["configMapGenerator"] if g["name"] == "gpu-share-settings"]
     assert f"domain={settings['domain']}" in base_settings["literals"]
     assert ours["resources"] == sorted(p.name for p in DRA.glob("*.yaml") if p.name != "kustomization.yaml")
@@ -40,7 +40,7 @@ def test_the_knobs_agree_with_the_device_plugins_and_the_driver_is_named_after_t
 def test_another_domain_renders_into_every_place_that_names_it(tmp_path: Path) -> None:
     copy = tmp_path / "dra"
     shutil.copytree(DRA, copy)
-    text = (copy / "kustomization.yaml").read_text().replace("domain=example.com", "domain=gpu.acme.io").replace("driver=gpu-share.example.com", "driver=gpu-share.gpu.acme.io")
+    text = (copy / "kustomization.yaml").read_text().replace("domain=example.com", "domain=gpu.acme.io")
     (copy / "kustomization.yaml").write_text(text.replace("namespace: gpu-share", "namespace: gpu-system"))
     proc = subprocess.run([str(KUBECTL), "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

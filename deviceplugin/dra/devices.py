@@ -82,6 +82,8 @@ class DraDevice:
             version = _version(raw)
             if version:
                 attributes[key] = {"version": version}
+        if node.driver_version.strip():  # as NVML reports it: the version form drops leading zeros (570.124.06 -> .6)
+            attributes["driverVersionText"] = {"string": node.driver_version.strip()[:64]}
         if gpu.numa_node is not None:
             attributes["numaNode"] = {"int": gpu.numa_node}
         if gpu.pci_bus_id:

@@ -19,11 +19,13 @@ import yaml
 from kubernetes import client
 
 from deviceplugin.config.parse import parse_config, parse_config_text
+from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.slices import SlicePublisher
 from deviceplugin.kube.dranames import driver_name
 from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, ROOT, node, wait_until
+from tests.support.dra import claim, make_driver
 from tests.support.kubeobjects import namespace, ready_node, request, slices
 from tests.support.resources import resources_of
 
@@ -164,6 +166,29 @@ def test_share_and_memory_claims_land_on_one_gpu_each_and_never_over_capacity(ma
         assert consumed["shares"] == capacity[device]["shares"]  # full: e and f found no room
 
 
+def test_mixing_capacities_fits_the_schedulers_sums_and_not_the_drivers_ledger(make_node: Any, tmp_path: Any) -> None:
+    """Why claims name one capacity (docs/dra.md#capacity-one-convention-per-cluster, the capacity policy): on a T4
+    shared in 4 (shares of 3840 MiB), `shares: 3` and `memory: 11520Mi` (three shares' worth) both fit kube-scheduler's
+    sums and are allocated on one GPU, and the driver's ledger refuses the second at prepare; with both naming shares,
+    the second does not fit the sums and is never allocated there."""
+    n = make_node("2xT4", _shared(4))
+    for name, requests in (("a", {"shares": "3"}), ("b", {"memory": "11520Mi"})):
+        n.claim(name, requests=requests)
+        n.pod(name, claim=name)
+        assert n.bound(name), name
+    (a,), (b,) = n.allocation("a"), n.allocation("b")
+    assert a["device"] == b["device"] == "gpu-0"  # first fit: the scheduler's sums are 4 of 4 shares, 15360 of 15360 MiB
+    assert (parse_quantity(a["consumedCapacity"]["memory"]), parse_quantity(b["consumedCapacity"]["shares"])) == (3840 * 2**20, 1)
+    driver = make_driver(tmp_path, pools=[{"name": "s", "mode": "shared", "replicas": 4}])  # the node's driver, its ledger
+    on_node = [{**r, "pool": "2xT4"} for r in (a, b)]  # make_driver serves the node file's pool name
+    assert driver.prepare(*claim([on_node[0]], name="a")).devices[0].shares == 3
+    with pytest.raises(ClaimError, match="device gpu-0 has 4 shares; prepared claims hold 3 and this claim needs 3"):
+        driver.prepare(*claim([on_node[1]], name="b"))  # the kubelet would retry this for as long as a holds the GPU
+    n.claim("c", requests={"shares": "3"})  # b under the convention: naming shares, the sums send it to gpu-1
+    n.pod("c", claim="c")
+    assert n.bound("c") and [r["device"] for r in n.allocation("c")] == ["gpu-1"]
+
+
 def test_a_tainted_gpu_gets_no_new_claim_and_gets_them_again_once_healthy(make_node: Any) -> None:
     n = make_node("2xT4", _shared(2))
     n.state.set_health({n.info.gpus[0].uuid: "XID 79"}, frozenset({n.info.gpus[0].uuid}))
@@ -202,7 +227,7 @@ def test_mig_and_whole_gpu_claims_and_the_extended_resource_mapping(make_node: A
 
 def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
     shares = make_node("8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed"))
-    for example in ("claim-shares", "claim-memory", "claim-mig"):
+    for example in ("claim-shares", "claim-shares-ampere", "claim-mig"):
         for document in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()):
             if document["kind"] == "ResourceClaim":
                 request(shares.api, "POST", CLAIMS.format(ns=shares.ns), document)
@@ -211,11 +236,12 @@ def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
                 client.CoreV1Api(shares.api).create_namespaced_pod(shares.ns, document)
         pod = next(d for d in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()) if d["kind"] == "Pod")
         assert shares.bound(pod["metadata"]["name"]), example
-    [memory] = shares.allocation("twenty-gib")
-    device = next(d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == memory["device"])
-    step = parse_quantity(device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])  # one share's memory
-    consumed = parse_quantity(memory["consumedCapacity"]["memory"])
-    assert consumed % step == 0 and 20 * 1024**3 <= consumed < 20 * 1024**3 + step  # rounded up to whole shares
+    for name, shares_asked in (("three-shares", 3), ("ampere-shares", 2)):  # the convention: claims name shares
+        [result] = shares.allocation(name)
+        device = next(d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == result["device"])
+        step = parse_quantity(device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])  # one share's memory
+        assert parse_quantity(result["consumedCapacity"]["shares"]) == shares_asked, name
+        assert parse_quantity(result["consumedCapacity"]["memory"]) == step, name  # memory at its default: one share
 
 
 def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:

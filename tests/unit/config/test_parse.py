@@ -46,9 +46,9 @@ def test_mixed_config_splits_the_node():
 def test_model_patterns_are_case_insensitive_and_domain_applies():
     config = load_config(EXAMPLES / "config" / "by-model.yaml")
     names = {r.name: len(r.gpus) for r in build_resources(config, T4)}
-    assert names == {"gpu.example.org/t4-share": 2}
+    assert names == {"example.com/t4-share": 2}
     names = {r.name: len(r.gpus) for r in build_resources(config, H100)}
-    assert names == {"gpu.example.org/gpu": 8}
+    assert names == {"example.com/gpu": 8}
 
 
 @pytest.mark.parametrize(

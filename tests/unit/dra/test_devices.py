@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from deviceplugin.alloc.allocator import AllocationError
@@ -30,6 +32,14 @@ def test_a_shared_gpu_is_one_multi_allocatable_device_with_proportional_capacity
     assert api["attributes"]["architecture"] == {"string": "turing"}
     assert api["attributes"]["driverVersion"] == {"version": "550.54.15"}
     assert api["attributes"]["mode"] == {"string": "time-slicing"}
+
+
+def test_a_driver_version_with_leading_zeros_is_a_semver_and_its_text() -> None:
+    info, devices = _devices([{"name": "w", "mode": "exclusive"}])
+    info = replace(info, driver_version="570.124.06")
+    attributes = devices[0].to_api("gpu-share.example.com", info)["attributes"]
+    assert attributes["driverVersion"] == {"version": "570.124.6"}  # semver forbids leading zeros
+    assert attributes["driverVersionText"] == {"string": "570.124.06"}  # as nvidia-smi shows it
 
 
 def test_an_exclusive_gpu_is_not_shared_and_has_no_request_policy() -> None:
