@@ -56,7 +56,6 @@ class DraOptions:
     instance: str = ""  # the pod UID for rolling-update socket names; "" for the plain names
     claim_cache: bool = True
     plugin: PluginSettings = PluginSettings()
-    claim_status: bool = True  # write status.devices[].data of prepared claims (KEP-4817)
 
 
 class DraDaemon:
@@ -98,7 +97,7 @@ class DraDaemon:
         self.claims = ApiClaims(api_client, self.driver_name, node_name, cache=dra.claim_cache)
         self.driver.find_claim = self.claims.find  # what a damaged record's claim holds, per the API
         self.metrics = DraMetrics(self.registry)
-        self.claim_status = ClaimStatusWriter(api_client, self.driver, self.metrics) if api_client is not None and dra.claim_status else None
+        self.claim_status = ClaimStatusWriter(api_client, self.driver, self.metrics) if api_client is not None else None
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
         if self.claim_status is not None:
             self.plugin.after_prepare = self.claim_status.post
