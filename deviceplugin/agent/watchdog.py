@@ -95,7 +95,8 @@ class MemoryWatchdog:
             return
         self.kill_blocked = self.kill_check() if policy == "kill" and self.kill_check else None
         if self.kill_blocked:
-            log.error("memoryWatchdog.policy kill cannot run: %s; reporting instead, as under policy report", self.kill_blocked)
+            why = self.kill_blocked
+            log.error("memoryWatchdog.policy kill cannot run: %s; reporting instead, as under policy report", why)
 
     def review(self, containers: list[ContainerMemory]) -> None:
         """Act on every container over its limit: report each episode once; under `kill`, each new PID once."""

@@ -37,8 +37,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--api", choices=["deviceplugin", "dra"], default="deviceplugin",
                      help="the kubelet API to serve: the device-plugin API (default) or a DRA driver (Kubernetes 1.34+)")
     run.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
-                     help="the Kubernetes node: its labels, annotation and Events, the DRA driver's pool (default $NODE_NAME; the metrics' node label"
-                          " and the pool fall back to the host name, labels and Events are off without it)")
+                     help="the Kubernetes node: its labels, annotation and Events, the DRA driver's pool (default"
+                          " $NODE_NAME; the metrics' node label and the pool fall back to the host name, labels and"
+                          " Events are off without it)")
     add_dra_arguments(run)
     run.add_argument("--reload-interval", type=seconds, default=defaults.RELOAD_INTERVAL, metavar="SECONDS",
                      help="seconds between checks of the config file and the profile label (default %(default)g)")
@@ -127,7 +128,8 @@ def _idle_endpoint(args: argparse.Namespace, readyz: Callable[[], tuple[bool, st
 
     registry = CollectorRegistry()
     registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False, standby=standby)))  # every plugin metric, at 0
-    server = MetricsServer(registry, lambda: (True, "ok"), readyz, args.metrics_port, args.metrics_bind_address, node=node_name(args))
+    node = node_name(args)
+    server = MetricsServer(registry, lambda: (True, "ok"), readyz, args.metrics_port, args.metrics_bind_address, node=node)
     try:
         server.start()
     except OSError as err:  # the port is the serving instance's while this one stands by

@@ -81,7 +81,13 @@ class _Pending:
 class ClaimStatusWriter(BackgroundLoop):
     """See the module docstring. `post` is the kubelet plugin's after-prepare hook: it never blocks nor raises."""
 
-    def __init__(self, api_client: Any, driver: Driver, metrics: DraMetrics | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        driver: Driver,
+        metrics: DraMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__("dra-claim-status")
         self.client = api_client
         self.driver = driver
@@ -97,7 +103,12 @@ class ClaimStatusWriter(BackgroundLoop):
                 if len(self._queue) >= MAX_QUEUED:
                     dropped = self._queue.popleft()
                     self._count("dropped")
-                    log.warning("claim status queue full (%d): dropped the status write of claim %s/%s", MAX_QUEUED, dropped.claim.namespace, dropped.claim.name)
+                    log.warning(
+                        "claim status queue full (%d): dropped the status write of claim %s/%s",
+                        MAX_QUEUED,
+                        dropped.claim.namespace,
+                        dropped.claim.name,
+                    )
                 self._queue.append(_Pending(claim))
         self.nudge()
 
@@ -151,7 +162,14 @@ class ClaimStatusWriter(BackgroundLoop):
             return
         if pending.attempts >= MAX_ATTEMPTS or status in FINAL:
             self._count("failed")
-            log.warning("cannot write status.devices of claim %s/%s (attempt %d of %d): %s", claim.namespace, claim.name, pending.attempts, MAX_ATTEMPTS, why)
+            log.warning(
+                "cannot write status.devices of claim %s/%s (attempt %d of %d): %s",
+                claim.namespace,
+                claim.name,
+                pending.attempts,
+                MAX_ATTEMPTS,
+                why,
+            )
             return
         self._count("retried")
         pending.due = self.clock() + min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** (pending.attempts - 1))
@@ -172,15 +190,23 @@ class ClaimStatusWriter(BackgroundLoop):
         }
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}/status"
         params = self.client.param_serialize(
-            "PATCH", path, query_params=[("fieldManager", self.driver.driver), ("force", "true")], body=json.dumps(body),
-            auth_settings=["BearerToken"], header_params={"Accept": "application/json", "Content-Type": "application/apply-patch+yaml"},
+            "PATCH",
+            path,
+            query_params=[("fieldManager", self.driver.driver), ("force", "true")],
+            body=json.dumps(body),
+            auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json", "Content-Type": "application/apply-patch+yaml"},
         )
         try:
             response = self.client.call_api(*params, _request_timeout=REQUEST_TIMEOUT).response
         except ApiException as err:
             return err.status or 0, error_line(err)
         try:
-            text = "" if 200 <= response.status <= 299 else response.read(MAX_ERROR_BYTES, decode_content=True).decode(errors="replace")
+            text = (
+                ""
+                if 200 <= response.status <= 299
+                else response.read(MAX_ERROR_BYTES, decode_content=True).decode(errors="replace")
+            )
         finally:
             response.release_conn()
         return int(response.status), f"{response.status} {safe_text(text, 300)}"

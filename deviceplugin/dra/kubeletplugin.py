@@ -94,7 +94,7 @@ class KubeletPlugin:
         self._unsubscribe = state.subscribe(self._state_changed)
         self.started = False
         self.after_unprepare: Callable[[], None] = lambda: None  # a held GPU may switch shape now (dra.shapes)
-        self.after_prepare: Callable[[list[PreparedClaim]], None] = lambda claims: None  # must not block (dra.claimstatus)
+        self.after_prepare: Callable[[list[PreparedClaim]], None] = lambda claims: None  # must not block (claimstatus)
 
     # --- lifecycle (any thread but the loop's) ----------------------------------------------------
     def start(self) -> None:

@@ -32,8 +32,8 @@ class DraMetrics:
         )
         self.status_writes = Counter(
             "gpushare_dra_claim_status_writes",
-            "Writes of prepared claims' status.devices, by result: ok, retried (an attempt failed, another follows), failed (given up),"
-            " gone (the claim was deleted), dropped (the queue was full).",
+            "Writes of prepared claims' status.devices, by result: ok, retried (an attempt failed, another follows),"
+            " failed (given up), gone (the claim was deleted), dropped (the queue was full).",
             ["result"], registry=registry,
         )
         for result in STATUS_RESULTS:

@@ -65,7 +65,10 @@ class DeviceNodeCheck:
             return {}
         missing = missing_device_nodes(config.device_root, gpu)
         if missing:
-            return {gpu.uuid: f"deviceSpecs: device node(s) missing under deviceRoot {config.device_root}: {', '.join(missing)}"}
+            return {
+                gpu.uuid: f"deviceSpecs: device node(s) missing under deviceRoot {config.device_root}: "
+                f"{', '.join(missing)}"
+            }
         return {uuid: f"deviceSpecs: {why}" for uuid, why in missing_mig_capabilities(config.device_root, gpu).items()}
 
 
@@ -133,20 +136,34 @@ class NodeCore:
             PodResourcesClient(options.pod_resources_socket),
             AgentSettings(options.agent.interval, options.agent.backoff_max, quarantine=config.quarantine),
             mapper=ProcessMapper(directory, options.proc_root) if directory else None,
-            watchdog=MemoryWatchdog(config.watchdog_policy, events=self.events.post if self.events else None, kill_check=kill_check),
+            watchdog=MemoryWatchdog(
+                config.watchdog_policy, events=self.events.post if self.events else None, kill_check=kill_check
+            ),
             build=build or build_usage,
         )
         if client is not None:
-            publisher = NodePublisher(client, config.domain, options.label_interval, config.shared_product_suffix, config.deprecated_cuda_labels)
+            publisher = NodePublisher(
+                client,
+                config.domain,
+                options.label_interval,
+                config.shared_product_suffix,
+                config.deprecated_cuda_labels,
+            )
             self.publisher = PublishLoop(publisher, self.state, self.node, served, options.agent.interval)
         ours: list[ConfigConsumer] = [self.agent.watchdog, self.agent, self]
         if self.publisher is not None:
             ours.append(self.publisher)
-        self.reloader = ConfigReloader(options.config_file, self.node, profiles, options.reload_interval, [*consumers, *ours], self.clock)
-        sources = MetricSources(self.node, self.state, manager, self.agent, self.reloader, cdi_missing=cdi_missing, events=self.events)
+        self.reloader = ConfigReloader(
+            options.config_file, self.node, profiles, options.reload_interval, [*consumers, *ours], self.clock
+        )
+        sources = MetricSources(
+            self.node, self.state, manager, self.agent, self.reloader, cdi_missing=cdi_missing, events=self.events
+        )
         self.registry.register(StateCollector(sources))
         if options.metrics_port:
-            self.metrics_server = MetricsServer(self.registry, probes[0], probes[1], options.metrics_port, options.metrics_host, node=self.node_name)
+            self.metrics_server = MetricsServer(
+                self.registry, probes[0], probes[1], options.metrics_port, options.metrics_host, node=self.node_name
+            )
 
     def start(self, serve: Callable[[], None]) -> None:
         """The endpoint, then `serve` (the front end's first pass and servers), then the loops; `operate` first."""
@@ -154,7 +171,10 @@ class NodeCore:
         if self.config.device_specs:
             missing = sorted({p for gpu in self.node.gpus for p in missing_device_nodes(self.config.device_root, gpu)})
             if missing:
-                log.warning("deviceSpecs: device nodes not found: %s; the GPUs that need them are Unhealthy until they exist", ", ".join(missing))
+                log.warning(
+                    "deviceSpecs: device nodes not found: %s; the GPUs that need them are Unhealthy until they exist",
+                    ", ".join(missing),
+                )
         if self.metrics_server:
             self.metrics_server.start()
         serve()
@@ -171,7 +191,9 @@ class NodeCore:
         `servers` (their sockets go, and the kubelet marks the devices gone at once). The loops were all asked to end
         before, so their last rounds end side by side while the servers stop. Every step runs even when one before it
         fails; the first failure is raised. Each step's time is logged at debug level."""
-        loops: list[BackgroundLoop] = [p for p in (self.publisher, self.agent, self.events, self.monitor) if p is not None]
+        loops: list[BackgroundLoop] = [
+            p for p in (self.publisher, self.agent, self.events, self.monitor) if p is not None
+        ]
         for loop in loops:
             loop.request_stop()
         steps: list[Step] = [("config reloader", self.reloader.stop)] if self.reloader else []

@@ -30,7 +30,9 @@ class PluginDaemon:
     """Discovery -> config -> servers <-> kubelet; health monitor and node agent -> node state -> servers, labels,
     metrics. The core holds everything but the servers and the CDI check."""
 
-    def __init__(self, serving: Serving, client: NodeClient | None = None, pod_directory: PodDirectory | None = None) -> None:
+    def __init__(
+        self, serving: Serving, client: NodeClient | None = None, pod_directory: PodDirectory | None = None
+    ) -> None:
         """Phase two on `serving` (started or not); `client`: the node's API (None: no labels, Events or profile
         label), `pod_directory` maps GPU processes to containers (default: `client`)."""
         core: NodeCore = serving.core
@@ -46,7 +48,7 @@ class PluginDaemon:
         self.state = core.state
         self.plugin_metrics = serving.metrics
         self.monitor = core.monitor  # its first pass runs before the servers do (Serving.start)
-        # A reload reaches the manager first (see ConfigReloader), then the counters, the CDI check and the core's parts.
+        # A reload reaches the manager first (see ConfigReloader), then the counters, the CDI check, the core's parts.
         core.operate(
             lambda: self.manager.resources,  # the served resources, which follow reloads
             [self.manager, self.plugin_metrics, self.cdi],
@@ -90,4 +92,3 @@ def build_daemon(
     """Both phases at once, not started (`start` serves, then starts the rest): the demo's and the tests' daemon.
     `gpu-share run` makes the same two calls with a start in between."""
     return PluginDaemon(plan_serving(inventory, options, lambda: client, start, clock), client, pod_directory)
-

@@ -91,7 +91,12 @@ class DraDaemon:
         self.paths.check()
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
         self.driver = Driver(
-            self.driver_name, node_name, Checkpoint(self.paths.checkpoint), CdiWriter(dra.cdi_root, self.driver_name), self.state, SerialLock(self.paths.data_dir / LOCK_FILE)
+            self.driver_name,
+            node_name,
+            Checkpoint(self.paths.checkpoint),
+            CdiWriter(dra.cdi_root, self.driver_name),
+            self.state,
+            SerialLock(self.paths.data_dir / LOCK_FILE),
         )
         self.driver.on_config(self.config, self.resources)
         self.claims = ApiClaims(api_client, self.driver_name, node_name, cache=dra.claim_cache)
@@ -102,11 +107,17 @@ class DraDaemon:
         if self.claim_status is not None:
             self.plugin.after_prepare = self.claim_status.post
         self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state)
-        self.shapes = HeldShapes(self.driver, self.state, [self.plugin, self.slices], self.config, self.resources)  # held GPUs keep their shape
+        self.shapes = HeldShapes(
+            self.driver, self.state, [self.plugin, self.slices], self.config, self.resources
+        )  # held GPUs keep their shape
         self.plugin.after_unprepare = self.shapes.check
         core.operate(
             lambda: self.resources,
-            [self, self.mps, self.shapes],  # this first: a reload that renames the driver is refused before anything changed
+            [
+                self,
+                self.mps,
+                self.shapes,
+            ],  # this first: a reload that renames the driver is refused before anything changed
             (self._healthz, self._readyz),
             client,
             pod_directory,
@@ -120,9 +131,12 @@ class DraDaemon:
         self.registry.register(self.slices.collector())
 
     def on_config(self, config: Config, resources: list[Resource]) -> None:
-        """Refuse a reload that renames the driver (a new domain): the kubelet knows it by name, so that needs a restart."""
-        if driver_name(config.domain) != self.driver_name:
-            raise ConfigError([f"domain: changing it renames the DRA driver ({self.driver_name} -> {driver_name(config.domain)}); restart the plugin to apply it"])
+        """Refuse a reload that renames the driver (a new domain): the kubelet knows it by name, so that needs a
+        restart."""
+        renamed = driver_name(config.domain)
+        if renamed != self.driver_name:
+            why = f"changing it renames the DRA driver ({self.driver_name} -> {renamed})"
+            raise ConfigError([f"domain: {why}; restart the plugin to apply it"])
         self.config, self.resources = config, resources
 
     def _healthz(self) -> tuple[bool, str]:
@@ -130,14 +144,18 @@ class DraDaemon:
 
     def _readyz(self) -> tuple[bool, str]:
         if not self.plugin.registered:
-            return False, f"not ready: the kubelet has not registered {self.driver_name}" + (f" ({self.plugin.registration.last_error})" if self.plugin.registration.last_error else "")
+            return False, f"not ready: the kubelet has not registered {self.driver_name}" + (
+                f" ({self.plugin.registration.last_error})" if self.plugin.registration.last_error else ""
+            )
         if not self.claims.synced:
             return False, "not ready: the ResourceClaim cache has not listed yet"
         return True, "ok"
 
     def start(self) -> None:
         self.core.start(self._serve)
-        log.info("DRA driver %s: %d devices in pool %s", self.driver_name, len(self.driver.devices), self.options.node_name)
+        log.info(
+            "DRA driver %s: %d devices in pool %s", self.driver_name, len(self.driver.devices), self.options.node_name
+        )
 
     def _serve(self) -> None:
         """The core's first health pass, MPS readiness, then the kubelet plugin (serve, register), the claim cache
@@ -154,7 +172,11 @@ class DraDaemon:
     def stop(self) -> None:
         """The core's stop order with this front end's servers; every part stops even when one before it fails (the
         sockets are always removed), and the first failure is raised."""
-        servers: list[Step] = [("slice publisher", self.slices.stop), ("kubelet plugin", self.plugin.stop), ("claim cache", self.claims.stop)]
+        servers: list[Step] = [
+            ("slice publisher", self.slices.stop),
+            ("kubelet plugin", self.plugin.stop),
+            ("claim cache", self.claims.stop),
+        ]
         if self.claim_status is not None:
             servers.append(("claim status writer", self.claim_status.stop))
         servers.append(("MPS readiness", self.mps.stop))

@@ -58,5 +58,13 @@ def plan_serving(
     holdings = ContainerHolds(PodResourcesClient(options.pod_resources_socket), options.plugin_dir, units.__contains__)
     metrics = PluginMetrics(core.registry)
     metrics.on_config(plan.config, plan.resources)
-    manager = PluginManager(plan.resources, options.plugin_dir, options.timings, metrics=metrics, mps=core.mps, state=core.state, holdings=holdings)
+    manager = PluginManager(
+        plan.resources,
+        options.plugin_dir,
+        options.timings,
+        metrics=metrics,
+        mps=core.mps,
+        state=core.state,
+        holdings=holdings,
+    )
     return Serving(core, metrics, manager)

@@ -175,17 +175,42 @@ def test_the_dra_only_component_refuses_share_pods_with_the_claim_to_write(insta
 
 def _allocated_claim(admin: Any, ns: str, name: str, node: str) -> dict[str, Any]:
     """A claim allocated on `node` to the driver's gpu-0, 2 of its shares, as kube-scheduler writes it (as admin)."""
-    claim = request(admin, "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-share-shares"}}]}}})
-    claim["status"] = {"allocation": {
-        "devices": {"results": [{"request": "gpu", "driver": "gpu-share.example.com", "pool": node, "device": "gpu-0", "shareID": str(uuid.uuid4()),
-                                 "consumedCapacity": {"shares": "2"}}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]}}}
+    claim = request(
+        admin,
+        "POST",
+        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-share-shares"}}]}},
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu-share.example.com",
+                        "pool": node,
+                        "device": "gpu-0",
+                        "shareID": str(uuid.uuid4()),
+                        "consumedCapacity": {"shares": "2"},
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    }
     return request(admin, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status", claim)
 
 
-def test_the_driver_labels_only_its_own_node_and_writes_status_devices_only_of_claims_on_it(installed: Any, tmp_path: Any) -> None:
+def test_the_driver_labels_only_its_own_node_and_writes_status_devices_only_of_claims_on_it(
+    installed: Any, tmp_path: Any
+) -> None:
     """The DRA RBAC and 06-node-patch-policy.yaml with a token bound to a driver pod on one node: it patches that
     Node's labels and annotations (not its spec, not another Node), posts Events, and writes status.devices (the
     driver's own writer, dra.claimstatus) of a claim allocated on its node, never of one allocated elsewhere."""
@@ -223,14 +248,33 @@ def test_the_driver_labels_only_its_own_node_and_writes_status_devices_only_of_c
     for name, node in (("here", mine), ("elsewhere", other)):
         claim = _allocated_claim(admin, ns, name, node)
         result = claim["status"]["allocation"]["devices"]["results"][0]
-        prepared = PreparedClaim(claim["metadata"]["uid"], ns, name, (PreparedDevice("gpu", node, "gpu-0", (), result["shareID"], 2, 7680),), "")
+        prepared = PreparedClaim(
+            claim["metadata"]["uid"],
+            ns,
+            name,
+            (PreparedDevice("gpu", node, "gpu-0", (), result["shareID"], 2, 7680),),
+            "",
+        )
         statuses[name] = writer._apply(prepared)
     assert statuses["here"][0] == 200, statuses
     # another node's claim: refused as a field the driver may not write (it holds associated-node:patch only)
     assert statuses["elsewhere"][0] == 422 and "arbitrary-node:patch" in statuses["elsewhere"][1], statuses
     stored = request(admin, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/here")
     (entry,) = stored["status"]["devices"]
-    assert {k: entry[k] for k in ("driver", "pool", "device")} == {"driver": "gpu-share.example.com", "pool": mine, "device": "gpu-0"}
-    assert entry["data"] == {"version": 1, "uuid": "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000", "gpu": 0, "shares": 2, "totalShares": 4, "memoryLimitMiB": 7680}
-    assert not request(admin, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/elsewhere")["status"].get("devices")
+    assert {k: entry[k] for k in ("driver", "pool", "device")} == {
+        "driver": "gpu-share.example.com",
+        "pool": mine,
+        "device": "gpu-0",
+    }
+    assert entry["data"] == {
+        "version": 1,
+        "uuid": "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000",
+        "gpu": 0,
+        "shares": 2,
+        "totalShares": 4,
+        "memoryLimitMiB": 7680,
+    }
+    assert not request(admin, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/elsewhere")[
+        "status"
+    ].get("devices")
     client.CoreV1Api(admin).delete_namespace(ns)

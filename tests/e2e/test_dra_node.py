@@ -286,7 +286,9 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
 
 
 
-def test_a_prepared_claim_gets_its_status_devices_and_the_node_its_labels_and_inventory(controlplane: Any, dra: Any) -> None:
+def test_a_prepared_claim_gets_its_status_devices_and_the_node_its_labels_and_inventory(
+    controlplane: Any, dra: Any
+) -> None:
     """`gpu-share run --api dra` writes status.devices[].data of a claim it prepared (KEP-4817: the GPU UUID, the
     shares and the memory limit) and, from the node core as the device plugin does, the Node's GFD-style labels and
     its inventory annotation."""
@@ -302,22 +304,45 @@ def test_a_prepared_claim_gets_its_status_devices_and_the_node_its_labels_and_in
     driver.kubelet.prepare(DRIVER, [_ref(claim)])
 
     def devices() -> list[dict[str, Any]]:
-        return request(api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/c").get("status", {}).get("devices") or []
+        return (
+            request(api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/c")
+            .get("status", {})
+            .get("devices")
+            or []
+        )
 
     assert wait_until(devices, 30), driver.log()
-    assert [{k: v for k, v in entry.items() if v is not None} for entry in devices()] == [{  # the API serves `conditions: null`
-        "driver": DRIVER, "pool": node_name, "device": "gpu-1", "shareID": result["shareID"],
-        "data": {"version": 1, "uuid": node("2xT4").gpus[1].uuid, "gpu": 1, "shares": 3, "totalShares": 4, "memoryLimitMiB": 3 * T4_MIB // 4},
-    }]
+    assert [{k: v for k, v in entry.items() if v is not None} for entry in devices()] == [
+        {  # the API serves `conditions: null`
+            "driver": DRIVER,
+            "pool": node_name,
+            "device": "gpu-1",
+            "shareID": result["shareID"],
+            "data": {
+                "version": 1,
+                "uuid": node("2xT4").gpus[1].uuid,
+                "gpu": 1,
+                "shares": 3,
+                "totalShares": 4,
+                "memoryLimitMiB": 3 * T4_MIB // 4,
+            },
+        }
+    ]
 
     def metadata() -> Any:
         return request(api, "GET", f"/api/v1/nodes/{node_name}")["metadata"]
 
     assert wait_until(lambda: f"example.com/{ANNOTATION}" in metadata().get("annotations", {}), 30), driver.log()
     labels = metadata()["labels"]
-    assert labels["example.com/gpu.count"] == "2" and labels["example.com/gpu.sharing-strategy"] == "mps" and labels["example.com/gpu.replicas"] == "4"
+    assert (
+        labels["example.com/gpu.count"] == "2"
+        and labels["example.com/gpu.sharing-strategy"] == "mps"
+        and labels["example.com/gpu.replicas"] == "4"
+    )
     inventory = json.loads(metadata()["annotations"][f"example.com/{ANNOTATION}"])
-    assert [u["uuid"] for u in inventory["resources"]["example.com/gpu-share"]["units"]] == [g.uuid for g in node("2xT4").gpus]
+    assert [u["uuid"] for u in inventory["resources"]["example.com/gpu-share"]["units"]] == [
+        g.uuid for g in node("2xT4").gpus
+    ]
     assert driver.stop() == 0
 
 

@@ -33,7 +33,9 @@ U0 = T4.gpus[0].uuid
 
 
 @pytest.fixture
-def driver(controlplane: Any, kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path) -> Iterator[Callable[..., DraDaemon]]:
+def driver(
+    controlplane: Any, kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path
+) -> Iterator[Callable[..., DraDaemon]]:
     """A DraDaemon on the 2xT4 node (GPU 0 time-sliced in 4, GPU 1 whole) on a Node of the real API server, with the
     node's client for labels and Events; its loops are not started, the test drives them."""
     made: list[DraDaemon] = []
@@ -43,19 +45,43 @@ def driver(controlplane: Any, kubelet: KubeletSimulator, plugin_dir: Path, tmp_p
         node_name = f"dra-ops-{uuid.uuid4().hex[:8]}"
         ready_node(api, node_name)
         config = tmp_path / "config.yaml"
-        config.write_text(json.dumps({
-            "version": "v1", "memoryWatchdog": {"policy": policy},
-            "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}],
-        }))
-        options = DaemonOptions(
-            config_file=str(config), node_name=node_name, pod_resources_socket=kubelet.pod_resources_socket, metrics_port=0,
-            proc_root=str(tmp_path / "proc"), reload_interval=60, label_interval=0.0, timings=FAST,
-            health=HealthSettings(check_interval=0.05), agent=AgentSettings(interval=3600),
+        config.write_text(
+            json.dumps(
+                {
+                    "version": "v1",
+                    "memoryWatchdog": {"policy": policy},
+                    "pools": [
+                        {"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}},
+                        {"name": "w", "mode": "exclusive"},
+                    ],
+                }
+            )
         )
-        dra = DraOptions(registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi")
+        options = DaemonOptions(
+            config_file=str(config),
+            node_name=node_name,
+            pod_resources_socket=kubelet.pod_resources_socket,
+            metrics_port=0,
+            proc_root=str(tmp_path / "proc"),
+            reload_interval=60,
+            label_interval=0.0,
+            timings=FAST,
+            health=HealthSettings(check_interval=0.05),
+            agent=AgentSettings(interval=3600),
+        )
+        dra = DraOptions(
+            registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi"
+        )
         inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
-        d = DraDaemon(inventory, options, dra, None, read_config(str(config)), client=NodeClient(client.CoreV1Api(api), node_name),
-                      pod_directory=kubelet.pod_directory())
+        d = DraDaemon(
+            inventory,
+            options,
+            dra,
+            None,
+            read_config(str(config)),
+            client=NodeClient(client.CoreV1Api(api), node_name),
+            pod_directory=kubelet.pod_directory(),
+        )
         made.append(d)
         return d
 
@@ -67,8 +93,14 @@ def driver(controlplane: Any, kubelet: KubeletSimulator, plugin_dir: Path, tmp_p
 
 def _uses(name: str, ns: str, results: list[dict[str, Any]]) -> pr.DynamicResource:
     return pr.DynamicResource(
-        claim_name=name, claim_namespace=ns,
-        claim_resources=[pr.ClaimResource(driver_name=r["driver"], pool_name=r["pool"], device_name=r["device"], share_id=r["shareID"]) for r in results],
+        claim_name=name,
+        claim_namespace=ns,
+        claim_resources=[
+            pr.ClaimResource(
+                driver_name=r["driver"], pool_name=r["pool"], device_name=r["device"], share_id=r["shareID"]
+            )
+            for r in results
+        ],
     )
 
 
@@ -86,7 +118,9 @@ def _over_limit(d: DraDaemon, kubelet: KubeletSimulator, ns: str, pod: str) -> N
     d.agent.sync()
 
 
-def test_the_dra_driver_labels_its_node_and_publishes_the_inventory_annotation(controlplane: Any, driver: Any, kubelet: KubeletSimulator) -> None:
+def test_the_dra_driver_labels_its_node_and_publishes_the_inventory_annotation(
+    controlplane: Any, driver: Any, kubelet: KubeletSimulator
+) -> None:
     api = controlplane.api_client()
     d = driver()
     ns = namespace(api, f"dra-ops-{uuid.uuid4().hex[:6]}")
@@ -104,10 +138,14 @@ def test_the_dra_driver_labels_its_node_and_publishes_the_inventory_annotation(c
     (unit,) = inventory["resources"]["example.com/gpu-share"]["units"]
     assert (unit["uuid"], unit["total"], unit["used"], unit["free"], unit["health"]) == (U0, 4, 3, 1, "Healthy")
     assert len(inventory["pods"]) == 1  # the trainer's digest
-    assert json.loads(stored.metadata.annotations["example.com/gpu-share.labels"]) == sorted(k for k in labels if k.startswith("example.com/"))
+    assert json.loads(stored.metadata.annotations["example.com/gpu-share.labels"]) == sorted(
+        k for k in labels if k.startswith("example.com/")
+    )
 
 
-def test_a_watchdog_event_lands_on_the_pod_in_dra_mode(controlplane: Any, driver: Any, kubelet: KubeletSimulator) -> None:
+def test_a_watchdog_event_lands_on_the_pod_in_dra_mode(
+    controlplane: Any, driver: Any, kubelet: KubeletSimulator
+) -> None:
     api = controlplane.api_client()
     d = driver()
     ns = namespace(api, f"dra-ops-{uuid.uuid4().hex[:6]}")
@@ -116,12 +154,16 @@ def test_a_watchdog_event_lands_on_the_pod_in_dra_mode(controlplane: Any, driver
     d.events.deliver()
     (event,) = _events(api, ns, "greedy")
     assert event.reason == "GPUMemoryOverLimit" and event.type == "Warning" and event.involved_object.kind == "Pod"
-    assert event.message == (f"container {ns}/greedy/app uses 9000 MiB of GPU memory on {U0}, over the 7680 MiB of its 2 share(s) of "
-                             "example.com/gpu-share")
+    assert event.message == (
+        f"container {ns}/greedy/app uses 9000 MiB of GPU memory on {U0}, over the 7680 MiB of its 2 share(s) of "
+        "example.com/gpu-share"
+    )
     assert event.source.host == d.options.node_name
 
 
-def test_kill_without_the_hosts_pid_namespace_reports_and_says_why(controlplane: Any, driver: Any, kubelet: KubeletSimulator) -> None:
+def test_kill_without_the_hosts_pid_namespace_reports_and_says_why(
+    controlplane: Any, driver: Any, kubelet: KubeletSimulator
+) -> None:
     """The test's --proc-root has no PID 1: the namespaces cannot be compared, so the watchdog does not kill (a host
     PID would name another process in the driver's namespace) and its Event says why."""
     api = controlplane.api_client()
@@ -134,5 +176,6 @@ def test_kill_without_the_hosts_pid_namespace_reports_and_says_why(controlplane:
     d.events.deliver()
     (event,) = _events(api, ns, "greedy")
     assert killed == [] and event.reason == "GPUMemoryOverLimit"
-    assert event.message.endswith(f"; not killed: the PID namespaces cannot be compared ({d.options.proc_root}/1/ns/pid: No such file or directory)")
+    unreadable = f"{d.options.proc_root}/1/ns/pid: No such file or directory"
+    assert event.message.endswith(f"; not killed: the PID namespaces cannot be compared ({unreadable})")
     assert d.agent.watchdog.kills_refused == 1 and d.agent.watchdog.kills == 0

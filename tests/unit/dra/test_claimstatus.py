@@ -26,7 +26,13 @@ T4 = node("2xT4")
 
 
 def _claim(name: str = "c", device: str = "gpu-1", shares: int = 3) -> PreparedClaim:
-    return PreparedClaim(f"uid-{name}", "ns", name, (PreparedDevice("gpu", "2xT4", device, ("cdi",), "share-1", shares, shares * 3840),), "")
+    return PreparedClaim(
+        f"uid-{name}",
+        "ns",
+        name,
+        (PreparedDevice("gpu", "2xT4", device, ("cdi",), "share-1", shares, shares * 3840),),
+        "",
+    )
 
 
 def _nowhere() -> Any:
@@ -36,7 +42,10 @@ def _nowhere() -> Any:
 
 
 def _counts(registry: CollectorRegistry) -> dict[str, float]:
-    return {r: registry.get_sample_value("gpushare_dra_claim_status_writes_total", {"result": r}) or 0.0 for r in STATUS_RESULTS}
+    return {
+        r: registry.get_sample_value("gpushare_dra_claim_status_writes_total", {"result": r}) or 0.0
+        for r in STATUS_RESULTS
+    }
 
 
 def test_the_data_names_the_unit_its_shares_and_memory_limit_of_this_drivers_devices(tmp_path: Path) -> None:
@@ -44,13 +53,27 @@ def test_the_data_names_the_unit_its_shares_and_memory_limit_of_this_drivers_dev
     devices = {d.name: d for d in driver.devices}
     gone = PreparedDevice("gpu", "2xT4", "gpu-9", (), None, 1, 100)  # a device a reload removed: no entry
     claim = PreparedClaim("u", "ns", "c", (*_claim().devices, gone), "")
-    assert device_status(claim, devices, DRIVER) == [{
-        "driver": DRIVER, "pool": "2xT4", "device": "gpu-1", "shareID": "share-1",
-        "data": {"version": 1, "uuid": T4.gpus[1].uuid, "gpu": 1, "shares": 3, "totalShares": 4, "memoryLimitMiB": 11520},
-    }]
+    assert device_status(claim, devices, DRIVER) == [
+        {
+            "driver": DRIVER,
+            "pool": "2xT4",
+            "device": "gpu-1",
+            "shareID": "share-1",
+            "data": {
+                "version": 1,
+                "uuid": T4.gpus[1].uuid,
+                "gpu": 1,
+                "shares": 3,
+                "totalShares": 4,
+                "memoryLimitMiB": 11520,
+            },
+        }
+    ]
 
 
-def test_a_failing_write_is_retried_with_a_capped_backoff_then_given_up_logged_and_counted(tmp_path: Path, caplog: Any) -> None:
+def test_a_failing_write_is_retried_with_a_capped_backoff_then_given_up_logged_and_counted(
+    tmp_path: Path, caplog: Any
+) -> None:
     registry = CollectorRegistry()
     clock = ManualClock()
     writer = ClaimStatusWriter(_nowhere(), make_driver(tmp_path), DraMetrics(registry), clock=clock)
@@ -64,7 +87,9 @@ def test_a_failing_write_is_retried_with_a_capped_backoff_then_given_up_logged_a
     assert waits[:-1] == [0.5, 1.0, 2.0, 4.0] and all(w <= BACKOFF_MAX for w in waits[:-1])
     assert waits[-1] == claimstatus.IDLE_WAIT and writer.queued == 0  # given up after the last attempt
     assert _counts(registry) == {"ok": 0, "retried": MAX_ATTEMPTS - 1, "failed": 1, "gone": 0, "dropped": 0}
-    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == claimstatus.__name__]
+    (line,) = [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == claimstatus.__name__
+    ]
     assert line.startswith(f"cannot write status.devices of claim ns/c (attempt {MAX_ATTEMPTS} of {MAX_ATTEMPTS}): ")
 
 

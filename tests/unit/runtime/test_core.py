@@ -36,9 +36,25 @@ def front_ends(kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path) -> I
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0"):
         (root / "dev" / name).touch()
     config = tmp_path / "config.yaml"
-    config.write_text(json.dumps({"version": "v1", "deviceSpecs": True, "deviceRoot": str(root), "pools": [{"name": "w", "mode": "exclusive"}]}))
-    options = DaemonOptions(config_file=str(config), node_name="2xT4", plugin_dir=plugin_dir, pod_resources_socket=kubelet.pod_resources_socket,
-                            metrics_port=0, reload_interval=60, timings=FAST)
+    config.write_text(
+        json.dumps(
+            {
+                "version": "v1",
+                "deviceSpecs": True,
+                "deviceRoot": str(root),
+                "pools": [{"name": "w", "mode": "exclusive"}],
+            }
+        )
+    )
+    options = DaemonOptions(
+        config_file=str(config),
+        node_name="2xT4",
+        plugin_dir=plugin_dir,
+        pod_resources_socket=kubelet.pod_resources_socket,
+        metrics_port=0,
+        reload_interval=60,
+        timings=FAST,
+    )
     made: list[Any] = []
 
     def make(api: str) -> PluginDaemon | DraDaemon:
@@ -46,7 +62,9 @@ def front_ends(kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path) -> I
         if api == "deviceplugin":
             d: PluginDaemon | DraDaemon = build_daemon(inventory, options)
         else:
-            dra = DraOptions(registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi")
+            dra = DraOptions(
+                registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi"
+            )
             d = DraDaemon(inventory, options, dra, None, read_config(str(config)))
         made.append(d)
         return d
@@ -57,14 +75,23 @@ def front_ends(kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path) -> I
 
 
 @pytest.mark.parametrize("api", ["deviceplugin", "dra"])
-def test_each_front_end_gets_the_health_monitor_with_the_device_node_check_and_the_core_state(front_ends: Any, api: str) -> None:
+def test_each_front_end_gets_the_health_monitor_with_the_device_node_check_and_the_core_state(
+    front_ends: Any, api: str
+) -> None:
     d = front_ends(api)
     core = d.core
     assert core.monitor.node_check is core.device_nodes and d.state is core.state and d.monitor is core.monitor
-    assert d.reloader.consumers[-3:] == (d.agent.watchdog, d.agent, core)  # the core's after the front end's; no client: no publisher
+    assert d.reloader.consumers[-3:] == (
+        d.agent.watchdog,
+        d.agent,
+        core,
+    )  # the core's after the front end's; no client: no publisher
     assert d.publisher is None and d.events is None
     core.first_pass()
-    assert "deviceSpecs: device node(s) missing" in core.state.snapshot().reasons[U1] and U0 not in core.state.snapshot().unhealthy
+    assert (
+        "deviceSpecs: device node(s) missing" in core.state.snapshot().reasons[U1]
+        and U0 not in core.state.snapshot().unhealthy
+    )
 
 
 def test_the_device_plugin_servers_read_the_core_state(front_ends: Any) -> None:
@@ -91,9 +118,19 @@ def test_every_stop_step_runs_when_one_fails_and_the_first_failure_is_raised(fro
     caplog.set_level(logging.DEBUG, logger="deviceplugin.runtime.core")
     with pytest.raises(RuntimeError, match="would not stop"):
         d.core.stop([("broken servers", broken), ("device-plugin servers", d.manager.stop)])
-    steps = [r.getMessage().split(" in ")[0] for r in caplog.records if r.getMessage().startswith("stop: ") and " in " in r.getMessage()]
-    assert steps == ["stop: config reloader", "stop: broken servers", "stop: device-plugin servers", "stop: node-agent", "stop: health",
-                     "stop: inventory"]
+    steps = [
+        r.getMessage().split(" in ")[0]
+        for r in caplog.records
+        if r.getMessage().startswith("stop: ") and " in " in r.getMessage()
+    ]
+    assert steps == [
+        "stop: config reloader",
+        "stop: broken servers",
+        "stop: device-plugin servers",
+        "stop: node-agent",
+        "stop: health",
+        "stop: inventory",
+    ]
 
 
 def test_host_pid_namespace_compares_the_pid_namespaces_and_fails_closed(tmp_path: Path) -> None:
