@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -40,11 +41,13 @@ from ..model.pods import PodDirectory
 from ..mps.control import MpsLiveness
 from ..obs.http import MetricsServer
 from ..obs.metrics import MetricSources, StateCollector
-from ..plugin.manager import PluginManager
 from ..state import NodeState
 from .options import DaemonOptions
 from .plan import Plan
 from .reload import ConfigConsumer, ConfigReloader
+
+if TYPE_CHECKING:  # the device plugin's manager, for its metrics only: the core imports neither front end's servers
+    from ..plugin.manager import PluginManager
 
 log = logging.getLogger(__name__)
 

@@ -146,3 +146,19 @@ def test_host_pid_namespace_compares_the_pid_namespaces_and_fails_closed(tmp_pat
     (other / "1" / "ns" / "pid").touch()
     assert "not in the host's PID namespace" in (host_pid_namespace(str(other), str(own)) or "")
     assert "cannot be compared" in (host_pid_namespace(str(tmp_path / "nothing"), str(own)) or "")
+
+
+def test_the_core_imports_neither_front_end() -> None:
+    """runtime.core is under both front ends: it imports neither (runtime.serving/daemon, runtime.dra) nor their
+    servers (plugin.manager, dra/) at run time."""
+    import ast
+
+    import deviceplugin.runtime.core as core
+
+    tree = ast.parse(Path(core.__file__).read_text())
+    imported = {
+        node.module or ""
+        for node in tree.body  # module level: TYPE_CHECKING blocks are `if` statements, not imports
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert not imported & {"serving", "daemon", "dra", "plugin.manager"} and not any(m.startswith("dra") for m in imported)
