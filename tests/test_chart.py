@@ -56,7 +56,8 @@ DRA_OBJECTS = {("ServiceAccount", "gpu-share-dra"), ("ClusterRole", "gpu-share-d
                ("ValidatingAdmissionPolicy", "gpu-share-dra-no-share-mapping"),
                ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-no-share-mapping"),
                ("ValidatingAdmissionPolicy", "gpu-share-dra-capacity-convention"),
-               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-capacity-convention")}
+               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-capacity-convention"),
+               ("ValidatingAdmissionPolicy", "gpu-share-dra-own-node"), ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-own-node")}
 DRA_ONLY = {"dra.enabled": "true", "dra.draOnly": "true", "plugin.enabled": "false"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass"}
 
@@ -569,6 +570,26 @@ def test_the_capacity_convention_follows_dra_capacity_and_the_configs_pools(tmp_
     assert proc.returncode != 0 and "at '/dra/capacity': value must be one of 'shares', 'memory'" in proc.stderr, proc.stderr
 
 
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def test_dra_host_pid_is_an_opt_in_rendered_as_the_kustomize_component_renders_it(tmp_path):
+    """dra.hostPID (default false: not rendered) puts the driver in the host's PID namespace, for the kill policy;
+    daemonset/dra/optional/host-pid does the same, and the two pods are equal with it as without it."""
+    assert "hostPID" not in by_kind(render(DRA))[("DaemonSet", "gpu-share-dra")]["spec"]["template"]["spec"]
+    chart = by_kind(render({**DRA, "dra.hostPID": "true"}))[("DaemonSet", "gpu-share-dra")]
+    assert chart["spec"]["template"]["spec"]["hostPID"] is True
+    copy = tmp_path / "dra"
+    shutil.copytree(ROOT / "daemonset" / "dra", copy)
+    kustomization = copy / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace("# components:\n#   - optional/dra-only\n#   - optional/host-pid",
+                                                               "components:\n  - optional/host-pid"))
+    proc = subprocess.run(["kubectl", "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    kustomized = by_kind([d for d in yaml.safe_load_all(proc.stdout) if d])[("DaemonSet", "gpu-share-dra")]
+    assert _pod_spec(chart) == _pod_spec(kustomized)
+    proc = helm("template", "gs", str(CHART), "--set=dra.enabled=true", "--set=dra.hostPID=yes", check=False)
+    assert proc.returncode != 0 and "hostPID" in proc.stderr  # the schema: a boolean
+
+
 @needs_helm
 def test_dra_only_adds_its_policy_and_needs_the_plugin_off():
     base = set(by_kind(render({**DRA, "plugin.enabled": "false"})))
@@ -989,7 +1010,7 @@ def test_the_charts_files_are_copies_of_the_kustomization_sources():
     assert proc.returncode == 0, proc.stderr
     assert {str(p.relative_to(CHART / "files")) for p in (CHART / "files").rglob("*") if p.is_file()} == {
         "admission-policy.yaml", "config.yaml", "gpu-share-dashboard.json", "dra/01-rbac.yaml", "dra/02-deviceclasses.yaml",
-        "dra/04-slice-policy.yaml", "dra/05-share-mapping-policy.yaml", "dra/06-capacity-policy.yaml", "dra/dra-only-policy.yaml"}
+        "dra/04-slice-policy.yaml", "dra/05-share-mapping-policy.yaml", "dra/06-capacity-policy.yaml", "dra/07-node-patch-policy.yaml", "dra/dra-only-policy.yaml"}
 
 
 @needs_helm

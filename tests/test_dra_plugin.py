@@ -200,3 +200,23 @@ def test_a_claim_named_twice_in_one_call_gets_its_devices_once(started) -> None:
     ref = claims.add([result("gpu-0", shares=1)])
     assert [d.device_name for d in kubelet.prepare(DRIVER, [ref, ref])[ref[2]]] == ["gpu-0"]
     assert plugin.driver.ledger() == {"gpu-0": 1}
+
+
+def test_the_after_prepare_hook_gets_the_prepared_claims_and_cannot_fail_the_prepare(started) -> None:
+    """The claims' status writer hangs off `after_prepare` (dra.claimstatus): it gets every claim prepared in the
+    call, not the refused ones, and whatever it raises the kubelet gets the prepared devices."""
+    plugin, kubelet, claims, _ = started()
+    kubelet.wait_registered(DRIVER)
+    seen: list[list[str]] = []
+
+    def hook(prepared: list[Any]) -> None:
+        seen.append(sorted(c.uid for c in prepared))
+        raise RuntimeError("the API is down")
+
+    plugin.after_prepare = hook
+    good = claims.add([result("gpu-0", shares=2)])
+    bad = claims.add([result("gpu-9", shares=1)])  # no such device: refused
+    devices = kubelet.prepare(DRIVER, [good])[good[2]]
+    assert [d.device_name for d in devices] == ["gpu-0"]
+    assert "gpu-9" in kubelet.prepare_errors(DRIVER, [bad])[bad[2]]
+    assert seen == [[good[2]]]  # the refused claim's call prepared nothing: no call

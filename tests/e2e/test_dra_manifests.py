@@ -8,6 +8,7 @@ import itertools
 import json
 import shutil
 import subprocess
+import uuid
 from typing import Any
 
 import pytest
@@ -252,3 +253,110 @@ def test_a_memory_convention_refuses_shares_naming_the_memory_to_ask(installed: 
     finally:
         for obj in objects:  # cluster-scoped: the session API server is shared
             delete(api, obj)
+
+
+def _allocated_claim(admin: Any, ns: str, name: str, node: str) -> dict[str, Any]:
+    """A claim allocated on `node` to the driver's gpu-0, 2 of its shares, as kube-scheduler writes it (as admin)."""
+    claim = request(
+        admin,
+        "POST",
+        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-share-shares"}}]}},
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu-share.example.com",
+                        "pool": node,
+                        "device": "gpu-0",
+                        "shareID": str(uuid.uuid4()),
+                        "consumedCapacity": {"shares": "2"},
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    }
+    return request(admin, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status", claim)
+
+
+def test_the_driver_labels_only_its_own_node_and_writes_status_devices_only_of_claims_on_it(
+    installed: Any, tmp_path: Any
+) -> None:
+    """The DRA RBAC and 07-node-patch-policy.yaml with a token bound to a driver pod on one node: it patches that
+    Node's labels and annotations (not its spec, not another Node), posts Events, and writes status.devices (the
+    driver's own writer, dra.claimstatus) of a claim allocated on its node, never of one allocated elsewhere."""
+    from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
+    from deviceplugin.dra.claimstatus import ClaimStatusWriter
+    from deviceplugin.kube.client import NodeClient
+    from tests.support.dra import make_driver
+
+    admin = installed.api_client()
+    mine, other = f"own-{next(_ids)}", f"own-{next(_ids)}"
+    ready_node(admin, mine)
+    ready_node(admin, other)
+    driver = _driver_client(installed, mine)
+    own, theirs = NodeClient(client.CoreV1Api(driver), mine), NodeClient(client.CoreV1Api(driver), other)
+
+    def refused_elsewhere() -> bool:
+        try:
+            theirs.patch_metadata({"example.com/gpu.count": "2"}, {})
+        except client.ApiException as err:
+            assert err.status == 403, err
+            return "gpu-share-dra may patch only the node its pod runs on" in str(err.body)
+        return False
+
+    assert wait_until(refused_elsewhere, timeout=10)  # the policy takes effect a moment after it is created
+    own.patch_metadata({"example.com/gpu.count": "2"}, {"example.com/gpu-share.inventory": "{}"})
+    assert own.labels()["example.com/gpu.count"] == "2"
+    with pytest.raises(client.ApiException, match="only the labels and annotations"):
+        client.CoreV1Api(driver).patch_node(mine, {"spec": {"unschedulable": True}})
+    own.pod_event("default", "some-pod", None, "GPUMemoryOverLimit", "a test Event")
+
+    ns = f"status-{next(_ids)}"
+    client.CoreV1Api(admin).create_namespace({"metadata": {"name": ns}})
+    writer = ClaimStatusWriter(driver, make_driver(tmp_path))
+    statuses = {}
+    for name, node in (("here", mine), ("elsewhere", other)):
+        claim = _allocated_claim(admin, ns, name, node)
+        result = claim["status"]["allocation"]["devices"]["results"][0]
+        prepared = PreparedClaim(
+            claim["metadata"]["uid"],
+            ns,
+            name,
+            (PreparedDevice("gpu", node, "gpu-0", (), result["shareID"], 2, 7680),),
+            "",
+        )
+        statuses[name] = writer._apply(prepared)
+    assert statuses["here"][0] == 200, statuses
+    # another node's claim: refused as a field the driver may not write (it holds associated-node:patch only)
+    assert statuses["elsewhere"][0] == 422 and "arbitrary-node:patch" in statuses["elsewhere"][1], statuses
+    stored = request(admin, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/here")
+    (entry,) = stored["status"]["devices"]
+    assert {k: entry[k] for k in ("driver", "pool", "device")} == {
+        "driver": "gpu-share.example.com",
+        "pool": mine,
+        "device": "gpu-0",
+    }
+    assert entry["data"] == {
+        "version": 1,
+        "uuid": "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000",
+        "gpu": 0,
+        "shares": 2,
+        "totalShares": 4,
+        "memoryLimitMiB": 7680,
+    }
+    assert not request(admin, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/elsewhere")[
+        "status"
+    ].get("devices")
+    client.CoreV1Api(admin).delete_namespace(ns)

@@ -233,6 +233,11 @@ def test_a_claim_of_three_shares_reaches_the_container_through_containerd_cdi(re
     env = env_of(api, cluster, "dra-three", "GPU_SHARE_COUNT")
     assert env["GPU_SHARE_COUNT"] == "3"
     assert env["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(3 * T4_MIB // 10)
+    # What the real kubelet's prepare gave the claim, in its status (KEP-4817), as the container got it.
+    devices = wait_for(lambda: request(api, "GET", CLAIMS.format(ns=cluster) + "/dra-three")["status"].get("devices"), 30)
+    assert [(d["driver"], d["pool"], d["data"]["shares"], d["data"]["memoryLimitMiB"]) for d in devices] == [
+        ("gpu-share.example.com", realnode.name, 3, 3 * T4_MIB // 10)
+    ]
     delete(api, cluster, "dra-three")
     wait_for(lambda: not cdi_spec(realnode, uid).exists() and uid not in recorded(realnode), 30)  # unprepared when the pod went
 

@@ -104,7 +104,7 @@ CEL expressions (they quote it alone, 'example.com', for kustomize's replacement
 release namespace on the ServiceAccount and the ClusterRoleBinding's subjects. */}}
 {{- define "gpu-share.draObjects" -}}
 {{- $domain := include "gpu-share.domain" .root -}}
-{{- $text := .root.Files.Get (printf "files/dra/%s" .file) | replace "'example.com'" (squote $domain) -}}
+{{- $text := .root.Files.Get (printf "files/dra/%s" .file) | replace "'example.com'" (squote $domain) | replace "\"gpu-share.example.com\"" (printf "\"gpu-share.%s\"" $domain) -}}
 {{- $objects := list -}}
 {{- range regexSplit "(?m)^---$" $text -1 -}}
 {{- $object := fromYaml . -}}
