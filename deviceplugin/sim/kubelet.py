@@ -142,6 +142,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self._running = False
         self._generation = 0  # one per start: a Register that outlives its kubelet is refused
         self._accepted: dict[tuple[int, str], int] = {}  # (generation, resource) -> accepted Register calls
+        self.started_at: dict[int, float] = {}  # generation -> time.monotonic() once it listens
+        self.first_accepted_at: dict[tuple[int, str], float] = {}  # (generation, resource) -> time.monotonic()
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -157,6 +159,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self._running = True
         self._generation += 1
         self._server.start()
+        self.started_at[self._generation] = time.monotonic()
         log.info("kubelet simulator listening on %s", self.socket)
 
     def stop(self) -> None:
@@ -221,6 +224,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             self._endpoints[request.resource_name] = endpoint  # newest registration wins
             key = (generation, request.resource_name)
             self._accepted[key] = self._accepted.get(key, 0) + 1
+            self.first_accepted_at.setdefault(key, time.monotonic())
             self._cond.notify_all()
         if old is not None:
             old.stopped = True  # replaced; its connection is left open, as the kubelet does

@@ -1,0 +1,63 @@
+"""The plugin's one registration channel to kubelet.sock, shared by every resource's server.
+
+A channel per Register attempt (the first design) cost gRPC a channel, a subchannel and a connection per attempt
+and per resource: in restart storms that churn is what grew the plugin's native memory. Here there is one channel
+per kubelet instance, keyed by kubelet.sock's identity (inode, ctime): a new kubelet gets a new channel, so no
+subchannel still in reconnect backoff from the dead one is ever reused (docs/kubelet.md#registration), and the old
+channel is closed at once, which cancels any Register still waiting on the dead kubelet rather than leaving it to
+its deadline. Everything here runs on the plugin's asyncio loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import grpc
+import grpc.aio
+
+from ..api import deviceplugin_pb2 as pb
+from ..api import deviceplugin_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+# A channel of its own subchannel pool: a global-pool subchannel of the same target may outlive our channel.
+CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0))
+
+
+class RegistrationChannel:
+    """One gRPC channel to `socket` for the kubelet instance listening there now; closed when it is replaced."""
+
+    def __init__(self, socket: Path) -> None:
+        self.socket = socket
+        self.opened = 0  # channels opened so far (benchmarks and tests count them)
+        self._channel: grpc.aio.Channel | None = None
+        self._identity: tuple[int, int] | None = None
+
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """The kubelet instance (kubelet.sock's inode, ctime) the open channel was made for; None when closed."""
+        return self._identity if self._channel is not None else None
+
+    async def register(self, request: pb.RegisterRequest, identity: tuple[int, int], timeout: float) -> None:
+        """Register with the kubelet whose kubelet.sock has `identity`; gRPC errors are raised as they come."""
+        channel = await self.follow(identity)
+        await pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
+
+    async def follow(self, identity: tuple[int, int]) -> grpc.aio.Channel:
+        """The channel for this kubelet instance: the open one, or a new one when kubelet.sock changed (the old one is
+        closed, cancelling its calls)."""
+        if self._channel is None or self._identity != identity:
+            old, self._channel = self._channel, grpc.aio.insecure_channel(f"unix:{self.socket}", options=CHANNEL_OPTIONS)
+            self._identity = identity
+            self.opened += 1
+            if old is not None:
+                log.debug("kubelet.sock was replaced: closing the registration channel to the old kubelet")
+                await old.close()
+        return self._channel
+
+    async def close(self) -> None:
+        """Close the channel (cancelling any Register in flight); a later `register` opens a new one."""
+        channel, self._channel, self._identity = self._channel, None, None
+        if channel is not None:
+            await channel.close()
