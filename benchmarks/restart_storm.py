@@ -134,7 +134,7 @@ def storms(storm_count: int, restarts: int, gap: tuple[float, float], seed: int 
         "rss_start_mib": round(rss_start, 1),
         "rss_end_mib": round(rss_end, 1),
         "rss_max_mib": round(max(hwm, sampler.peak_mib), 1),
-        "rss_max_per_storm_mib": storm_peaks,
+        "rss_max_per_storm_mib": " ".join(map(str, storm_peaks)),
         "threads_start_max_end": f"{threads_start}/{threads_max}/{threads_end}",
         "fds_start_max_end": f"{fds_start}/{fds_max}/{fds_end}",
         "kubelet_starts": len(gaps),

@@ -21,12 +21,14 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
-    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra", "dra_slices", "dra_tenants", "stop")}
+    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra", "dra_slices", "dra_tenants", "stop", "restart_storm")}
     assert results["admission-smoke"]["allocate"]["n"] == 50 and results["admission-smoke"]["devices"] == 512
     assert "over the 2097152 byte budget" in results["scale-smoke"]["60000_devices_refused_with"]
     assert results["recovery-smoke"]["socket_created_to_register_max_ms"] > 0
     assert results["kubelet_link-smoke"]["streams"]["extra_register_calls"] == 0
     assert results["kubelet_link-smoke"]["storm"]["registered_at_the_end"]
+    storm = results["restart_storm-smoke"]
+    assert storm["registered_at_the_end"] and storm["kubelet_starts"] == 10 and storm["rss_max_mib"] > 0
     assert results["footprint-smoke"]["rss_after_start_mib"] > 0
     assert results["scrape-smoke"]["containers"] == 20 and results["scrape-smoke"]["body_bytes"] > 0
     assert [r["nodes"] for r in results["extender-smoke"]["filter_prioritize"]] == [50, 200]

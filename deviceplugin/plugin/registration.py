@@ -10,6 +10,7 @@ its deadline. Everything here runs on the plugin's asyncio loop.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -23,6 +24,10 @@ log = logging.getLogger(__name__)
 
 # A channel of its own subchannel pool: a global-pool subchannel of the same target may outlive our channel.
 CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0))
+
+
+class KubeletReplaced(RuntimeError):
+    """A Register cut short because kubelet.sock was replaced (the channel to the old kubelet was closed)."""
 
 
 class RegistrationChannel:
@@ -42,7 +47,15 @@ class RegistrationChannel:
     async def register(self, request: pb.RegisterRequest, identity: tuple[int, int], timeout: float) -> None:
         """Register with the kubelet whose kubelet.sock has `identity`; gRPC errors are raised as they come."""
         channel = await self.follow(identity)
-        await pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
+        try:
+            await pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
+        except asyncio.CancelledError:
+            # gRPC raises CancelledError in every call of a channel that is closed: unless this task is the one
+            # being cancelled, that was `follow` closing the channel to a kubelet that was replaced.
+            task = asyncio.current_task()
+            if channel is self._channel or (task is not None and task.cancelling()):
+                raise
+            raise KubeletReplaced("kubelet.sock was replaced while Register waited on the old kubelet") from None
 
     async def follow(self, identity: tuple[int, int]) -> grpc.aio.Channel:
         """The channel for this kubelet instance: the open one, or a new one when kubelet.sock changed (the old one is
