@@ -8,6 +8,12 @@ kubelet start the time until every resource was registered with it again.
 
 Targets (issue 31): RSS <= 120 MiB, every resource re-registered within 1 s of each kubelet start. A kubelet that
 lives less than that before the next restart cannot miss the target; it counts only if it lived over 1 s unregistered.
+
+`--churn SECONDS` isolates the trigger instead: Register calls, three at a time, from a fresh process against a
+kubelet.sock whose server (another process) restarts every 0-50 ms; the client's peak RSS with
+- `first_design`: a channel per attempt with gRPC's default retries, as the plugin registered before issue 31;
+- `per_attempt_no_retries`: a channel per attempt with the plugin's channel options (`grpc.enable_retries` 0);
+- `plugin`: the plugin's RegistrationChannel (one channel per kubelet instance, retries off).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from deviceplugin.sim.kubelet import KubeletSimulator
 
 from .common import node_file, open_fds, threads
 
+CLIENTS = ("first_design", "per_attempt_no_retries", "plugin")
 RESOURCES = ("example.com/gpu", "example.com/gpu-share", "example.com/gpu-quarter")
 POOLS = [
     {"name": "whole", "mode": "exclusive", "resource": "gpu", "gpus": {"indexes": [0, 1]}},
@@ -148,8 +155,100 @@ def storms(storm_count: int, restarts: int, gap: tuple[float, float], seed: int 
     }
 
 
+def _flapping_kubelet(socket: Path) -> None:
+    """A Registration server on `socket` that stops (cancelling its calls) and starts again every 0-50 ms, forever."""
+    from concurrent import futures
+
+    import grpc
+
+    from deviceplugin.api import deviceplugin_pb2 as pb
+    from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+
+    class Registration(pb_grpc.RegistrationServicer):
+        def Register(self, request, context):
+            time.sleep(random.uniform(0, 0.02))  # the real kubelet dials the plugin back before it answers
+            return pb.Empty()
+
+    while True:
+        executor = futures.ThreadPoolExecutor(max_workers=4)
+        server = grpc.server(executor)
+        pb_grpc.add_RegistrationServicer_to_server(Registration(), server)
+        socket.unlink(missing_ok=True)
+        server.add_insecure_port(f"unix:{socket}")
+        server.start()
+        time.sleep(random.uniform(0, 0.05))
+        server.stop(0).wait()
+        executor.shutdown(wait=False)
+
+
+def _churn_client(socket: Path, seconds: float, client: str) -> dict:
+    """Register calls, three at a time, for `seconds`, as `client` (one of CLIENTS) makes them."""
+    import asyncio
+
+    import grpc
+    import grpc.aio
+
+    from deviceplugin.api import deviceplugin_pb2 as pb
+    from deviceplugin.api import deviceplugin_pb2_grpc as pb_grpc
+    from deviceplugin.plugin.registration import CHANNEL_OPTIONS, RegistrationChannel
+    from deviceplugin.plugin.server import kubelet_identity
+
+    shared = RegistrationChannel(socket)
+    request = pb.RegisterRequest(version="v1beta1", endpoint="x.sock", resource_name="example.com/x")
+    counts = {"attempts": 0, "channels": 0}
+    per_attempt = {"first_design": (("grpc.use_local_subchannel_pool", 1),), "per_attempt_no_retries": CHANNEL_OPTIONS}.get(client)
+
+    async def attempt() -> None:
+        identity = kubelet_identity(socket)
+        if identity is None:
+            return
+        counts["attempts"] += 1
+        try:
+            if per_attempt is not None:
+                counts["channels"] += 1
+                async with grpc.aio.insecure_channel(f"unix:{socket}", options=per_attempt) as channel:
+                    await pb_grpc.RegistrationStub(channel).Register(request, timeout=2)
+            else:
+                await shared.register(request, identity, 2)
+        except (grpc.aio.AioRpcError, RuntimeError):
+            pass
+
+    async def main() -> float:
+        peak, deadline = 0.0, time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.gather(attempt(), attempt(), attempt())
+            peak = max(peak, _status_kib(os.getpid(), "VmRSS") / 1024)
+        await shared.close()
+        return peak
+
+    peak = asyncio.run(main())
+    channels = counts["channels"] if per_attempt is not None else shared.opened
+    return {"attempts": counts["attempts"], "channels": channels, "rss_max_mib": round(peak, 1),
+            "rss_end_mib": round(_status_kib(os.getpid(), "VmRSS") / 1024, 1)}
+
+
+def churn(seconds: float) -> dict:
+    """The churn comparison: each client in a fresh process, against the same flapping kubelet."""
+    with tempfile.TemporaryDirectory(prefix="gsc-", dir="/tmp") as tmp:
+        socket = Path(tmp) / "kubelet.sock"
+        flapping = subprocess.Popen([sys.executable, "-m", "benchmarks.restart_storm", "--flap", str(socket)], stderr=subprocess.DEVNULL)
+        try:
+            result = {}
+            for name in CLIENTS:
+                out = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.restart_storm", "--churn", str(seconds), "--socket", str(socket), "--client", name],
+                    capture_output=True, text=True, timeout=seconds + 60, check=True,
+                ).stdout
+                result[name] = json.loads(out)
+        finally:
+            flapping.kill()
+            flapping.wait(10)
+    return {"seconds": seconds, **result}
+
+
 def run(smoke: bool = False) -> dict:
-    return storms(2, 5, (0.05, 0.3)) if smoke else storms(20, 10, (0.05, 0.5))
+    storm = storms(2, 5, (0.05, 0.3)) if smoke else storms(20, 10, (0.05, 0.5))
+    return {**storm, "churn": churn(2 if smoke else 60)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,8 +257,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--restarts", type=int, default=10, help="restarts per storm")
     parser.add_argument("--gap", type=float, nargs=2, default=(0.05, 0.5), metavar=("MIN", "MAX"), help="seconds between restarts")
     parser.add_argument("--seed", type=int, default=31)
+    parser.add_argument("--churn", type=float, metavar="SECONDS", help="run the channel-churn comparison instead")
+    parser.add_argument("--flap", type=Path, help=argparse.SUPPRESS)  # the churn's flapping kubelet, on this socket
+    parser.add_argument("--socket", type=Path, help=argparse.SUPPRESS)  # with --client: one churn client
+    parser.add_argument("--client", choices=CLIENTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    print(json.dumps(storms(args.storms, args.restarts, tuple(args.gap), args.seed), indent=1))
+    if args.flap:
+        _flapping_kubelet(args.flap)
+    elif args.client:
+        print(json.dumps(_churn_client(args.socket, args.churn, args.client)))
+    elif args.churn:
+        print(json.dumps(churn(args.churn), indent=1))
+    else:
+        print(json.dumps(storms(args.storms, args.restarts, tuple(args.gap), args.seed), indent=1))
     return 0
 
 
