@@ -1,11 +1,12 @@
 """The plugin's one registration channel to kubelet.sock, shared by every resource's server.
 
-A channel per Register attempt (the first design) cost gRPC a channel, a subchannel and a connection per attempt
-and per resource: in restart storms that churn is what grew the plugin's native memory. Here there is one channel
-per kubelet instance, keyed by kubelet.sock's identity (inode, ctime): a new kubelet gets a new channel, so no
-subchannel still in reconnect backoff from the dead one is ever reused (docs/kubelet.md#registration), and the old
-channel is closed at once, which cancels any Register still waiting on the dead kubelet rather than leaving it to
-its deadline. Everything here runs on the plugin's asyncio loop.
+The first design opened a channel per Register attempt, with gRPC's default options: in kubelet restart storms, calls
+on such channels to a kubelet.sock whose server keeps going away made gRPC's native memory climb to gigabytes within a
+minute, with gRPC's retry support on (docs/performance.md#kubelet-restart-storms). Here there is one channel per
+kubelet instance, keyed by kubelet.sock's identity (inode, ctime), with retries off (the server's backoff loop retries
+every failed Register). A new kubelet gets a new channel, so no subchannel still in reconnect backoff from the dead one
+is reused (docs/kubelet.md#registration), and the old channel is closed at once, which cancels any Register still
+waiting on the dead kubelet rather than leaving it to its deadline. Everything here runs on the plugin's asyncio loop.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from ..api import deviceplugin_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-# A channel of its own subchannel pool: a global-pool subchannel of the same target may outlive our channel.
+# Its own subchannel pool: a global-pool subchannel of the same target may outlive our channel. No gRPC retries: they
+# are what grew memory in storms, and a failed Register is retried by the caller anyway.
 CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0))
 
 
