@@ -2,12 +2,12 @@
 
 The first design opened a channel per Register attempt, with gRPC's default options: in kubelet restart storms, calls
 on such channels to a kubelet.sock whose server keeps going away made gRPC's native memory climb to gigabytes within a
-minute: gRPC retried each call transparently, without limit, on every GOAWAY of the dying server
-(docs/performance.md#kubelet-restart-storms). Here there is one channel per
-kubelet instance, keyed by kubelet.sock's identity (inode, ctime), with retries off (the server's backoff loop retries
-every failed Register). A new kubelet gets a new channel, so no subchannel still in reconnect backoff from the dead one
-is reused (docs/kubelet.md#registration), and the old channel is closed at once, which cancels any Register still
-waiting on the dead kubelet rather than leaving it to its deadline. Everything here runs on the plugin's asyncio loop.
+minute, as gRPC retried each call transparently, without limit, on every GOAWAY of the dying server
+(docs/performance.md#kubelet-restart-storms). Here there is one channel per kubelet instance, keyed by kubelet.sock's
+identity (inode, ctime), with retries off (the server's backoff loop retries every failed Register). A new kubelet gets
+a new channel, so no subchannel still in reconnect backoff from the dead one is reused (docs/kubelet.md#registration),
+and the old channel is closed at once, which cancels any Register still waiting on the dead kubelet rather than leaving
+it to its deadline. Everything here runs on the plugin's asyncio loop.
 """
 
 from __future__ import annotations
