@@ -103,7 +103,7 @@ def test_restart_storm_settles_with_one_register_per_generation_and_no_leaks(kub
     assert accepted and max(accepted.values()) == 1
     assert len(kubelet.register_requests) <= manager.servers[0].register_calls
     # One registration channel per kubelet instance, never one per attempt: the churn that grew gRPC's memory.
-    assert manager.kubelet_channel.opened <= restarts + 1 < manager.servers[0].register_calls + 1
+    assert manager.kubelet_channel.opened <= restarts + 1
     assert registered(SHARE)(kubelet.resources())
     # Threads that outlive a round (a gRPC channel's, a probe's) end on their own: wait for them, then compare.
     wait_until(lambda: plugin_threads() <= threads, timeout=5)
