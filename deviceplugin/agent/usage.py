@@ -72,8 +72,10 @@ class PodResourcesClient:
     def __init__(self, socket: str | Path = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
         self.socket = Path(socket)
         self.timeout = timeout
+        # No gRPC retries: against a kubelet that is going away they repeat without limit (docs/performance.md
+        # #kubelet-restart-storms); a failed read is unknown and the caller reads again.
         self._channel = grpc.insecure_channel(
-            f"unix:{self.socket}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+            f"unix:{self.socket}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]
         )
         self._stub = pr_grpc.PodResourcesListerStub(self._channel)
 

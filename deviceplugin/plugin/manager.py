@@ -30,6 +30,7 @@ from ..model.usage import Hold
 from ..mps.control import MpsLiveness
 from ..state import NodeState
 from .inotify import DirectoryWatch
+from .registration import RegistrationChannel
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class PluginManager:
         self._unsettled = False  # some of it is not served yet: pending GPUs, or holds that could not be read
         self._next_pending_check = 0.0
         self._loop = loop or shared_loop()
+        self.kubelet_channel = RegistrationChannel(self.plugin_dir / KUBELET_SOCKET)  # every server's, one per kubelet
         self.servers = [self._new_server(r) for r in resources]
         self.mps_pools = MpsReadiness(self.state, mps or MpsLiveness(), resources, timings.watch_interval)  # checked by _poll
         self._lifecycle = asyncio.Lock()  # serialises start/stop/apply/check on the loop
@@ -129,7 +131,9 @@ class PluginManager:
         return self._poller is not None and not self._stopping
 
     def _new_server(self, resource: Resource) -> DevicePluginServer:
-        return DevicePluginServer(resource, self.plugin_dir, self.timings, self.metrics, self.state)
+        return DevicePluginServer(
+            resource, self.plugin_dir, self.timings, self.metrics, self.state, kubelet_channel=self.kubelet_channel
+        )
 
     # --- public, from any thread but the loop ---------------------------------------------------
     def start(self) -> None:
@@ -198,6 +202,7 @@ class PluginManager:
                 self._watch.close()
                 self._watch = None
             await asyncio.gather(*(s.shutdown() for s in self.servers))
+            await self.kubelet_channel.close()
 
     async def _apply(self, resources: list[Resource]) -> list[str]:
         for resource in resources:  # refuse a plan whose sockets cannot exist before anything is stopped
@@ -367,6 +372,8 @@ class PluginManager:
             log.info("kubelet.sock was recreated: the kubelet restarted")
         if current is not None:
             self._kubelet = current
+            if restarted and self.kubelet_channel.identity is not None:
+                await self.kubelet_channel.follow(current)  # a Register still waiting on the dead kubelet is cancelled
         restarts = []
         for server in self.servers:
             path = server.socket_path
