@@ -61,9 +61,11 @@ def _usage(
     for (key, _), items in held.items():
         first = next(iter(items.values()))[1]
         unit, resource = first.unit, first.resource
+        time_sliced = any(d.strategy == "timeSlicing" for d, _ in items.values())  # a SharingConfig's choice on an MPS pool
         shares.append(
             container_share(
-                key, resource, unit, list(items), sum(d.shares for d, _ in items.values()), sum(d.memory_mib for d, _ in items.values())
+                key, resource, unit, list(items), sum(d.shares for d, _ in items.values()), sum(d.memory_mib for d, _ in items.values()),
+                time_sliced=time_sliced,
             )
         )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))
