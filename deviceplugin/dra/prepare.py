@@ -326,8 +326,8 @@ class Driver:
 def allocation_digest(driver: str, allocation: Mapping[str, Any]) -> str:
     """What identifies an allocation for `driver`: a digest of its results (devices, shares, capacity, requests) and,
     when it has any, of its configs for `driver` (an allocation without them digests as records before configs did)."""
-    devices = allocation.get("devices") if isinstance(allocation.get("devices"), Mapping) else {}
-    results, configs = devices.get("results"), devices.get("config")
+    devices = allocation.get("devices")
+    results, configs = (devices.get("results"), devices.get("config")) if isinstance(devices, Mapping) else (None, None)
     ours: Any = [r for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver][: MAX_RESULTS_PER_CLAIM + 1]
     configured = [
         c for c in (configs if isinstance(configs, list) else ())[: MAX_CONFIGS_PER_CLAIM + 1]

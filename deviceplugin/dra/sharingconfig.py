@@ -52,10 +52,10 @@ _INTERVAL_REASON = (
     "default, so only Default is accepted"
 )
 
-_TOP = {"apiVersion": str, "kind": str, "sharing": dict}
-_SHARING = {"strategy": str, "mpsConfig": dict, "timeSlicingConfig": dict}
-_MPS = {"defaultActiveThreadPercentage": int, "defaultPinnedDeviceMemoryLimit": str}
-_TIME_SLICING = {"interval": str}
+_TOP: dict[str, type] = {"apiVersion": str, "kind": str, "sharing": dict}
+_SHARING: dict[str, type] = {"strategy": str, "mpsConfig": dict, "timeSlicingConfig": dict}
+_MPS: dict[str, type] = {"defaultActiveThreadPercentage": int, "defaultPinnedDeviceMemoryLimit": str}
+_TIME_SLICING: dict[str, type] = {"interval": str}
 
 
 def api_version(driver: str) -> str:
