@@ -224,3 +224,49 @@ def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
     n.pod("after", claim="after")
     assert n.bound("after")
     assert len(n.allocation("after")) == 1
+
+
+def test_a_device_class_config_comes_before_the_claims_and_both_reach_the_prepared_claim(make_node: Any, tmp_path: Any) -> None:
+    """kube-scheduler copies the DeviceClass's config (source FromClass) and then the claim's (FromClaim) into the
+    allocation; the driver, reading the claim from the API, applies the claim's to the request it names and the
+    class's to the other."""
+    import asyncio
+    import json
+
+    from deviceplugin.dra.claims import ApiClaims
+    from deviceplugin.dra.prepare import ClaimRef, prepare_claims
+    from deviceplugin.dra.sharingconfig import api_version
+    from tests.support.dra import MPS_POOLS, make_driver
+
+    def sharing(percent: int) -> dict[str, Any]:
+        return {"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}}}}
+
+    n = make_node("2xT4", parse_config({"version": "v1", "pools": MPS_POOLS}))
+    device_class = f"gpu-share-mps-capped-{next(_ids)}"
+    request(n.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": device_class},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes[device.driver].mode == 'mps'"}}],
+                 "config": [sharing(30)]}})
+    try:
+        requests = [{"name": r, "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"shares": "2"}}}} for r in ("a", "b")]
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "capped"},
+                "spec": {"devices": {"requests": requests, "config": [{"requests": ["a"], **sharing(10)}]}}}
+        request(n.api, "POST", CLAIMS.format(ns=n.ns), body)
+        n.pod("capped", claim="capped")
+        assert n.bound("capped")
+        stored = request(n.api, "GET", CLAIMS.format(ns=n.ns) + "/capped")
+        configs = stored["status"]["allocation"]["devices"]["config"]
+        assert [(c["source"], c.get("requests"), c["opaque"]["parameters"]["sharing"]["mpsConfig"]["defaultActiveThreadPercentage"]) for c in configs] == [
+            ("FromClass", ["a", "b"], 30), ("FromClaim", ["a"], 10)]  # a class config names the requests of that class
+        driver = make_driver(tmp_path)
+        driver.pool = n.name  # the example node's devices, in this node's pool
+        ref = ClaimRef(n.ns, "capped", stored["metadata"]["uid"])
+        claims = ApiClaims(n.api, DRIVER, n.name, timeout=5.0, cache=False)
+        outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
+        assert outcome.error == "" and outcome.claim is not None, outcome.error
+        spec = json.loads(driver.cdi.spec_path(ref.uid).read_text())
+        percent = {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for d in spec["devices"]}
+        assert percent == {f"{ref.uid}-0": "10", f"{ref.uid}-1": "30"}  # request a: the claim's config; b: the class's
+    finally:
+        request(n.api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}")  # the session API server is shared
