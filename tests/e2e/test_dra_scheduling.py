@@ -226,10 +226,10 @@ def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
     assert len(n.allocation("after")) == 1
 
 
-def test_a_device_class_config_comes_before_the_claims_and_both_reach_the_prepared_claim(make_node: Any, tmp_path: Any) -> None:
-    """kube-scheduler copies the DeviceClass's config (source FromClass) and then the claim's (FromClaim) into the
-    allocation; the driver, reading the claim from the API, applies the claim's to the request it names and the
-    class's to the other."""
+def test_class_and_claim_sharing_configs_and_the_shipped_example_reach_the_prepared_claim(make_node: Any, tmp_path: Any) -> None:
+    """kube-scheduler copies the DeviceClass's config (source FromClass, naming the class's requests) and then the
+    claim's (FromClaim) into the allocation; the driver, reading the claim from the API, applies the claim's to the
+    request it names and the class's to the other. The shipped example claim is accepted, allocated and applied."""
     import asyncio
     import json
 
@@ -268,5 +268,18 @@ def test_a_device_class_config_comes_before_the_claims_and_both_reach_the_prepar
         spec = json.loads(driver.cdi.spec_path(ref.uid).read_text())
         percent = {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for d in spec["devices"]}
         assert percent == {f"{ref.uid}-0": "10", f"{ref.uid}-1": "30"}  # request a: the claim's config; b: the class's
+        # The shipped example: its config is accepted by the API server, allocated on the MPS pool and applied.
+        for document in yaml.safe_load_all((DRA / "examples" / "claim-mps-limits.yaml").read_text()):
+            if document["kind"] == "ResourceClaim":
+                example = request(n.api, "POST", CLAIMS.format(ns=n.ns), document)
+            else:
+                document["spec"] |= {"schedulerName": SCHEDULER, "nodeSelector": {"kubernetes.io/hostname": n.name}}
+                client.CoreV1Api(n.api).create_namespaced_pod(n.ns, document)
+        assert n.bound("mps-capped")
+        ref = ClaimRef(n.ns, "mps-capped", example["metadata"]["uid"])
+        outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
+        assert outcome.error == "" and outcome.claim is not None and outcome.claim.devices[0].shares == 4, outcome.error
+        env = dict(e.split("=", 1) for e in json.loads(driver.cdi.spec_path(ref.uid).read_text())["devices"][0]["containerEdits"]["env"])
+        assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("20", "0=4096M")
     finally:
         request(n.api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}")  # the session API server is shared
