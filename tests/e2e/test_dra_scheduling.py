@@ -1,6 +1,7 @@
 """The published slices as a real kube-scheduler allocates them: claims asking shares or memory land on one GPU
 each and never over its capacity, a tainted GPU gets no new claim, MIG and whole-GPU claims, the extended-resource
-mapping of `<domain>/gpu`, the shipped example claims, and scheduling again after the kubelet's wipe.
+mapping of `<domain>/gpu`, the shipped example claims, class and claim SharingConfigs, and scheduling again after the
+kubelet's wipe.
 
 There is no kube-controller-manager: the tests create the ResourceClaims themselves and pods name them
 (`resourceClaimName`); each pod is pinned to the test's node, since other tests' nodes publish slices too.
@@ -9,6 +10,7 @@ There is no kube-controller-manager: the tests create the ResourceClaims themsel
 from __future__ import annotations
 
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from decimal import Decimal
@@ -243,22 +245,22 @@ def test_class_and_claim_sharing_configs_and_the_shipped_example_reach_the_prepa
             "apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}}}}
 
     n = make_node("2xT4", parse_config({"version": "v1", "pools": MPS_POOLS}))
-    device_class = f"gpu-share-mps-capped-{next(_ids)}"
-    request(n.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": device_class},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}' && device.attributes[device.driver].mode == 'mps'"}}],
-                 "config": [sharing(30)]}})
+    section = (ROOT / "docs" / "dra.md").read_text().split("## Sharing chosen per claim")[1].split("\n## ")[0]
+    documents = [d for block in re.findall(r"```yaml\n(.*?)```", section, flags=re.S) for d in yaml.safe_load_all(block)]
+    (documented,) = [d for d in documents if d.get("kind") == "DeviceClass"]  # the docs' class: 10 % for every claim of it
+    device_class = documented["metadata"]["name"] = f"gpu-share-mps-capped-{next(_ids)}"
+    request(n.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", documented)
     try:
         requests = [{"name": r, "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"shares": "2"}}}} for r in ("a", "b")]
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "capped"},
-                "spec": {"devices": {"requests": requests, "config": [{"requests": ["a"], **sharing(10)}]}}}
+                "spec": {"devices": {"requests": requests, "config": [{"requests": ["a"], **sharing(5)}]}}}
         request(n.api, "POST", CLAIMS.format(ns=n.ns), body)
         n.pod("capped", claim="capped")
         assert n.bound("capped")
         stored = request(n.api, "GET", CLAIMS.format(ns=n.ns) + "/capped")
         configs = stored["status"]["allocation"]["devices"]["config"]
         assert [(c["source"], c.get("requests"), c["opaque"]["parameters"]["sharing"]["mpsConfig"]["defaultActiveThreadPercentage"]) for c in configs] == [
-            ("FromClass", ["a", "b"], 30), ("FromClaim", ["a"], 10)]  # a class config names the requests of that class
+            ("FromClass", ["a", "b"], 10), ("FromClaim", ["a"], 5)]  # a class config names the requests of that class
         driver = make_driver(tmp_path)
         driver.pool = n.name  # the example node's devices, in this node's pool
         ref = ClaimRef(n.ns, "capped", stored["metadata"]["uid"])
@@ -267,7 +269,7 @@ def test_class_and_claim_sharing_configs_and_the_shipped_example_reach_the_prepa
         assert outcome.error == "" and outcome.claim is not None, outcome.error
         spec = json.loads(driver.cdi.spec_path(ref.uid).read_text())
         percent = {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for d in spec["devices"]}
-        assert percent == {f"{ref.uid}-0": "10", f"{ref.uid}-1": "30"}  # request a: the claim's config; b: the class's
+        assert percent == {f"{ref.uid}-0": "5", f"{ref.uid}-1": "10"}  # request a: the claim's config; b: the class's
         # The shipped example: its config is accepted by the API server, allocated on the MPS pool and applied.
         for document in yaml.safe_load_all((DRA / "examples" / "claim-mps-limits.yaml").read_text()):
             if document["kind"] == "ResourceClaim":

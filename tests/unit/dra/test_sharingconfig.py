@@ -260,3 +260,25 @@ def test_the_memory_watchdog_watches_a_claim_that_chose_time_slicing_on_an_mps_p
     listing = pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(name="p", namespace="default", containers=containers)])
     usage = ClaimUsage(driver.prepared, lambda: driver.devices, DRIVER, "2xT4")(listing, [])
     assert {s.container: s.time_sliced for s in usage.shares} == {"c": True, "d": False}  # d runs under MPS, which holds its memory
+
+
+def test_the_docs_and_the_example_hold_configs_that_parse_and_the_docs_table_names_every_field() -> None:
+    import re
+
+    import yaml
+
+    from deviceplugin.dra import sharingconfig
+    from tests.conftest import ROOT
+
+    section = (ROOT / "docs" / "dra.md").read_text().split("## Sharing chosen per claim")[1].split("\n## ")[0]
+    texts = re.findall(r"```yaml\n(.*?)```", section, flags=re.S) + [(ROOT / "daemonset" / "dra" / "examples" / "claim-mps-limits.yaml").read_text()]
+    documents = [d for text in texts for d in yaml.safe_load_all(text)]
+    specs = [d["spec"] for d in documents if d.get("kind") in ("ResourceClaim", "DeviceClass")] + [d["spec"] for d in documents if "kind" not in d]
+    configs = [c for spec in specs for c in (spec.get("devices", {}).get("config") or spec.get("config") or [])]
+    assert len(configs) == 3  # the docs' claim and class, the example's claim
+    for config in configs:
+        assert config["opaque"]["driver"] == DRIVER and parse_parameters(config["opaque"]["parameters"], DRIVER).strategy == "mps"
+    fields = {*sharingconfig._TOP, "sharing.strategy"} - {"sharing"}  # mpsConfig and timeSlicingConfig: their fields
+    fields |= {f"sharing.mpsConfig.{k}" for k in sharingconfig._MPS} | {f"sharing.timeSlicingConfig.{k}" for k in sharingconfig._TIME_SLICING}
+    table = set(re.findall(r"^\| `([A-Za-z.]+)` \|", section, flags=re.M))
+    assert fields <= table, sorted(fields - table)
