@@ -88,7 +88,8 @@ class PodResourcesClient:
 
 
 def container_share(
-    key: tuple[str, str, str], resource: Resource, unit: Unit, devices: list[str], shares: int, memory_limit_mib: int, time_sliced: bool = False
+    key: tuple[str, str, str], resource: Resource, unit: Unit, devices: list[str], shares: int, memory_limit_mib: int,
+    time_sliced: bool = False,
 ) -> ContainerShare:
     """One container's (namespace, pod, container) holding on one unit: both node APIs' usage maps build it here.
     `time_sliced`: it runs time-sliced whatever its pool's mode (a DRA claim's SharingConfig chose timeSlicing)."""

@@ -72,7 +72,8 @@ class SharingMode(ABC):
         return "whole devices", "select fewer GPUs"
 
     def grant_facts(
-        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None, limits: ClientLimits | None = None
+        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        limits: ClientLimits | None = None,
     ) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """What the grant adds for this mode: environment variables and mounts (`limits`: MPS modes only)."""
         return {}, ()
@@ -180,7 +181,8 @@ class TimeSliced(SharingMode):
         return f"{max(u.replicas for u in units)} shares each", "raise memoryPerShare" if pool.memory_per_share_mib else "lower replicas"
 
     def grant_facts(
-        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None, limits: ClientLimits | None = None
+        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        limits: ClientLimits | None = None,
     ) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*: the shares a container holds and what they are worth."""
         envs = {
@@ -214,7 +216,8 @@ class Mps(TimeSliced):
         return 1 if pool.mps_limits == "strict" else None  # strict: every client gets the daemon's one-share defaults
 
     def grant_facts(
-        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None, limits: ClientLimits | None = None
+        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        limits: ClientLimits | None = None,
     ) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*, the MPS pipe and its mounts, and per-client limits: `mps_client_limits`, or when None the
         pool's `mpsLimits: proportional`; `limits` (the caller checked they are at most the shares') lower them, and

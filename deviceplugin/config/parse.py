@@ -319,14 +319,18 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     )
 
 
-def _sharing_strategies(fields: Fields, backend: str, exclusive_process: bool, path: str, problems: list[str]) -> tuple[Backend, ...]:
-    """`sharingStrategies`: what a DRA claim's SharingConfig may choose on an MPS pool (the backend alone when not given)."""
+def _sharing_strategies(
+    fields: Fields, backend: str, exclusive_process: bool, path: str, problems: list[str]
+) -> tuple[Backend, ...]:
+    """`sharingStrategies`: what a DRA claim's SharingConfig may choose on an MPS pool (the backend alone when not
+    given)."""
     if not fields.has("sharingStrategies"):
         return ()
     key = "sharingStrategies"
     given = fields.get(key, [])
     if backend != "mps":
-        fields.check(False, key, "only applies to backend mps (a timeSlicing pool runs no MPS control daemon, so its claims can only time-slice)")
+        fields.check(False, key, "only applies to backend mps (a timeSlicing pool runs no MPS control daemon, so its claims "
+                     "can only time-slice)")
         return ()
     if not isinstance(fields.data[key], list):  # reported by get()
         return ()
@@ -335,12 +339,14 @@ def _sharing_strategies(fields: Fields, backend: str, exclusive_process: bool, p
     except SchemaError as err:
         problems.append(str(err))
         return ()
-    fields.check(all(s in BACKENDS for s in given), key, f"each must be one of {', '.join(BACKENDS)}, got {safe_text(repr(given), 80)}")
-    fields.check(len(set(given)) == len(given), key, f"lists a strategy twice: {safe_text(repr(given), 80)}")
-    fields.check("mps" in given, key, "must include mps, the pool's backend (the default of a claim without a SharingConfig)")
+    shown = safe_text(repr(given), 80)
+    fields.check(all(s in BACKENDS for s in given), key, f"each must be one of {', '.join(BACKENDS)}, got {shown}")
+    fields.check(len(set(given)) == len(given), key, f"lists a strategy twice: {shown}")
+    fields.check("mps" in given, key, "must include mps, the pool's backend (a claim without a SharingConfig runs it)")
     fields.check(
         not (exclusive_process and "timeSlicing" in given), key,
-        "timeSlicing cannot be offered with exclusiveProcess: true (EXCLUSIVE_PROCESS lets only the MPS server open a context on the GPU)",
+        "timeSlicing cannot be offered with exclusiveProcess: true "
+        "(EXCLUSIVE_PROCESS lets only the MPS server open a context on the GPU)",
     )
     return tuple(one_of(s, BACKENDS, "mps") for s in dict.fromkeys(given))
 

@@ -78,7 +78,8 @@ class PreparedDevice:
         return cls(
             request=str(data["request"]), pool=str(data["pool"]), device=str(data["device"]),
             cdi_ids=tuple(str(i) for i in data["cdiIDs"]), share_id=None if data.get("shareID") is None else str(data["shareID"]),
-            shares=int(data["shares"]), memory_mib=int(data["memoryMiB"]), strategy=str(data.get("strategy") or "")[:16],
+            shares=int(data["shares"]), memory_mib=int(data["memoryMiB"]),
+            strategy=str(data.get("strategy") or "")[:16],
         )
 
 

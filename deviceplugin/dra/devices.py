@@ -151,14 +151,17 @@ class ClaimShare:
         """The container's grant: the device plugin's grant for the same holding, with MPS limits always from the
         claim (what the claim paid for is what it gets), or lower (`limits`), under `mode` when a claim's
         SharingConfig chose another strategy than the pool's (`dra.sharingconfig` checks both)."""
-        return unit_grant(self.device.resource, [(self.device.unit, self.shares)], mps_client_limits=True, mode=mode, limits=limits)
+        holding = [(self.device.unit, self.shares)]
+        return unit_grant(self.device.resource, holding, mps_client_limits=True, mode=mode, limits=limits)
 
     @property
     def memory_mib(self) -> int:
         return share_memory_mib(self.device.unit, self.shares)
 
 
-def request_grant(shares: Sequence[ClaimShare], mode: SharingMode | None = None, limits: ClientLimits | None = None) -> ContainerGrant:
+def request_grant(
+    shares: Sequence[ClaimShare], mode: SharingMode | None = None, limits: ClientLimits | None = None
+) -> ContainerGrant:
     """One grant for all the devices of one request, so its container sees them all: a container runtime keeps one
     value of each variable across the CDI devices it injects, so a grant per device would hide all GPUs but one.
     `mode`, `limits`: the request's SharingConfig, as `ClaimShare.grant` takes them."""

@@ -210,7 +210,9 @@ class Driver:
         return list(self.checkpoint.claims())
 
     # --- inside ----------------------------------------------------------------------------------
-    def _holdings(self, ref: ClaimRef, allocation: Mapping[str, Any]) -> tuple[list[tuple[Mapping[str, Any], ClaimShare]], list[DeviceConfig]]:
+    def _holdings(
+        self, ref: ClaimRef, allocation: Mapping[str, Any]
+    ) -> tuple[list[tuple[Mapping[str, Any], ClaimShare]], list[DeviceConfig]]:
         """This driver's results with the shares each holds, checked against health and the ledger, and this
         driver's configs (parsed: a malformed one refuses the claim)."""
         devices_part = allocation.get("devices") or {}
@@ -266,8 +268,10 @@ class Driver:
             return
         devices = self._devices
         devices_part = allocation.get("devices") or {}
-        results = [r for r in _list(devices_part.get("results"), "results", ref) if isinstance(r, Mapping) and r.get("driver") == self.driver]
-        configs = _driver_configs(ref, _list(devices_part.get("config"), "config", ref)[:MAX_CONFIGS_PER_CLAIM], self.driver)
+        listed = _list(devices_part.get("results"), "results", ref)
+        results = [r for r in listed if isinstance(r, Mapping) and r.get("driver") == self.driver]
+        listed_configs = _list(devices_part.get("config"), "config", ref)[:MAX_CONFIGS_PER_CLAIM]
+        configs = _driver_configs(ref, listed_configs, self.driver)
         holdings = []
         for result in results[:MAX_RESULTS_PER_CLAIM]:
             device = devices.get(str(result.get("device") or ""))
@@ -328,7 +332,8 @@ def allocation_digest(driver: str, allocation: Mapping[str, Any]) -> str:
     when it has any, of its configs for `driver` (an allocation without them digests as records before configs did)."""
     devices = allocation.get("devices")
     results, configs = (devices.get("results"), devices.get("config")) if isinstance(devices, Mapping) else (None, None)
-    ours: Any = [r for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver][: MAX_RESULTS_PER_CLAIM + 1]
+    ours: Any = [r for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver]
+    ours = ours[: MAX_RESULTS_PER_CLAIM + 1]
     configured = [
         c for c in (configs if isinstance(configs, list) else ())[: MAX_CONFIGS_PER_CLAIM + 1]
         if isinstance(c, Mapping) and _get(c, "opaque", "driver") == driver

@@ -143,20 +143,27 @@ def parse_parameters(parameters: Any, driver: str) -> SharingConfig:
     sharing = Fields(top.get("sharing"), "sharing", _SHARING)
     strategy = sharing.get("strategy")
     if strategy is not None and strategy not in BACKENDS:
-        raise SchemaError("sharing.strategy", f"must be one of {', '.join(BACKENDS)}, got {safe_text(repr(strategy), 80)}")
+        raise SchemaError(
+            "sharing.strategy", f"must be one of {', '.join(BACKENDS)}, got {safe_text(repr(strategy), 80)}"
+        )
     percent = memory = interval = None
     if sharing.has("mpsConfig"):
         mps = Fields(sharing.get("mpsConfig"), "sharing.mpsConfig", _MPS)
         percent = mps.get("defaultActiveThreadPercentage")
         if percent is not None and not 1 <= percent <= 100:
-            raise SchemaError("sharing.mpsConfig.defaultActiveThreadPercentage", f"must be 1-100, got {safe_text(str(percent), 40)}")
+            raise SchemaError(
+                "sharing.mpsConfig.defaultActiveThreadPercentage", f"must be 1-100, got {safe_text(str(percent), 40)}"
+            )
         raw = mps.get("defaultPinnedDeviceMemoryLimit")
         if raw is not None:
             memory = _memory_bytes(raw)
     if sharing.has("timeSlicingConfig"):
         interval = Fields(sharing.get("timeSlicingConfig"), "sharing.timeSlicingConfig", _TIME_SLICING).get("interval")
         if interval is not None and interval not in INTERVALS:
-            raise SchemaError("sharing.timeSlicingConfig.interval", f"must be one of {', '.join(INTERVALS)}, got {safe_text(repr(interval), 80)}")
+            raise SchemaError(
+                "sharing.timeSlicingConfig.interval",
+                f"must be one of {', '.join(INTERVALS)}, got {safe_text(repr(interval), 80)}",
+            )
     return SharingConfig(
         strategy=next((b for b in BACKENDS if b == strategy), None),
         active_thread_percentage=percent,
@@ -189,13 +196,19 @@ def resolve(entry: DeviceConfig | None, shares: Sequence[ClaimShare]) -> Sharing
     allowed = allowed_strategies(first)
     strategy = config.strategy or allowed[0]
     if strategy not in allowed:
-        raise ClaimError(f"{where}: sharing.strategy: {strategy} is not offered on device {first.device.name}: {_offer(first)}")
+        raise ClaimError(
+            f"{where}: sharing.strategy: {strategy} is not offered on device {first.device.name}: {_offer(first)}"
+        )
     if config.mps_config and strategy != "mps":
         raise ClaimError(f"{where}: sharing.mpsConfig: only applies to strategy mps (this request runs {strategy})")
     if config.time_slicing_config and strategy != "timeSlicing":
-        raise ClaimError(f"{where}: sharing.timeSlicingConfig: only applies to strategy timeSlicing (this request runs {strategy})")
+        raise ClaimError(
+            f"{where}: sharing.timeSlicingConfig: only applies to strategy timeSlicing (this request runs {strategy})"
+        )
     if config.interval not in (None, "Default"):
-        raise ClaimError(f"{where}: sharing.timeSlicingConfig.interval: {config.interval} cannot be set: {_INTERVAL_REASON}")
+        raise ClaimError(
+            f"{where}: sharing.timeSlicingConfig.interval: {config.interval} cannot be set: {_INTERVAL_REASON}"
+        )
     paid = _paid(shares)
     limits = None
     if config.active_thread_percentage is not None or config.pinned_memory_bytes is not None:
@@ -204,14 +217,14 @@ def resolve(entry: DeviceConfig | None, shares: Sequence[ClaimShare]) -> Sharing
         percent, pinned = config.active_thread_percentage, config.pinned_memory_bytes
         if percent is not None and percent > compute:
             raise ClaimError(
-                f"{where}: sharing.mpsConfig.defaultActiveThreadPercentage: {percent} is more than the {compute} % the claim consumed "
-                f"({paid}); at most {compute}"
+                f"{where}: sharing.mpsConfig.defaultActiveThreadPercentage: {percent} is more than the {compute} % "
+                f"the claim consumed ({paid}); at most {compute}"
             )
         pinned_mib = None if pinned is None else pinned // MIB
         if pinned_mib is not None and pinned_mib > memory:
             raise ClaimError(
-                f"{where}: sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: {pinned_mib} MiB is more than the {memory} MiB the claim "
-                f"consumed ({paid}); at most {memory}Mi"
+                f"{where}: sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: {pinned_mib} MiB is more than the "
+                f"{memory} MiB the claim consumed ({paid}); at most {memory}Mi"
             )
         limits = ClientLimits(active_thread_percent=percent, pinned_memory_mib=pinned_mib)
     mode = MPS if strategy == "mps" else TIME_SLICED if pool.shared else None
@@ -223,15 +236,28 @@ def resolve(entry: DeviceConfig | None, shares: Sequence[ClaimShare]) -> Sharing
 def _offer(share: ClaimShare) -> str:
     pool = share.device.resource.pool
     if not pool.shared:
-        return f"pool {pool.name} is mode {pool.mode}: no MPS control daemon serves its devices, which time-slice their claim's processes"
+        return (
+            f"pool {pool.name} is mode {pool.mode}: no MPS control daemon serves its devices, which time-slice their "
+            "claim's processes"
+        )
     if not pool.mps:
-        return f"pool {pool.name} is backend timeSlicing: no MPS control daemon runs for its GPUs; ask for a device of an MPS pool (mode mps)"
-    return (f"pool {pool.name} offers {', '.join(pool.strategies)} (its sharingStrategies): its claims are held to MPS limits, "
-            "and a client outside MPS would not be")
+        return (
+            f"pool {pool.name} is backend timeSlicing: no MPS control daemon runs for its GPUs; ask for a device of an "
+            "MPS pool (mode mps)"
+        )
+    return (
+        f"pool {pool.name} offers {', '.join(pool.strategies)} (its sharingStrategies): its claims are held to MPS "
+        "limits, and a client outside MPS would not be"
+    )
 
 
 def _paid(shares: Sequence[ClaimShare]) -> str:
-    return "; ".join(f"{s.shares} of {s.device.shares} shares of {s.device.name}" if s.device.shared else f"the whole {s.device.name}" for s in shares[:4])
+    return "; ".join(
+        f"{s.shares} of {s.device.shares} shares of {s.device.name}"
+        if s.device.shared
+        else f"the whole {s.device.name}"
+        for s in shares[:4]
+    )
 
 
 def _memory_bytes(raw: str) -> int:
