@@ -211,8 +211,10 @@ def test_a_claims_sharing_config_reaches_its_containers_env_over_the_wire(starte
     from deviceplugin.dra.sharingconfig import api_version
 
     def config(percent: int, source: str, requests: list[str] | None = None) -> dict[str, Any]:
-        parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}}
-        return {"source": source, **({"requests": requests} if requests else {}), "opaque": {"driver": DRIVER, "parameters": parameters}}
+        mps = {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}
+        parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": mps}
+        entry = {"source": source, "opaque": {"driver": DRIVER, "parameters": parameters}}
+        return {**entry, "requests": requests} if requests else entry
 
     def env(uid: str, cdi_id: str) -> dict[str, str]:
         """The env the runtime injects for a CDI ID the kubelet got: its device in the claim's spec file."""
@@ -224,7 +226,7 @@ def test_a_claims_sharing_config_reaches_its_containers_env_over_the_wire(starte
     kubelet.wait_registered(DRIVER)
     merged = claims.add([result("gpu-0", shares=2, request="a"), result("gpu-1", shares=2, request="b")])
     claims.bodies[merged[2]]["status"]["allocation"]["devices"]["config"] = [
-        {"source": "FromClass", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "GpuConfig"}}},  # not ours: not read
+        {"source": "FromClass", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "GpuConfig"}}},  # unread
         config(40, "FromClass"),
         config(15, "FromClaim", requests=["a"]),
     ]
@@ -232,9 +234,10 @@ def test_a_claims_sharing_config_reaches_its_containers_env_over_the_wire(starte
     claims.bodies[too_high[2]]["status"]["allocation"]["devices"]["config"] = [config(30, "FromClaim")]
     errors = kubelet.prepare_errors(DRIVER, [merged, too_high])
     assert errors[merged[2]] == ""
-    assert "config[0] (FromClaim): sharing.mpsConfig.defaultActiveThreadPercentage: 30 is more than the 25 % the claim consumed" in errors[too_high[2]]
+    field = "config[0] (FromClaim): sharing.mpsConfig.defaultActiveThreadPercentage"
+    assert f"{field}: 30 is more than the 25 % the claim consumed" in errors[too_high[2]]
     devices = {d.request_names[0]: d for d in kubelet.prepare(DRIVER, [merged])[merged[2]]}
     a, b = (env(merged[2], devices[r].cdi_device_ids[0]) for r in ("a", "b"))
     assert a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "15" and b["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
-    assert a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == b["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7680M"  # not configured: what 2 of 4 shares give
+    assert a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == b["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7680M"  # 2 of 4 shares
     assert plugin.driver.ledger() == {"gpu-0": 2, "gpu-1": 2}

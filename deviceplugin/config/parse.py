@@ -329,8 +329,8 @@ def _sharing_strategies(
     key = "sharingStrategies"
     given = fields.get(key, [])
     if backend != "mps":
-        fields.check(False, key, "only applies to backend mps (a timeSlicing pool runs no MPS control daemon, so its claims "
-                     "can only time-slice)")
+        fields.check(False, key, "only applies to backend mps (a timeSlicing pool runs no MPS control daemon: "
+                                 "its claims can only time-slice)")
         return ()
     if not isinstance(fields.data[key], list):  # reported by get()
         return ()

@@ -65,7 +65,7 @@ def _usage(
         shares.append(
             container_share(
                 key, resource, unit, list(items), sum(d.shares for d in devices), sum(d.memory_mib for d in devices),
-                time_sliced=any(d.strategy == "timeSlicing" for d in devices),  # a SharingConfig's choice on an MPS pool
+                time_sliced=any(d.strategy == "timeSlicing" for d in devices),  # a SharingConfig's, on an MPS pool
             )
         )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))

@@ -228,7 +228,7 @@ def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
     assert len(n.allocation("after")) == 1
 
 
-def test_class_and_claim_sharing_configs_and_the_shipped_example_reach_the_prepared_claim(make_node: Any, tmp_path: Any) -> None:
+def test_class_and_claim_sharing_configs_and_the_example_reach_the_claim(make_node: Any, tmp_path: Any) -> None:
     """kube-scheduler copies the DeviceClass's config (source FromClass, naming the class's requests) and then the
     claim's (FromClaim) into the allocation; the driver, reading the claim from the API, applies the claim's to the
     request it names and the class's to the other. The shipped example claim is accepted, allocated and applied."""
@@ -241,35 +241,45 @@ def test_class_and_claim_sharing_configs_and_the_shipped_example_reach_the_prepa
     from tests.support.dra import MPS_POOLS, make_driver
 
     def sharing(percent: int) -> dict[str, Any]:
-        return {"opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}}}}
+        mps = {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}
+        parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": mps}
+        return {"opaque": {"driver": DRIVER, "parameters": parameters}}
+
+    def percents(uid: str) -> dict[str, str]:
+        """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per CDI device of the claim's spec."""
+        spec = json.loads(driver.cdi.spec_path(uid).read_text())
+        envs = {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"]) for d in spec["devices"]}
+        return {name: env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for name, env in envs.items()}
 
     n = make_node("2xT4", parse_config({"version": "v1", "pools": MPS_POOLS}))
     section = (ROOT / "docs" / "dra.md").read_text().split("## Sharing chosen per claim")[1].split("\n## ")[0]
-    documents = [d for block in re.findall(r"```yaml\n(.*?)```", section, flags=re.S) for d in yaml.safe_load_all(block)]
-    (documented,) = [d for d in documents if d.get("kind") == "DeviceClass"]  # the docs' class: 10 % for every claim of it
+    blocks = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
+    documents = [d for block in blocks for d in yaml.safe_load_all(block)]
+    (documented,) = [d for d in documents if d.get("kind") == "DeviceClass"]  # the docs' class: 10 % for its claims
     device_class = documented["metadata"]["name"] = f"gpu-share-mps-capped-{next(_ids)}"
     request(n.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", documented)
+    driver = make_driver(tmp_path)
+    driver.pool = n.name  # the example node's devices, in this node's pool
+    claims = ApiClaims(n.api, DRIVER, n.name, timeout=5.0, cache=False)
     try:
-        requests = [{"name": r, "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"shares": "2"}}}} for r in ("a", "b")]
+        two = {"deviceClassName": device_class, "capacity": {"requests": {"shares": "2"}}}
+        requests = [{"name": r, "exactly": two} for r in ("a", "b")]
+        devices = {"requests": requests, "config": [{"requests": ["a"], **sharing(5)}]}
         body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "capped"},
-                "spec": {"devices": {"requests": requests, "config": [{"requests": ["a"], **sharing(5)}]}}}
+                "spec": {"devices": devices}}
         request(n.api, "POST", CLAIMS.format(ns=n.ns), body)
         n.pod("capped", claim="capped")
         assert n.bound("capped")
         stored = request(n.api, "GET", CLAIMS.format(ns=n.ns) + "/capped")
-        configs = stored["status"]["allocation"]["devices"]["config"]
-        assert [(c["source"], c.get("requests"), c["opaque"]["parameters"]["sharing"]["mpsConfig"]["defaultActiveThreadPercentage"]) for c in configs] == [
-            ("FromClass", ["a", "b"], 10), ("FromClaim", ["a"], 5)]  # a class config names the requests of that class
-        driver = make_driver(tmp_path)
-        driver.pool = n.name  # the example node's devices, in this node's pool
+        configs = [(c["source"], c.get("requests"), c["opaque"]["parameters"]["sharing"]["mpsConfig"])
+                   for c in stored["status"]["allocation"]["devices"]["config"]]
+        percent = "defaultActiveThreadPercentage"
+        # The class's config first, naming the claim's requests of that class; then the claim's.
+        assert configs == [("FromClass", ["a", "b"], {percent: 10}), ("FromClaim", ["a"], {percent: 5})]
         ref = ClaimRef(n.ns, "capped", stored["metadata"]["uid"])
-        claims = ApiClaims(n.api, DRIVER, n.name, timeout=5.0, cache=False)
         outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
         assert outcome.error == "" and outcome.claim is not None, outcome.error
-        spec = json.loads(driver.cdi.spec_path(ref.uid).read_text())
-        percent = {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for d in spec["devices"]}
-        assert percent == {f"{ref.uid}-0": "5", f"{ref.uid}-1": "10"}  # request a: the claim's config; b: the class's
+        assert percents(ref.uid) == {f"{ref.uid}-0": "5", f"{ref.uid}-1": "10"}  # a: the claim's config; b: the class's
         # The shipped example: its config is accepted by the API server, allocated on the MPS pool and applied.
         for document in yaml.safe_load_all((DRA / "examples" / "claim-mps-limits.yaml").read_text()):
             if document["kind"] == "ResourceClaim":
@@ -281,7 +291,8 @@ def test_class_and_claim_sharing_configs_and_the_shipped_example_reach_the_prepa
         ref = ClaimRef(n.ns, "mps-capped", example["metadata"]["uid"])
         outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
         assert outcome.error == "" and outcome.claim is not None and outcome.claim.devices[0].shares == 4, outcome.error
-        env = dict(e.split("=", 1) for e in json.loads(driver.cdi.spec_path(ref.uid).read_text())["devices"][0]["containerEdits"]["env"])
+        edits = json.loads(driver.cdi.spec_path(ref.uid).read_text())["devices"][0]["containerEdits"]
+        env = dict(e.split("=", 1) for e in edits["env"])
         assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("20", "0=4096M")
     finally:
-        request(n.api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}")  # the session API server is shared
+        request(n.api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}")  # the API server is shared

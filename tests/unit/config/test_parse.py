@@ -95,7 +95,8 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
             "pools[0].sharingStrategies: each must be one of timeSlicing, mps, got ['mps', 'MPS']",
         ),
         (
-            pools({"name": "a", "mode": "shared", "backend": "mps", "exclusiveProcess": True, "sharingStrategies": ["mps", "timeSlicing"]}),
+            pools({"name": "a", "mode": "shared", "backend": "mps", "exclusiveProcess": True,
+                   "sharingStrategies": ["mps", "timeSlicing"]}),
             "pools[0].sharingStrategies: timeSlicing cannot be offered with exclusiveProcess: true",
         ),
         (pools({"name": "a", "mode": "shared", "gpus": {}}), "pools[0].gpus: selects no GPU"),
