@@ -17,7 +17,7 @@ from kubernetes import client
 
 from deviceplugin.dra.devices import driver_name
 from deviceplugin.dra.sharingconfig import api_version
-from tests.support.kubeobjects import request
+from tests.support.kubeobjects import delete_claim, release_claim, request
 from tests.support.realnode import RealNode, delete_pod, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def cluster(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str]]:
+def cluster(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, str, Path]]:
     """The shipped DeviceClasses, a kube-scheduler of our own name, a namespace, and in the node's mount namespace
     `gpu-share mps` (the fake control daemon) and the driver."""
     api = realnode.cp.api_client()
@@ -57,6 +57,12 @@ def cluster(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
             assert err.status == 409, err
     processes = []
     try:
+        # Claims of this node's pool deleted before (other modules') but still allocated: released as the
+        # resourceclaim controller would, or kube-scheduler counts their shares as taken on these devices.
+        for left in request(api, "GET", "/apis/resource.k8s.io/v1/resourceclaims")["items"]:
+            results = ((left.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
+            if left["metadata"].get("deletionTimestamp") and any(r.get("pool") == realnode.name for r in results):
+                release_claim(api, left)
         realnode.cp.scheduler({"profiles": [{"schedulerName": SCHEDULER}]}, name="realnode-sharing")
         ns = f"rn-share-{uuid.uuid4().hex[:6]}"
         core = client.CoreV1Api(api)
@@ -104,10 +110,11 @@ def cluster(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
             query = [("fieldSelector", f"spec.nodeName={realnode.name}")]
             found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices", query=query)
             devices = [d for s in found["items"] for d in s["spec"].get("devices", [])]
-            return len(devices) == 2 and not any(d.get("taints") for d in devices)
+            modes = sorted(d["attributes"]["mode"]["string"] for d in devices)  # this config's, not a previous driver's
+            return modes == ["mps", "time-slicing"] and not any(d.get("taints") for d in devices)
 
         wait_for(published_untainted, 60, 0.5)
-        yield api, ns
+        yield api, ns, work
     finally:
         for proc in reversed(processes):
             realnode.stop_process(proc)
@@ -172,26 +179,44 @@ def env_of(api: Any, ns: str, name: str) -> dict[str, str] | None:
     return env if "GPU_SHARE_COUNT" in env else None
 
 
+def waited(what: Any, api: Any, ns: str, pods: list[str], work: Path, timeout: float = 90) -> Any:
+    """`wait_for(what)`; on a timeout the pods' phases and events and the driver's log, to tell why."""
+    try:
+        return wait_for(what, timeout, 0.5)
+    except TimeoutError as err:
+        core = client.CoreV1Api(api)
+
+        def events(pod: str) -> list[str]:
+            return [e.message for e in core.list_namespaced_event(ns, field_selector=f"involvedObject.name={pod}").items]
+
+        seen = {p: (core.read_namespaced_pod(p, ns).status.phase, events(p)) for p in pods}
+        found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices")
+        slices = [(x["metadata"]["name"], x["spec"]["pool"], x["spec"].get("devices")) for x in found["items"]]
+        log = (work / "driver.log").read_text(errors="replace")[-3000:]
+        raise AssertionError(f"{err}: {seen}\nslices: {slices}\n{log}") from None
+
+
 def delete(api: Any, ns: str, name: str) -> None:
     delete_pod(client.CoreV1Api(api), ns, name)
-    request(api, "DELETE", CLAIMS.format(ns=ns) + f"/{name}")
+    delete_claim(api, ns, name)
 
 
 def test_a_claims_sharing_config_sets_its_containers_mps_limits_or_takes_it_out_of_mps(
-    realnode: RealNode, cluster: tuple[Any, str]
+    realnode: RealNode, cluster: tuple[Any, str, Path]
 ) -> None:
-    api, ns = cluster
+    api, ns, work = cluster
     low = sharing(
         strategy="mps", mpsConfig={"defaultActiveThreadPercentage": 20, "defaultPinnedDeviceMemoryLimit": "3Gi"}
     )
     claim_pod(realnode, api, ns, "capped", "2", "mps", low)
     claim_pod(realnode, api, ns, "sliced", "1", "mps", sharing(strategy="timeSlicing"))
-    capped = wait_for(lambda: env_of(api, ns, "capped"), 90, 0.5)
+    capped = waited(lambda: env_of(api, ns, "capped"), api, ns, ["capped", "sliced"], work)
     assert (
         capped["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "20" and capped["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3072M"
     )
     assert capped["GPU_SHARE_COUNT"] == "2" and capped["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpu-share/mps/mps/pipe"
-    sliced = wait_for(lambda: env_of(api, ns, "sliced"), 90, 0.5)  # the same MPS GPU, outside MPS: no pipe, no limits
+    # The same MPS GPU, outside MPS: no pipe, no limits.
+    sliced = waited(lambda: env_of(api, ns, "sliced"), api, ns, ["capped", "sliced"], work)
     assert sliced["GPU_SHARE_COUNT"] == "1" and not any(k.startswith("CUDA_MPS_") for k in sliced)
     assert sliced["NVIDIA_VISIBLE_DEVICES"] == capped["NVIDIA_VISIBLE_DEVICES"]
     delete(api, ns, "capped")
@@ -199,9 +224,9 @@ def test_a_claims_sharing_config_sets_its_containers_mps_limits_or_takes_it_out_
 
 
 def test_a_config_over_what_the_claim_consumed_fails_the_pods_prepare_naming_the_field(
-    realnode: RealNode, cluster: tuple[Any, str]
+    realnode: RealNode, cluster: tuple[Any, str, Path]
 ) -> None:
-    api, ns = cluster
+    api, ns, work = cluster
     claim_pod(realnode, api, ns, "greedy", "1", "mps", sharing(mpsConfig={"defaultActiveThreadPercentage": 80}))
     claim_pod(realnode, api, ns, "no-daemon", "1", "time-slicing", sharing(strategy="mps"))
     core = client.CoreV1Api(api)
@@ -210,11 +235,11 @@ def test_a_config_over_what_the_claim_consumed_fails_the_pods_prepare_naming_the
         events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={pod}").items
         return next((e.message for e in events if e.reason == "FailedPrepareDynamicResources"), None)
 
-    greedy = wait_for(lambda: failed("greedy"), 90, 0.5)
+    greedy = waited(lambda: failed("greedy"), api, ns, ["greedy", "no-daemon"], work)
     assert "sharing.mpsConfig.defaultActiveThreadPercentage: 80 is more than the 25 % the claim consumed" in greedy, (
         greedy
     )
-    no_daemon = wait_for(lambda: failed("no-daemon"), 90, 0.5)
+    no_daemon = waited(lambda: failed("no-daemon"), api, ns, ["greedy", "no-daemon"], work)
     assert "sharing.strategy: mps is not offered on device gpu-1: pool ts is backend timeSlicing" in no_daemon, (
         no_daemon
     )
