@@ -187,7 +187,8 @@ def waited(what: Any, api: Any, ns: str, pods: list[str], work: Path, timeout: f
         core = client.CoreV1Api(api)
 
         def events(pod: str) -> list[str]:
-            return [e.message for e in core.list_namespaced_event(ns, field_selector=f"involvedObject.name={pod}").items]
+            found = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={pod}").items
+            return [e.message for e in found]
 
         seen = {p: (core.read_namespaced_pod(p, ns).status.phase, events(p)) for p in pods}
         found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices")
