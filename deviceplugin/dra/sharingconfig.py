@@ -179,7 +179,7 @@ def config_for(configs: Sequence[DeviceConfig], request: str) -> DeviceConfig | 
     return next((c for c in reversed(configs) if c.applies_to(request)), None)
 
 
-def allowed_strategies(share: ClaimShare) -> tuple[Backend, ...]:
+def _allowed_strategies(share: ClaimShare) -> tuple[Backend, ...]:
     """What a claim may choose on the device: a shared pool's `strategies`; a whole GPU or a MIG instance
     time-slices its claim's processes, as any GPU without MPS does."""
     pool = share.device.resource.pool
@@ -193,8 +193,8 @@ def resolve(entry: DeviceConfig | None, shares: Sequence[ClaimShare]) -> Sharing
         return NO_SHARING_CONFIG
     config, where, first = entry.config, entry.where, shares[0]
     pool = first.device.resource.pool
-    allowed = allowed_strategies(first)
-    strategy = config.strategy or allowed[0]
+    allowed = _allowed_strategies(first)
+    strategy = config.strategy or (pool.backend if pool.shared else "timeSlicing")  # what a claim without one runs
     if strategy not in allowed:
         raise ClaimError(
             f"{where}: sharing.strategy: {strategy} is not offered on device {first.device.name}: {_offer(first)}"

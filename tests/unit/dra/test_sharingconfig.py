@@ -303,6 +303,17 @@ def test_what_the_pool_does_not_offer_is_refused_naming_the_field(
     assert message in str(err.value), str(err.value)
 
 
+def test_a_config_without_a_strategy_runs_the_pools_backend_whatever_order_sharing_strategies_lists(
+    tmp_path: Path,
+) -> None:
+    pools = [{**OFFERS_BOTH[0], "sharingStrategies": ["timeSlicing", "mps"]}]
+    driver = make_driver(tmp_path, pools=pools)
+    limited = driver.prepare(
+        *configured([result("gpu-0", shares=1)], opaque(sharing(mpsConfig={"defaultActiveThreadPercentage": 5})))
+    )
+    assert env(limited.cdi_spec)["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "5" and limited.devices[0].strategy == ""
+
+
 def test_whole_gpus_time_slice_their_claims_processes_and_take_no_mps(tmp_path: Path) -> None:
     driver = make_driver(tmp_path, pools=[{"name": "w", "mode": "exclusive"}])
     assert driver.prepare(
