@@ -1,5 +1,6 @@
 """The DRA kubelet plugin over real gRPC on real Unix sockets, driven by the fake kubelet (tests/support/dra_kubelet.py):
-registration, prepare / repeat / unprepare on v1 and v1beta1, per-claim errors, health, a 1,000-claim batch."""
+registration, prepare / repeat / unprepare on v1 and v1beta1, per-claim errors, health, a 1,000-claim batch, a claim's
+SharingConfig in its CDI env."""
 
 from __future__ import annotations
 
