@@ -89,8 +89,12 @@ class PodResourcesClient:
         self._channel.close()
 
 
-def container_share(key: tuple[str, str, str], resource: Resource, unit: Unit, devices: list[str], shares: int, memory_limit_mib: int) -> ContainerShare:
-    """One container's (namespace, pod, container) holding on one unit: both node APIs' usage maps build it here."""
+def container_share(
+    key: tuple[str, str, str], resource: Resource, unit: Unit, devices: list[str], shares: int, memory_limit_mib: int,
+    time_sliced: bool = False,
+) -> ContainerShare:
+    """One container's (namespace, pod, container) holding on one unit: both node APIs' usage maps build it here.
+    `time_sliced`: it runs time-sliced whatever its pool's mode (a DRA claim's SharingConfig chose timeSlicing)."""
     return ContainerShare(
         namespace=key[0],
         pod=key[1],
@@ -102,5 +106,5 @@ def container_share(key: tuple[str, str, str], resource: Resource, unit: Unit, d
         devices=tuple(sorted(devices)),
         shares=shares,
         memory_limit_mib=memory_limit_mib,
-        time_sliced=mode_of(resource.pool) is TIME_SLICED,
+        time_sliced=time_sliced or mode_of(resource.pool) is TIME_SLICED,
     )

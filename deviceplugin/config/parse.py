@@ -27,6 +27,7 @@ from .types import (
     MPS_LIMITS,
     SUPPORTED_VERSIONS,
     WATCHDOG_POLICIES,
+    Backend,
     Choice,
     Config,
     ConfigError,
@@ -68,6 +69,7 @@ _POOL_KEYS = {
     "backend": str,
     "mpsLimits": str,
     "exclusiveProcess": bool,
+    "sharingStrategies": list,
     "allowSpanGPUs": bool,
     "strategy": str,
     "gpus": dict,
@@ -276,6 +278,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     exclusive_process = fields.get("exclusiveProcess", False)
     mps_limits = fields.get("mpsLimits", "strict")
     fields.check(mps_limits in MPS_LIMITS, "mpsLimits", f"must be one of {', '.join(MPS_LIMITS)}, got {mps_limits!r}")
+    strategies = _sharing_strategies(fields, backend, exclusive_process, path, problems)
     allow_span = fields.get("allowSpanGPUs", False)
     fields.check(not (allow_span and backend == "mps"), "allowSpanGPUs", "cannot be used with backend mps (one MPS server per GPU)")
     selector = GpuSelector()
@@ -297,10 +300,43 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         mps_limits=one_of(mps_limits, MPS_LIMITS, "strict"),
         allow_span=allow_span,
         exclusive_process=exclusive_process,
+        sharing_strategies=strategies,
         mig_strategy=one_of(strategy, MIG_STRATEGIES, "mixed"),
         gpus=selector,
         key_path=path,
     )
+
+
+def _sharing_strategies(
+    fields: Fields, backend: str, exclusive_process: bool, path: str, problems: list[str]
+) -> tuple[Backend, ...]:
+    """`sharingStrategies`: what a DRA claim's SharingConfig may choose on an MPS pool (the backend alone when not
+    given)."""
+    if not fields.has("sharingStrategies"):
+        return ()
+    key = "sharingStrategies"
+    given = fields.get(key, [])
+    if backend != "mps":
+        fields.check(False, key, "only applies to backend mps (a timeSlicing pool runs no MPS control daemon: "
+                                 "its claims can only time-slice)")
+        return ()
+    if not isinstance(fields.data[key], list):  # reported by get()
+        return ()
+    try:
+        list_of(given, join(path, key), str, max_items=len(BACKENDS))
+    except SchemaError as err:
+        problems.append(str(err))
+        return ()
+    shown = safe_text(repr(given), 80)
+    fields.check(all(s in BACKENDS for s in given), key, f"each must be one of {', '.join(BACKENDS)}, got {shown}")
+    fields.check(len(set(given)) == len(given), key, f"lists a strategy twice: {shown}")
+    fields.check("mps" in given, key, "must include mps, the pool's backend (a claim without a SharingConfig runs it)")
+    fields.check(
+        not (exclusive_process and "timeSlicing" in given), key,
+        "timeSlicing cannot be offered with exclusiveProcess: true "
+        "(EXCLUSIVE_PROCESS lets only the MPS server open a context on the GPU)",
+    )
+    return tuple(one_of(s, BACKENDS, "mps") for s in dict.fromkeys(given))
 
 
 class PoolErrors(SchemaError):

@@ -64,12 +64,16 @@ class PreparedDevice:
     share_id: str | None
     shares: int  # shares of the device it holds (1 for a whole device, 0 for admin access)
     memory_mib: int  # GPU memory those shares give
+    strategy: str = ""  # the strategy a SharingConfig chose when not the pool's mode (`timeSlicing` on an MPS pool)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "request": self.request, "pool": self.pool, "device": self.device, "cdiIDs": list(self.cdi_ids),
             "shareID": self.share_id, "shares": self.shares, "memoryMiB": self.memory_mib,
         }
+        if self.strategy:  # records without one read as before
+            out["strategy"] = self.strategy
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
@@ -77,6 +81,7 @@ class PreparedDevice:
             request=str(data["request"]), pool=str(data["pool"]), device=str(data["device"]),
             cdi_ids=tuple(str(i) for i in data["cdiIDs"]), share_id=None if data.get("shareID") is None else str(data["shareID"]),
             shares=int(data["shares"]), memory_mib=int(data["memoryMiB"]),
+            strategy=str(data.get("strategy") or "")[:16],
         )
 
 

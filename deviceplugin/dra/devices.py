@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..alloc.allocator import ContainerGrant, unit_grant
-from ..alloc.modes import mode_of
+from ..alloc.modes import ClientLimits, SharingMode, mode_of
 from ..kube.dranames import CAPACITY_MEMORY, CAPACITY_SHARES
 from ..model.devices import Resource, Unit
 from ..model.node import MIB, NodeInfo, gpu_family
@@ -139,25 +139,31 @@ class ClaimShare:
     shares: int  # 1 for an exclusive device
     share_id: str | None = None  # the result's shareID, for a shared device
 
-    def grant(self) -> ContainerGrant:
+    def grant(self, mode: SharingMode | None = None, limits: ClientLimits | None = None) -> ContainerGrant:
         """The container's grant: the device plugin's grant for the same holding, with MPS limits always from the
-        claim (what the claim paid for is what it gets)."""
-        return unit_grant(self.device.resource, [(self.device.unit, self.shares)], mps_client_limits=True)
+        claim (what the claim paid for is what it gets), or lower (`limits`), under `mode` when a claim's
+        SharingConfig chose another strategy than the pool's (`dra.sharingconfig` checks both)."""
+        holding = [(self.device.unit, self.shares)]
+        return unit_grant(self.device.resource, holding, mps_client_limits=True, mode=mode, limits=limits)
 
     @property
     def memory_mib(self) -> int:
         return share_memory_mib(self.device.unit, self.shares)
 
 
-def request_grant(shares: Sequence[ClaimShare]) -> ContainerGrant:
+def request_grant(
+    shares: Sequence[ClaimShare], mode: SharingMode | None = None, limits: ClientLimits | None = None
+) -> ContainerGrant:
     """One grant for all the devices of one request, so its container sees them all: a container runtime keeps one
-    value of each variable across the CDI devices it injects, so a grant per device would hide all GPUs but one."""
+    value of each variable across the CDI devices it injects, so a grant per device would hide all GPUs but one.
+    `mode`, `limits`: the request's SharingConfig, as `ClaimShare.grant` takes them."""
     resources = {s.device.resource.name for s in shares}
     if len(resources) > 1 and any(s.device.shared for s in shares):
         raise ClaimError(f"one request holds shared devices of {len(resources)} pools ({', '.join(sorted(resources))}); ask for each in a request of its own")
     if len(shares) == 1:
-        return shares[0].grant()
-    return unit_grant(shares[0].device.resource, [(s.device.unit, s.shares) for s in shares], mps_client_limits=True)
+        return shares[0].grant(mode, limits)
+    holdings = [(s.device.unit, s.shares) for s in shares]
+    return unit_grant(shares[0].device.resource, holdings, mps_client_limits=True, mode=mode, limits=limits)
 
 
 def claim_share(device: DraDevice, consumed: Mapping[str, Any] | None, share_id: str | None) -> ClaimShare:

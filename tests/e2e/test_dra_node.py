@@ -184,7 +184,8 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
         claims[i] = (shares, claim)
         request(api, "POST", f"/api/v1/namespaces/{ns}/pods", {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}"},
-            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": f"pod-{i}-gpu"}],
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node_name},  # other tests' nodes may still have devices
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": f"pod-{i}-gpu"}],
                      "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}]},
         })
 

@@ -1,6 +1,7 @@
 """The published slices as a real kube-scheduler allocates them: claims asking shares or memory land on one GPU
 each and never over its capacity, a tainted GPU gets no new claim, MIG and whole-GPU claims, the extended-resource
-mapping of `<domain>/gpu`, the shipped example claims, and scheduling again after the kubelet's wipe.
+mapping of `<domain>/gpu`, the shipped example claims, class and claim SharingConfigs, and scheduling again after the
+kubelet's wipe.
 
 There is no kube-controller-manager: the tests create the ResourceClaims themselves and pods name them
 (`resourceClaimName`); each pod is pinned to the test's node, since other tests' nodes publish slices too.
@@ -9,6 +10,7 @@ There is no kube-controller-manager: the tests create the ResourceClaims themsel
 from __future__ import annotations
 
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from decimal import Decimal
@@ -251,3 +253,73 @@ def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
     n.pod("after", claim="after")
     assert n.bound("after")
     assert len(n.allocation("after")) == 1
+
+
+def test_class_and_claim_sharing_configs_and_the_example_reach_the_claim(make_node: Any, tmp_path: Any) -> None:
+    """kube-scheduler copies the DeviceClass's config (source FromClass, naming the class's requests) and then the
+    claim's (FromClaim) into the allocation; the driver, reading the claim from the API, applies the claim's to the
+    request it names and the class's to the other. The shipped example claim is accepted, allocated and applied."""
+    import asyncio
+    import json
+
+    from deviceplugin.dra.claims import ApiClaims
+    from deviceplugin.dra.prepare import ClaimRef, prepare_claims
+    from deviceplugin.dra.sharingconfig import api_version
+    from tests.support.dra import MPS_POOLS, make_driver
+
+    def sharing(percent: int) -> dict[str, Any]:
+        mps = {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}
+        parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": mps}
+        return {"opaque": {"driver": DRIVER, "parameters": parameters}}
+
+    def percents(uid: str) -> dict[str, str]:
+        """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per CDI device of the claim's spec."""
+        spec = json.loads(driver.cdi.spec_path(uid).read_text())
+        envs = {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"]) for d in spec["devices"]}
+        return {name: env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for name, env in envs.items()}
+
+    n = make_node("2xT4", parse_config({"version": "v1", "pools": MPS_POOLS}))
+    section = (ROOT / "docs" / "dra.md").read_text().split("## Sharing chosen per claim")[1].split("\n## ")[0]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
+    documents = [d for block in blocks for d in yaml.safe_load_all(block)]
+    (documented,) = [d for d in documents if d.get("kind") == "DeviceClass"]  # the docs' class: 10 % for its claims
+    device_class = documented["metadata"]["name"] = f"gpu-share-mps-capped-{next(_ids)}"
+    request(n.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", documented)
+    driver = make_driver(tmp_path)
+    driver.pool = n.name  # the example node's devices, in this node's pool
+    claims = ApiClaims(n.api, DRIVER, n.name, timeout=5.0, cache=False)
+    try:
+        two = {"deviceClassName": device_class, "capacity": {"requests": {"shares": "2"}}}
+        requests = [{"name": r, "exactly": two} for r in ("a", "b")]
+        devices = {"requests": requests, "config": [{"requests": ["a"], **sharing(5)}]}
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "capped"},
+                "spec": {"devices": devices}}
+        request(n.api, "POST", CLAIMS.format(ns=n.ns), body)
+        n.pod("capped", claim="capped")
+        assert n.bound("capped")
+        stored = request(n.api, "GET", CLAIMS.format(ns=n.ns) + "/capped")
+        configs = [(c["source"], c.get("requests"), c["opaque"]["parameters"]["sharing"]["mpsConfig"])
+                   for c in stored["status"]["allocation"]["devices"]["config"]]
+        percent = "defaultActiveThreadPercentage"
+        # The class's config first, naming the claim's requests of that class; then the claim's.
+        assert configs == [("FromClass", ["a", "b"], {percent: 10}), ("FromClaim", ["a"], {percent: 5})]
+        ref = ClaimRef(n.ns, "capped", stored["metadata"]["uid"])
+        outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
+        assert outcome.error == "" and outcome.claim is not None, outcome.error
+        assert percents(ref.uid) == {f"{ref.uid}-0": "5", f"{ref.uid}-1": "10"}  # a: the claim's config; b: the class's
+        # The shipped example: its config is accepted by the API server, allocated on the MPS pool and applied.
+        for document in yaml.safe_load_all((DRA / "examples" / "claim-mps-limits.yaml").read_text()):
+            if document["kind"] == "ResourceClaim":
+                example = request(n.api, "POST", CLAIMS.format(ns=n.ns), document)
+            else:
+                document["spec"] |= {"schedulerName": SCHEDULER, "nodeSelector": {"kubernetes.io/hostname": n.name}}
+                client.CoreV1Api(n.api).create_namespaced_pod(n.ns, document)
+        assert n.bound("mps-capped")
+        ref = ClaimRef(n.ns, "mps-capped", example["metadata"]["uid"])
+        outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
+        assert outcome.error == "" and outcome.claim is not None and outcome.claim.devices[0].shares == 4, outcome.error
+        edits = json.loads(driver.cdi.spec_path(ref.uid).read_text())["devices"][0]["containerEdits"]
+        env = dict(e.split("=", 1) for e in edits["env"])
+        assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("20", "0=4096M")
+    finally:
+        request(n.api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}")  # the API server is shared
