@@ -58,7 +58,7 @@ def _claim(node: str, driver: str, name: str, device: str, memory_mib: int) -> d
 
 
 def _one_start(cp: Any, api: Any, ns: str, node: str, claims: int) -> dict[str, float]:
-    from deviceplugin.dra.devices import driver_name
+    from deviceplugin.kube.dranames import driver_name
     from deviceplugin.sim.kubelet import KubeletSimulator
     from tests.support.dra_kubelet import FakeDraKubelet
     from tests.support.kubeobjects import request, slices

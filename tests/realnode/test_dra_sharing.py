@@ -15,8 +15,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from deviceplugin.dra.devices import driver_name
 from deviceplugin.dra.sharingconfig import api_version
+from deviceplugin.kube.dranames import driver_name
 from tests.support.kubeobjects import delete_claim, release_claim, request
 from tests.support.realnode import RealNode, delete_pod, wait_for
 
