@@ -121,8 +121,10 @@ def cluster(realnode: RealNode, api: Any) -> Iterator[str]:
     core.create_namespace({"metadata": {"name": ns}})
     core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
     realnode.script("kcm.sh", "start")
-    yield ns
-    realnode.script("kcm.sh", "stop")
+    try:
+        yield ns
+    finally:  # never leave the controller manager running: later tests create what it would make
+        realnode.script("kcm.sh", "stop")
     realnode.cp.stop_process("kube-scheduler#realnode")
     for name in created:  # the session API server is shared: the chart's tests install DeviceClasses of these names
         request(api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")

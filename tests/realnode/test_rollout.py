@@ -29,7 +29,7 @@ from tests.realnode.fake_nvml_run import UUIDS
 from tests.support.realnode import RealNode, delete_pod, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE = "gpu-share"
+NAMESPACE = f"rn-gpu-share-{uuid.uuid4().hex[:6]}"  # the kustomization's namespace, renamed: a deleted namespace lingers
 RESOURCE = "example.com/gpu-share"
 PROFILE = {"example.com/gpu-share.config": "inference"}  # memoryPerShare 4Gi: 3 shares of each T4
 OPT_IN = {"example.com/gpu-share.enabled": "true", "nvidia.com/gpu.present": "true"}
@@ -40,6 +40,14 @@ def shipped(cp: Any) -> list[dict[str, Any]]:
     """The kustomization's objects, the DaemonSet changed as the module docstring says."""
     rendered = subprocess.run([str(cp.bin / "kubectl"), "kustomize", str(ROOT / "daemonset")], capture_output=True, text=True, check=True, timeout=60).stdout
     objects = [o for o in yaml.safe_load_all(rendered) if o and not o["kind"].startswith("ValidatingAdmissionPolicy")]
+    for obj in objects:  # as `namespace:` in an overlay would: the objects, the Namespace, the bindings' subjects
+        meta = obj["metadata"]
+        if obj["kind"] == "Namespace":
+            meta["name"] = NAMESPACE
+        elif meta.get("namespace"):
+            meta["namespace"] = NAMESPACE
+        for subject in obj.get("subjects", []):
+            subject["namespace"] = NAMESPACE
     daemonset = next(o for o in objects if o["kind"] == "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
     pod["hostNetwork"] = True
@@ -118,11 +126,16 @@ def rollout(realnode: RealNode, core: client.CoreV1Api) -> Iterator[str]:
         wait_for(lambda: core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "6", 120)
         yield ns
     finally:
-        kubectl(cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-", stdin=manifest)
-        core.delete_namespace(ns)
-        core.patch_node(realnode.name, {"metadata": {"labels": {k: None for k in (*OPT_IN, *PROFILE)}}})
-        cp.stop_process("kube-scheduler#rollout")
-        realnode.script("kcm.sh", "stop")
+        try:  # the DaemonSet and its pod first, then the rest; the namespaces are not waited for (the namespace
+            # controller may have a queue of other tests' namespaces to delete first)
+            kubectl(cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-n", NAMESPACE, "daemonset", "gpu-share")
+            wait_for(lambda: not core.list_namespaced_pod(NAMESPACE).items, 120)
+            kubectl(cp, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=manifest)
+            core.delete_namespace(ns)
+            core.patch_node(realnode.name, {"metadata": {"labels": {k: None for k in (*OPT_IN, *PROFILE)}}})
+        finally:  # never leave the controller manager running: later tests create what it would make
+            cp.stop_process("kube-scheduler#rollout")
+            realnode.script("kcm.sh", "stop")
 
 
 def plugin_pod(core: client.CoreV1Api) -> client.V1Pod | None:
