@@ -83,7 +83,9 @@ class DraDaemon:
         self.inventory = inventory
         self.options = options
         node_name = options.node_name
-        plan = plan_node(inventory, start, options.profile, options.profile_label_interval, lambda: NodeClient.connect(node_name, kubeconfig), clock)
+        plan = plan_node(
+            inventory, start, options.profile, options.profile_label_interval, lambda: NodeClient.connect(node_name, kubeconfig), clock, dynamic_mig=True
+        )
         self.node, self.config, self.resources = plan.node, plan.config, plan.resources
         self._digest = plan.digest
         self.driver_name = driver_name(self.config.domain)
@@ -117,7 +119,7 @@ class DraDaemon:
         self.shapes = HeldShapes(self.driver, self.state, [self.plugin, self.slices], self.config, self.resources)  # held GPUs keep their shape
         self.plugin.after_unprepare = self.shapes.check
         consumers: list[ConfigConsumer] = [self, self.mps, self.shapes, self.agent.watchdog, self.agent]
-        self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers, clock)
+        self.reloader = ConfigReloader(options.config_file, self.node, plan.profiles, options.reload_interval, consumers, clock, dynamic_mig=True)
         self.registry.register(DraCollector(self.driver, lambda: self.plugin.registered))
         self.registry.register(self.slices.collector())
         self.registry.register(StateCollector(MetricSources(self.node, self.state, agent=self.agent, reloader=self.reloader)))

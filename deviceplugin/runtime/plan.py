@@ -111,6 +111,7 @@ def plan_node(
     label_interval: float,
     connect: Callable[[], NodeClient | None],
     clock: Clock = time.monotonic,
+    dynamic_mig: bool = False,
 ) -> Plan:
     """Discover the node, pick the profile (the flag, else the node label when the config has several, else the
     default) and build its resources; ConfigError when the profile does not work on the node. A profile the node
@@ -122,13 +123,13 @@ def plan_node(
     profiles = ProfileSource(profile, connect() if label_decides else None, label_interval, clock)
     chosen = profiles.current(config)
     try:
-        resources = build_resources(config, node, chosen)
+        resources = build_resources(config, node, chosen, dynamic_mig=dynamic_mig)
     except ConfigError as err:
         if not label_decides or not chosen:
             raise
         log.error("the node label asks for profile %s, which is refused: %s; serving the default profile %s", chosen, err, config.default_profile)
         chosen = None
-        resources = build_resources(config, node, None)
+        resources = build_resources(config, node, None, dynamic_mig=dynamic_mig)
     log.info("serving profile %s", chosen or config.default_profile)
     return Plan(node, config, start.digest, profiles, resources, chosen)
 
