@@ -44,6 +44,7 @@ from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
 from ..state import NodeState, NodeView
 from .devices import DraDevice, dra_devices
+from .partitions import counter_sets
 from .pool import Plan, Pool, Stored, canonical, owner_reference
 from .taints import device_taints, taint_inputs
 
@@ -343,7 +344,8 @@ class SlicePublisher(BackgroundLoop):
             if taints:
                 body["taints"] = taints
             rendered.append(body)
-        pool = Pool(self.node_name, self.driver, owner, rendered)
+        gpus = {d.unit.gpu.uuid: d.unit.gpu for d in devices if d.partition}
+        pool = Pool(self.node_name, self.driver, owner, rendered, counter_sets(list(gpus.values())))
         conflicts = 0
         while True:
             stored = self._stored()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The engines a GPU-instance profile reports (nvmlGpuInstanceProfileInfo_t), by the counter name DRA publishes.
-ENGINES = ("copyEngines", "decoders", "encoders", "jpegEngines", "ofaEngines")
+ENGINES = ("copy-engines", "decoders", "encoders", "jpeg-engines", "ofa-engines")
 
 
 @dataclass(frozen=True)
