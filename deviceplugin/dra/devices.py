@@ -81,7 +81,7 @@ class DraDevice:
             "index": {"int": gpu.index},
             "productName": {"string": gpu.model[:64]},
             "pool": {"string": self.resource.pool.name[:64]},
-            "mode": {"string": mode_of(self.resource.pool).name},
+            "mode": {"string": self._mode()},
         }
         if unit.mig:
             attributes["parentUUID"] = {"string": gpu.uuid}
@@ -123,6 +123,12 @@ class DraDevice:
         else:
             device["capacity"] = {CAPACITY_MEMORY: {"value": str(memory)}}
         return device
+
+
+    def _mode(self) -> str:
+        """The sharing mode's name; a GPU with MIG mode off in a dynamic MIG pool is published as an exclusive GPU."""
+        pool = self.resource.pool
+        return "exclusive" if pool.dynamic_mig and not self.partition else mode_of(pool).name
 
 
 def _version(raw: str) -> str:

@@ -74,3 +74,7 @@ class DraCollector(Collector):
         yield GaugeMetricFamily("gpushare_dra_damaged_records", "Claims whose checkpoint record is damaged (quarantined); their devices are fenced.", value=len(checkpoint.damaged))
         yield CounterMetricFamily("gpushare_dra_records_quarantined", "Checkpoint records this process found damaged and quarantined.", value=checkpoint.quarantined)
         yield CounterMetricFamily("gpushare_dra_reallocated_claims", "Prepared claims re-allocated under the same UID, prepared again from the new allocation.", value=self.driver.reallocated)
+        mig = self.driver.mig
+        yield CounterMetricFamily("gpushare_dra_mig_instances_made", "Dynamic-MIG instances this process made at prepare.", value=mig.made)
+        yield CounterMetricFamily("gpushare_dra_mig_instances_destroyed", "Dynamic-MIG instances this process destroyed (unprepare, start-up sweep).", value=mig.destroyed)
+        yield GaugeMetricFamily("gpushare_dra_mig_unclaimed_instances", "MIG instances on dynamic-MIG GPUs that no claim holds, kept at start-up (the GPU ran processes).", value=len(mig.unclaimed))

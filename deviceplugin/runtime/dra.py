@@ -25,12 +25,14 @@ from ..agent.usage import PodResourcesClient
 from ..agent.watchdog import MemoryWatchdog
 from ..config.types import Config, ConfigError
 from ..discovery.inventory import Inventory
+from ..discovery.mig import MigControl
 from ..dra.cdi import CdiWriter
 from ..dra.checkpoint import Checkpoint
 from ..dra.claims import ApiClaims
 from ..dra.devices import driver_name
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
+from ..dra.migdynamic import MigInstances
 from ..dra.mpsready import MpsReadiness
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
@@ -95,10 +97,13 @@ class DraDaemon:
         self.paths = PluginPaths(dra.registrar_dir, dra.plugins_dir, self.driver_name, dra.instance)
         self.paths.check()
         self.paths.data_dir.mkdir(parents=True, exist_ok=True)
+        mig = MigInstances(inventory if isinstance(inventory, MigControl) else None, inventory.processes)
         self.driver = Driver(
-            self.driver_name, node_name, Checkpoint(self.paths.checkpoint), CdiWriter(dra.cdi_root, self.driver_name), self.state, SerialLock(self.paths.data_dir / LOCK_FILE)
+            self.driver_name, node_name, Checkpoint(self.paths.checkpoint), CdiWriter(dra.cdi_root, self.driver_name), self.state,
+            SerialLock(self.paths.data_dir / LOCK_FILE), mig,
         )
         self.driver.on_config(self.config, self.resources)
+        self.driver.sweep_mig()  # instances of no claim on dynamic-MIG GPUs, from before this start
         self.claims = ApiClaims(api_client, self.driver_name, node_name, cache=dra.claim_cache)
         self.driver.find_claim = self.claims.find  # what a damaged record's claim holds, per the API
         self.registry = CollectorRegistry()
