@@ -14,11 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import admission, dra, dra_slices, dra_tenants, extender, footprint, hostile, kubelet_link, recovery, scale, scrape, stop
+from . import admission, dra, dra_slices, dra_tenants, dynamic_mig, extender, footprint, hostile, kubelet_link, recovery, scale, scrape, stop
 
 BENCHMARKS = {
     "admission": admission, "scale": scale, "recovery": recovery, "footprint": footprint, "scrape": scrape, "kubelet_link": kubelet_link,
-    "extender": extender, "hostile": hostile, "dra": dra, "dra_slices": dra_slices, "dra_tenants": dra_tenants, "stop": stop,
+    "extender": extender, "hostile": hostile, "dra": dra, "dra_slices": dra_slices, "dra_tenants": dra_tenants, "dynamic_mig": dynamic_mig,
+    "stop": stop,
 }
 
 

@@ -21,7 +21,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
-    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra", "dra_slices", "dra_tenants", "stop")}
+    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra", "dra_slices", "dra_tenants", "dynamic_mig", "stop")}
     assert results["admission-smoke"]["allocate"]["n"] == 50 and results["admission-smoke"]["devices"] == 512
     assert "over the 2097152 byte budget" in results["scale-smoke"]["60000_devices_refused_with"]
     assert results["recovery-smoke"]["socket_created_to_register_max_ms"] > 0
@@ -40,6 +40,9 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert all(row["refused_with"] not in ("", "not refused") for row in hostile["refusals"])
     abuse = hostile["metrics_abuse"]
     assert abuse["holding"]["threads"] <= abuse["before"]["threads"] + 1 and abuse["flooding"]["scrapes_failed"] == 0
+    mig = results["dynamic_mig-smoke"]
+    assert mig["claims"] == 200 and mig["dynamic"]["nvml_refused"] == 0 and mig["dynamic"]["instances_left"] == 0
+    assert mig["dynamic"]["instances_made"] > 0 and 0 <= mig["fixed_mig_mixed"]["slices_used"] <= 1
     dra = results["dra_slices-smoke"]
     assert "skipped" in dra or (dra["devices"] == 20 and dra["rounds"] == 3 and dra["xid_to_taint_visible"]["max_ms"] > 0)
     for name in ("admission", "scale", "recovery", "footprint", "scrape", "extender", "hostile"):
