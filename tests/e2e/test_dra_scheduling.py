@@ -323,3 +323,5 @@ def test_dynamic_mig_claims_are_placed_by_the_scheduler_through_the_counters(mak
     assert sorted(i.size for i in m.inventory.mig_instances(m.gpu)) == [4, 4] and m.consumed(["four", "three-b"])["compute-slices"] == 7
     m.ask("last", "1g.10gb")
     assert m.n.unschedulable("last")
+    # The API server kept the counter slice and the devices as sent (quantities aside): the publisher never rewrote them.
+    assert m.n.publisher.stats.writes == {"create": 2, "update": 0, "delete": 0} and m.n.publisher.stats.in_sync
