@@ -31,7 +31,7 @@ from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint
-from deviceplugin.dra.devices import DraDevice, driver_name, dra_devices
+from deviceplugin.dra.devices import DraDevice, driver_name
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
 from deviceplugin.dra.partitions import gpu_counters

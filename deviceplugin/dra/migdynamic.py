@@ -8,7 +8,8 @@ it. Destroying a gone instance counts as done, so both are idempotent across res
 
 At start-up an instance on a dynamic-MIG GPU that no record names (a crash before the intent was written, a claim
 unprepared while this driver was down, an operator's instance) is destroyed when the GPU runs no process, and
-otherwise kept and reported (log, `gpushare_dra_mig_unclaimed_instances`). While any record is damaged nothing is
+otherwise kept and reported (log, `gpushare_dra_mig_unclaimed_instances`), and the counters published for its GPU
+count what it takes as taken (`partitions.gpu_counters`), so no claim is allocated over it. While any record is damaged nothing is
 destroyed: its claim's instances cannot be told from the others.
 """
 
@@ -36,6 +37,8 @@ class Unclaimed:
 
     gpu: str
     gi_id: int
+    profile_id: int
+    start: int
     why: str
 
 
@@ -122,16 +125,23 @@ class MigInstances:
             busy = "a checkpoint record is damaged" if damaged else ("the GPU runs processes" if self.processes(gpu.uuid) else "")
             for instance in stray:
                 if busy:
-                    kept.append(Unclaimed(gpu.uuid, instance.gi_id, busy))
+                    kept.append(Unclaimed(gpu.uuid, instance.gi_id, instance.profile_id, instance.start, busy))
                     log.warning("GPU %d (%s): MIG instance %s (GPU instance %d) belongs to no claim; kept because %s",
                                 gpu.index, gpu.uuid, instance.uuid or "-", instance.gi_id, busy)
                     continue
                 try:
                     self.destroy(MigRecord(gpu.uuid, instance.profile_id, instance.start, instance.gi_id, instance.ci_id, instance.uuid))
                 except ClaimError as err:
-                    kept.append(Unclaimed(gpu.uuid, instance.gi_id, str(err)))
+                    kept.append(Unclaimed(gpu.uuid, instance.gi_id, instance.profile_id, instance.start, str(err)))
                     log.warning("GPU %d: MIG instance of no claim kept: %s", gpu.index, err)
         self.unclaimed = tuple(kept)
+
+    def kept(self) -> dict[str, list[tuple[int, int]]]:
+        """GPU UUID -> (profile ID, start) of the instances the sweep kept: the slice publisher publishes them taken."""
+        found: dict[str, list[tuple[int, int]]] = {}
+        for u in self.unclaimed:
+            found.setdefault(u.gpu, []).append((u.profile_id, u.start))
+        return found
 
     @staticmethod
     def _find(instances: Sequence[MigInstance], record: MigRecord) -> MigInstance | None:

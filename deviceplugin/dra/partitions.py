@@ -18,7 +18,7 @@ prepare. The counters live in slices of their own (the API allows a slice device
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,8 +68,10 @@ def device_name(partition: Partition) -> str:
     return f"gpu-{partition.gpu.index}-mig-{profile}-{partition.start}"
 
 
-def gpu_counters(gpu: Gpu) -> dict[str, int]:
-    """The GPU's counters (empty when it has no profiles); see the module docstring."""
+def gpu_counters(gpu: Gpu, kept: Sequence[tuple[int, int]] = ()) -> dict[str, int]:
+    """The GPU's counters (empty when it has no profiles); see the module docstring. `kept`: (profile ID, start) of
+    instances that stay on the GPU without a claim: what they take is published as taken (those counters lowered, a
+    memory slice to 0), so no device overlapping them is allocated."""
     whole = full_profile(gpu.mig_profiles)
     if whole is None:
         return {}
@@ -80,6 +82,13 @@ def gpu_counters(gpu: Gpu) -> dict[str, int]:
         most = max(p.engines()[engine] for p in gpu.mig_profiles)
         if most:
             counters[engine] = most
+    by_id = {p.id: p for p in gpu.mig_profiles}
+    for profile_id, start in kept:
+        if profile_id in by_id:
+            taken = Partition(gpu=gpu, profile=by_id[profile_id], start=start)
+            for name, value in taken.consumes().items():
+                if name in counters:
+                    counters[name] = max(0, counters[name] - value)
     return counters
 
 
@@ -104,9 +113,11 @@ def counters_slices(counters: dict[str, int]) -> int:
     return sum(1 for name in counters if name.startswith("memory-slice-"))
 
 
-def counter_sets(gpus: Sequence[Gpu]) -> list[dict[str, Any]]:
-    """resource.k8s.io/v1 CounterSets of these GPUs, in index order."""
+def counter_sets(gpus: Sequence[Gpu], kept: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> list[dict[str, Any]]:
+    """resource.k8s.io/v1 CounterSets of these GPUs, in index order; `kept`: GPU UUID -> instances of no claim that
+    stay (`gpu_counters`)."""
+    kept = kept or {}
     return [
-        {"name": counter_set_name(g), "counters": {k: {"value": str(v)} for k, v in gpu_counters(g).items()}}
+        {"name": counter_set_name(g), "counters": {k: {"value": str(v)} for k, v in gpu_counters(g, kept.get(g.uuid, ())).items()}}
         for g in sorted(gpus, key=lambda g: g.index)
     ]

@@ -110,6 +110,7 @@ class DraDaemon:
         self.metrics = DraMetrics(self.registry)
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
         self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state)
+        self.slices.kept_mig = self.driver.mig.kept  # instances the start-up sweep kept are published as taken
         self.agent = NodeAgent(
             inventory,
             self.node,

@@ -139,6 +139,7 @@ def test_the_start_up_sweep_destroys_instances_of_no_claim_only_on_idle_gpus(tmp
     inventory.add_process(90, GPU0, 100, mig_uuid=kept.devices[0].mig.uuid)  # type: ignore[union-attr]
     busy = start(tmp_path, inventory)
     assert len(inventory.mig_instances(GPU0)) == 2 and [(u.gi_id, u.why) for u in busy.mig.unclaimed] == [(stray.gi_id, "the GPU runs processes")]
+    assert busy.mig.kept() == {GPU0: [(one.id, 3)]}  # the slice publisher publishes its slice taken
     inventory.remove_process(90)
     idle = start(tmp_path, inventory)
     assert [i.uuid for i in inventory.mig_instances(GPU0)] == [kept.devices[0].mig.uuid]  # type: ignore[union-attr]

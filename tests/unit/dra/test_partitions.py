@@ -36,9 +36,9 @@ def devices_of(node: NodeInfo) -> list[DraDevice]:
     return dra_devices(build_resources(parse_config(CONFIG), node, dynamic_mig=True))
 
 
-def fits(*devices: dict) -> bool:
-    """The scheduler's rule: the counters the devices consume together stay within their sets'."""
-    totals = {c["name"]: {k: int(v["value"]) for k, v in c["counters"].items()} for c in SETS}
+def fits(*devices: dict, sets: list[dict] | None = None) -> bool:
+    """The scheduler's rule: the counters the devices consume together stay within their sets' (default: one H100's)."""
+    totals = {c["name"]: {k: int(v["value"]) for k, v in c["counters"].items()} for c in sets or SETS}
     used: dict[tuple[str, str], int] = {}
     for d in devices:
         for consumed in d["consumesCounters"]:
@@ -117,3 +117,15 @@ def test_nine_gpus_need_two_counter_slices():
     pool = Pool("n", "d.example.com", owner_reference("n", "u"), [], counter_sets(node.gpus))
     specs = list(pool.specs(1).values())
     assert [len(s["sharedCounters"]) for s in specs] == [8, 1]  # no empty device slice beside the counters
+
+
+def test_an_instance_kept_without_a_claim_is_published_as_taken():
+    node = h100_node(1)
+    gpu = node.gpus[0]
+    three = next(p for p in gpu.mig_profiles if p.name == "3g.40gb")
+    (kept,) = counter_sets(node.gpus, {gpu.uuid: [(three.id, 4)]})
+    counters = {k: int(v["value"]) for k, v in kept["counters"].items()}
+    assert [counters[f"memory-slice-{i}"] for i in range(8)] == [1, 1, 1, 1, 0, 0, 0, 0] and counters["compute-slices"] == 4
+    rendered = {d.name: d.to_api("gpu-share.example.com", node) for d in devices_of(node)}
+    allowed = {name for name, d in rendered.items() if fits(d, sets=[kept])}
+    assert "gpu-0-mig-4g-40gb-0" in allowed and not {"gpu-0-mig-3g-40gb-4", "gpu-0-mig-7g-80gb-0", "gpu-0-mig-1g-10gb-5"} & allowed
