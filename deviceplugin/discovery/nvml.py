@@ -89,6 +89,7 @@ class NvmlInventory:
         self.recheck_interval = recheck_interval
         self._next_recheck: dict[str, float] = {}  # check -> the monotonic time it may run again (`_due`)
         self._node: NodeInfo | None = None
+        self._made: dict[tuple[str, int, int], str] = {}  # (GPU, GI, CI) -> MIG UUID of instances made or listed since discovery
 
     # --- calls -----------------------------------------------------------------------------
     def _call(self, name: str, *args: Any, gpu: str = "") -> Any:
@@ -367,7 +368,17 @@ class NvmlInventory:
                 for mig in gpu.mig_devices:
                     if mig.gi_id == gi and (ci == NO_INSTANCE or mig.ci_id == ci):
                         return mig.uuid
+        for (gpu_of, gi_of, ci_of), uuid in self._made.items():  # an instance made after discovery (dynamic MIG)
+            if (gpu_of, gi_of) == (gpu_uuid, gi) and ci in (NO_INSTANCE, ci_of):
+                return uuid
         return None  # cannot be attributed: the whole GPU
+
+    def _remember(self, gpu_uuid: str, instances: list[MigInstance], replace_all: bool = False) -> None:
+        """Keep the MIG UUIDs of instances seen, so their processes are attributed to them (replaced whole: a reader
+        on another thread sees an old map or a new one)."""
+        made = {k: v for k, v in self._made.items() if not (replace_all and k[0] == gpu_uuid)}
+        made.update({(gpu_uuid, i.gi_id, i.ci_id): i.uuid for i in instances if i.ci_id is not None and i.uuid})
+        self._made = made
 
     def check(self, gpu_uuid: str) -> str | None:
         try:
@@ -496,6 +507,7 @@ class NvmlInventory:
                 gi_id=info.id, profile_id=info.profileId, start=info.placement.start, size=info.placement.size,
                 ci_id=ci_id, uuid=uuids.get((info.id, ci_id), "") if ci_id is not None else "",
             ))
+        self._remember(gpu_uuid, instances, replace_all=True)
         return tuple(instances)
 
     def _compute_instance_id(self, gi: Any, gpu: str) -> int | None:
@@ -552,13 +564,16 @@ class NvmlInventory:
         ci = self._mig_call("nvmlGpuInstanceCreateComputeInstance", gi, whole.id, gpu=gpu_uuid)
         ci_id = int(self._mig_call("nvmlComputeInstanceGetInfo", ci, gpu=gpu_uuid).id)
         uuid = self._mig_uuids(handle, gpu_uuid).get((gi_id, ci_id), "")
-        return MigInstance(gi_id=gi_id, profile_id=info.profileId, start=info.placement.start, size=info.placement.size, ci_id=ci_id, uuid=uuid)
+        made = MigInstance(gi_id=gi_id, profile_id=info.profileId, start=info.placement.start, size=info.placement.size, ci_id=ci_id, uuid=uuid)
+        self._remember(gpu_uuid, [made])
+        return made
 
     def destroy_compute_instance(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
         handle = self._mig_handle(gpu_uuid)
         gi = self._mig_call("nvmlDeviceGetGpuInstanceById", handle, gi_id, gpu=gpu_uuid)
         ci = self._mig_call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id, gpu=gpu_uuid)
         self._mig_call("nvmlComputeInstanceDestroy", ci, gpu=gpu_uuid)
+        self._made = {k: v for k, v in self._made.items() if k != (gpu_uuid, gi_id, ci_id)}
 
     def destroy_gpu_instance(self, gpu_uuid: str, gi_id: int) -> None:
         handle = self._mig_handle(gpu_uuid)

@@ -25,7 +25,7 @@ from ..model.devices import Unit
 from ..model.mig import MigInstance
 from ..model.node import Gpu, GpuProcess, MigDevice
 from .checkpoint import MigRecord, PreparedClaim
-from .devices import ClaimError, ClaimShare
+from .devices import ClaimError, ClaimShare, DraDevice
 from .partitions import Partition
 
 log = logging.getLogger(__name__)
@@ -171,12 +171,17 @@ class MigInstances:
             log.warning("GPU %s: half-made MIG instance %d could not be destroyed: %s", gpu, gi_id, err)
 
 
-def instance_share(share: ClaimShare, record: MigRecord) -> ClaimShare:
-    """The holding of a dynamic-MIG device once its instance exists: the MIG instance as the unit, so the container's
-    grant (CDI device, NVIDIA_VISIBLE_DEVICES) names its MIG UUID as for a static MIG instance."""
-    device, partition = share.device, share.device.partition
+def instance_device(device: DraDevice, record: MigRecord) -> DraDevice:
+    """A dynamic-MIG device once its instance exists: the MIG instance as its unit, so the container's grant (CDI
+    device, NVIDIA_VISIBLE_DEVICES) names its MIG UUID as for a static MIG instance, and the node agent meters the
+    processes NVML finds in it."""
+    partition = device.partition
     assert partition is not None
     profile = partition.profile
     mig = MigDevice(uuid=record.uuid, profile=profile.name, memory_mib=profile.memory_mib, gi_id=record.gi_id or 0, ci_id=record.ci_id or 0, index=record.gi_id or 0)
-    unit = Unit(uuid=record.uuid, gpu=partition.gpu, memory_mib=profile.memory_mib, mig=mig)
-    return replace(share, device=replace(device, unit=unit))
+    return replace(device, unit=Unit(uuid=record.uuid, gpu=partition.gpu, memory_mib=profile.memory_mib, mig=mig))
+
+
+def instance_share(share: ClaimShare, record: MigRecord) -> ClaimShare:
+    """The holding of a dynamic-MIG device once its instance exists (`instance_device`)."""
+    return replace(share, device=instance_device(share.device, record))

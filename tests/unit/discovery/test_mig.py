@@ -163,3 +163,12 @@ def test_discovery_reads_the_profiles_while_mig_is_on(backend):
     assert "7g.80gb" in [p.name for p in on.gpus[0].mig_profiles]
     off = backend(enabled=False).control.discover()  # type: ignore[attr-defined]
     assert off.gpus[0].mig_profiles == () and off.gpus[0].mig_capable
+
+
+def test_processes_in_an_instance_made_after_discovery_are_attributed_to_it(backend):
+    b = backend()
+    b.control.discover()  # type: ignore[attr-defined]
+    one = next(p for p in b.control.mig_profiles(UUID) if p.name == "1g.10gb")
+    made = b.control.create_compute_instance(UUID, b.control.create_gpu_instance(UUID, one.id, 2))
+    b.run_process(made.uuid, made.gi_id, made.ci_id)
+    assert [p.mig_uuid for p in b.control.processes(UUID)] == [made.uuid]  # type: ignore[attr-defined]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.alloc.plan import build_resources
+from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
@@ -19,6 +20,7 @@ from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
 from deviceplugin.dra.prepare import Driver, prepare_claims
+from deviceplugin.dra.usage import ClaimUsage
 from deviceplugin.model.node import Gpu, NodeInfo
 from deviceplugin.state import NodeState
 from tests.support.dra import DRIVER, MemoryClaims, claim, result
@@ -163,3 +165,17 @@ def test_a_gpu_with_mig_off_is_one_whole_exclusive_gpu(tmp_path: Path) -> None:
     assert whole.partition is None and whole.to_api(DRIVER, inventory.discover())["attributes"]["mode"] == {"string": "exclusive"}
     prepared = driver.prepare(*mig("gpu-1"))
     assert env(prepared.cdi_spec)["NVIDIA_VISIBLE_DEVICES"] == GPU1 and prepared.devices[0].mig is None
+
+
+def test_the_agent_meters_a_dynamic_claim_on_the_instance_made_for_it(tmp_path: Path) -> None:
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+    ref, body = mig("gpu-0-mig-2g-20gb-4")
+    made = driver.prepare(ref, body).devices[0].mig
+    assert made is not None
+    resource = pr.ClaimResource(driver_name=DRIVER, pool_name=POOL, device_name="gpu-0-mig-2g-20gb-4")
+    listing = pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(name="p", namespace="default", containers=[
+        pr.ContainerResources(name="main", dynamic_resources=[pr.DynamicResource(claim_name=ref.name, claim_namespace=ref.namespace, claim_resources=[resource])])
+    ])])
+    (share,) = ClaimUsage(driver.prepared, lambda: driver.devices, DRIVER, POOL)(listing, []).shares
+    assert (share.unit_uuid, share.gpu_uuid, share.memory_limit_mib) == (made.uuid, GPU0, 19968)  # the instance, not its GPU
