@@ -123,10 +123,11 @@ class SimulatedMig:
         if not self.enabled:
             raise MigError(f"GPU {self.gpu_uuid}: MIG mode is off", NOT_SUPPORTED)
         with self._lock:
-            return tuple(
-                MigInstance(gi_id=i.gi_id, profile_id=i.profile.id, start=i.start, size=i.profile.memory_slices, ci_id=i.ci_id, uuid=i.uuid)
-                for i in sorted(self._instances.values(), key=lambda i: i.gi_id)
-            )
+            return tuple(self._public(i) for i in sorted(self._instances.values(), key=lambda i: i.gi_id))
+
+    @staticmethod
+    def _public(i: _Instance) -> MigInstance:
+        return MigInstance(gi_id=i.gi_id, profile_id=i.profile.id, start=i.start, size=i.profile.memory_slices, ci_id=i.ci_id, uuid=i.uuid)
 
     # --- creation ---------------------------------------------------------------------------------
     def create_gpu_instance(self, profile_id: int, start: int) -> int:
@@ -151,7 +152,7 @@ class SimulatedMig:
             self._made += 1
             made = uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-share/mig/{self.gpu_uuid}/{gi_id}/{self._made}")
             instance = self._instances[gi_id] = replace(instance, ci_id=0, uuid=f"MIG-{made}")
-            return MigInstance(gi_id=gi_id, profile_id=instance.profile.id, start=instance.start, size=instance.profile.memory_slices, ci_id=0, uuid=instance.uuid)
+            return self._public(instance)
 
     def adopt(self, device: MigDevice) -> None:
         """An instance the node file lists, at the first placement of its profile that is free (skipped when the table
@@ -200,7 +201,8 @@ class SimulatedMig:
         taken = {s for i in self._instances.values() for s in i.profile.slices(i.start)}
         overlap = sorted(taken & set(profile.slices(start)))
         if overlap:
-            raise MigError(f"GPU {self.gpu_uuid}: placement {start} of {profile.name} overlaps memory slices {overlap} of another instance", INSUFFICIENT_RESOURCES)
+            why = f"placement {start} of {profile.name} overlaps memory slices {overlap} of another instance"
+            raise MigError(f"GPU {self.gpu_uuid}: {why}", INSUFFICIENT_RESOURCES)
         if sum(1 for i in self._instances.values() if i.profile.id == profile.id) >= profile.instance_count:
             raise MigError(f"GPU {self.gpu_uuid}: {profile.name} has at most {profile.instance_count} instances", INSUFFICIENT_RESOURCES)
         whole = full_profile(self.table)

@@ -64,6 +64,11 @@ def _cpu_list(text: str) -> list[int]:
     return cpus
 
 
+def _mig_error(call: str, err: Exception, gpu: str) -> MigError:
+    """An NVML error of a MIG call, naming the call and the GPU, with NVML's return code."""
+    return MigError(f"NVML {call} failed on GPU {gpu}: {err}", int(getattr(err, "value", 0) or 0))
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -450,7 +455,7 @@ class NvmlInventory:
         try:
             return getattr(self.nvml, name)(*args)
         except self.nvml.NVMLError as err:
-            raise MigError(f"NVML {name} failed on GPU {gpu}: {err}", int(getattr(err, "value", 0) or 0)) from err
+            raise _mig_error(name, err, gpu) from err
 
     def _mig_handle(self, gpu_uuid: str) -> Any:
         """The GPU's handle; MigError NOT_SUPPORTED unless its current MIG mode is on."""
@@ -469,7 +474,7 @@ class NvmlInventory:
             except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_InvalidArgument):
                 continue  # a profile this GPU does not have
             except self.nvml.NVMLError as err:
-                raise MigError(f"NVML nvmlDeviceGetGpuInstanceProfileInfo({index}) failed on GPU {gpu_uuid}: {err}", int(getattr(err, "value", 0) or 0)) from err
+                raise _mig_error(f"nvmlDeviceGetGpuInstanceProfileInfo({index})", err, gpu_uuid) from err
             match = _MIG_PROFILE.search(_text(info.name))
             placements = self._placements(handle, info.id, gpu_uuid)
             if not match or not placements:
@@ -500,7 +505,7 @@ class NvmlInventory:
             except (self.nvml.NVMLError_NotFound, self.nvml.NVMLError_InvalidArgument):
                 continue
             except self.nvml.NVMLError as err:
-                raise MigError(f"NVML nvmlDeviceGetGpuInstanceById({gi_id}) failed on GPU {gpu_uuid}: {err}", int(getattr(err, "value", 0) or 0)) from err
+                raise _mig_error(f"nvmlDeviceGetGpuInstanceById({gi_id})", err, gpu_uuid) from err
             info = self._mig_call("nvmlGpuInstanceGetInfo", gi, gpu=gpu_uuid)
             ci_id = self._compute_instance_id(gi, gpu_uuid)
             instances.append(MigInstance(
@@ -517,7 +522,7 @@ class NvmlInventory:
             except (self.nvml.NVMLError_NotFound, self.nvml.NVMLError_InvalidArgument):
                 continue
             except self.nvml.NVMLError as err:
-                raise MigError(f"NVML nvmlGpuInstanceGetComputeInstanceById({ci_id}) failed on GPU {gpu}: {err}", int(getattr(err, "value", 0) or 0)) from err
+                raise _mig_error(f"nvmlGpuInstanceGetComputeInstanceById({ci_id})", err, gpu) from err
             return ci_id
         return None
 
@@ -530,7 +535,7 @@ class NvmlInventory:
             except self.nvml.NVMLError_NotFound:
                 continue  # indices can have gaps
             except self.nvml.NVMLError as err:
-                raise MigError(f"NVML nvmlDeviceGetMigDeviceHandleByIndex({index}) failed on GPU {gpu}: {err}", int(getattr(err, "value", 0) or 0)) from err
+                raise _mig_error(f"nvmlDeviceGetMigDeviceHandleByIndex({index})", err, gpu) from err
             key = (self._mig_call("nvmlDeviceGetGpuInstanceId", mig, gpu=gpu), self._mig_call("nvmlDeviceGetComputeInstanceId", mig, gpu=gpu))
             found[key] = _text(self._mig_call("nvmlDeviceGetUUID", mig, gpu=gpu))
         return found
@@ -556,7 +561,7 @@ class NvmlInventory:
             except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_InvalidArgument):
                 continue
             except self.nvml.NVMLError as err:
-                raise MigError(f"NVML nvmlGpuInstanceGetComputeInstanceProfileInfo({index}) failed on GPU {gpu_uuid}: {err}", int(getattr(err, "value", 0) or 0)) from err
+                raise _mig_error(f"nvmlGpuInstanceGetComputeInstanceProfileInfo({index})", err, gpu_uuid) from err
             if whole is None or ci_profile.sliceCount > whole.sliceCount:
                 whole = ci_profile
         if whole is None:

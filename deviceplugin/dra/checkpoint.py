@@ -114,7 +114,9 @@ class PreparedClaim:
     pending: bool = False  # the intent written before making its MIG instances: not prepared yet (dra.migdynamic)
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"uid": self.uid, "namespace": self.namespace, "name": self.name, "cdiSpec": self.cdi_spec, "devices": [d.to_json() for d in self.devices]}
+        data: dict[str, Any] = {
+            "uid": self.uid, "namespace": self.namespace, "name": self.name, "cdiSpec": self.cdi_spec, "devices": [d.to_json() for d in self.devices],
+        }
         if self.allocation:
             data["allocation"] = self.allocation
         return {**data, "pending": True} if self.pending else data

@@ -100,7 +100,8 @@ class MigInstances:
             self._destroy_call(lambda: control.destroy_gpu_instance(record.gpu, gi_id))
         except MigError as err:
             hint = " (processes still run on it; the kubelet retries)" if err.code == IN_USE else ""
-            raise ClaimError(f"cannot destroy MIG instance {record.uuid or record.start} on GPU {record.gpu}: NVML {err.code_name}{hint}: {safe_text(str(err), 300)}") from None
+            what = f"MIG instance {record.uuid or record.start} on GPU {record.gpu}"
+            raise ClaimError(f"cannot destroy {what}: NVML {err.code_name}{hint}: {safe_text(str(err), 300)}") from None
         self.destroyed += 1
         log.info("MIG instance %s (GPU %s, GPU instance %d) destroyed", found.uuid or "-", record.gpu, found.gi_id)
 
@@ -178,7 +179,8 @@ def instance_device(device: DraDevice, record: MigRecord) -> DraDevice:
     partition = device.partition
     assert partition is not None
     profile = partition.profile
-    mig = MigDevice(uuid=record.uuid, profile=profile.name, memory_mib=profile.memory_mib, gi_id=record.gi_id or 0, ci_id=record.ci_id or 0, index=record.gi_id or 0)
+    gi, ci = record.gi_id or 0, record.ci_id or 0
+    mig = MigDevice(uuid=record.uuid, profile=profile.name, memory_mib=profile.memory_mib, gi_id=gi, ci_id=ci, index=gi)
     return replace(device, unit=Unit(uuid=record.uuid, gpu=partition.gpu, memory_mib=profile.memory_mib, mig=mig))
 
 

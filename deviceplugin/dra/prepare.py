@@ -129,8 +129,8 @@ class Driver:
                 self._ensure_spec(known, ref, allocation)
                 return known
             if not current:
-                why = "first prepare" if known is None else "its MIG instances were being made" if known.pending else "the cache shows another allocation than the record"
-                raise Unconfirmed(f"claim {ref}: {why}")
+                why = "its MIG instances were being made" if known and known.pending else "the cache shows another allocation than the record"
+                raise Unconfirmed(f"claim {ref}: " + ("first prepare" if known is None else why))
             fenced = self._fenced(ref.uid)
             if known is not None and known.mig and not known.pending:
                 self._destroy_instances(ref, known)  # re-allocated: its old instances go first
@@ -169,7 +169,9 @@ class Driver:
             self._undo_instances(ref, made.values())
             raise
 
-    def _record(self, ref: ClaimRef, digest: str, holdings: list[tuple[Mapping[str, Any], ClaimShare]], made: Mapping[int, MigRecord]) -> PreparedClaim:
+    def _record(
+        self, ref: ClaimRef, digest: str, holdings: list[tuple[Mapping[str, Any], ClaimShare]], made: Mapping[int, MigRecord]
+    ) -> PreparedClaim:
         groups, grants = _request_grants(ref, holdings)
         spec = str(self.cdi.write(ref.uid, grants)) if holdings else ""
         first = {indexes[0]: g for g, indexes in enumerate(groups)}  # a request's CDI device goes with its first result
@@ -245,9 +247,10 @@ class Driver:
         out = list(holdings)
         try:
             for i, result, share in partitioned:
-                wanted = _intent(share)
+                wanted, partition = _intent(share), share.device.partition
+                assert partition is not None
                 try:
-                    instance = self.mig.make(share.device.partition, adoptable.get((wanted.gpu, wanted.profile_id, wanted.start)), taken)  # type: ignore[arg-type]
+                    instance = self.mig.make(partition, adoptable.get((wanted.gpu, wanted.profile_id, wanted.start)), taken)
                 except ClaimError as err:
                     raise ClaimError(f"claim {ref}: device {share.device.name}: {err}") from None
                 made[i] = MigRecord(wanted.gpu, wanted.profile_id, wanted.start, instance.gi_id, instance.ci_id, instance.uuid)

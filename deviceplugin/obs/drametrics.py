@@ -76,5 +76,7 @@ class DraCollector(Collector):
         yield CounterMetricFamily("gpushare_dra_reallocated_claims", "Prepared claims re-allocated under the same UID, prepared again from the new allocation.", value=self.driver.reallocated)
         mig = self.driver.mig
         yield CounterMetricFamily("gpushare_dra_mig_instances_made", "Dynamic-MIG instances this process made at prepare.", value=mig.made)
-        yield CounterMetricFamily("gpushare_dra_mig_instances_destroyed", "Dynamic-MIG instances this process destroyed (unprepare, start-up sweep).", value=mig.destroyed)
-        yield GaugeMetricFamily("gpushare_dra_mig_unclaimed_instances", "MIG instances on dynamic-MIG GPUs that no claim holds, kept at start-up (the GPU ran processes).", value=len(mig.unclaimed))
+        destroyed = "Dynamic-MIG instances this process destroyed (unprepare, start-up sweep)."
+        yield CounterMetricFamily("gpushare_dra_mig_instances_destroyed", destroyed, value=mig.destroyed)
+        unclaimed = "MIG instances on dynamic-MIG GPUs that no claim holds, kept at start-up (the GPU ran processes)."
+        yield GaugeMetricFamily("gpushare_dra_mig_unclaimed_instances", unclaimed, value=len(mig.unclaimed))
