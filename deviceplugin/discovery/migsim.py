@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ..model.mig import MigInstance, MigProfile, full_profile
@@ -154,21 +154,35 @@ class SimulatedMig:
             instance = self._instances[gi_id] = replace(instance, ci_id=0, uuid=f"MIG-{made}")
             return self._public(instance)
 
-    def adopt(self, device: MigDevice) -> None:
-        """An instance the node file lists, at the first placement of its profile that is free (skipped when the table
-        has no such profile or no room: the simulation only knows what it can place)."""
-        profile = next((p for p in self.table if p.name == device.profile), None)
-        if profile is None:
-            return
+    def adopt(self, devices: Sequence[MigDevice]) -> None:
+        """The instances a node file lists (which name no placement), at placements where they all fit (a search:
+        the first free placement of each can block a later one); those whose profile the table lacks, or a layout
+        no placement fits, are left out: the simulation only knows what it can place."""
+        by_name = {p.name: p for p in self.table}
+        wanted = sorted((d for d in devices if d.profile in by_name), key=lambda d: -by_name[d.profile].memory_slices)
         with self._lock:
-            for start in profile.placements:
-                try:
-                    self._check_room(profile, start)
-                except MigError:
-                    continue
-                if device.gi_id not in self._instances:
-                    self._instances[device.gi_id] = _Instance(gi_id=device.gi_id, profile=profile, start=start, ci_id=device.ci_id, uuid=device.uuid)
-                return
+            if not self._place(wanted, by_name):
+                for device in wanted:  # no layout holds them all: each where it still fits
+                    self._place([device], by_name)
+
+    def _place(self, devices: list[MigDevice], by_name: dict[str, MigProfile]) -> bool:
+        """Place every device (under the lock), backtracking; False (and nothing placed) when no layout fits."""
+        if not devices:
+            return True
+        device, rest = devices[0], devices[1:]
+        profile = by_name[device.profile]
+        if device.gi_id in self._instances:
+            return False
+        for start in profile.placements:
+            try:
+                self._check_room(profile, start)
+            except MigError:
+                continue
+            self._instances[device.gi_id] = _Instance(gi_id=device.gi_id, profile=profile, start=start, ci_id=device.ci_id, uuid=device.uuid)
+            if self._place(rest, by_name):
+                return True
+            del self._instances[device.gi_id]
+        return False
 
     # --- destruction ------------------------------------------------------------------------------
     def destroy_compute_instance(self, gi_id: int, ci_id: int) -> None:

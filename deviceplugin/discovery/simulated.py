@@ -195,8 +195,7 @@ class SimulatedInventory:
     def _simulated_mig(self, gpu: Gpu) -> SimulatedMig:
         """The GPU's MIG state (discovery.migsim): its model's tables, with the node file's instances placed."""
         mig = SimulatedMig(gpu.uuid, gpu.model, gpu.memory_mib, gpu.mig_enabled, self._mig_in_use)
-        for device in gpu.mig_devices:
-            mig.adopt(device)
+        mig.adopt(gpu.mig_devices)
         return mig
 
     def _mig_in_use(self, mig_uuid: str) -> bool:

@@ -129,8 +129,7 @@ class FakeNvml(types.ModuleType):
             return any((gi, ci) in ids for _, _, gi, ci in gpu.processes)
 
         state = SimulatedMig(gpu.uuid, gpu.name, gpu.memory_mib, self._mig_enabled(gpu), in_use)
-        for k, m in (gpu.mig or {}).items():
-            state.adopt(MigDevice(uuid=m.uuid, profile=m.profile, memory_mib=m.memory_mib, gi_id=m.gi, ci_id=m.ci, index=k))
+        state.adopt([MigDevice(uuid=m.uuid, profile=m.profile, memory_mib=m.memory_mib, gi_id=m.gi, ci_id=m.ci, index=k) for k, m in (gpu.mig or {}).items()])
         return state
 
     def _mig_state(self, call: str, handle: Handle | GpuInstanceHandle | ComputeInstanceHandle) -> SimulatedMig:

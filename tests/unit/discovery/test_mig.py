@@ -7,6 +7,7 @@ NVML's error codes must be the same through either.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pynvml as real
 import pytest
@@ -172,3 +173,13 @@ def test_processes_in_an_instance_made_after_discovery_are_attributed_to_it(back
     made = b.control.create_compute_instance(UUID, b.control.create_gpu_instance(UUID, one.id, 2))
     b.run_process(made.uuid, made.gi_id, made.ci_id)
     assert [p.mig_uuid for p in b.control.processes(UUID)] == [made.uuid]  # type: ignore[attr-defined]
+
+
+def test_a_node_files_instances_are_placed_where_they_all_fit():
+    """GPU 1 of 8xA100-80GB-mig: 3g.40gb, 2g.20gb and two 1g.10gb fit only with the 3g at slices 4-7."""
+    inventory = SimulatedInventory.from_file(Path(__file__).resolve().parents[3] / "examples" / "nodes" / "8xA100-80GB-mig.yaml")
+    for gpu in inventory.discover().gpus:
+        placed = inventory.mig_instances(gpu.uuid) if gpu.mig_enabled else ()
+        assert len(placed) == len(gpu.mig_devices) and {i.uuid for i in placed} == {m.uuid for m in gpu.mig_devices}, gpu.index
+    layout = {i.size: i.start for i in inventory.mig_instances(inventory.discover().gpus[1].uuid) if i.size == 4}
+    assert layout == {4: 4}
