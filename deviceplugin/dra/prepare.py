@@ -12,7 +12,10 @@ message for the pod's event, never an exception of another kind for bad input:
   kube-scheduler checks `shares` and `memory` each on its own, so only the driver can see a claim that names one
   and gets the other by default; see `devices.claim_share`);
 - the grant cannot be built (with `deviceSpecs`, a MIG capability that cannot be read): the `AllocationError` the
-  device plugin's Allocate would get, with its message.
+  device plugin's Allocate would get, with its message;
+- a dynamic-MIG device whose instance NVML does not make (its placement taken: INSUFFICIENT_RESOURCES), or one asked
+  with admin access (`dra.migdynamic`: the instance is made here, recorded as an intent first, and destroyed at
+  unprepare, which NVML may refuse while processes run: IN_USE).
 
 Prepare and unprepare are idempotent and serialised (`SerialLock`); the ledger is rebuilt from the checkpoint.
 
