@@ -4,6 +4,8 @@ The kubelet plugin runs in this process on real Unix sockets, reading claims fro
 them (no API server is contacted), with the real checkpoint (fsync) and CDI spec writes, in a temporary directory. A gRPC client calls as the kubelet does: one claim per call, then NodeUnprepareResources, with 100 other
 claims prepared beside it. Target: p50 <= 5 ms. `prepare_again_while_a_read_hangs`: the same repeat prepares while
 another pod's claim read hangs in the API (the kubelet calls per pod; that claim must not delay these).
+`prepare_with_sharing_config`: first prepares of claims that carry a SharingConfig from their class and their own
+(parsed, picked per request, checked against the shares; docs/dra.md#sharing-chosen-per-claim-sharingconfig).
 
 It runs twice: with the driver's directory on the disk of /tmp (a prepare waits for one fsync of its checkpoint
 record, so the disk's fsync latency, measured alongside, is part of the figure) and on /dev/shm (a tmpfs, where
@@ -29,11 +31,12 @@ from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint
-from deviceplugin.dra.devices import driver_name
 from deviceplugin.dra.kubeletplugin import KubeletPlugin
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.prepare import Driver
 from deviceplugin.dra.registration import PluginPaths
+from deviceplugin.dra.sharingconfig import api_version
+from deviceplugin.kube.dranames import driver_name
 from deviceplugin.state import NodeState
 
 from .common import node_file, summary_ms, timed
@@ -46,6 +49,18 @@ BESIDE = 100
 def _claim(index: int, gpus: int) -> dict[str, Any]:
     result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{index % gpus}", "shareID": str(uuid.uuid4()), "consumedCapacity": {"shares": "1"}}
     return {"metadata": {"namespace": "bench", "name": f"claim-{index}", "uid": str(uuid.uuid4())}, "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def _with_sharing_config(body: dict[str, Any]) -> dict[str, Any]:
+    """The claim with a class config and its own (the last applies: 2 % of the GPU's threads, what 1 of 48 shares give)."""
+
+    def config(percent: int, source: str) -> dict[str, Any]:
+        mps = {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}
+        parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": mps}
+        return {"source": source, "requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": parameters}}
+
+    body["status"]["allocation"]["devices"]["config"] = [config(1, "FromClass"), config(2, "FromClaim")]
+    return body
 
 
 def run(smoke: bool = False) -> dict:
@@ -121,7 +136,8 @@ def _measure(base: Path, rounds: int) -> dict[str, Any]:
         driver = Driver(DRIVER, NODE, Checkpoint(paths.checkpoint), CdiWriter(root / "cdi", DRIVER), state, SerialLock(paths.data_dir / "serialize.lock"))
         driver.on_config(config, build_resources(config, info))
         bodies = [_claim(i, gpus) for i in range(BESIDE + rounds)]
-        by_uid = {b["metadata"]["uid"]: b for b in bodies}
+        configured = [_with_sharing_config(_claim(i, gpus)) for i in range(len(bodies), len(bodies) + rounds)]
+        by_uid = {b["metadata"]["uid"]: b for b in bodies + configured}
         source = _Warm(by_uid)
         plugin = KubeletPlugin(driver, source, state, paths)
         plugin.start()
@@ -144,6 +160,13 @@ def _measure(base: Path, rounds: int) -> dict[str, Any]:
                     repeat.append(timed(lambda: stub.NodePrepareResources(request)))
                     unprepare.append(timed(lambda: stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=refs(body)))))
                 assert len(driver.prepared()) == BESIDE
+                with_config = []
+                for body in configured:
+                    request = pb.NodePrepareResourcesRequest(claims=refs(body))
+                    answer = []
+                    with_config.append(timed(lambda: answer.append(stub.NodePrepareResources(request))))
+                    assert not answer[0].claims[body["metadata"]["uid"]].error, answer[0]
+                    stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=refs(body)))
                 during = _while_a_read_hangs(stub, source, refs, bodies, rounds)
         finally:
             source.release.set()
@@ -154,6 +177,7 @@ def _measure(base: Path, rounds: int) -> dict[str, Any]:
             "prepare_one_claim": summary_ms(prepare),
             "prepare_again_same_claim": summary_ms(repeat),
             "unprepare_one_claim": summary_ms(unprepare),
+            "prepare_with_sharing_config": summary_ms(with_config),
             "prepare_again_while_a_read_hangs": during,
         }
     finally:

@@ -31,11 +31,12 @@ from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint
-from deviceplugin.dra.devices import DraDevice, driver_name
+from deviceplugin.dra.devices import DraDevice
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
 from deviceplugin.dra.partitions import gpu_counters
 from deviceplugin.dra.prepare import ClaimRef, Driver
+from deviceplugin.kube.dranames import driver_name
 from deviceplugin.model.node import Gpu, NodeInfo
 from deviceplugin.state import NodeState
 

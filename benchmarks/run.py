@@ -14,12 +14,28 @@ import sys
 import time
 from pathlib import Path
 
-from . import admission, dra, dra_slices, dra_tenants, dynamic_mig, extender, footprint, hostile, kubelet_link, recovery, scale, scrape, stop
+from . import (
+    admission,
+    dra,
+    dra_slices,
+    dra_start,
+    dra_tenants,
+    dynamic_mig,
+    extender,
+    footprint,
+    hostile,
+    kubelet_link,
+    recovery,
+    restart_storm,
+    scale,
+    scrape,
+    stop,
+)
 
 BENCHMARKS = {
     "admission": admission, "scale": scale, "recovery": recovery, "footprint": footprint, "scrape": scrape, "kubelet_link": kubelet_link,
-    "extender": extender, "hostile": hostile, "dra": dra, "dra_slices": dra_slices, "dra_tenants": dra_tenants, "dynamic_mig": dynamic_mig,
-    "stop": stop,
+    "extender": extender, "hostile": hostile, "dra": dra, "dra_slices": dra_slices, "dra_tenants": dra_tenants, "dra_start": dra_start,
+    "dynamic_mig": dynamic_mig, "stop": stop, "restart_storm": restart_storm,
 }
 
 

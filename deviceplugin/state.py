@@ -41,6 +41,7 @@ class NodeView:
     reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # each of them -> why
     awaiting_reset: frozenset[str] = frozenset()  # GPU or MIG UUIDs Unhealthy until their GPU is reset
     xid_counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # GPU UUID -> critical XIDs seen
+    evidence_errors: int = 0  # failed reads and writes of the health monitor's reset evidence file
     quarantined_gpus: frozenset[str] = frozenset()  # GPUs holding a finished tenant's memory (residue guard)
     quarantined_devices: frozenset[str] = frozenset()  # their free device IDs, advertised Unhealthy
     mps_not_ready: frozenset[str] = frozenset()  # MPS pools whose control daemon is not ready: all devices Unhealthy
@@ -95,12 +96,29 @@ class NodeState:
         return unsubscribe
 
     # --- writers ---------------------------------------------------------------------------------
-    def set_health(self, reasons: Mapping[str, str], awaiting_reset: frozenset[str] = frozenset(), xid_counts: Mapping[str, int] | None = None) -> None:
-        """The health monitor's verdict: unhealthy UUIDs with their reasons, those awaiting a reset, XID counts
-        (None: unchanged)."""
+    def set_health(
+        self,
+        reasons: Mapping[str, str],
+        awaiting_reset: frozenset[str] = frozenset(),
+        xid_counts: Mapping[str, int] | None = None,
+        evidence_errors: int | None = None,
+    ) -> None:
+        """The health monitor's verdict: unhealthy UUIDs with their reasons, those awaiting a reset, XID counts and
+        the reset evidence file's errors (None: unchanged)."""
         reasons, awaiting_reset = MappingProxyType(dict(reasons)), frozenset(awaiting_reset)
         counts = None if xid_counts is None else MappingProxyType(dict(xid_counts))
-        self._update(lambda v: replace(v, unhealthy=frozenset(reasons), reasons=reasons, awaiting_reset=awaiting_reset, xid_counts=v.xid_counts if counts is None else counts))
+
+        def change(v: NodeView) -> NodeView:
+            return replace(
+                v,
+                unhealthy=frozenset(reasons),
+                reasons=reasons,
+                awaiting_reset=awaiting_reset,
+                xid_counts=v.xid_counts if counts is None else counts,
+                evidence_errors=v.evidence_errors if evidence_errors is None else evidence_errors,
+            )
+
+        self._update(change)
 
     def set_quarantine(self, gpus: frozenset[str], devices: frozenset[str]) -> None:
         """The residue guard's verdict: quarantined GPUs and their quarantined free devices."""

@@ -21,12 +21,16 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
-    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra", "dra_slices", "dra_tenants", "dynamic_mig", "stop")}
+    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra",
+                                                   "dra_slices", "dra_tenants", "dra_start", "dynamic_mig", "stop", "restart_storm")}
     assert results["admission-smoke"]["allocate"]["n"] == 50 and results["admission-smoke"]["devices"] == 512
     assert "over the 2097152 byte budget" in results["scale-smoke"]["60000_devices_refused_with"]
     assert results["recovery-smoke"]["socket_created_to_register_max_ms"] > 0
     assert results["kubelet_link-smoke"]["streams"]["extra_register_calls"] == 0
     assert results["kubelet_link-smoke"]["storm"]["registered_at_the_end"]
+    storm = results["restart_storm-smoke"]
+    assert storm["registered_at_the_end"] and storm["kubelet_starts"] == 10 and storm["rss_max_mib"] > 0
+    assert set(storm["churn"]) == {"seconds", "first_design", "per_attempt_no_retries", "plugin"}
     assert results["footprint-smoke"]["rss_after_start_mib"] > 0
     assert results["scrape-smoke"]["containers"] == 20 and results["scrape-smoke"]["body_bytes"] > 0
     assert [r["nodes"] for r in results["extender-smoke"]["filter_prioritize"]] == [50, 200]
@@ -43,6 +47,8 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     mig = results["dynamic_mig-smoke"]
     assert mig["claims"] == 200 and mig["dynamic"]["nvml_refused"] == 0 and mig["dynamic"]["instances_left"] == 0
     assert mig["dynamic"]["instances_made"] > 0 and 0 <= mig["fixed_mig_mixed"]["slices_used"] <= 1
+    start = results["dra_start-smoke"]
+    assert "skipped" in start or (start["claims_prepared"] == 10 and start["rss_with_claims_mib_median"] > 0 and start["exec_to_registered_ms_median"] > 0)
     dra = results["dra_slices-smoke"]
     assert "skipped" in dra or (dra["devices"] == 20 and dra["rounds"] == 3 and dra["xid_to_taint_visible"]["max_ms"] > 0)
     for name in ("admission", "scale", "recovery", "footprint", "scrape", "extender", "hostile"):
@@ -57,3 +63,15 @@ def test_the_stop_benchmark_times_every_backend_and_each_exits_0(tmp_path):
     # The target is 100 ms (docs/operations.md): printed, never asserted (a bound in an assertion fails under load).
     print(json.dumps(stops, indent=1))
     assert all(s["n"] == 2 and s["exit_status"] == "0" for s in stops.values()), stops
+
+
+def test_the_restart_storm_command_runs_as_documented(tmp_path):
+    """docs/performance.md's `python -m benchmarks.restart_storm` and `--churn`, at a few seconds each."""
+    storm = subprocess.run([sys.executable, "-m", "benchmarks.restart_storm", "--storms", "1", "--restarts", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert storm.returncode == 0, storm.stderr
+    print(storm.stdout)
+    assert json.loads(storm.stdout)["kubelet_starts"] == 3
+    churn = subprocess.run([sys.executable, "-m", "benchmarks.restart_storm", "--churn", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert churn.returncode == 0, churn.stderr
+    print(churn.stdout)
+    assert json.loads(churn.stdout)["plugin"]["channels"] <= json.loads(churn.stdout)["plugin"]["attempts"]

@@ -4,9 +4,11 @@ admission params equal to what `config check` shows for every shipped config on 
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -23,6 +25,8 @@ from deviceplugin.cli.config_check import check_config
 from deviceplugin.cli.main import build_parser
 from deviceplugin.config.parse import load_config
 from deviceplugin.config.types import ConfigError
+from deviceplugin.model.quantity import quantity_mib
+from tests.support.pki import CLIENT_NAME, SERVER_NAME, Pki, call, client_context
 
 from .conftest import EXAMPLES, GPU_CLI, ROOT, node
 
@@ -50,7 +54,10 @@ DRA_OBJECTS = {("ServiceAccount", "gpu-share-dra"), ("ClusterRole", "gpu-share-d
                ("DeviceClass", "gpu-share-shares"), ("ValidatingAdmissionPolicy", "gpu-share-dra-own-node-slices"),
                ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-own-node-slices"),
                ("ValidatingAdmissionPolicy", "gpu-share-dra-no-share-mapping"),
-               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-no-share-mapping")}
+               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-no-share-mapping"),
+               ("ValidatingAdmissionPolicy", "gpu-share-dra-capacity-convention"),
+               ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-capacity-convention"),
+               ("ValidatingAdmissionPolicy", "gpu-share-dra-own-node"), ("ValidatingAdmissionPolicyBinding", "gpu-share-dra-own-node")}
 DRA_ONLY = {"dra.enabled": "true", "dra.draOnly": "true", "plugin.enabled": "false"}
 CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "DeviceClass"}
 
@@ -106,10 +113,11 @@ def test_default_install_is_the_plugin_with_its_admission_policies_and_schema_va
 
 
 TOGGLES = {
-    "mps.enabled": {("DaemonSet", "gpu-share-mps-mps")},
+    "mps.enabled": {("DaemonSet", "gpu-share-mps")},
     "extender.enabled": {("ServiceAccount", "gpu-share-extender"), ("ClusterRole", "gpu-share-extender"),
                          ("ClusterRoleBinding", "gpu-share-extender"), ("Deployment", "gpu-share-extender"), ("Service", "gpu-share-extender"),
-                         ("ConfigMap", "gpu-share-scheduler-extender")},
+                         ("ConfigMap", "gpu-share-scheduler-extender"), ("Secret", "gpu-share-extender-tls"),
+                         ("Secret", "gpu-share-scheduler-tls"), ("NetworkPolicy", "gpu-share-extender")},
     "serviceMonitor.enabled": {("ServiceMonitor", "gpu-share")},
     "dashboards.enabled": {("ConfigMap", "gpu-share-dashboards")},
     "dra.enabled": DRA_OBJECTS,
@@ -143,22 +151,23 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
     assert "example.com" not in proc.stdout  # comments included
     documents = [d for d in yaml.safe_load_all(proc.stdout) if d]
     objects = by_kind(documents)
-    for name in ("gpu-share", "gpu-share-mps-mps"):
+    for name in ("gpu-share", "gpu-share-mps"):
         spec = objects[("DaemonSet", name)]["spec"]["template"]["spec"]
         container = spec["containers"][0]
         assert container["image"] == "registry.acme.io/gpu-share:9.9.9"
         assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in container["env"]
         terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert all({"key": "acme.io/gpu-share.enabled", "operator": "In", "values": ["true"]} in t["matchExpressions"] for t in terms)
-    mps_terms = objects[("DaemonSet", "gpu-share-mps-mps")]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+    mps_terms = objects[("DaemonSet", "gpu-share-mps")]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert {"key": "acme.io/gpu-share.config", "operator": "In", "values": ["mps"]} in mps_terms[0]["matchExpressions"]
     extender = objects[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "GPU_SHARE_DOMAIN", "value": "acme.io"} in extender["env"] and extender["image"] == "registry.acme.io/gpu-share:9.9.9"
     scheduler = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])
     call, every_pod = scheduler["extenders"]
-    assert every_pod["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888/all"
-    assert call["urlPrefix"] == "http://gpu-share-extender.gpu-system.svc:8888"
+    assert every_pod["urlPrefix"] == "https://gpu-share-extender.gpu-system.svc:8888/all"
+    assert call["urlPrefix"] == "https://gpu-share-extender.gpu-system.svc:8888"
+    assert call["tlsConfig"]["serverName"] == every_pod["tlsConfig"]["serverName"] == "gpu-share-extender.gpu-system.svc"
     assert {r["name"] for r in call["managedResources"]} >= {"acme.io/gpu-share", "acme.io/gpu"}
     assert all(r["name"].startswith("acme.io/") for r in call["managedResources"])
     assert _policy_variables(objects)["domain"] == "'acme.io'"
@@ -190,14 +199,15 @@ def test_a_domain_reaches_every_component_and_no_example_com_is_left():
 def test_pod_settings_come_from_values():
     documents = render({"plugin.runtimeClassName": "nvidia", "plugin.priorityClassName": "gpu-critical", "plugin.nodeSelector.pool": "gpu",
                         "plugin.extraArgs[0]": "--health-recovery=600", "plugin.extraEnv[0].name": "FAIL_ON_INIT_ERROR",
-                        "plugin.resources.limits.memory": "512Mi", "plugin.tolerations": "null", "image.digest": "sha256:" + "a" * 64},
+                        "plugin.resources.limits.memory": "512Mi", "plugin.tolerations[0].key": "gpu", "plugin.tolerations[0].operator": "Exists",
+                        "image.digest": "sha256:" + "a" * 64},
                        "--set-string", "plugin.extraEnv[0].value=false")
     spec = by_kind(documents)[("DaemonSet", "gpu-share")]["spec"]["template"]["spec"]
     container = spec["containers"][0]
     assert spec["runtimeClassName"] == "nvidia" and spec["priorityClassName"] == "gpu-critical" and spec["nodeSelector"] == {"pool": "gpu"}
-    assert "tolerations" not in spec
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
     assert container["args"][-1] == "--health-recovery=600" and container["env"][-1] == {"name": "FAIL_ON_INIT_ERROR", "value": "false"}
-    assert container["resources"]["limits"]["memory"] == "512Mi"
+    assert container["resources"] == {"limits": {"memory": "512Mi"}}  # a component's key replaces the built-in one
     assert container["image"] == "ghcr.io/example/gpu-share@sha256:" + "a" * 64
     build_parser().parse_args(["run", *container["args"]])  # every flag the chart passes exists
 
@@ -232,6 +242,16 @@ def test_kill_policy_and_cdi_follow_the_installed_config():
     assert {"/etc/cdi", "/var/run/cdi"} <= {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
     assert _policy_variables(by_kind(documents))["limits"] == "{'gpu-share': 4}"
     assert by_kind(documents)[("ConfigMap", "gpu-share-config")]["data"]["config.yaml"] == text
+
+
+@needs_helm
+@pytest.mark.parametrize("config", sorted((EXAMPLES / "config").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_example_config_installs_under_another_domain(config):
+    """The example configs carry no domain key of their own, so the chart's `domain` applies to them."""
+    proc = helm("template", "gs", str(CHART), "--set", "domain=acme.io", "--set", "admission.enabled=false",
+                f"--set-file=config={config}", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "domain:" not in config.read_text()
 
 
 @needs_helm
@@ -290,6 +310,18 @@ def test_both_ways_of_calling_the_extender_are_the_shipped_scheduler_config():
     assert way2["profiles"] == yaml.safe_load(shipped_second["data"]["config.yaml"])["profiles"]
 
 
+@needs_helm
+def test_the_extender_manages_every_resource_the_config_advertises():
+    """extender.managedResources plus each pool's own resource: examples/config/mig-mixed.yaml's mig-share, and the
+    MIG profiles an A100/H100 80GB advertises (4g.40gb included)."""
+    objects = by_kind(render({"extender.enabled": "true", "admission.enabled": "false"},
+                             f"--set-file=config={EXAMPLES / 'config' / 'mig-mixed.yaml'}"))
+    call = yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-extender")]["data"]["extenders.yaml"])["extenders"][0]
+    names = [r["name"] for r in call["managedResources"]]
+    assert names == [f"example.com/{n}" for n in ("gpu-share", "gpu", "mig-1g.10gb", "mig-1g.20gb", "mig-2g.20gb", "mig-3g.40gb", "mig-4g.40gb",
+                                                   "mig-7g.80gb", "mig-share")]
+
+
 # --- one source of truth: the chart and the kustomization install the same objects ---------------------------
 
 
@@ -322,7 +354,7 @@ def _pod_spec(document: dict) -> dict:
 def test_chart_and_kustomization_install_the_same_objects(tmp_path):
     chart = by_kind(render({"mps.enabled": "true", "extender.enabled": "true"}))
     kustomized = by_kind(_kustomize(tmp_path))
-    for ours, theirs in ((("DaemonSet", "gpu-share"),) * 2, (("DaemonSet", "gpu-share-mps-mps"), ("DaemonSet", "gpu-share-mps")),
+    for ours, theirs in ((("DaemonSet", "gpu-share"),) * 2, (("DaemonSet", "gpu-share-mps"),) * 2,
                          (("Deployment", "gpu-share-extender"),) * 2):
         assert _pod_spec(chart[ours]) == _pod_spec(kustomized[theirs]), ours
     assert chart[("ConfigMap", "gpu-share-config")]["data"] == kustomized[("ConfigMap", "gpu-share-config")]["data"]
@@ -393,11 +425,112 @@ def test_the_dra_driver_never_selects_a_device_plugin_node():
     assert ("DaemonSet", "gpu-share-dra") in by_kind(render({**DRA, **kept}, "--set-string", f"{plugin_terms}.values[0]=true"))
 
 
+POD_COMPONENTS = {("DaemonSet", "gpu-share"): "plugin", ("DaemonSet", "gpu-share-mps"): "mps", ("DaemonSet", "gpu-share-dra"): "dra",
+                  ("Deployment", "gpu-share-extender"): "extender", ("Deployment", "gpu-share-scheduler"): "scheduler"}
+GLOBAL_SETTINGS = {"nodeSelector": {"pool": "gpu"}, "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+                   "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                       {"matchExpressions": [{"key": "example.com/gpu-share.enabled", "operator": "In", "values": ["true"]},
+                                             {"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+                   "resources": {"requests": {"cpu": "50m", "memory": "100Mi"}, "limits": {"memory": "300Mi"}},
+                   "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "10%"}}}
+
+
+def _render_values(tmp_path: Path, values: dict) -> dict[tuple[str, str], dict]:
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    return by_kind(render({**EVERY_COMPONENT, **DRA}, "-f", str(tmp_path / "values.yaml")))
+
+
+def _settings(objects: dict[tuple[str, str], dict], key: tuple[str, str]) -> dict:
+    """A component's five pod settings as rendered (the DRA driver's affinity without the term it always adds)."""
+    spec = objects[key]["spec"]
+    pod = spec["template"]["spec"]
+    affinity = yaml.safe_load(yaml.safe_dump(pod.get("affinity")))
+    for term in dig(affinity, "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms") or []:
+        term["matchExpressions"] = [e for e in term["matchExpressions"] if e["operator"] != "NotIn"]
+    return {"nodeSelector": pod.get("nodeSelector"), "tolerations": pod.get("tolerations"), "affinity": affinity,
+            "resources": pod["containers"][0]["resources"], "updateStrategy": spec.get("updateStrategy")}
+
+
+def dig(value, *keys):
+    for key in keys:
+        value = (value or {}).get(key)
+    return value
+
+
+@needs_helm
+def test_top_level_pod_settings_reach_every_component_and_a_components_own_wins(tmp_path):
+    """NVIDIA-style top-level nodeSelector, tolerations, affinity, resources and updateStrategy reach the pods of every
+    component (updateStrategy: the DaemonSets'); a component's own key, where set, wins over it; unset on both levels,
+    the component keeps its built-in default. The DRA driver has an affinity of its own throughout: a top-level one
+    keeps the plugin's opt-in label, where the driver never runs (refused for it, below)."""
+    dra_affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "example.com/gpu-share.api", "operator": "In", "values": ["dra"]}]}]}}}
+    builtin = {key: _settings(_render_values(tmp_path, {}), key) for key in POD_COMPONENTS}
+    objects = _render_values(tmp_path, {**GLOBAL_SETTINGS, "dra": {"affinity": dra_affinity}})
+    for key, component in POD_COMPONENTS.items():
+        got = _settings(objects, key)
+        expected = {**GLOBAL_SETTINGS, "updateStrategy": GLOBAL_SETTINGS["updateStrategy"] if key[0] == "DaemonSet" else None,
+                    **({"affinity": dra_affinity} if component == "dra" else {})}
+        assert got == expected, component
+        assert builtin[key] != got, component
+    own = {"nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "own", "operator": "Exists"}], "resources": {"limits": {"cpu": "2"}},
+           "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+               {"matchExpressions": [{"key": "example.com/gpu-share.enabled", "operator": "In", "values": ["true"]}]}]}}}}
+    for component in POD_COMPONENTS.values():  # each alone: the others keep the top-level settings
+        mine = {**own, **({"updateStrategy": {"type": "OnDelete"}} if component in ("plugin", "mps", "dra") else {})}
+        mine |= {"affinity": dra_affinity} if component == "dra" else {}
+        objects = _render_values(tmp_path, {**GLOBAL_SETTINGS, "dra": {"affinity": dra_affinity}, component: mine})
+        for key, other in POD_COMPONENTS.items():
+            got = _settings(objects, key)
+            if other == component:
+                assert got == {**mine, "updateStrategy": mine.get("updateStrategy")}, component
+            else:
+                assert got["nodeSelector"] == GLOBAL_SETTINGS["nodeSelector"] and got["resources"] == GLOBAL_SETTINGS["resources"], (component, other)
+    for document in objects.values():
+        if document["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+    hook = objects[("Pod", "gpu-share-admission-test")]["spec"]  # `helm test`'s pod gets them too, where it runs
+    assert {k: hook.get(k) for k in ("nodeSelector", "tolerations", "affinity")} == {k: GLOBAL_SETTINGS[k] for k in ("nodeSelector", "tolerations", "affinity")}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(GLOBAL_SETTINGS))  # the DRA driver would get the plugin's label
+    proc = helm("template", "gs", str(CHART), "--set", "dra.enabled=true", "-f", str(tmp_path / "values.yaml"), check=False)
+    assert proc.returncode != 0 and "dra.affinity: a nodeSelectorTerm requires example.com/gpu-share.enabled" in proc.stderr, proc.stderr
+    assert "give the DRA driver a dra.affinity of its own" in proc.stderr
+
+
+@needs_helm
+def test_install_mds_pod_settings_example_renders_as_it_says(tmp_path):
+    text = (ROOT / "docs" / "install.md").read_text()
+    section = text[text.index("### Pod settings for every component"):text.index("### The DRA driver")]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S)[1])
+    objects = _render_values(tmp_path, example)
+    for key, component in POD_COMPONENTS.items():
+        got = _settings(objects, key)
+        assert got["tolerations"] == example["tolerations"] and got["resources"] == example["resources"], component
+        assert got["nodeSelector"] == ({"node-pool": "system"} if component == "extender" else {"node-pool": "gpu"}), component
+        if key[0] == "DaemonSet":
+            assert got["updateStrategy"] == ({"type": "OnDelete"} if component == "mps" else example["updateStrategy"]), component
+
+
+def test_builtin_pod_settings_are_the_kustomizations():
+    """The chart's built-in defaults (templates/_helpers.tpl) are what daemonset/'s manifests set."""
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    builtins = yaml.safe_load(text[text.index('{{- define "gpu-share.builtins" -}}') + 35:].split("{{- end -}}")[0])
+    manifests = {"plugin": ROOT / "daemonset" / "03-daemonset.yaml", "mps": ROOT / "daemonset" / "optional" / "mps" / "mps-daemonset.yaml",
+                 "dra": ROOT / "daemonset" / "dra" / "03-daemonset.yaml", "extender": ROOT / "daemonset" / "extender" / "01-deployment.yaml"}
+    for component, path in manifests.items():
+        (workload,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] in ("DaemonSet", "Deployment")]
+        pod = workload["spec"]["template"]["spec"]
+        assert builtins[component]["resources"] == pod["containers"][0]["resources"], component
+        assert builtins[component].get("tolerations") == pod.get("tolerations"), component
+        if workload["kind"] == "DaemonSet":
+            assert builtins[component]["updateStrategy"] == workload["spec"]["updateStrategy"], component
+
+
 @needs_helm
 def test_dra_pod_settings_and_class_options_come_from_values():
     documents = render({**DRA, "dra.runtimeClassName": "nvidia", "dra.priorityClassName": "gpu-critical", "dra.nodeSelector.pool": "gpu",
                         "dra.extraArgs[0]": "--health-stream-interval=30", "dra.extraEnv[0].name": "KUBELET_ROOT",
-                        "dra.extraEnv[0].value": "/var/lib/k0s/kubelet", "dra.resources.limits.memory": "512Mi", "dra.tolerations": "null",
+                        "dra.extraEnv[0].value": "/var/lib/k0s/kubelet", "dra.resources.limits.memory": "512Mi", "dra.tolerations[0].key": "gpu", "dra.tolerations[0].operator": "Exists",
                         "dra.logFormat": "text", "dra.updateStrategy.rollingUpdate.maxSurge": "0",
                         "dra.updateStrategy.rollingUpdate.maxUnavailable": "1", "dra.gpuExtendedResource": "false"})
     objects = by_kind(documents)
@@ -405,7 +538,7 @@ def test_dra_pod_settings_and_class_options_come_from_values():
     spec = ds["template"]["spec"]
     container = spec["containers"][0]
     assert spec["runtimeClassName"] == "nvidia" and spec["priorityClassName"] == "gpu-critical" and spec["nodeSelector"] == {"pool": "gpu"}
-    assert "tolerations" not in spec and ds["updateStrategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}] and ds["updateStrategy"] == {"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     assert container["args"][-2:] == ["--log-format=text", "--health-stream-interval=30"]
     assert container["env"][-1] == {"name": "KUBELET_ROOT", "value": "/var/lib/k0s/kubelet"}
     assert container["resources"]["limits"]["memory"] == "512Mi"
@@ -413,6 +546,48 @@ def test_dra_pod_settings_and_class_options_come_from_values():
     build_parser().parse_args(["run", *container["args"]])  # every flag the chart passes exists
     for document in documents:
         kubernetes_validate.validate(document, KUBE_VERSION, strict=True)
+
+
+@needs_helm
+def test_the_capacity_convention_follows_dra_capacity_and_the_configs_pools(tmp_path):
+    """dra.capacity picks the capacity the policy lets claims name; its message's pools are the config's shared pools
+    (memoryPerShare in MiB, replicas, the plugin's default of 10), as the kustomization's file holds for the shipped
+    config (test_chart_and_dra_kustomization_install_the_same_objects)."""
+    def variables(objects: dict[tuple[str, str], dict]) -> dict[str, str]:
+        policy = objects[("ValidatingAdmissionPolicy", "gpu-share-dra-capacity-convention")]
+        return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+    assert variables(by_kind(render(DRA)))["capacity"] == "'shares'"
+    (tmp_path / "config.yaml").write_text("version: v1\ndefaultProfile: small\nprofiles:\n"
+                                          "  small: {pools: [{name: s, mode: shared, memoryPerShare: 1536Mi}, {name: w, mode: exclusive}]}\n"
+                                          "  big: {pools: [{name: b, mode: shared, memoryPerShare: 8G}, {name: d, mode: shared}]}\n")
+    found = variables(by_kind(render({**DRA, "dra.capacity": "memory", "admission.enabled": "false"}, f"--set-file=config={tmp_path / 'config.yaml'}")))
+    assert found["capacity"] == "'memory'"
+    assert found["pools"] == ("[{'name': 'big/b', 'replicas': '0', 'mib': '7629'}, {'name': 'big/d', 'replicas': '10', 'mib': '0'}, "
+                              "{'name': 'small/s', 'replicas': '0', 'mib': '1536'}]")
+    assert quantity_mib("8G") == 7629 and quantity_mib("1536Mi") == 1536  # the plugin's own conversion
+    proc = helm("template", "gs", str(CHART), "--set", "dra.enabled=true,dra.capacity=bytes", check=False)
+    assert proc.returncode != 0 and "at '/dra/capacity': value must be one of 'shares', 'memory'" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def test_dra_host_pid_is_an_opt_in_rendered_as_the_kustomize_component_renders_it(tmp_path):
+    """dra.hostPID (default false: not rendered) puts the driver in the host's PID namespace, for the kill policy;
+    daemonset/dra/optional/host-pid does the same, and the two pods are equal with it as without it."""
+    assert "hostPID" not in by_kind(render(DRA))[("DaemonSet", "gpu-share-dra")]["spec"]["template"]["spec"]
+    chart = by_kind(render({**DRA, "dra.hostPID": "true"}))[("DaemonSet", "gpu-share-dra")]
+    assert chart["spec"]["template"]["spec"]["hostPID"] is True
+    copy = tmp_path / "dra"
+    shutil.copytree(ROOT / "daemonset" / "dra", copy)
+    kustomization = copy / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace("# components:\n#   - optional/dra-only\n#   - optional/host-pid",
+                                                               "components:\n  - optional/host-pid"))
+    proc = subprocess.run(["kubectl", "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    kustomized = by_kind([d for d in yaml.safe_load_all(proc.stdout) if d])[("DaemonSet", "gpu-share-dra")]
+    assert _pod_spec(chart) == _pod_spec(kustomized)
+    proc = helm("template", "gs", str(CHART), "--set=dra.enabled=true", "--set=dra.hostPID=yes", check=False)
+    assert proc.returncode != 0 and "hostPID" in proc.stderr  # the schema: a boolean
 
 
 @needs_helm
@@ -525,7 +700,7 @@ def test_helm_install_under_another_domain_admits_exactly_what_one_gpu_holds(con
     helm("install", "gpu-share", str(CHART), "--namespace", namespace, kubeconfig, *sets)
     try:
         proc = _kubectl(controlplane, "get", "daemonsets,deployments", "-n", namespace, "-o", "name")
-        assert sorted(proc.stdout.split()) == ["daemonset.apps/gpu-share", "daemonset.apps/gpu-share-mps-mps",
+        assert sorted(proc.stdout.split()) == ["daemonset.apps/gpu-share", "daemonset.apps/gpu-share-mps",
                                                "deployment.apps/gpu-share-extender", "deployment.apps/gpu-share-scheduler"], proc.stdout + proc.stderr
         deadline = time.monotonic() + 30
         while True:  # the API server loads a new policy within about a second
@@ -603,8 +778,14 @@ def test_no_value_renders_a_host_namespace_beyond_the_plugins_needs():
 @needs_helm
 @pytest.mark.parametrize("key, hint", [("schedular.enabled", "additional properties 'schedular' not allowed"),
                                        ("dashboard.enabled", "additional properties 'dashboard' not allowed"),
-                                       ("nodeSelector.pool", "set it per component, e.g. plugin.nodeSelector"),
-                                       ("tolerations[0].key", "set it per component, e.g. plugin.tolerations")])
+                                       ("runtimeClassName", "set it per component, e.g. plugin.runtimeClassName"),
+                                       ("priorityClassName", "set it per component, e.g. plugin.priorityClassName"),
+                                       ("tolerations[0].operator", "at '/tolerations/0/operator': value must be one of"),
+                                       ("resources.limits.cpu", "at '/resources/limits/cpu': 'x' does not match pattern"),
+                                       ("nameOverride", "its object names are fixed, one release per cluster"),
+                                       ("migStrategy", "strategy in the config (docs/migration.md)"),
+                                       ("mps.enableHostPID", "MPS daemons run in their own containers"),
+                                       ("mps.root", "mpsRoot")])
 def test_unknown_top_level_keys_are_refused_by_name(key, hint):
     proc = helm("template", "gs", str(CHART), f"--set={key}=x" if not key.endswith("enabled") else f"--set={key}=true", check=False)
     assert proc.returncode != 0 and hint in proc.stderr, proc.stderr
@@ -699,6 +880,18 @@ def test_install_md_helm_commands_keep_the_release_values(controlplane, tmp_path
     finally:
         helm("uninstall", "gpu-share", "--namespace", namespace, f"--kubeconfig={controlplane.admin_kubeconfig}", check=False)
         _kubectl(controlplane, "delete", "node", node_name)
+        _wait_until_memory_claims_pass(controlplane, namespace)
+
+
+def _wait_until_memory_claims_pass(controlplane, namespace: str) -> None:
+    """After an uninstall with dra.enabled: the DRA capacity policy refuses memory claims for gpu-share-shares
+    cluster-wide until the API server drops it; wait for that (tests/e2e/test_dra_scheduling.py mixes both)."""
+    claim = yaml.safe_dump({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "after"}, "spec": {"devices": {
+        "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-share-shares", "capacity": {"requests": {"memory": "1Gi"}}}}]}}})
+    deadline = time.monotonic() + 30
+    while _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=claim).returncode != 0:
+        assert time.monotonic() < deadline, "the DRA capacity policy is still enforced 30 s after the uninstall"
+        time.sleep(0.5)
 
 
 def _refused_within(controlplane, namespace: str, resource: str, count: int) -> subprocess.CompletedProcess[str]:
@@ -746,6 +939,46 @@ def test_the_admission_policy_refuses_after_install_reenable_and_reinstall(contr
 
 
 @needs_helm
+def test_require_scheduler_name_refuses_share_pods_that_bypass_the_second_scheduler(controlplane):
+    """scheduler.requireSchedulerName (off by default): a pod asking for a managed resource without the second
+    scheduler's schedulerName is refused, naming the container, the resource and the schedulerName to set; with it, or
+    asking for no managed resource, the pod is admitted. Bound to this test's namespace (the API server is shared)."""
+    assert not any(d["metadata"]["name"] == "gpu-share-require-scheduler-name" for d in render({"extender.enabled": "true", "scheduler.enabled": "true"}))
+    namespace = f"gs-schedname-{os.getpid()}"
+    assert _kubectl(controlplane, "create", "namespace", namespace).returncode == 0
+    assert _kubectl(controlplane, "label", "namespace", namespace, f"gpu-share-test={namespace}").returncode == 0
+    assert _kubectl(controlplane, "create", "serviceaccount", "default", "-n", namespace).returncode == 0  # no SA controller
+    documents = [d for d in render({"domain": "acme.io", "extender.enabled": "true", "scheduler.enabled": "true", "scheduler.requireSchedulerName": "true"})
+                 if d["metadata"]["name"] == "gpu-share-require-scheduler-name"]
+    assert sorted(d["kind"] for d in documents) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    for document in documents:
+        document["metadata"]["name"] = namespace
+        if document["kind"] == "ValidatingAdmissionPolicyBinding":
+            document["spec"] |= {"policyName": namespace, "matchResources": {"namespaceSelector": {"matchLabels": {"gpu-share-test": namespace}}}}
+
+    def pod(scheduler: str | None, limits: dict[str, str]) -> str:
+        spec = {"containers": [{"name": "server", "image": "busybox", "resources": {"limits": limits}}]}
+        return yaml.safe_dump({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec | ({"schedulerName": scheduler} if scheduler else {})})
+
+    try:
+        assert _kubectl(controlplane, "apply", "-f", "-", stdin=yaml.safe_dump_all(documents)).returncode == 0
+        bypass = pod(None, {"acme.io/gpu-share": "2"})
+        deadline = time.monotonic() + 30
+        while True:  # the API server loads a new policy within about a second
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=bypass)
+            if proc.returncode != 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert proc.returncode != 0 and ("container server asks for acme.io/gpu-share but the pod's schedulerName is default-scheduler: "
+                                         "set spec.schedulerName: gpu-share") in proc.stderr, proc.stderr
+        for admitted in (pod("gpu-share", {"acme.io/gpu-share": "2"}), pod(None, {"cpu": "1"}), pod(None, {"example.com/gpu-share": "1"})):
+            proc = _kubectl(controlplane, "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=admitted)
+            assert proc.returncode == 0, (admitted, proc.stderr)
+    finally:  # cluster-scoped
+        _kubectl(controlplane, "delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", namespace, "--ignore-not-found")
+
+
+@needs_helm
 @pytest.mark.parametrize("root, says", [("/", "must not be /:"), ("/etc/gpu", "must not be inside /etc:"), ("/run", "must not be /run:"),
                                         ("/a/../b", "must be an absolute, normalised path"), ("/srv/mps/", "must be an absolute, normalised path")])
 def test_the_chart_refuses_an_mps_root_the_plugin_refuses(root, says, tmp_path):
@@ -760,6 +993,15 @@ def test_the_chart_refuses_an_mps_root_the_plugin_refuses(root, says, tmp_path):
     assert proc.returncode != 0 and f"config: mpsRoot: {says}" in proc.stderr, proc.stderr
 
 
+@needs_helm
+def test_the_chart_refuses_an_mps_pool_name_the_plugin_refuses(tmp_path):
+    """An MPS pool's name reaches the MPS DaemonSet's name, labels and flags: the chart applies the plugin's POOL_NAME."""
+    (tmp_path / "config.yaml").write_text('version: v1\npools: [{name: "a\\n  hostPID: true", mode: shared, backend: mps, replicas: 4}]\n')
+    proc = helm("template", "gs", str(CHART), "--set", "mps.enabled=true", "--set", "admission.enabled=false",
+                f"--set-file=config={tmp_path / 'config.yaml'}", check=False)
+    assert proc.returncode != 0 and "config: profile default: an MPS pool's name must be 1-40 characters of [a-z0-9-]" in proc.stderr, proc.stderr
+
+
 def test_the_charts_files_are_copies_of_the_kustomization_sources():
     """No symlinks in the chart (a copied or packaged chart carries its files); deploy/helm/sync-files.py keeps them
     equal to daemonset/'s."""
@@ -768,7 +1010,7 @@ def test_the_charts_files_are_copies_of_the_kustomization_sources():
     assert proc.returncode == 0, proc.stderr
     assert {str(p.relative_to(CHART / "files")) for p in (CHART / "files").rglob("*") if p.is_file()} == {
         "admission-policy.yaml", "config.yaml", "gpu-share-dashboard.json", "dra/01-rbac.yaml", "dra/02-deviceclasses.yaml",
-        "dra/04-slice-policy.yaml", "dra/05-share-mapping-policy.yaml", "dra/dra-only-policy.yaml"}
+        "dra/04-slice-policy.yaml", "dra/05-share-mapping-policy.yaml", "dra/06-capacity-policy.yaml", "dra/07-node-patch-policy.yaml", "dra/dra-only-policy.yaml"}
 
 
 @needs_helm
@@ -780,9 +1022,92 @@ def test_a_packaged_chart_renders_from_a_copy_like_the_chart(tmp_path):
     shutil.copy(package, elsewhere / package.name)
     shutil.copytree(CHART, elsewhere / "chart")
     values = {"domain": "acme.io", **EVERY_COMPONENT, **DRA}
-    expected = render(values)
+    expected = _without_generated_certificates(render(values))
     sets = [f"--set={k}={v}" for k, v in values.items()]
     for source in (elsewhere / package.name, elsewhere / "chart"):
         proc = helm("template", "gs", str(source), "--namespace", "gpu-share", *sets)
         assert "symbolic link" not in proc.stderr
-        assert [d for d in yaml.safe_load_all(proc.stdout) if d] == expected, source
+        assert _without_generated_certificates([d for d in yaml.safe_load_all(proc.stdout) if d]) == expected, source
+
+
+def _without_generated_certificates(documents: list[dict]) -> list[dict]:
+    """The documents with the extender's Secrets' data (new certificates at each render) set to their keys alone."""
+    return [{**d, "data": sorted(d["data"])} if d["kind"] == "Secret" else d for d in documents]
+
+
+# --- the extender's TLS: generated certificates, kept across upgrades; the NetworkPolicy --------------------------
+
+
+def _write_pki(objects: dict[tuple[str, str], dict], folder: Path) -> Pki:
+    """The chart's two Secrets as the files docs/security.md's commands make (extender.*, scheduler.*, ca.crt)."""
+    import base64
+
+    folder.mkdir()
+    server, client = (objects[("Secret", name)]["data"] for name in ("gpu-share-extender-tls", "gpu-share-scheduler-tls"))
+    assert server["ca.crt"] == client["ca.crt"]
+    for secret, stem in ((server, "extender"), (client, "scheduler")):
+        (folder / f"{stem}.crt").write_bytes(base64.b64decode(secret["tls.crt"]))
+        (folder / f"{stem}.key").write_bytes(base64.b64decode(secret["tls.key"]))
+    (folder / "ca.crt").write_bytes(base64.b64decode(server["ca.crt"]))
+    return Pki(folder)
+
+
+@needs_helm
+def test_the_charts_generated_certificates_let_the_scheduler_and_no_one_else_call_the_extender(tmp_path):
+    """The extender started with the chart's Secrets and flags answers the scheduler's certificate (checked for the
+    tlsConfig's serverName), 401 to a client without one; another install's scheduler certificate fails the handshake."""
+    from deviceplugin.extender.http import ExtenderHTTPServer
+    from deviceplugin.extender.tls import ServerTLS, TLSSettings
+    from tests.support.extender import SHARE, annotation, args, extender, pod
+
+    objects = by_kind(render({"extender.enabled": "true", "scheduler.enabled": "true"}))
+    pki = _write_pki(objects, tmp_path / "mine")
+    other = _write_pki(by_kind(render({"extender.enabled": "true"})), tmp_path / "other")
+    flags = dict(a.split("=", 1) for a in objects[("Deployment", "gpu-share-extender")]["spec"]["template"]["spec"]["containers"][0]["args"])
+    assert flags["--client-names"] == CLIENT_NAME
+    ext = extender({"n": annotation((4, 0))})
+    tls = ServerTLS(TLSSettings(pki.path("extender.crt"), pki.path("extender.key"), pki.path("ca.crt"), frozenset({CLIENT_NAME})))
+    server = ExtenderHTTPServer(ext, ext.metrics, lambda: (True, "ready"), port=0, host="127.0.0.1", tls=tls)
+    server.start()
+    try:
+        assert SERVER_NAME == yaml.safe_load(objects[("ConfigMap", "gpu-share-scheduler-config")]["data"]["config.yaml"])["extenders"][0]["tlsConfig"]["serverName"]
+        assert call(server.port, client_context(pki, pki), "POST", "/filter", args(pod("p", {SHARE: 1}), "n"))[0] == 200
+        assert call(server.port, client_context(pki, None), "POST", "/filter", args(pod("q", {SHARE: 1}), "n"))[0] == 401
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            call(server.port, client_context(pki, other), "POST", "/filter", args(pod("r", {SHARE: 1}), "n"))
+        assert ext.cache.counts()["reservations"] == 1
+    finally:
+        server.stop()
+
+
+@needs_helm
+def test_an_upgrade_keeps_the_generated_certificates(controlplane):
+    """helm install, then upgrade, on a real API server: the Secrets hold the same certificates (lookup), so the
+    scheduler's copy (way 1's on the control-plane nodes) stays valid."""
+    namespace = f"gs-tls-{os.getpid()}"
+    kubeconfig = f"--kubeconfig={controlplane.admin_kubeconfig}"
+    base = ["--namespace", namespace, kubeconfig, "--set", "extender.enabled=true,plugin.enabled=false,admission.enabled=false"]
+    try:
+        helm("install", "gpu-share", str(CHART), "--create-namespace", *base)
+        first = _kubectl(controlplane, "get", "secret", "gpu-share-scheduler-tls", "gpu-share-extender-tls", "-n", namespace, "-o", "yaml")
+        helm("upgrade", "gpu-share", str(CHART), *base, "--set", "extender.policy=binpack")
+        again = _kubectl(controlplane, "get", "secret", "gpu-share-scheduler-tls", "gpu-share-extender-tls", "-n", namespace, "-o", "yaml")
+        datas = [[item["data"] for item in yaml.safe_load(proc.stdout)["items"]] for proc in (first, again)]
+        assert datas[0] == datas[1] and all(set(d) == {"tls.crt", "tls.key", "ca.crt"} for d in datas[0])
+    finally:
+        helm("uninstall", "gpu-share", "--namespace", namespace, kubeconfig, check=False)
+        _kubectl(controlplane, "delete", "namespace", namespace, "--wait=false")
+
+
+@needs_helm
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="kubectl is not installed")
+def test_the_charts_network_policy_is_the_kustomizations_and_takes_way_1s_addresses(tmp_path):
+    chart = by_kind(render({"extender.enabled": "true"}))[("NetworkPolicy", "gpu-share-extender")]
+    kustomized = by_kind(_kustomize(tmp_path))[("NetworkPolicy", "gpu-share-extender")]
+    assert chart["spec"]["ingress"] == kustomized["spec"]["ingress"] and chart["spec"]["policyTypes"] == kustomized["spec"]["policyTypes"]
+    way1 = by_kind(render({"extender.enabled": "true", "extender.networkPolicy.extraFrom[0].ipBlock.cidr": "10.0.0.0/24",
+                           "extender.networkPolicy.metricsNamespace": "observability"}))[("NetworkPolicy", "gpu-share-extender")]
+    peers = way1["spec"]["ingress"][0]["from"]
+    assert {"ipBlock": {"cidr": "10.0.0.0/24"}} in peers
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}} in peers
+    assert ("NetworkPolicy", "gpu-share-extender") not in by_kind(render({"extender.enabled": "true", "extender.networkPolicy.enabled": "false"}))

@@ -96,22 +96,32 @@ def _nvml_loads() -> bool:
 needs_no_driver = pytest.mark.skipif(_nvml_loads(), reason="this machine has an NVIDIA driver")
 
 
+def _run_on(api: str, plugin_dir) -> list[str]:
+    """`gpu-share run` for either node API, its directories under `plugin_dir`."""
+    if api == "deviceplugin":
+        return [*GPU_CLI, "run", "--plugin-dir", str(plugin_dir)]
+    (plugin_dir / "plugins_registry").mkdir(exist_ok=True)
+    return [*GPU_CLI, "run", "--api", "dra", "--kubelet-root", str(plugin_dir)]
+
+
 @needs_no_driver
-def test_run_without_driver_exits_at_once_with_a_hint(plugin_dir):
-    proc = subprocess.run([*GPU_CLI, "run", "--plugin-dir", str(plugin_dir)], capture_output=True, text=True, timeout=15)
+@pytest.mark.parametrize("api", ["deviceplugin", "dra"])
+def test_run_without_driver_exits_at_once_with_a_hint(plugin_dir, api):
+    proc = subprocess.run(_run_on(api, plugin_dir), capture_output=True, text=True, timeout=15)
     assert proc.returncode == 1
     assert "gpu-share: error: NVML could not be loaded: nvmlInit failed" in proc.stderr
     assert "gpu-share demo --node examples/nodes/2xT4.yaml" in proc.stderr
 
 
 @needs_no_driver
-def test_run_without_driver_can_stay_alive_advertising_nothing_and_not_ready(plugin_dir):
+@pytest.mark.parametrize("api", ["deviceplugin", "dra"])  # --fail-on-init-error applies to both node APIs
+def test_run_without_driver_can_stay_alive_advertising_nothing_and_not_ready(plugin_dir, api):
     import urllib.error
     import urllib.request
 
     port = free_port()
     proc = subprocess.Popen(
-        [*GPU_CLI, "run", "--plugin-dir", str(plugin_dir), "--fail-on-init-error=false", "--metrics-port", str(port)],
+        [*_run_on(api, plugin_dir), "--fail-on-init-error=false", "--metrics-port", str(port)],
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "NODE_NAME": "n-test"},

@@ -83,7 +83,7 @@ def test_default_demo_shows_every_kind_of_pod():
 def test_demo_shows_the_plugins_warnings():
     rc, lines = demo(EXAMPLES / "nodes" / "8xH100-80GB.yaml", EXAMPLES / "config" / "by-model.yaml")
     assert rc == 0
-    assert "  warning: pool t4-shares has no usable GPU on this node; gpu.example.org/t4-share is not advertised" in lines
+    assert "  warning: pool t4-shares has no usable GPU on this node; example.com/t4-share is not advertised" in lines
 
 
 def test_demo_names_the_configs_allocation_policy():
@@ -110,6 +110,10 @@ def test_demo_runs_mps_pools_with_a_simulated_control_daemon_and_shows_their_lim
         assert small.endswith("MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3840M"), small
         large = next(line for line in lines if line.startswith("  chat-large"))
         assert large.endswith("MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=11520M"), large
+        assert "asking more memory than they allow: MPS holds them to it" in large
+        used = next(line for line in lines if re.match(r"^  chat-large +main ", line)).split()
+        assert used[4] == used[5] == "11520" and "OVER LIMIT" not in text  # MPS enforces: used never above the limit
+    assert "Two other simulated nodes, not the one above: node-a and node-b, each two NVIDIA L4s" in text
 
 
 def test_demo_with_a_node_and_no_config_serves_runs_default():

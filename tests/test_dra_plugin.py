@@ -1,5 +1,6 @@
 """The DRA kubelet plugin over real gRPC on real Unix sockets, driven by the fake kubelet (tests/support/dra_kubelet.py):
-registration, prepare / repeat / unprepare on v1 and v1beta1, per-claim errors, health, a 1,000-claim batch."""
+registration, prepare / repeat / unprepare on v1 and v1beta1, per-claim errors, health, a 1,000-claim batch, a claim's
+SharingConfig in its CDI env."""
 
 from __future__ import annotations
 
@@ -200,3 +201,64 @@ def test_a_claim_named_twice_in_one_call_gets_its_devices_once(started) -> None:
     ref = claims.add([result("gpu-0", shares=1)])
     assert [d.device_name for d in kubelet.prepare(DRIVER, [ref, ref])[ref[2]]] == ["gpu-0"]
     assert plugin.driver.ledger() == {"gpu-0": 1}
+
+
+def test_the_after_prepare_hook_gets_the_prepared_claims_and_cannot_fail_the_prepare(started) -> None:
+    """The claims' status writer hangs off `after_prepare` (dra.claimstatus): it gets every claim prepared in the
+    call, not the refused ones, and whatever it raises the kubelet gets the prepared devices."""
+    plugin, kubelet, claims, _ = started()
+    kubelet.wait_registered(DRIVER)
+    seen: list[list[str]] = []
+
+    def hook(prepared: list[Any]) -> None:
+        seen.append(sorted(c.uid for c in prepared))
+        raise RuntimeError("the API is down")
+
+    plugin.after_prepare = hook
+    good = claims.add([result("gpu-0", shares=2)])
+    bad = claims.add([result("gpu-9", shares=1)])  # no such device: refused
+    devices = kubelet.prepare(DRIVER, [good])[good[2]]
+    assert [d.device_name for d in devices] == ["gpu-0"]
+    assert "gpu-9" in kubelet.prepare_errors(DRIVER, [bad])[bad[2]]
+    assert seen == [[good[2]]]  # the refused claim's call prepared nothing: no call
+
+
+def test_a_claims_sharing_config_reaches_its_containers_env_over_the_wire(started) -> None:
+    """SharingConfig through NodePrepareResources: a lower MPS limit in the CDI spec the runtime injects, the class's
+    config before the claim's (the claim's wins, a `requests` filter narrows it), and a value over what the claim
+    consumed refused for that claim alone, naming the field."""
+    import json
+
+    from deviceplugin.dra.sharingconfig import api_version
+
+    def config(percent: int, source: str, requests: list[str] | None = None) -> dict[str, Any]:
+        mps = {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}
+        parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": mps}
+        entry = {"source": source, "opaque": {"driver": DRIVER, "parameters": parameters}}
+        return {**entry, "requests": requests} if requests else entry
+
+    def env(uid: str, cdi_id: str) -> dict[str, str]:
+        """The env the runtime injects for a CDI ID the kubelet got: its device in the claim's spec file."""
+        spec = json.loads(plugin.driver.cdi.spec_path(uid).read_text())
+        device = next(d for d in spec["devices"] if f"{spec['kind']}={d['name']}" == cdi_id)
+        return dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+
+    plugin, kubelet, claims, _ = started()
+    kubelet.wait_registered(DRIVER)
+    merged = claims.add([result("gpu-0", shares=2, request="a"), result("gpu-1", shares=2, request="b")])
+    claims.bodies[merged[2]]["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClass", "opaque": {"driver": "gpu.nvidia.com", "parameters": {"kind": "GpuConfig"}}},  # unread
+        config(40, "FromClass"),
+        config(15, "FromClaim", requests=["a"]),
+    ]
+    too_high = claims.add([result("gpu-0", shares=1)], name="greedy")
+    claims.bodies[too_high[2]]["status"]["allocation"]["devices"]["config"] = [config(30, "FromClaim")]
+    errors = kubelet.prepare_errors(DRIVER, [merged, too_high])
+    assert errors[merged[2]] == ""
+    field = "config[0] (FromClaim): sharing.mpsConfig.defaultActiveThreadPercentage"
+    assert f"{field}: 30 is more than the 25 % the claim consumed" in errors[too_high[2]]
+    devices = {d.request_names[0]: d for d in kubelet.prepare(DRIVER, [merged])[merged[2]]}
+    a, b = (env(merged[2], devices[r].cdi_device_ids[0]) for r in ("a", "b"))
+    assert a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "15" and b["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == b["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7680M"  # 2 of 4 shares
+    assert plugin.driver.ledger() == {"gpu-0": 2, "gpu-1": 2}

@@ -29,7 +29,7 @@ def test_the_knobs_agree_with_the_device_plugins_and_the_driver_is_named_after_t
     assert ours["images"] == base["images"] == [{"name": "gpu-share", "newName": "ghcr.io/example/gpu-share", "newTag": __version__}]
     assert ours["namespace"] == base["namespace"]
     settings = dict(item.split("=", 1) for item in ours["configMapGenerator"][0]["literals"])
-    assert settings == {"domain": "example.com", "driver": "gpu-share.example.com"}
+    assert settings == {"domain": "example.com", "capacity": "shares"}  # the driver and its directory follow the domain
     [base_settings] = [g for g in base["configMapGenerator"] if g["name"] == "gpu-share-settings"]
     assert f"domain={settings['domain']}" in base_settings["literals"]
     assert ours["resources"] == sorted(p.name for p in DRA.glob("*.yaml") if p.name != "kustomization.yaml")
@@ -40,12 +40,14 @@ def test_the_knobs_agree_with_the_device_plugins_and_the_driver_is_named_after_t
 def test_another_domain_renders_into_every_place_that_names_it(tmp_path: Path) -> None:
     copy = tmp_path / "dra"
     shutil.copytree(DRA, copy)
-    text = (copy / "kustomization.yaml").read_text().replace("domain=example.com", "domain=gpu.acme.io").replace("driver=gpu-share.example.com", "driver=gpu-share.gpu.acme.io")
+    text = (copy / "kustomization.yaml").read_text().replace("domain=example.com", "domain=gpu.acme.io")
     (copy / "kustomization.yaml").write_text(text.replace("namespace: gpu-share", "namespace: gpu-system"))
     proc = subprocess.run([str(KUBECTL), "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "example.com" not in proc.stdout
     documents = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    role = next(d for d in documents if d["kind"] == "ClusterRole")
+    assert [r["resourceNames"] for r in role["rules"] if "resourceNames" in r] == [["gpu-share.gpu.acme.io"]]  # status.devices of its driver
     classes = {d["metadata"]["name"]: d["spec"] for d in documents if d["kind"] == "DeviceClass"}
     assert classes["gpu-share-gpu"]["extendedResourceName"] == "gpu.acme.io/gpu"
     assert all("'gpu-share.' + 'gpu.acme.io'" in c["selectors"][0]["cel"]["expression"] for c in classes.values())
@@ -66,7 +68,10 @@ def test_rbac_grants_only_what_the_driver_calls() -> None:
     assert role["rules"] == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "verbs": ["associated-node:patch"], "resourceNames": ["gpu-share.example.com"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     ]
     policy = _documents(DRA / "04-slice-policy.yaml")[0]["spec"]
@@ -109,3 +114,17 @@ def test_the_dra_doc_lists_exactly_the_slice_publishers_metrics() -> None:
     publisher = SlicePublisher(None, "n", "gpu-share.example.com", node("2xT4"), NodeState())
     exported = {s.name for m in publisher.collector().collect() for s in m.samples}
     assert documented == exported
+
+
+def test_the_kueue_example_maps_the_shipped_device_classes_and_its_queue_covers_exactly_them() -> None:
+    """docs/dra.md's Kueue section (Kueue v0.18's DRA form): every mapped DeviceClass is one daemonset/dra/ ships, and
+    the ClusterQueue gives quota on exactly the mapped names."""
+    text = (ROOT / "docs" / "dra.md").read_text().split("## Quota with Kueue")[1].split("\n## ")[0]
+    configuration, queue = yaml.safe_load_all(text.split("```yaml\n")[1].split("```")[0])
+    assert configuration["apiVersion"] == "config.kueue.x-k8s.io/v1beta2" and queue["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    mappings = configuration["resources"]["deviceClassMappings"]
+    shipped = {d["metadata"]["name"] for d in _documents(DRA / "02-deviceclasses.yaml")}
+    assert {c for m in mappings for c in m["deviceClassNames"]} == shipped
+    (group,) = queue["spec"]["resourceGroups"]
+    names = [m["name"] for m in mappings]
+    assert group["coveredResources"] == names == [r["name"] for r in group["flavors"][0]["resources"]]

@@ -169,7 +169,7 @@ def test_reset_class_xid_stays_unhealthy_until_the_driver_shows_a_reset(stack, k
     assert monitor.state.snapshot().awaiting_reset == frozenset() and gpu.uuid not in monitor.state.snapshot().reasons
 
 
-def test_reset_class_xid_on_a_driver_that_cannot_tell_waits_for_a_plugin_restart(stack, kubelet, checks):
+def test_reset_class_xid_on_a_driver_that_cannot_tell_stays_unhealthy(stack, kubelet, checks):
     inventory, node, monitor = stack
     gpu = node.gpus[5]
     inventory.inject_xid(gpu.uuid, 95)  # reset_required() is None: no recovery-action field

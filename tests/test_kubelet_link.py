@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import signal
 import socket
 import threading
 import time
+from concurrent import futures
 
 import grpc
 import pytest
@@ -17,7 +19,7 @@ from deviceplugin.config.types import default_config
 from deviceplugin.plugin.manager import PluginManager, remove_stale_sockets
 from deviceplugin.plugin.server import SocketPathError
 from deviceplugin.plugin.servicer import MAX_OTHER_STREAMS
-from deviceplugin.sim.kubelet import Container, Pod
+from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
 from tests.support.resources import resources_of
 
 from .conftest import FAST, node, registered, start_run, wait_until
@@ -100,11 +102,49 @@ def test_restart_storm_settles_with_one_register_per_generation_and_no_leaks(kub
     accepted = kubelet.accepted_registrations()
     assert accepted and max(accepted.values()) == 1
     assert len(kubelet.register_requests) <= manager.servers[0].register_calls
+    # One registration channel per kubelet instance, never one per attempt: the churn that grew gRPC's memory.
+    assert manager.kubelet_channel.opened <= restarts + 1
     assert registered(SHARE)(kubelet.resources())
     # Threads that outlive a round (a gRPC channel's, a probe's) end on their own: wait for them, then compare.
     wait_until(lambda: plugin_threads() <= threads, timeout=5)
     assert plugin_threads() <= threads, sorted(t.name for t in threading.enumerate())
     assert kubelet.admit(Pod("after", [Container("c", {SHARE: 1})]))["c"][SHARE].envs["GPU_SHARE_COUNT"] == "1"
+
+
+class _SilentKubelet(pb_grpc.RegistrationServicer):
+    """A kubelet that takes Register and never answers (it hangs, or died without closing the connection)."""
+
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self.release = threading.Event()
+
+    def Register(self, request, context):
+        self.called.set()
+        self.release.wait(30)
+        context.abort(grpc.StatusCode.UNAVAILABLE, "gone")
+
+
+def test_a_register_waiting_on_a_dead_kubelet_is_cancelled_when_kubelet_sock_is_replaced(plugin_dir, start_plugin):
+    silent = _SilentKubelet()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_RegistrationServicer_to_server(silent, server)
+    server.add_insecure_port(f"unix:{plugin_dir / 'kubelet.sock'}")
+    server.start()
+    kubelet = KubeletSimulator(plugin_dir, seed=7)
+    try:
+        # A 60 s Register deadline: only the cancellation can bring the registration back within the wait below.
+        manager = start_plugin(timings=dataclasses.replace(FAST, register_timeout=60.0))
+        assert silent.called.wait(5)
+        kubelet.start()  # a new kubelet.sock: the old kubelet's listener is left behind, as after a crash
+        assert kubelet.wait_for(registered(SHARE), timeout=10)
+        assert manager.kubelet_channel.opened == 2
+        assert manager.servers[0].registered.is_set()
+        manager.stop()
+        assert manager.kubelet_channel.identity is None  # closed with the manager
+    finally:
+        silent.release.set()
+        server.stop(0).wait()
+        kubelet.stop()
 
 
 def test_a_socket_another_live_process_serves_is_left_alone(kubelet, start_plugin, plugin_dir):

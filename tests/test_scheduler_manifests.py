@@ -16,7 +16,10 @@ from .conftest import ROOT
 
 EXTENDER = ROOT / "daemonset" / "extender"
 ADMISSION = ROOT / "daemonset" / "admission"
-EXTENDER_KEYS = {"urlPrefix", "filterVerb", "prioritizeVerb", "weight", "httpTimeout", "nodeCacheCapable", "ignorable", "managedResources"}
+EXTENDER_KEYS = {"urlPrefix", "filterVerb", "prioritizeVerb", "weight", "httpTimeout", "nodeCacheCapable", "ignorable", "managedResources",
+                 "enableHTTPS", "tlsConfig"}
+TLS_CONFIG_KEYS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData"}  # kube-scheduler's ExtenderTLSConfig
+SCHEDULER_TLS = "/etc/gpu-share-scheduler-tls"
 
 
 def documents(path: Path) -> list[dict]:
@@ -38,7 +41,11 @@ def test_scheduler_configs_call_the_extender(config):
     assert every_pod["urlPrefix"] == extender["urlPrefix"] + "/all" and every_pod["ignorable"] is True and every_pod["weight"] == 20
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
     assert extender["filterVerb"] == "filter" and extender["prioritizeVerb"] == "prioritize"
-    assert extender["urlPrefix"] == "http://gpu-share-extender.gpu-share.svc:8888"
+    assert extender["urlPrefix"] == "https://gpu-share-extender.gpu-share.svc:8888"
+    assert extender["enableHTTPS"] is every_pod["enableHTTPS"] is True and extender["tlsConfig"] == every_pod["tlsConfig"]
+    assert set(extender["tlsConfig"]) <= TLS_CONFIG_KEYS and not extender["tlsConfig"].get("insecure")
+    assert extender["tlsConfig"] == {"serverName": "gpu-share-extender.gpu-share.svc", "certFile": f"{SCHEDULER_TLS}/tls.crt",
+                                     "keyFile": f"{SCHEDULER_TLS}/tls.key", "caFile": f"{SCHEDULER_TLS}/ca.crt"}
     assert extender["weight"] == 20  # the recommended configuration (docs/scheduler.md)
     names = {r["name"] for r in extender["managedResources"]}
     assert {"example.com/gpu-share", "example.com/gpu"} <= names and all(n.startswith("example.com/") for n in names)
@@ -52,6 +59,34 @@ def test_second_scheduler_is_the_official_image_named_gpu_share():
     assert profile["schedulerName"] == "gpu-share"
     (fit,) = profile["pluginConfig"]
     assert fit["name"] == "NodeResourcesFit" and fit["args"]["scoringStrategy"]["type"] == "LeastAllocated"  # docs/scheduler.md (the sweep, issue 34)
+
+
+def test_the_extender_authenticates_the_certificate_the_second_scheduler_mounts():
+    """The extender serves its Secret's certificate and accepts the verbs from gpu-share-scheduler only; the second
+    scheduler mounts the Secret of that client certificate where its tlsConfig reads; the NetworkPolicy admits it."""
+    extender = next(d for d in documents(EXTENDER / "01-deployment.yaml") if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    (container,) = extender["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in extender["volumes"]}
+    assert secrets == {"tls": "gpu-share-extender-tls"}
+    flags = dict(a.split("=", 1) for a in container["args"])
+    assert flags["--tls-cert-file"] == f"{mounts['tls']}/tls.crt" and flags["--tls-private-key-file"] == f"{mounts['tls']}/tls.key"
+    assert flags["--client-ca-file"] == f"{mounts['tls']}/ca.crt" and flags["--client-names"] == "gpu-share-scheduler"
+    assert {p["httpGet"]["scheme"] for p in (container["readinessProbe"], container["livenessProbe"])} == {"HTTPS"}
+    scheduler = next(d for d in documents(EXTENDER / "scheduler" / "second-scheduler.yaml") if d["kind"] == "Deployment")["spec"]["template"]
+    spec = scheduler["spec"]
+    assert {m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] == "tls"} == {SCHEDULER_TLS}
+    assert {v["secret"]["secretName"] for v in spec["volumes"] if v["name"] == "tls"} == {"gpu-share-scheduler-tls"}
+    (policy,) = documents(EXTENDER / "03-networkpolicy.yaml")
+    assert policy["spec"]["podSelector"]["matchLabels"] == extender_labels()
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": container["ports"][0]["name"], "protocol": "TCP"}]
+    peers = [p.get("podSelector", {}).get("matchLabels") for p in rule["from"]]
+    assert scheduler["metadata"]["labels"] in peers
+
+
+def extender_labels() -> dict:
+    return next(d for d in documents(EXTENDER / "01-deployment.yaml") if d["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"]
 
 
 def test_extender_rbac_only_reads():

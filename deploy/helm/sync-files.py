@@ -18,6 +18,8 @@ SOURCES = {  # the chart's file: its source under daemonset/
     "dra/02-deviceclasses.yaml": "dra/02-deviceclasses.yaml",
     "dra/04-slice-policy.yaml": "dra/04-slice-policy.yaml",
     "dra/05-share-mapping-policy.yaml": "dra/05-share-mapping-policy.yaml",
+    "dra/06-capacity-policy.yaml": "dra/06-capacity-policy.yaml",
+    "dra/07-node-patch-policy.yaml": "dra/07-node-patch-policy.yaml",
     "dra/dra-only-policy.yaml": "dra/optional/dra-only/share-requests-policy.yaml",
 }
 

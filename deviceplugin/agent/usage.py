@@ -72,8 +72,10 @@ class PodResourcesClient:
     def __init__(self, socket: str | Path = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
         self.socket = Path(socket)
         self.timeout = timeout
+        # No gRPC retries: against a kubelet that is going away they repeat without limit (docs/performance.md
+        # #kubelet-restart-storms); a failed read is unknown and the caller reads again.
         self._channel = grpc.insecure_channel(
-            f"unix:{self.socket}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+            f"unix:{self.socket}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]
         )
         self._stub = pr_grpc.PodResourcesListerStub(self._channel)
 
@@ -87,8 +89,12 @@ class PodResourcesClient:
         self._channel.close()
 
 
-def container_share(key: tuple[str, str, str], resource: Resource, unit: Unit, devices: list[str], shares: int, memory_limit_mib: int) -> ContainerShare:
-    """One container's (namespace, pod, container) holding on one unit: both node APIs' usage maps build it here."""
+def container_share(
+    key: tuple[str, str, str], resource: Resource, unit: Unit, devices: list[str], shares: int, memory_limit_mib: int,
+    time_sliced: bool = False,
+) -> ContainerShare:
+    """One container's (namespace, pod, container) holding on one unit: both node APIs' usage maps build it here.
+    `time_sliced`: it runs time-sliced whatever its pool's mode (a DRA claim's SharingConfig chose timeSlicing)."""
     return ContainerShare(
         namespace=key[0],
         pod=key[1],
@@ -100,5 +106,5 @@ def container_share(key: tuple[str, str, str], resource: Resource, unit: Unit, d
         devices=tuple(sorted(devices)),
         shares=shares,
         memory_limit_mib=memory_limit_mib,
-        time_sliced=mode_of(resource.pool) is TIME_SLICED,
+        time_sliced=time_sliced or mode_of(resource.pool) is TIME_SLICED,
     )

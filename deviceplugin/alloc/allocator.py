@@ -15,7 +15,7 @@ from typing import NamedTuple
 from ..logs import brief, safe_text
 from ..model.devices import Device, Resource, Unit
 from .devicenodes import DeviceNode, MissingCapability, device_specs
-from .modes import Mount, mode_of
+from .modes import ClientLimits, Mount, SharingMode, mode_of
 from .placement import preferred_allocation
 
 MAX_DEVICE_ID_BYTES = 256  # share IDs are ~45 bytes; anything far longer is not ours
@@ -78,13 +78,18 @@ def check_holding(resource: Resource, holdings: Sequence[tuple[Unit, int]]) -> N
         )
 
 
-def unit_grant(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None = None) -> ContainerGrant:
+def unit_grant(
+    resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None = None,
+    mode: SharingMode | None = None, limits: ClientLimits | None = None,
+) -> ContainerGrant:
     """What a container gets for `k` devices (shares, or 1 for a whole unit) of each unit: the one place both node
     APIs (the device plugin's Allocate, the DRA driver's NodePrepareResources) build a grant.
 
     `mps_client_limits`: give an MPS client its own limits from its shares (the pool's `mpsLimits: proportional`
-    when None; the DRA driver always does, from the claim's consumed capacity). A holding the mode does not allow
-    one container is refused (`check_holding`)."""
+    when None; the DRA driver always does, from the claim's consumed capacity). `mode` and `limits`: a DRA claim's
+    SharingConfig (`dra.sharingconfig`, which checks them against the pool): the strategy it runs under, when not the
+    pool's mode, and MPS limits below its shares'. A holding the pool's mode does not allow one container is refused
+    (`check_holding`)."""
     check_holding(resource, holdings)
     units = [u for u, _ in holdings]
     settings = resource.settings
@@ -102,7 +107,7 @@ def unit_grant(resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_cli
         specs = tuple(device_specs(settings.device_root, units)) if settings.device_specs else ()
     except MissingCapability as err:
         raise AllocationError(Refusal.PRECONDITION, f"{resource.name}: {err}") from None
-    share_envs, mounts = mode_of(resource.pool).grant_facts(resource, holdings, mps_client_limits)
+    share_envs, mounts = (mode or mode_of(resource.pool)).grant_facts(resource, holdings, mps_client_limits, limits)
     envs.update(share_envs)
     return ContainerGrant(envs=envs, mounts=mounts, device_specs=specs, cdi_devices=cdi)
 

@@ -25,11 +25,21 @@ ENV_SHARE_COUNT = "GPU_SHARE_COUNT"
 ENV_SHARE_TOTAL = "GPU_SHARE_TOTAL"
 ENV_MEMORY_LIMIT = "GPU_SHARE_MEMORY_LIMIT_MIB"
 ENV_COMPUTE_PERCENT = "GPU_SHARE_COMPUTE_PERCENT"
+ENV_MPS_ACTIVE_THREADS = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_PINNED_MEMORY = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 
 PoolResource = tuple[str, str, list[Unit]]  # (resource name, label, units): one resource of a pool on a node
 # How GetPreferredAllocation orders devices: the best-connected set of whole GPUs; one device per unit, in the units'
 # order; or shares, on the unit the allocation policy picks.
 Placement = Literal["topology", "in order", "policy"]
+
+
+@dataclass(frozen=True)
+class ClientLimits:
+    """An MPS client's own limits at or below what its shares give (a DRA claim's SharingConfig); None: its shares'."""
+
+    active_thread_percent: int | None = None
+    pinned_memory_mib: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,8 +71,11 @@ class SharingMode(ABC):
         """(what each unit advertises, the remedy) for a device list over the ListAndWatch budget."""
         return "whole devices", "select fewer GPUs"
 
-    def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:
-        """What the grant adds for this mode: environment variables and mounts."""
+    def grant_facts(
+        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        limits: ClientLimits | None = None,
+    ) -> tuple[dict[str, str], tuple[Mount, ...]]:
+        """What the grant adds for this mode: environment variables and mounts (`limits`: MPS modes only)."""
         return {}, ()
 
     def may_span(self, pool: PoolConfig) -> bool:
@@ -169,7 +182,10 @@ class TimeSliced(SharingMode):
     def budget_terms(self, pool: PoolConfig, units: Sequence[Unit]) -> tuple[str, str]:
         return f"{max(u.replicas for u in units)} shares each", "raise memoryPerShare" if pool.memory_per_share_mib else "lower replicas"
 
-    def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:
+    def grant_facts(
+        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        limits: ClientLimits | None = None,
+    ) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*: the shares a container holds and what they are worth."""
         envs = {
             ENV_SHARE_COUNT: str(sum(k for _, k in holdings)),
@@ -201,16 +217,23 @@ class Mps(TimeSliced):
     def most_per_container(self, pool: PoolConfig) -> int | None:
         return 1 if pool.mps_limits == "strict" else None  # strict: every client gets the daemon's one-share defaults
 
-    def grant_facts(self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None) -> tuple[dict[str, str], tuple[Mount, ...]]:
+    def grant_facts(
+        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        limits: ClientLimits | None = None,
+    ) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*, the MPS pipe and its mounts, and per-client limits: `mps_client_limits`, or when None the
-        pool's `mpsLimits: proportional`."""
+        pool's `mpsLimits: proportional`; `limits` (the caller checked they are at most the shares') lower them, and
+        GPU_SHARE_COMPUTE_PERCENT and GPU_SHARE_MEMORY_LIMIT_MIB with them."""
         envs, _ = super().grant_facts(resource, holdings, mps_client_limits)
         paths = MpsPaths.of(resource.settings.mps_root, resource.pool.name)
         envs["CUDA_MPS_PIPE_DIRECTORY"] = str(paths.pipe)
-        limits = resource.pool.mps_limits == "proportional" if mps_client_limits is None else mps_client_limits
-        if limits:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(_compute(holdings))
-            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={_memory(holdings)}M"
+        if resource.pool.mps_limits == "proportional" if mps_client_limits is None else mps_client_limits:
+            limits = limits or ClientLimits()
+            compute = _compute(holdings) if limits.active_thread_percent is None else limits.active_thread_percent
+            memory = _memory(holdings) if limits.pinned_memory_mib is None else limits.pinned_memory_mib
+            envs[ENV_COMPUTE_PERCENT], envs[ENV_MEMORY_LIMIT] = str(compute), str(memory)
+            envs[ENV_MPS_ACTIVE_THREADS] = str(compute)
+            envs[ENV_MPS_PINNED_MEMORY] = f"0={memory}M"  # device 0: an MPS client sees its one GPU
         return envs, (Mount(container_path=str(paths.pipe), host_path=str(paths.pipe)), Mount(container_path="/dev/shm", host_path=str(paths.shm)))
 
     def enforcement(self, pool: PoolConfig, unit: Unit, watchdog_policy: WatchdogPolicy) -> str:

@@ -7,8 +7,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 
-from ..errors import FlagError
-from ..runtime.startup import check_readable_file
+from ..errors import FlagError, check_readable_file
 
 # NVIDIA's device plugin's environment variables where a flag means the same (its --config-file, --fail-on-init-error).
 NVIDIA_ENV = {"--config": "CONFIG_FILE", "--fail-on-init-error": "FAIL_ON_INIT_ERROR"}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from .. import defaults
-from ..discovery.inventory import InventoryError
+from ..discovery.inventory import Inventory, InventoryError
 from ..errors import StartupError
 from ..health.monitor import DEFAULT_IGNORED_XIDS, DEFAULT_RESET_XIDS, HealthSettings
 from ..runtime.startup import check_directory, check_plugin_dir
@@ -36,6 +36,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     seconds = flags.positive_float
     run.add_argument("--api", choices=["deviceplugin", "dra"], default="deviceplugin",
                      help="the kubelet API to serve: the device-plugin API (default) or a DRA driver (Kubernetes 1.34+)")
+    run.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                     help="the Kubernetes node: its labels, annotation and Events, the DRA driver's pool (default"
+                          " $NODE_NAME; the metrics' node label and the pool fall back to the host name, labels and"
+                          " Events are off without it)")
     add_dra_arguments(run)
     run.add_argument("--reload-interval", type=seconds, default=defaults.RELOAD_INTERVAL, metavar="SECONDS",
                      help="seconds between checks of the config file and the profile label (default %(default)g)")
@@ -85,7 +89,6 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 def add_dra_arguments(run: argparse.ArgumentParser) -> None:
     """The flags of `--api dra`, named as NVIDIA's DRA driver names them; each has an environment twin."""
     dra = run.add_argument_group("DRA driver (--api dra)")
-    dra.add_argument("--node-name", default=os.environ.get("NODE_NAME"), help="the Kubernetes node, the driver's pool (default $NODE_NAME, else the host name)")
     dra.add_argument("--kubelet-root", default=os.environ.get("KUBELET_ROOT", defaults.KUBELET_ROOT), metavar="DIR",
                      help="the kubelet's root directory (default $KUBELET_ROOT, else %(default)s)")
     dra.add_argument("--kubelet-registrar-directory-path", default=os.environ.get("KUBELET_REGISTRAR_DIRECTORY_PATH"), metavar="DIR",
@@ -102,9 +105,10 @@ def add_dra_arguments(run: argparse.ArgumentParser) -> None:
                      help="seconds between full device-health lists to the kubelet when nothing changes (default %(default)g)")
 
 
-def node_name() -> str:
-    """The node's name for the metrics' `node` label: NODE_NAME (the DaemonSet sets it), else the host name."""
-    return os.environ.get("NODE_NAME") or socket.gethostname()
+def node_name(args: argparse.Namespace) -> str:
+    """The node's name: --node-name (default $NODE_NAME, which the DaemonSets set, read once as the flag's default),
+    else the host name. The `node` label of the metrics, the DRA driver's pool."""
+    return args.node_name or socket.gethostname()
 
 
 def _not_ready_endpoint(args: argparse.Namespace, reason: str) -> MetricsServer | None:
@@ -124,7 +128,8 @@ def _idle_endpoint(args: argparse.Namespace, readyz: Callable[[], tuple[bool, st
 
     registry = CollectorRegistry()
     registry.register(StateCollector(MetricSources(NodeInfo(gpus=()), nvml_up=False, standby=standby)))  # every plugin metric, at 0
-    server = MetricsServer(registry, lambda: (True, "ok"), readyz, args.metrics_port, args.metrics_bind_address, node=node_name())
+    node = node_name(args)
+    server = MetricsServer(registry, lambda: (True, "ok"), readyz, args.metrics_port, args.metrics_bind_address, node=node)
     try:
         server.start()
     except OSError as err:  # the port is the serving instance's while this one stands by
@@ -177,7 +182,7 @@ def daemon_options(args: argparse.Namespace) -> DaemonOptions:
         plugin_dir=Path(args.plugin_dir),
         pod_resources_socket=Path(args.pod_resources_socket),
         metrics_port=args.metrics_port,
-        node_name=node_name(),
+        node_name=node_name(args),
         metrics_host=args.metrics_bind_address,
         proc_root=args.proc_root,
         cdi_spec_dirs=args.cdi_spec_dirs,
@@ -206,19 +211,13 @@ def run(args: argparse.Namespace) -> NoReturn:
     exit_now(run_dra(args) if args.api == "dra" else run_device_plugin(args))
 
 
-def run_device_plugin(args: argparse.Namespace) -> int:
-    """`gpu-share run`: the device plugin daemon until SIGTERM/SIGINT; the exit status."""
-    check_plugin_dir(args.plugin_dir)
-    check_directory("--proc-root", args.proc_root, "the host's /proc, for mapping GPU processes to pods")
+def _open_inventory(args: argparse.Namespace) -> Inventory | None:
+    """The node's GPUs (NVML, or --node); where they cannot be discovered, InventoryError, or with
+    --fail-on-init-error=false a not-ready endpoint until SIGTERM/SIGINT, then None. Both APIs."""
     from ..discovery.backend import open_inventory
-    from ..runtime.plan import read_config
 
-    start = read_config(args.config)  # a bad config fails before NVML is touched
-    lock = _one_instance(args)
-    if lock is None:
-        return 0
     try:
-        inventory = open_inventory(args.node)
+        return open_inventory(args.node)
     except InventoryError as err:
         if args.fail_on_init_error:
             raise
@@ -227,12 +226,27 @@ def run_device_plugin(args: argparse.Namespace) -> int:
         wait_for_signal()
         if endpoint:
             endpoint.stop()
+        return None
+
+
+def run_device_plugin(args: argparse.Namespace) -> int:
+    """`gpu-share run`: the device plugin daemon until SIGTERM/SIGINT; the exit status."""
+    check_plugin_dir(args.plugin_dir)
+    check_directory("--proc-root", args.proc_root, "the host's /proc, for mapping GPU processes to pods")
+    from ..runtime.plan import read_config
+
+    start = read_config(args.config)  # a bad config fails before NVML is touched
+    lock = _one_instance(args)
+    if lock is None:
+        return 0
+    inventory = _open_inventory(args)
+    if inventory is None:
         return 0
     from ..kube.client import NodeClient
     from ..runtime.serving import plan_serving
 
     options = daemon_options(args)
-    connect = functools.cache(lambda: NodeClient.connect(kubeconfig=args.kubeconfig))  # one client for both phases
+    connect = functools.cache(lambda: NodeClient.connect(args.node_name, args.kubeconfig))  # one client for both phases
     try:
         serving = plan_serving(inventory, options, connect, start)
     except BaseException:
@@ -256,17 +270,16 @@ def run_device_plugin(args: argparse.Namespace) -> int:
 
 def run_dra(args: argparse.Namespace) -> int:
     """`gpu-share run --api dra`: the DRA driver until SIGTERM/SIGINT (runtime.dra)."""
-    from ..discovery.backend import open_inventory
     from ..dra.kubeletplugin import PluginSettings
     from ..runtime.plan import read_config
 
-    if args.node_name:
-        os.environ["NODE_NAME"] = args.node_name  # node_name() and the API client read it
     root = Path(args.kubelet_root)
     registrar = Path(args.kubelet_registrar_directory_path or root / "plugins_registry")
     check_plugin_dir(str(registrar), "--kubelet-registrar-directory-path")
     start = read_config(args.config)
-    inventory = open_inventory(args.node)
+    inventory = _open_inventory(args)
+    if inventory is None:
+        return 0
     from ..kube.client import ApiAccessError, NodeClient, core_api
     from ..runtime.dra import DraDaemon, DraOptions
 
@@ -285,8 +298,9 @@ def run_dra(args: argparse.Namespace) -> int:
     )
     options = daemon_options(args)
     try:
-        # The pod directory (list Pods on this node) maps GPU processes to containers for the node agent.
-        daemon = DraDaemon(inventory, options, dra, core.api_client, start, kubeconfig=args.kubeconfig, pod_directory=NodeClient(core, options.node_name))
+        # The node's client: its labels and annotation, the watchdog's Events, and the pod directory (list Pods on this
+        # node) that maps GPU processes to containers for the node agent.
+        daemon = DraDaemon(inventory, options, dra, core.api_client, start, client=NodeClient(core, options.node_name))
     except BaseException:
         inventory.close()
         raise

@@ -24,6 +24,10 @@ CITATION = ('Trace and protocol: Weng et al., "Beware of Fragmentation: Scheduli
             'Fragmentation Gradient Descent", USENIX ATC 2023 (Alibaba openb trace, cluster-trace-gpu-v2023).')
 
 
+WHERE = ("The CSVs are not shipped: they are the csv/ folder of cluster-trace-gpu-v2023 in "
+         "https://github.com/alibaba/clusterdata (docs/packing.md#getting-the-trace).")
+
+
 class TraceError(Exception):
     """A trace file or directory that cannot be used; the message names the file, line and column."""
 
@@ -49,7 +53,7 @@ def find_trace_dir(explicit: str | None = None) -> Path:
             return path
     tried = ", ".join(str(p) for p in dict.fromkeys(candidates))
     raise TraceError(f"no trace directory found (tried {tried}); pass --trace-dir or set ${TRACE_DIR_ENV} "
-                     "to the folder holding openb_node_list_*.csv and openb_pod_list_*.csv")
+                     f"to the folder holding openb_node_list_*.csv and openb_pod_list_*.csv. {WHERE}")
 
 
 def resolve(name_or_path: str, trace_dir: str | None, template: str) -> Path:
@@ -65,7 +69,11 @@ def resolve(name_or_path: str, trace_dir: str | None, template: str) -> Path:
     if not path.is_file():
         prefix, suffix = template.split("{}")
         names = sorted(p.name[len(prefix):-len(suffix)] for p in folder.glob(template.format("*")))
-        raise TraceError(f"trace file {path} does not exist; the names {folder} has: {', '.join(names) or 'none'}")
+        if names:  # what the flag takes there
+            raise TraceError(f"trace file {path} does not exist; the names {folder} has for {template.format('<name>')}: {', '.join(names)}")
+        others = sorted(p.name for p in folder.glob("*.csv"))[:20]
+        listed = f" (its CSVs: {', '.join(others)}; give one as a path, e.g. {folder / others[0]})" if others else ""
+        raise TraceError(f"trace file {path} does not exist, and {folder} has no {template.format('<name>')}{listed}. {WHERE}")
     return path
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import limits
 from ..logs import safe_text
+from ..model.quantity import quantity_mib
 from .names import resource_name_problem
 from .paths import POOL_NAME, POOL_NAME_RULE, mps_root_problem, path_problem
 from .schema import Fields, SchemaError, join, list_of
@@ -27,6 +28,7 @@ from .types import (
     MPS_LIMITS,
     SUPPORTED_VERSIONS,
     WATCHDOG_POLICIES,
+    Backend,
     Choice,
     Config,
     ConfigError,
@@ -38,8 +40,6 @@ from .types import (
 )
 from .yamlfile import YamlProblem, decode, load_yaml_lines, read_bounded
 
-_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
-_QUANTITY_BYTES = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _CDI_KIND = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[a-zA-Z0-9]([-a-zA-Z0-9_.]*[a-zA-Z0-9])?$")
 
 _TOP_KEYS = {
@@ -70,6 +70,7 @@ _POOL_KEYS = {
     "backend": str,
     "mpsLimits": str,
     "exclusiveProcess": bool,
+    "sharingStrategies": list,
     "allowSpanGPUs": bool,
     "strategy": str,
     "gpus": dict,
@@ -118,17 +119,6 @@ def _with_line(problem: str, lines: dict[str, int]) -> str:
     while path and path not in lines:
         path = path[: path.rindex("[")] if path.endswith("]") else path.rpartition(".")[0]
     return f"{problem} (line {lines[path]})" if path else problem
-
-
-def parse_quantity_mib(text: str) -> int:
-    """A Kubernetes quantity (`4Gi`, `512Mi`, `8G`) in whole MiB; ValueError when malformed or under 1 MiB."""
-    match = _QUANTITY.match(text.strip())
-    if not match:
-        raise ValueError(f"must be a quantity such as 4Gi or 512Mi, got {text!r}")
-    mib = int(match.group(1)) * _QUANTITY_BYTES[match.group(2)] // 2**20
-    if mib < 1:
-        raise ValueError(f"must be at least 1Mi, got {text!r}")
-    return mib
 
 
 class _Problems:
@@ -281,7 +271,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         fields.check(replicas <= most, "replicas", f"must be <= {most}{why}, got {shown}")
         if fields.has("memoryPerShare"):
             try:
-                memory = parse_quantity_mib(fields.get("memoryPerShare", ""))
+                memory = quantity_mib(fields.get("memoryPerShare", ""))
             except ValueError as err:
                 problems.append(f"{join(path, 'memoryPerShare')}: {err}")
     fields.check(backend == "mps" or not fields.has("mpsLimits"), "mpsLimits", "only applies to backend mps")
@@ -289,6 +279,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     exclusive_process = fields.get("exclusiveProcess", False)
     mps_limits = fields.get("mpsLimits", "strict")
     fields.check(mps_limits in MPS_LIMITS, "mpsLimits", f"must be one of {', '.join(MPS_LIMITS)}, got {mps_limits!r}")
+    strategies = _sharing_strategies(fields, backend, exclusive_process, path, problems)
     allow_span = fields.get("allowSpanGPUs", False)
     fields.check(not (allow_span and backend == "mps"), "allowSpanGPUs", "cannot be used with backend mps (one MPS server per GPU)")
     selector = GpuSelector()
@@ -310,10 +301,43 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         mps_limits=one_of(mps_limits, MPS_LIMITS, "strict"),
         allow_span=allow_span,
         exclusive_process=exclusive_process,
+        sharing_strategies=strategies,
         mig_strategy=one_of(strategy, MIG_STRATEGIES, "mixed"),
         gpus=selector,
         key_path=path,
     )
+
+
+def _sharing_strategies(
+    fields: Fields, backend: str, exclusive_process: bool, path: str, problems: list[str]
+) -> tuple[Backend, ...]:
+    """`sharingStrategies`: what a DRA claim's SharingConfig may choose on an MPS pool (the backend alone when not
+    given)."""
+    if not fields.has("sharingStrategies"):
+        return ()
+    key = "sharingStrategies"
+    given = fields.get(key, [])
+    if backend != "mps":
+        fields.check(False, key, "only applies to backend mps (a timeSlicing pool runs no MPS control daemon: "
+                                 "its claims can only time-slice)")
+        return ()
+    if not isinstance(fields.data[key], list):  # reported by get()
+        return ()
+    try:
+        list_of(given, join(path, key), str, max_items=len(BACKENDS))
+    except SchemaError as err:
+        problems.append(str(err))
+        return ()
+    shown = safe_text(repr(given), 80)
+    fields.check(all(s in BACKENDS for s in given), key, f"each must be one of {', '.join(BACKENDS)}, got {shown}")
+    fields.check(len(set(given)) == len(given), key, f"lists a strategy twice: {shown}")
+    fields.check("mps" in given, key, "must include mps, the pool's backend (a claim without a SharingConfig runs it)")
+    fields.check(
+        not (exclusive_process and "timeSlicing" in given), key,
+        "timeSlicing cannot be offered with exclusiveProcess: true "
+        "(EXCLUSIVE_PROCESS lets only the MPS server open a context on the GPU)",
+    )
+    return tuple(one_of(s, BACKENDS, "mps") for s in dict.fromkeys(given))
 
 
 class PoolErrors(SchemaError):

@@ -104,6 +104,7 @@ class PoolConfig:
     mps_limits: MpsLimits = "strict"
     allow_span: bool = False
     exclusive_process: bool = False  # backend mps: `gpu-share mps` puts the pool's GPUs in EXCLUSIVE_PROCESS while it serves
+    sharing_strategies: tuple[Backend, ...] = ()  # backend mps: what a DRA claim may choose; () = the backend alone
     mig_strategy: MigStrategy = "mixed"
     gpus: GpuSelector = field(default_factory=GpuSelector)
     key_path: str = "pools[0]"  # the YAML key path of the pool in the file, for messages
@@ -120,6 +121,12 @@ class PoolConfig:
     def dynamic_mig(self) -> bool:
         """MIG instances made for each claim and destroyed after it (only the DRA driver serves such a pool)."""
         return self.mode == "mig" and self.mig_strategy == "dynamic"
+
+    @property
+    def strategies(self) -> tuple[Backend, ...]:
+        """The sharing strategies a DRA claim's SharingConfig may choose on a shared pool: `sharingStrategies`, else
+        the backend alone."""
+        return self.sharing_strategies or (self.backend,)
 
 
 @dataclass(frozen=True)

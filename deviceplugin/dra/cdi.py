@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..alloc.allocator import ContainerGrant
-from .checkpoint import atomic_write, sweep_tmp
+from ..atomicfile import atomic_write
+from .checkpoint import sweep_tmp
 
 CDI_VERSION = "0.6.0"
 CDI_CLASS = "claim"

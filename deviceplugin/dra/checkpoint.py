@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..atomicfile import TMP, atomic_write
+
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
@@ -86,13 +88,18 @@ class PreparedDevice:
     shares: int  # shares of the device it holds (1 for a whole device, 0 for admin access)
     memory_mib: int  # GPU memory those shares give
     mig: MigRecord | None = None  # a dynamic-MIG device: the instance made for it
+    strategy: str = ""  # the strategy a SharingConfig chose when not the pool's mode (`timeSlicing` on an MPS pool)
 
     def to_json(self) -> dict[str, Any]:
-        data = {
+        out: dict[str, Any] = {
             "request": self.request, "pool": self.pool, "device": self.device, "cdiIDs": list(self.cdi_ids),
             "shareID": self.share_id, "shares": self.shares, "memoryMiB": self.memory_mib,
         }
-        return {**data, "mig": self.mig.to_json()} if self.mig else data
+        if self.mig:
+            out["mig"] = self.mig.to_json()
+        if self.strategy:  # records without one read as before
+            out["strategy"] = self.strategy
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
@@ -100,6 +107,7 @@ class PreparedDevice:
             request=str(data["request"]), pool=str(data["pool"]), device=str(data["device"]),
             cdi_ids=tuple(str(i) for i in data["cdiIDs"]), share_id=None if data.get("shareID") is None else str(data["shareID"]),
             shares=int(data["shares"]), memory_mib=int(data["memoryMiB"]), mig=MigRecord.from_json(data["mig"]) if data.get("mig") else None,
+            strategy=str(data.get("strategy") or "")[:16],
         )
 
 
@@ -275,31 +283,6 @@ class Checkpoint:
         return claims, damaged
 
 
-def atomic_write(path: Path, content: bytes, durable: bool = True) -> None:
-    """Write `content` to `path` so that a reader, or a process that crashes, sees the old file or the new one,
-    never a mix; with `durable` the content is fsynced before the rename. The temporary file's name starts with a
-    dot, which CDI runtimes, the kubelet's plugin watcher and the checkpoint skip."""
-    tmp = path.with_name(f".{path.name}{TMP}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        try:
-            view = memoryview(content)
-            while view:
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, an I/O error: leave no temporary file behind
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-TMP = ".tmp"
 
 
 def sweep_tmp(directory: Path, prefix: str) -> int:

@@ -22,10 +22,11 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..kube.errors import error_line
+from ..kube.watch import Gone, Silent, raise_for_error, read_body, watch_events
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from .devices import ClaimError
@@ -202,14 +203,6 @@ def _slim(claim: Mapping[str, Any], driver: str) -> dict[str, Any]:
     }
 
 
-class _Gone(Exception):
-    """The watch's resourceVersion is too old: list again."""
-
-
-class _Silent(Exception):
-    """The watch delivered nothing (no event, no bookmark) for the silence bound: list again."""
-
-
 class _ClaimWatch(BackgroundLoop):
     def __init__(self, claims: ApiClaims, backoff_max: float) -> None:
         super().__init__("dra-claim-watch")
@@ -248,10 +241,10 @@ class _ClaimWatch(BackgroundLoop):
                     self.live.set()
                 version = self._watch(version)
                 delay = 0.5
-            except _Gone:
+            except Gone:
                 self.live.clear()
                 version = ""
-            except _Silent:
+            except Silent:
                 self.live.clear()
                 log.info("ResourceClaim watch silent for %.0fs (no event or bookmark); listing again", self.claims.silence)
                 version = ""
@@ -273,7 +266,7 @@ class _ClaimWatch(BackgroundLoop):
                 limit=LIST_PAGE, _continue=token, _preload_content=False, _request_timeout=self.claims.timeout
             )
             try:
-                data = _bounded_body(response)
+                data = read_body(response, MAX_PAGE_BYTES, "list ResourceClaims")
             finally:
                 response.release_conn()
             if response.status != 200:
@@ -300,17 +293,15 @@ class _ClaimWatch(BackgroundLoop):
             response.shutdown()
         try:
             if response.status == 410:
-                raise _Gone()
+                raise Gone()
             if response.status != 200:
                 raise RuntimeError(f"watch ResourceClaims: {response.status}")
-            for event in _events(response):
+            for event in watch_events(response, MAX_EVENT_BYTES):
                 if self._stop.is_set():
                     break
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise _Gone()
-                    raise RuntimeError(f"watch ResourceClaims: {safe_text(str(obj.get('message')), 200)}")
+                    raise_for_error(obj, "ResourceClaims")
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 self.heard = time.monotonic()  # an event or a bookmark: the cache is current up to `version`
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
@@ -320,37 +311,3 @@ class _ClaimWatch(BackgroundLoop):
             with self._response_lock:
                 self._response = None
             response.release_conn()
-
-
-def _bounded_body(response: Any) -> bytes:
-    """A response's body, at most MAX_PAGE_BYTES."""
-    chunks: list[bytes] = []
-    size = 0
-    for chunk in response.stream(256 * 1024, decode_content=True):
-        size += len(chunk)
-        if size > MAX_PAGE_BYTES:
-            raise RuntimeError(f"a ResourceClaim list page over {MAX_PAGE_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _events(response: Any) -> Iterator[dict[str, Any]]:
-    """The watch stream's JSON lines, each bounded; _Silent when the socket's read timeout (the silence bound) ends a read."""
-    from urllib3.exceptions import ReadTimeoutError
-
-    buffer = b""
-    chunks = response.stream(64 * 1024, decode_content=True)
-    while True:
-        try:
-            chunk = next(chunks)
-        except StopIteration:
-            return
-        except ReadTimeoutError:
-            raise _Silent() from None
-        buffer += chunk
-        if len(buffer) > MAX_EVENT_BYTES:
-            raise RuntimeError(f"a watch event over {MAX_EVENT_BYTES} bytes")
-        *lines, buffer = buffer.split(b"\n")
-        for line in lines:
-            if line.strip():
-                yield json.loads(line)

@@ -18,32 +18,22 @@ hold on each device: a claim that names only one of the two can never make the n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from ..alloc.allocator import ContainerGrant, unit_grant
-from ..alloc.modes import mode_of
+from ..alloc.modes import ClientLimits, SharingMode, mode_of
+from ..kube.dranames import CAPACITY_MEMORY, CAPACITY_SHARES
 from ..model.devices import Resource, Unit
 from ..model.node import MIB, NodeInfo, gpu_family
+from ..model.quantity import MAX_QUANTITY_LENGTH, parse_quantity
 from ..model.shares import share_memory_mib
 from .partitions import Partition, partitions
 from .partitions import device_name as partition_name
 
-DRIVER_PREFIX = "gpu-share"
 # A slice holds at most 128 devices, 64 when any device has taints (the API's limits); the publisher splits by 64.
 MAX_DEVICES_PER_SLICE = 64
-MAX_QUANTITY_LENGTH = 64
-
-CAPACITY_SHARES = "shares"
-CAPACITY_MEMORY = "memory"
-
-
-def driver_name(domain: str) -> str:
-    """The DRA driver's name: `gpu-share.<domain>` (a DNS subdomain, as `results[].driver` names it)."""
-    return f"{DRIVER_PREFIX}.{domain}"
 
 
 class ClaimError(ValueError):
@@ -100,6 +90,8 @@ class DraDevice:
             version = _version(raw)
             if version:
                 attributes[key] = {"version": version}
+        if node.driver_version.strip():  # as NVML reports it: the version form drops leading zeros (570.124.06 -> .6)
+            attributes["driverVersionText"] = {"string": node.driver_version.strip()[:64]}
         if gpu.numa_node is not None:
             attributes["numaNode"] = {"int": gpu.numa_node}
         if gpu.pci_bus_id:
@@ -172,25 +164,31 @@ class ClaimShare:
     shares: int  # 1 for an exclusive device
     share_id: str | None = None  # the result's shareID, for a shared device
 
-    def grant(self) -> ContainerGrant:
+    def grant(self, mode: SharingMode | None = None, limits: ClientLimits | None = None) -> ContainerGrant:
         """The container's grant: the device plugin's grant for the same holding, with MPS limits always from the
-        claim (what the claim paid for is what it gets)."""
-        return unit_grant(self.device.resource, [(self.device.unit, self.shares)], mps_client_limits=True)
+        claim (what the claim paid for is what it gets), or lower (`limits`), under `mode` when a claim's
+        SharingConfig chose another strategy than the pool's (`dra.sharingconfig` checks both)."""
+        holding = [(self.device.unit, self.shares)]
+        return unit_grant(self.device.resource, holding, mps_client_limits=True, mode=mode, limits=limits)
 
     @property
     def memory_mib(self) -> int:
         return share_memory_mib(self.device.unit, self.shares)
 
 
-def request_grant(shares: Sequence[ClaimShare]) -> ContainerGrant:
+def request_grant(
+    shares: Sequence[ClaimShare], mode: SharingMode | None = None, limits: ClientLimits | None = None
+) -> ContainerGrant:
     """One grant for all the devices of one request, so its container sees them all: a container runtime keeps one
-    value of each variable across the CDI devices it injects, so a grant per device would hide all GPUs but one."""
+    value of each variable across the CDI devices it injects, so a grant per device would hide all GPUs but one.
+    `mode`, `limits`: the request's SharingConfig, as `ClaimShare.grant` takes them."""
     resources = {s.device.resource.name for s in shares}
     if len(resources) > 1 and any(s.device.shared for s in shares):
         raise ClaimError(f"one request holds shared devices of {len(resources)} pools ({', '.join(sorted(resources))}); ask for each in a request of its own")
     if len(shares) == 1:
-        return shares[0].grant()
-    return unit_grant(shares[0].device.resource, [(s.device.unit, s.shares) for s in shares], mps_client_limits=True)
+        return shares[0].grant(mode, limits)
+    holdings = [(s.device.unit, s.shares) for s in shares]
+    return unit_grant(shares[0].device.resource, holdings, mps_client_limits=True, mode=mode, limits=limits)
 
 
 def claim_share(device: DraDevice, consumed: Mapping[str, Any] | None, share_id: str | None) -> ClaimShare:
@@ -218,29 +216,6 @@ def _count(raw: Any, default: int, name: str, device: DraDevice) -> int:
     if value < 0:
         raise ClaimError(f"consumed {name} of {device.name} is negative: {str(raw)[:MAX_QUANTITY_LENGTH]}")
     return int(value.to_integral_value(rounding="ROUND_CEILING"))
-
-
-_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(?:([eE][+-]?\d{1,3})|(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E)?)")
-_SUFFIX = {
-    "": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18,
-    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-}
-
-
-def parse_quantity(text: str) -> Decimal:
-    """A Kubernetes Quantity ("2", "1536Mi", "20Gi", "1e3") as a Decimal; ValueError naming the text otherwise."""
-    if len(text) > MAX_QUANTITY_LENGTH:
-        raise ValueError(f"quantity longer than {MAX_QUANTITY_LENGTH} characters")
-    match = _QUANTITY.fullmatch(text.strip())
-    if not match:
-        raise ValueError(f"not a quantity: {text!r}")
-    number, exponent, suffix = match.groups()
-    try:
-        value = Decimal(number)
-        return value * (Decimal(10) ** int(exponent[1:]) if exponent else _SUFFIX[suffix or ""])
-    except (InvalidOperation, KeyError):
-        raise ValueError(f"not a quantity: {text!r}") from None
 
 
 def by_name(devices: Sequence[DraDevice]) -> dict[str, DraDevice]:

@@ -37,6 +37,7 @@ from ..api import pluginregistration_v1_pb2_grpc as reg_grpc
 from ..config.types import Config
 from ..model.devices import Resource
 from ..state import NodeState, NodeView
+from .checkpoint import PreparedClaim
 from .claims import GET_TIMEOUT
 from .health import device_health
 from .prepare import MAX_CLAIMS_PER_CALL, ClaimRef, ClaimSource, Driver, Outcome, prepare_claims, unprepare_claims
@@ -93,6 +94,7 @@ class KubeletPlugin:
         self._unsubscribe = state.subscribe(self._state_changed)
         self.started = False
         self.after_unprepare: Callable[[], None] = lambda: None  # a held GPU may switch shape now (dra.shapes)
+        self.after_prepare: Callable[[list[PreparedClaim]], None] = lambda claims: None  # must not block (claimstatus)
 
     # --- lifecycle (any thread but the loop's) ----------------------------------------------------
     def start(self) -> None:
@@ -158,6 +160,12 @@ class KubeletPlugin:
         for outcome in outcomes.values():
             if outcome.error:
                 log.warning("prepare: %s", outcome.error)
+        prepared = [o.claim for o in outcomes.values() if o.claim is not None and not o.error]
+        if prepared:
+            try:
+                self.after_prepare(prepared)
+            except Exception:  # the claims are prepared: whatever the hook does, the kubelet gets that answer
+                log.exception("after prepare")
         return outcomes
 
     async def unprepare(self, refs: list[ClaimRef]) -> dict[str, str]:

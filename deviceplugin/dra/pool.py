@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from .devices import MAX_DEVICES_PER_SLICE, parse_quantity
+from ..model.quantity import parse_quantity
+from .devices import MAX_DEVICES_PER_SLICE
 from .partitions import MAX_COUNTER_SETS_PER_SLICE
 
 API_VERSION = "resource.k8s.io/v1"

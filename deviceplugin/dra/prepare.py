@@ -5,7 +5,9 @@ keeps only the allocation results of this driver and this node's pool. Every ref
 message for the pod's event, never an exception of another kind for bad input:
 
 - the claim was replaced (another UID) or is not allocated;
-- a result names a device this node does not publish, a pool other than the node's, or opaque config;
+- a result names a device this node does not publish, or a pool other than the node's;
+- a SharingConfig of this driver (`dra.sharingconfig`) is malformed, asks for what the pool does not offer, or more
+  than the claim consumed (another driver's config is not read);
 - a device is Unhealthy (`dra.health`);
 - a whole device is already prepared for another claim;
 - the shares prepared claims hold on a shared device, with this claim's, would exceed its N shares (the ledger:
@@ -50,6 +52,7 @@ from .devices import ClaimError, ClaimShare, DraDevice, by_name, claim_share, dr
 from .health import unhealthy_reason
 from .lock import SerialLock
 from .migdynamic import MigInstances, instance_share
+from .sharingconfig import DeviceConfig, Sharing, config_for, driver_configs, resolve
 
 log = logging.getLogger(__name__)
 
@@ -158,26 +161,33 @@ class Driver:
     ) -> PreparedClaim:
         """Check, make the dynamic-MIG instances, write the CDI spec and the record, count it in the ledger (under the
         lock). `interrupted`: this claim's intent record, left by a prepare that did not finish."""
-        holdings = self._holdings(ref, allocation)
+        holdings, configs = self._holdings(ref, allocation)
         for result, share in holdings:
             if share.device.name in fenced and not result.get("adminAccess"):
                 raise ClaimError(
                     f"claim {ref}: device {share.device.name} is fenced: the checkpoint record of claim {fenced[share.device.name]} is damaged "
                     "(quarantined) and that claim may still use it, until the kubelet unprepares it or the API shows it gone"
                 )
+        _sharings(ref, holdings, configs)  # a config the pool does not offer refuses the claim before any instance is made
         holdings, made = self._make_instances(ref, digest, holdings, interrupted)
         try:
-            return self._record(ref, digest, holdings, made)
+            return self._record(ref, digest, holdings, configs, made)
         except BaseException:
             self._undo_instances(ref, made.values())
             raise
 
     def _record(
-        self, ref: ClaimRef, digest: str, holdings: list[tuple[Mapping[str, Any], ClaimShare]], made: Mapping[int, MigRecord]
+        self,
+        ref: ClaimRef,
+        digest: str,
+        holdings: list[tuple[Mapping[str, Any], ClaimShare]],
+        configs: Sequence[DeviceConfig],
+        made: Mapping[int, MigRecord],
     ) -> PreparedClaim:
-        groups, grants = _request_grants(ref, holdings)
+        groups, grants, strategies = _request_grants(ref, holdings, configs)
         spec = str(self.cdi.write(ref.uid, grants)) if holdings else ""
         first = {indexes[0]: g for g, indexes in enumerate(groups)}  # a request's CDI device goes with its first result
+        group_of = {i: g for g, indexes in enumerate(groups) for i in indexes}
         devices = tuple(
             PreparedDevice(
                 request=_base_request(result),
@@ -188,6 +198,7 @@ class Driver:
                 shares=0 if result.get("adminAccess") else share.shares,
                 memory_mib=share.memory_mib,
                 mig=made.get(i),
+                strategy=strategies[group_of[i]],
             )
             for i, (result, share) in enumerate(holdings)
         )
@@ -297,8 +308,11 @@ class Driver:
         return list(self.checkpoint.claims())
 
     # --- inside ----------------------------------------------------------------------------------
-    def _holdings(self, ref: ClaimRef, allocation: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], ClaimShare]]:
-        """This driver's results with the shares each holds, checked against health and the ledger."""
+    def _holdings(
+        self, ref: ClaimRef, allocation: Mapping[str, Any]
+    ) -> tuple[list[tuple[Mapping[str, Any], ClaimShare]], list[DeviceConfig]]:
+        """This driver's results with the shares each holds, checked against health and the ledger, and this
+        driver's configs (parsed: a malformed one refuses the claim)."""
         devices_part = allocation.get("devices") or {}
         results = [r for r in _list(devices_part.get("results"), "results", ref) if isinstance(r, Mapping) and r.get("driver") == self.driver]
         if len(results) > MAX_RESULTS_PER_CLAIM:
@@ -306,9 +320,7 @@ class Driver:
         configs = _list(devices_part.get("config"), "config", ref)
         if len(configs) > MAX_CONFIGS_PER_CLAIM:
             raise ClaimError(f"claim {ref} has {len(configs)} device configs, more than {MAX_CONFIGS_PER_CLAIM}")
-        ours = [c for c in configs if isinstance(c, Mapping) and _get(c, "opaque", "driver") == self.driver]
-        if ours:
-            raise ClaimError(f"claim {ref}: {self.driver} takes no opaque device config (found {len(ours)}); select devices by attributes and capacity")
+        ours = _driver_configs(ref, configs, self.driver)
         foreign = sorted({str(r.get("pool")) for r in results if r.get("pool") != self.pool})
         if foreign:
             raise ClaimError(f"claim {ref} is allocated on pool {brief(foreign, 3)} of {self.driver}, not on this node's pool {self.pool}")
@@ -345,7 +357,7 @@ class Driver:
                     f"claim {ref}: device {name} has {unit_mib} MiB; prepared claims hold {held_mib} MiB and this claim needs "
                     f"{wanted_mib[name]} MiB (shares of its shape before a reload count by the memory they were granted)"
                 )
-        return holdings
+        return holdings, ours
 
     def _ensure_spec(self, known: PreparedClaim, ref: ClaimRef, allocation: Mapping[str, Any]) -> None:
         """A prepared claim whose spec file is gone or damaged (the CDI root is a tmpfs and the node rebooted, or a
@@ -353,7 +365,11 @@ class Driver:
         if not known.cdi_spec or self.cdi.intact(known.cdi_spec):
             return
         devices = self._devices
-        results = [r for r in _list((allocation.get("devices") or {}).get("results"), "results", ref) if isinstance(r, Mapping) and r.get("driver") == self.driver]
+        devices_part = allocation.get("devices") or {}
+        listed = _list(devices_part.get("results"), "results", ref)
+        results = [r for r in listed if isinstance(r, Mapping) and r.get("driver") == self.driver]
+        listed_configs = _list(devices_part.get("config"), "config", ref)[:MAX_CONFIGS_PER_CLAIM]
+        configs = _driver_configs(ref, listed_configs, self.driver)
         holdings = []
         instances = {d.device: d.mig for d in known.devices if d.mig}  # a dynamic-MIG device: the instance it was given
         for result in results[:MAX_RESULTS_PER_CLAIM]:
@@ -363,7 +379,7 @@ class Driver:
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
             record = instances.get(device.name)
             holdings.append((result, instance_share(share, record) if device.partition and record else share))
-        self.cdi.write(ref.uid, _request_grants(ref, holdings)[1])
+        self.cdi.write(ref.uid, _request_grants(ref, holdings, configs)[1])
         log.info("claim %s: CDI spec written again (it was gone)", ref)
 
     def _fenced(self, uid: str) -> dict[str, str]:
@@ -419,9 +435,18 @@ def _intent(share: ClaimShare) -> MigRecord:
 
 
 def allocation_digest(driver: str, allocation: Mapping[str, Any]) -> str:
-    """What identifies an allocation for `driver`: a digest of its results (devices, shares, capacity, requests)."""
-    results = (allocation.get("devices") or {}).get("results") if isinstance(allocation.get("devices"), Mapping) else None
-    ours = [r for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver][: MAX_RESULTS_PER_CLAIM + 1]
+    """What identifies an allocation for `driver`: a digest of its results (devices, shares, capacity, requests) and,
+    when it has any, of its configs for `driver` (an allocation without them digests as records before configs did)."""
+    devices = allocation.get("devices")
+    results, configs = (devices.get("results"), devices.get("config")) if isinstance(devices, Mapping) else (None, None)
+    ours: Any = [r for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver]
+    ours = ours[: MAX_RESULTS_PER_CLAIM + 1]
+    configured = [
+        c for c in (configs if isinstance(configs, list) else ())[: MAX_CONFIGS_PER_CLAIM + 1]
+        if isinstance(c, Mapping) and _get(c, "opaque", "driver") == driver
+    ]
+    if configured:
+        ours = {"results": ours, "config": configured}
     return hashlib.sha256(json.dumps(ours, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()[:32]
 
 
@@ -453,17 +478,47 @@ def _list(value: Any, what: str, ref: ClaimRef) -> Sequence[Any]:
     return value
 
 
-def _request_grants(ref: ClaimRef, holdings: Sequence[tuple[Mapping[str, Any], ClaimShare]]) -> tuple[list[list[int]], list[ContainerGrant]]:
-    """The holdings' indexes per base request (in order of first appearance) and one grant per request; the grant's
-    refusal (an `AllocationError`, as the device plugin's Allocate gets it) as a ClaimError naming the claim."""
+def _sharings(
+    ref: ClaimRef, holdings: Sequence[tuple[Mapping[str, Any], ClaimShare]], configs: Sequence[DeviceConfig]
+) -> tuple[list[list[int]], list[Sharing]]:
+    """The holdings' indexes per base request (in order of first appearance) and what each request runs under (the
+    SharingConfig that applies to it, resolved); a config's refusal as a ClaimError naming the claim and request."""
     groups: dict[str, list[int]] = {}
     for i, (result, _) in enumerate(holdings):
         groups.setdefault(_base_request(result), []).append(i)
     indexes = list(groups.values())
+    sharings = []
+    for request, group in zip(groups, indexes, strict=True):
+        try:
+            sharings.append(resolve(config_for(configs, str(holdings[group[0]][0].get("request") or "")), [holdings[i][1] for i in group]))
+        except ClaimError as err:
+            raise ClaimError(f"claim {ref}: request {safe_text(request, 63)}: {err}") from None
+    return indexes, sharings
+
+
+def _request_grants(
+    ref: ClaimRef, holdings: Sequence[tuple[Mapping[str, Any], ClaimShare]], configs: Sequence[DeviceConfig]
+) -> tuple[list[list[int]], list[ContainerGrant], list[str]]:
+    """The holdings' indexes per base request, one grant per request under its sharing (`_sharings`), and the
+    strategy each request runs when not its pool's ("" otherwise); the grant's refusal (an `AllocationError`, as the
+    device plugin's Allocate gets it) as a ClaimError naming the claim."""
+    indexes, sharings = _sharings(ref, holdings, configs)
     try:
-        return indexes, [request_grant([holdings[i][1] for i in group]) for group in indexes]
+        grants = [
+            request_grant([holdings[i][1] for i in group], sharing.mode, sharing.limits)
+            for group, sharing in zip(indexes, sharings, strict=True)
+        ]
     except AllocationError as err:
         raise ClaimError(f"claim {ref}: {err.message}") from None
+    return indexes, grants, [s.strategy for s in sharings]
+
+
+def _driver_configs(ref: ClaimRef, configs: Sequence[Any], driver: str) -> list[DeviceConfig]:
+    """The allocation's configs for `driver`, parsed; a malformed one as a ClaimError naming the claim."""
+    try:
+        return driver_configs(configs, driver)
+    except ClaimError as err:
+        raise ClaimError(f"claim {ref}: {err}") from None
 
 
 def _base_request(result: Mapping[str, Any]) -> str:

@@ -39,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..kube.errors import error_line
+from ..kube.watch import read_body, watch_events
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
@@ -58,11 +59,6 @@ RESOURCE_SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 LIST_PAGE = 128
-STREAM_CHUNK = 64 * 1024
-
-
-class ResponseTooLarge(RuntimeError):
-    pass
 
 
 class SliceApi:
@@ -91,11 +87,9 @@ class SliceApi:
     def _json(self, method: str, path: str, query: list[tuple[str, Any]] | None = None, body: Any = None) -> dict[str, Any]:
         response = self._send(method, path, query, body)
         try:
-            data = response.read(MAX_RESPONSE_BYTES + 1, decode_content=True)
+            data = read_body(response, MAX_RESPONSE_BYTES, f"{method} {path}")
         finally:
             response.release_conn()
-        if len(data) > MAX_RESPONSE_BYTES:
-            raise ResponseTooLarge(f"{method} {path}: response over {MAX_RESPONSE_BYTES} bytes")
         return dict(json.loads(data))
 
     def node_uid(self) -> str:
@@ -126,19 +120,6 @@ class SliceApi:
         query = [("fieldSelector", self.selector), ("watch", "true"), ("resourceVersion", resource_version),
                  ("allowWatchBookmarks", "true"), ("timeoutSeconds", seconds)]
         return self._send("GET", RESOURCE_SLICES, query, timeout=(self.timeout, seconds + self.timeout))
-
-
-def watch_events(response: Any) -> Iterator[dict[str, Any]]:
-    """The events of a watch response, each at most MAX_EVENT_BYTES."""
-    buffer = b""
-    for chunk in response.stream(STREAM_CHUNK, decode_content=True):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            if line.strip():
-                yield json.loads(line)
-        if len(buffer) > MAX_EVENT_BYTES:
-            raise ResponseTooLarge(f"a watch event over {MAX_EVENT_BYTES} bytes")
 
 
 @dataclass
@@ -449,7 +430,7 @@ class SlicePublisher(BackgroundLoop):
             self._watch_response = response
         self.stats.watches += 1
         try:
-            for event in watch_events(response):
+            for event in watch_events(response, MAX_EVENT_BYTES):
                 kind = event.get("type")
                 if kind == "ERROR":  # 410 Gone: the version is too old; list again
                     return

@@ -64,9 +64,11 @@ def _usage(
     for (key, _), items in held.items():
         first = next(iter(items.values()))[1]
         unit, resource = first.unit, first.resource
+        devices = [d for d, _ in items.values()]
         shares.append(
             container_share(
-                key, resource, unit, list(items), sum(d.shares for d, _ in items.values()), sum(d.memory_mib for d, _ in items.values())
+                key, resource, unit, list(items), sum(d.shares for d in devices), sum(d.memory_mib for d in devices),
+                time_sliced=any(d.strategy == "timeSlicing" for d in devices),  # a SharingConfig's, on an MPS pool
             )
         )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dra.devices import CAPACITY_MEMORY, CAPACITY_SHARES, parse_quantity
+from ..kube.dranames import CAPACITY_MEMORY, CAPACITY_SHARES
+from ..model.quantity import parse_quantity
 
 MAX_DEVICES = 128  # per slice
 MAX_REQUESTS = 32  # per claim

@@ -1,12 +1,15 @@
-"""The extender's HTTP server: POST /filter and /prioritize, GET /metrics, /healthz and /readyz.
+"""The extender's HTTP(S) server: POST /filter and /prioritize, GET /metrics, /healthz and /readyz.
 
-Bounded against any client in the cluster: a fixed pool of worker threads with a short queue (503 when full); a
-request head must arrive whole within `read_timeout` (the wait for the next request on a kept-alive connection
-included) and its body within `read_timeout` more, however slowly it drips; while connections wait for a worker, a
-worker still waiting for a request head gives its connection up after `EVICT_AFTER` seconds; a body must declare its
-Content-Length (411 otherwise, chunked included) and is refused unread over `max_body` (413); the bodies being read
-and answered at once hold at most `max_in_flight` bytes (503 when a body cannot get its share within `read_timeout`),
-so parsed JSON cannot exhaust memory; a response must be taken within `write_timeout`.
+Bounded against any client in the cluster: a fixed pool of worker threads with a short queue (503 when full); with
+TLS (`tls`, tls.py), the handshake must be done within `read_timeout` in all, in a worker, never in the accepting
+thread; a request head must arrive whole within `read_timeout` (the wait for the next request on a kept-alive
+connection included) and its body within `read_timeout` more, however slowly it drips; while connections wait for a
+worker, a worker still waiting for a handshake or a request head gives its connection up after `EVICT_AFTER` seconds;
+with a client CA, a POST without a verified client certificate is answered 401 (403 for a name not allowed) before
+its body is read, so it reserves nothing; a body must declare its Content-Length (411 otherwise, chunked included)
+and is refused unread over `max_body` (413); the bodies being read and answered at once hold at most `max_in_flight`
+bytes (503 when a body cannot get its share within `read_timeout`), so parsed JSON cannot exhaust memory; a response
+must be taken within `write_timeout`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 import math
 import queue
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .inputs import InputError
 from .metrics import ExtenderMetrics
+from .tls import ServerTLS
 from .verbs import Extender
 
 log = logging.getLogger(__name__)
@@ -105,6 +110,7 @@ class ExtenderHTTPServer:
         max_body: int = MAX_BODY_BYTES,
         max_in_flight: int = MAX_IN_FLIGHT_BYTES,
         write_timeout: float = WRITE_TIMEOUT,
+        tls: ServerTLS | None = None,
     ) -> None:
         budget = _Budget(max(max_in_flight, max_body))
         crowded = lambda: self.httpd.crowded()  # noqa: E731
@@ -155,6 +161,11 @@ class ExtenderHTTPServer:
                 self._text(404, "not found: POST /filter or /prioritize; GET /metrics, /healthz or /readyz")
 
             def do_POST(self) -> None:
+                refused = tls.refusal(self.connection) if tls is not None else None
+                if refused is not None:
+                    self.close_connection = True  # the body is never read
+                    metrics.unauthenticated.labels("no-certificate" if refused[0] == 401 else "name").inc()
+                    return self._text(*refused)
                 path = self.path.split("?")[0]
                 if path not in verbs:
                     return self._text(404, "not found: POST /filter, /prioritize, /all/filter or /all/prioritize")
@@ -189,7 +200,16 @@ class ExtenderHTTPServer:
                 metrics.latency.labels(verb).observe(time.perf_counter() - started)
                 self._send(200, body)
 
-        self.httpd: _PooledHTTPServer = _PooledHTTPServer((host, port), Handler, workers, backlog)
+        handshake = None
+        if tls is not None:
+            def handshake(sock: socket.socket) -> socket.socket:
+                try:
+                    return tls.handshake(sock, read_timeout, lambda waited: waited >= EVICT_AFTER and self.httpd.crowded())
+                except ssl.SSLError:
+                    metrics.unauthenticated.labels("handshake").inc()  # not TLS, or a certificate the client CA did not sign
+                    raise
+        self.tls = tls
+        self.httpd: _PooledHTTPServer = _PooledHTTPServer((host, port), Handler, workers, backlog, handshake)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="extender-http", daemon=True)
 
     @property
@@ -199,7 +219,8 @@ class ExtenderHTTPServer:
     def start(self) -> None:
         self.httpd.start_workers()
         self._thread.start()
-        log.info("extender on :%d (POST /filter, /prioritize; GET /metrics, /healthz, /readyz)", self.port)
+        how = "HTTP" if self.tls is None else "HTTPS, " + ("client certificates" if self.tls.settings.authenticates else "no client authentication")
+        log.info("extender on %s:%d, %s (POST /filter, /prioritize; GET /metrics, /healthz, /readyz)", self.httpd.server_address[0], self.port, how)
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -209,10 +230,13 @@ class ExtenderHTTPServer:
 
 
 class _PooledHTTPServer(HTTPServer):
-    """An HTTPServer whose connections are served by a fixed pool of threads; a full queue refuses with 503."""
+    """An HTTPServer whose connections are served by a fixed pool of threads; a full queue refuses with 503.
+    `handshake`: what a worker does first with each connection (TLS), in place of the plain socket."""
 
-    def __init__(self, address, handler, workers: int, backlog: int) -> None:
+    def __init__(self, address, handler, workers: int, backlog: int,
+                 handshake: Callable[[socket.socket], socket.socket] | None = None) -> None:
         super().__init__(address, handler)
+        self.handshake = handshake
         self.workers = workers
         self._queue: queue.Queue = queue.Queue(maxsize=backlog)
         self._threads: list[threading.Thread] = []
@@ -237,10 +261,11 @@ class _PooledHTTPServer(HTTPServer):
         try:
             self._queue.put_nowait((request, client_address))
         except queue.Full:
-            try:
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            except OSError:
-                pass
+            if self.handshake is None:  # with TLS, plain text would be garbage to the client: the close says it all
+                try:
+                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
             self.shutdown_request(request)
 
     def _work(self) -> None:
@@ -250,9 +275,11 @@ class _PooledHTTPServer(HTTPServer):
                 return
             request, address = item
             try:
+                if self.handshake is not None:
+                    request = self.handshake(request)  # the plain socket is detached from then on
                 self.finish_request(request, address)
             except (TimeoutError, OSError):
-                pass  # the client went away or was too slow
+                pass  # the client went away, was too slow, or failed the TLS handshake (ssl.SSLError)
             except Exception:
                 log.exception("extender request from %s failed", address)
             finally:

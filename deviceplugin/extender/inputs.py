@@ -12,9 +12,9 @@ from decimal import Decimal
 from functools import cached_property
 
 from ..cluster import MILLI, PodDemand
-from ..dra.devices import MAX_QUANTITY_LENGTH, parse_quantity
 from ..kube.annotation import HEALTH_VALUES, VERSION
 from ..model.node import MIB
+from ..model.quantity import MAX_QUANTITY_LENGTH, parse_quantity
 
 MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit for all annotations of an object
 MAX_UNITS = 4096  # per node

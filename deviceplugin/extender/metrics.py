@@ -1,4 +1,4 @@
-"""The extender's Prometheus metrics: requests, latency, filtered-out nodes by reason, cache sizes."""
+"""The extender's Prometheus metrics: requests, latency, refused clients, filtered-out nodes by reason, cache sizes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from .fit import REASONS
 
 VERBS = ("filter", "prioritize")
+UNAUTHENTICATED = ("handshake", "no-certificate", "name")
 
 
 class ExtenderMetrics:
@@ -31,6 +32,13 @@ class ExtenderMetrics:
         self.watch_restarts = Counter(
             "gpushare_extender_watch_restarts", "Watches of the API server restarted after an error or a dropped stream", ["kind"], registry=registry
         )
+        self.unauthenticated = Counter(
+            "gpushare_extender_unauthenticated", "Connections and calls refused for want of a client certificate the client CA signed "
+            "(handshake: a TLS handshake that failed; no-certificate: a POST without one, 401; name: a name not allowed, 403)",
+            ["reason"], registry=registry,
+        )
+        for reason in UNAUTHENTICATED:
+            self.unauthenticated.labels(reason)
         for verb in VERBS:
             self.latency.labels(verb)
             for outcome in ("ok", "error"):

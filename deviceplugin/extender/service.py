@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,12 +11,14 @@ from prometheus_client import CollectorRegistry
 
 from .. import defaults
 from ..config.types import DEFAULT_DOMAIN
-from ..dra.devices import driver_name
+from ..errors import FlagError
 from ..kube.annotation import ANNOTATION
+from ..kube.dranames import driver_name
 from .cache import ClusterCache
 from .http import READ_TIMEOUT, ExtenderHTTPServer
 from .metrics import ExtenderMetrics
 from .score import Scorer
+from .tls import ServerTLS, TLSSettings
 from .verbs import Extender
 from .watch import ClusterWatch, WatchSettings
 
@@ -24,17 +27,33 @@ from .watch import ClusterWatch, WatchSettings
 class ExtenderOptions:
     domain: str = DEFAULT_DOMAIN  # resources <domain>/* are managed; the annotation is <domain>/gpu-share.inventory
     port: int = defaults.EXTENDER_PORT
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # anything but loopback needs tls with a client CA, or allow_unauthenticated (check_exposure)
     policy: str = defaults.EXTENDER_POLICY
     workers: int = 8
     read_timeout: float = READ_TIMEOUT  # for a request head, and again for its body
     reservation_ttl: float = defaults.RESERVATION_TTL
     dra_classes: tuple[str, ...] = ()  # DeviceClasses whose claims ask the DRA driver gpu-share.<domain> for shares; (): no DRA
     watch: WatchSettings = field(default_factory=WatchSettings)
+    tls: TLSSettings | None = None  # None: plain HTTP
+    allow_unauthenticated: bool = False
+
+
+def check_exposure(options: ExtenderOptions) -> None:
+    """The verbs reserve shares for whoever calls them: beyond loopback only for an authenticated scheduler, unless
+    the operator said otherwise."""
+    authenticated = options.tls is not None and options.tls.authenticates
+    if authenticated or options.allow_unauthenticated or ipaddress.ip_address(options.host).is_loopback:
+        return
+    raise FlagError("--address", options.host, "serves /filter to the network without client authentication: any pod could reserve "
+                    "every GPU", "give --tls-cert-file, --tls-private-key-file and --client-ca-file (docs/security.md), "
+                    "or --allow-unauthenticated where a NetworkPolicy alone admits the scheduler")
 
 
 class ExtenderService:
     def __init__(self, api, options: ExtenderOptions) -> None:
+        """FlagError (a ValueError) for a bad TLS file or an unauthenticated exposure; OSError when the port is taken."""
+        check_exposure(options)
+        tls = ServerTLS(options.tls) if options.tls is not None else None
         prefix = options.domain + "/"
         managed = lambda name: name.startswith(prefix)  # noqa: E731
         driver = driver_name(options.domain) if options.dra_classes else ""
@@ -52,7 +71,8 @@ class ExtenderService:
         )
         self.extender = Extender(self.cache, Scorer(options.policy, workload=self.cache.workload), managed, self.metrics)
         self.server = ExtenderHTTPServer(
-            self.extender, self.metrics, self.watch.ready, options.port, options.host, options.workers, read_timeout=options.read_timeout
+            self.extender, self.metrics, self.watch.ready, options.port, options.host, options.workers, read_timeout=options.read_timeout,
+            tls=tls,
         )
 
     def start(self) -> None:
@@ -62,6 +82,19 @@ class ExtenderService:
     def stop(self) -> None:
         self.watch.stop()
         self.server.stop()
+
+
+def tls_settings(args) -> TLSSettings | None:
+    """The TLS flags, each needing the ones it builds on; None without --tls-cert-file (plain HTTP)."""
+    if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
+        raise ValueError("--tls-cert-file and --tls-private-key-file go together")
+    if args.client_ca_file and not args.tls_cert_file:
+        raise ValueError("--client-ca-file needs --tls-cert-file and --tls-private-key-file (client certificates come with TLS)")
+    if args.client_names and not args.client_ca_file:
+        raise ValueError("--client-names needs --client-ca-file (the names are checked on certificates that CA signed)")
+    if not args.tls_cert_file:
+        return None
+    return TLSSettings(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file or "", args.client_names or frozenset())
 
 
 def run_extender(args, wait: Callable[[], None]) -> int:
@@ -74,8 +107,10 @@ def run_extender(args, wait: Callable[[], None]) -> int:
         print(f"gpu-share: error: no Kubernetes API access: {err}", file=sys.stderr)
         return 2
     try:
-        options = ExtenderOptions(domain=args.domain, port=args.port, policy=args.policy, reservation_ttl=args.reservation_ttl,
-                                  dra_classes=tuple(args.dra_class or ()))
+        tls = tls_settings(args)
+        host = args.address or ("0.0.0.0" if tls is not None and tls.authenticates else "127.0.0.1")
+        options = ExtenderOptions(domain=args.domain, port=args.port, host=host, policy=args.policy, reservation_ttl=args.reservation_ttl,
+                                  dra_classes=tuple(args.dra_class or ()), tls=tls, allow_unauthenticated=args.allow_unauthenticated)
         service = ExtenderService(api, options)
     except ValueError as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)

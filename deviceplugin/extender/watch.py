@@ -10,10 +10,11 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..kube.errors import error_line
+from ..kube.watch import Gone, raise_for_error, watch_events
 from ..loop import BackgroundLoop
 from .cache import ClusterCache, pod_state
 from .dra import claim_info, claim_requests, slice_info
@@ -35,10 +36,6 @@ def settle_heap() -> None:
     """
     gc.collect()
     gc.freeze()
-
-
-class Gone(Exception):
-    """The resourceVersion is too old (410): relist."""
 
 
 @dataclass(frozen=True)
@@ -135,13 +132,10 @@ class ResourceWatch(BackgroundLoop):
         )
         self._response = response
         try:
-            for line in _lines(response, self._stop):
-                event = json.loads(line)
+            for event in watch_events(response, MAX_LINE_BYTES, self._stop):
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
-                    if obj.get("code") == 410:
-                        raise Gone()
-                    raise RuntimeError(f"watch error {obj.get('code')}: {obj.get('message')}")
+                    raise_for_error(obj, self.kind)
                 version = str((obj.get("metadata") or {}).get("resourceVersion", version))
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     self.apply_event(kind, obj)
@@ -150,21 +144,6 @@ class ResourceWatch(BackgroundLoop):
             response.close()
             response.release_conn()
         return version
-
-
-def _lines(response, stop) -> Iterator[bytes]:
-    """Newline-separated events of a watch response, each bounded."""
-    buffer = b""
-    for chunk in response.stream(64 * 1024, decode_content=False):
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            if line.strip():
-                yield line
-        if len(buffer) > MAX_LINE_BYTES:
-            raise RuntimeError(f"a watch event is over {MAX_LINE_BYTES} bytes")
-        if stop.is_set():
-            return
 
 
 class ClusterWatch:

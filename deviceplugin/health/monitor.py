@@ -6,8 +6,9 @@ instance it names) and so every share and MIG instance on it. What happens next 
 - application XIDs (`ignored_xids`): the process is at fault, not the GPU; nothing is marked;
 - reset-class XIDs (`reset_xids`), double-bit ECC events, lost GPUs, and any GPU whose driver reports a recovery
   action (NVML's GPU recovery action is not NONE): only a GPU reset clears them, so the devices stay Unhealthy until
-  the driver shows the GPU was reset — its recovery action asked for a reset and reads NONE again — or the plugin
-  restarts; never after a quiet period, and never because a GPU that failed its queries answers again;
+  the driver shows the GPU was reset — its recovery action asked for a reset and reads NONE again — or the node
+  reboots; never after a quiet period, never because a GPU that failed its queries answers again, and never
+  because the plugin restarts: with `evidence_file` the waits are kept on disk (`health.evidence`);
 - every other critical XID and failing query: Healthy again after `recovery_period` seconds without a new one.
 """
 
@@ -16,13 +17,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from ..discovery.inventory import Inventory
 from ..logs import RepeatLimiter
 from ..loop import BackgroundLoop, Clock
 from ..model.node import Gpu, HealthEvent, NodeInfo
 from ..state import NodeState
+from .evidence import Evidence, EvidenceFile, Loaded, read_boot_id
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,11 @@ class HealthSettings:
     reset_xids: frozenset[int] = DEFAULT_RESET_XIDS
     recovery_period: float = 300.0  # seconds of quiet before devices are Healthy again (not for reset-class faults)
     check_interval: float = 1.0  # seconds between query checks
+    evidence_file: Path | None = None  # where reset waits outlive the process (health.evidence); None: in memory only
+
+    def keeping_evidence_in(self, path: Path) -> HealthSettings:
+        """These settings with `path` as the evidence file, unless one is set already."""
+        return self if self.evidence_file else replace(self, evidence_file=path)
 
 
 @dataclass
@@ -55,6 +63,7 @@ class _ResetWait:
     """A reset-class fault on a GPU or MIG instance: cleared once the driver has required a reset and no longer does."""
 
     gpu_uuid: str
+    reason: str
     required_seen: bool = False  # the driver's recovery action said "reset" since the fault
 
 
@@ -70,6 +79,7 @@ class HealthMonitor(BackgroundLoop):
         settings: HealthSettings = HealthSettings(),
         clock: Clock = time.monotonic,
         node_check: Callable[[Gpu], Mapping[str, str]] | None = None,
+        boot_id: Callable[[], str | None] = read_boot_id,
     ) -> None:
         super().__init__("health")
         self.inventory = inventory
@@ -84,7 +94,37 @@ class HealthMonitor(BackgroundLoop):
         self._reset_waits: dict[str, _ResetWait] = {}  # uuid -> waiting for a GPU reset
         self._ignored = RepeatLimiter(log, clock=clock)  # an XID storm: one line and a summary per minute
         self._next_check = 0.0
+        kept = settings.evidence_file if settings.enabled else None  # health checks off: no evidence, old or new
+        self._evidence = EvidenceFile(kept, boot_id) if kept else None
+        self._carried: dict[str, Evidence] = {}  # evidence of UUIDs not on the node now (a GPU discovery left out)
+        self._saved: dict[str, Evidence] | None = None  # what the evidence file holds; None: unknown
+        self._evidence_errors = 0  # failed reads and writes of the evidence file
+        self._write_errors = RepeatLimiter(log, clock=clock)
+        if self._evidence:
+            self._restore(self._evidence.load())
         self._publish()
+
+    def _restore(self, loaded: Loaded) -> None:
+        """Wait again for the resets the evidence file names; an unusable file holds every GPU of the node."""
+        now = self.clock()
+        if loaded.problem:
+            self._evidence_errors += 1
+            log.error("%s: every GPU is held for a reset until the driver shows it was reset "
+                      "(docs/operations.md#reset-evidence-across-restarts)", loaded.problem)
+            for gpu in self.node.gpus:
+                self._reset_waits[gpu.uuid] = _ResetWait(gpu.uuid, "reset evidence unreadable")
+                self._mark(gpu.uuid, "reset evidence unreadable", now)
+            return
+        self._saved = dict(loaded.entries)
+        here = {g.uuid for g in self.node.gpus} | {m.uuid for g in self.node.gpus for m in g.mig_devices}
+        for uuid, evidence in loaded.entries.items():
+            if uuid not in here:
+                self._carried[uuid] = evidence
+                continue
+            self._reset_waits[uuid] = _ResetWait(evidence.gpu_uuid, evidence.reason, evidence.required_seen)
+            log.warning("%s needed a GPU reset before this process started (%s): its devices stay Unhealthy until the "
+                        "driver shows it was reset", uuid, evidence.reason)
+            self._mark(uuid, evidence.reason, now)
 
     def first_pass(self) -> None:
         """Check every GPU once now (before the servers list any device); the loop's checks follow from start()."""
@@ -126,7 +166,7 @@ class HealthMonitor(BackgroundLoop):
             self._xid_counts[event.gpu_uuid] = self._xid_counts.get(event.gpu_uuid, 0) + 1
         target = event.mig_uuid or event.gpu_uuid
         if (event.reset_required or event.xid in self.settings.reset_xids) and target not in self._reset_waits:
-            self._reset_waits[target] = _ResetWait(event.gpu_uuid)
+            self._reset_waits[target] = _ResetWait(event.gpu_uuid, event.reason)
             log.warning("%s needs a GPU reset (%s): its devices stay Unhealthy until the driver shows it was reset", target, event.reason)
         changed = self._mark(target, event.reason, self.clock())
         self._publish()
@@ -139,7 +179,25 @@ class HealthMonitor(BackgroundLoop):
         return changed
 
     def _publish(self) -> None:
-        self.state.set_health(self._reasons, frozenset(self._reset_waits), self._xid_counts)
+        self._persist()
+        self.state.set_health(self._reasons, frozenset(self._reset_waits), self._xid_counts, self._evidence_errors)
+
+    def _persist(self) -> None:
+        """Write the reset waits to the evidence file when they changed (a failed write is retried next time)."""
+        if self._evidence is None:
+            return
+        waits = {uuid: Evidence(uuid, w.gpu_uuid, w.reason, w.required_seen) for uuid, w in self._reset_waits.items()}
+        wanted = {**self._carried, **waits}
+        if wanted == self._saved:
+            return
+        try:
+            self._evidence.save(wanted)
+        except OSError as err:
+            self._evidence_errors += 1
+            self._write_errors.log(logging.ERROR, "write", "cannot write the reset evidence %s: %s (a restart would "
+                                   "forget it)", self._evidence.path, err)
+            return
+        self._saved = wanted
 
     def _check_all(self, now: float) -> bool:
         self._ignored.flush()
@@ -162,7 +220,7 @@ class HealthMonitor(BackgroundLoop):
                 log.debug("reset state of GPU %s unknown: %s", gpu.uuid, err)
                 required[gpu.uuid] = None
             if required[gpu.uuid] and gpu.uuid not in self._reset_waits:
-                self._reset_waits[gpu.uuid] = _ResetWait(gpu.uuid, required_seen=True)
+                self._reset_waits[gpu.uuid] = _ResetWait(gpu.uuid, "the driver requires a GPU reset", True)
                 log.warning("GPU %s: the driver requires a GPU reset (NVML GPU recovery action)", gpu.uuid)
                 changed |= self._mark(gpu.uuid, "the driver requires a GPU reset", now)
         changed |= self._check_resets(failing, required)
@@ -177,7 +235,7 @@ class HealthMonitor(BackgroundLoop):
         """Clear a reset-class fault only on the driver's evidence of a reset: its GPU recovery action asked for one
         (anything but NONE) and now reads NONE, with the GPU's queries passing. A GPU that failed its queries and
         answers again is no evidence (a transient failure looks the same), and neither is a driver that cannot tell:
-        the devices stay Unhealthy until the plugin restarts."""
+        the devices stay Unhealthy until the node reboots or the operator clears the evidence."""
         changed = False
         for uuid, wait in list(self._reset_waits.items()):
             said = required.get(wait.gpu_uuid)

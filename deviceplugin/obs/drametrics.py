@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # annotations only: the exporter must not import the driver i
     from ..dra.prepare import Driver
 
 OPERATIONS = ("prepare", "unprepare")
+STATUS_RESULTS = ("ok", "retried", "failed", "gone", "dropped")  # of a claim's status.devices write (dra.claimstatus)
 
 
 class DraMetrics:
@@ -29,6 +30,14 @@ class DraMetrics:
             "gpushare_dra_request_duration_seconds", "Time to answer one NodePrepareResources / NodeUnprepareResources call.", ["operation"],
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0, 5.0, 45.0), registry=registry,
         )
+        self.status_writes = Counter(
+            "gpushare_dra_claim_status_writes",
+            "Writes of prepared claims' status.devices, by result: ok, retried (an attempt failed, another follows),"
+            " failed (given up), gone (the claim was deleted), dropped (the queue was full).",
+            ["result"], registry=registry,
+        )
+        for result in STATUS_RESULTS:
+            self.status_writes.labels(result)
         for operation in OPERATIONS:
             self.seconds.labels(operation)
             for result in ("ok", "error"):

@@ -172,6 +172,11 @@ class StateCollector(Collector):
         yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=agent.watchdog.violations if agent else 0)
         yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=agent.watchdog.kills if agent else 0)
         yield CounterMetricFamily("gpushare_memory_kill_failures", "Processes the memory watchdog failed to kill (once per PID).", value=agent.watchdog.kill_failures if agent else 0)
+        yield CounterMetricFamily(
+            "gpushare_reset_evidence_errors",
+            "Failed reads (every GPU then held for a reset) and writes of the reset evidence file.",
+            value=view.evidence_errors,
+        )
         yield CounterMetricFamily("gpushare_events_dropped", "Pod Events dropped, oldest first, because the outbox to the API was full.", value=s.events_dropped())
         last_sync = snapshot.last_sync if snapshot and snapshot.last_sync is not None else 0
         yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List; 0 before the first.", value=last_sync)

@@ -3,10 +3,9 @@
 Kubelet restart signals (docs/kubelet.md#kubelet-restarts): kubelet.sock is recreated, or a server's own socket
 disappears. The device-plugin directory is watched with inotify, so a new kubelet.sock is answered with
 a Register within milliseconds; a poll every `watch_interval` is the safety net (and the only signal
-where inotify is unavailable). The same poll follows MPS pools: a pool is served once its control daemon
-is alive (MpsLiveness: the ready marker and an answer on the control pipe, asked off the loop), and its
-devices are Unhealthy while it is not (written to the NodeState the servers follow). Everything runs on the
-one gRPC event loop.
+where inotify is unavailable). The same poll follows MPS pools (`health.mpsready`, the DRA driver's too): a
+pool is served once its control daemon is alive, and its devices are Unhealthy while it is not (written to the
+NodeState the servers follow). Everything runs on the one gRPC event loop.
 """
 
 from __future__ import annotations
@@ -24,13 +23,14 @@ from typing import TYPE_CHECKING
 
 from ..aioloop import EventLoopThread, shared_loop
 from ..alloc.pending import PendingGpu, changing_gpus, reconcile
+from ..health.mpsready import MpsReadiness
 from ..logs import safe_text
 from ..model.devices import Resource
 from ..model.usage import Hold
 from ..mps.control import MpsLiveness
-from ..mps.paths import MpsPaths
 from ..state import NodeState
 from .inotify import DirectoryWatch
+from .registration import RegistrationChannel
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
 if TYPE_CHECKING:
@@ -95,7 +95,6 @@ class PluginManager:
         is ever held (tests of the bare gRPC layer). Holds other sources wrote to the NodeState count too."""
         self.plugin_dir = Path(plugin_dir)
         self.state = state or NodeState()  # what the servers advertise follows it
-        self.mps = mps or MpsLiveness()
         self.timings = timings
         self.metrics = metrics  # counts from the first registration on
         self.kubelet_restarts = 0
@@ -107,7 +106,9 @@ class PluginManager:
         self._unsettled = False  # some of it is not served yet: pending GPUs, or holds that could not be read
         self._next_pending_check = 0.0
         self._loop = loop or shared_loop()
+        self.kubelet_channel = RegistrationChannel(self.plugin_dir / KUBELET_SOCKET)  # every server's, one per kubelet
         self.servers = [self._new_server(r) for r in resources]
+        self.mps_pools = MpsReadiness(self.state, mps or MpsLiveness(), resources, timings.watch_interval)  # checked by _poll
         self._lifecycle = asyncio.Lock()  # serialises start/stop/apply/check on the loop
         self._nudge = asyncio.Event()  # set by inotify: check now
         self._kubelet: tuple[int, int] | None = None
@@ -130,7 +131,9 @@ class PluginManager:
         return self._poller is not None and not self._stopping
 
     def _new_server(self, resource: Resource) -> DevicePluginServer:
-        return DevicePluginServer(resource, self.plugin_dir, self.timings, self.metrics, self.state)
+        return DevicePluginServer(
+            resource, self.plugin_dir, self.timings, self.metrics, self.state, kubelet_channel=self.kubelet_channel
+        )
 
     # --- public, from any thread but the loop ---------------------------------------------------
     def start(self) -> None:
@@ -181,6 +184,7 @@ class PluginManager:
                 # holds that cannot be read are unknown, never empty: serve nothing until a source answers (the
                 # pending check retries), rather than a plan that may re-pool a held GPU
                 self.servers = [self._new_server(r) for r in plan or []]
+                self.mps_pools.on_config(None, self.resources)
             for server in self.servers:
                 await self._start_server(server, retry=False)
             if self.servers or not self._unsettled:
@@ -198,6 +202,7 @@ class PluginManager:
                 self._watch.close()
                 self._watch = None
             await asyncio.gather(*(s.shutdown() for s in self.servers))
+            await self.kubelet_channel.close()
 
     async def _apply(self, resources: list[Resource]) -> list[str]:
         for resource in resources:  # refuse a plan whose sockets cannot exist before anything is stopped
@@ -287,6 +292,7 @@ class PluginManager:
             if name not in current:
                 changes.append(f"added {name}")
         self.servers = kept
+        self.mps_pools.on_config(None, self.resources)  # a new MPS pool waits for its daemon
         for server in started:
             await self._start_server(server)
         return changes
@@ -295,7 +301,8 @@ class PluginManager:
         """Serve unless an MPS pool's daemon is not ready. With `retry`, a failure (a socket that cannot be bound)
         is logged and left to the next check, which tries again; without, it is raised (start-up)."""
         if self._waits_for_mps(server):
-            log.info("%s: waiting for the control daemon of MPS pool %s (%s)", server.resource.name, server.resource.pool.name, self._mps_paths(server).root)
+            paths = self.mps_pools.paths(server.resource.pool.name)
+            log.info("%s: waiting for the control daemon of MPS pool %s (%s)", server.resource.name, server.resource.pool.name, paths.root if paths else "?")
             return
         try:
             await server.serve()
@@ -309,13 +316,7 @@ class PluginManager:
             self._serve_failures.pop(server.resource.name, None)
 
     def _waits_for_mps(self, server: DevicePluginServer) -> bool:
-        return server.resource.pool.mps and not self._mps_ready(server)
-
-    def _mps_paths(self, server: DevicePluginServer) -> MpsPaths:
-        return MpsPaths.of(server.resource.settings.mps_root, server.resource.pool.name)
-
-    def _mps_ready(self, server: DevicePluginServer) -> bool:
-        return self.mps.ready(self._mps_paths(server))
+        return server.resource.pool.mps and not self.mps_pools.ready(server.resource.pool.name)
 
     def _on_directory_event(self) -> None:
         """inotify says entries of the plugin directory changed: check at once (not at the next poll)."""
@@ -357,16 +358,9 @@ class PluginManager:
 
     async def _follow_mps(self) -> None:
         """Write each MPS pool's readiness to the NodeState; serve a pool's resource once its daemon is ready."""
+        self.mps_pools.check()
         for server in self.servers:
-            if not server.resource.pool.mps:
-                continue
-            pool = server.resource.pool.name
-            ready = self._mps_ready(server)
-            if server.serving and ready == (pool in self.state.snapshot().mps_not_ready):
-                log.warning("MPS control daemon of pool %s is %s", pool, "back" if ready else "down: devices Unhealthy")
-            self.state.set_mps_ready(pool, ready)
-            if not server.serving and ready:
-                log.info("MPS control daemon of pool %s is ready", pool)
+            if server.resource.pool.mps and not server.serving and self.mps_pools.ready(server.resource.pool.name):
                 await self._start_server(server)
 
     async def _follow_kubelet(self) -> None:
@@ -378,6 +372,8 @@ class PluginManager:
             log.info("kubelet.sock was recreated: the kubelet restarted")
         if current is not None:
             self._kubelet = current
+            if restarted and self.kubelet_channel.identity is not None:
+                await self.kubelet_channel.follow(current)  # a Register still waiting on the dead kubelet is cancelled
         restarts = []
         for server in self.servers:
             path = server.socket_path

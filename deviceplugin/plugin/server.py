@@ -26,12 +26,12 @@ import grpc.aio
 from .. import defaults
 from ..alloc.allocator import MAX_DEVICE_ID_BYTES, ResourceAllocator
 from ..api import deviceplugin_pb2 as pb
-from ..api import deviceplugin_pb2_grpc as pb_grpc
 from ..errors import StartupError
 from ..logs import safe_text
 from ..model.devices import Resource
 from ..state import NodeState, NodeView
 from . import wire
+from .registration import RegistrationChannel
 from .servicer import Servicer, add_servicer
 
 if TYPE_CHECKING:
@@ -116,7 +116,11 @@ class DevicePluginServer:
         timings: Timings = Timings(),
         metrics: PluginMetrics | None = None,
         state: NodeState | None = None,
+        *,
+        kubelet_channel: RegistrationChannel,
     ) -> None:
+        """`kubelet_channel`: the registration channel to kubelet.sock, shared by the manager's servers; the manager
+        closes it."""
         self.resource = resource
         self.device_list = wire.EncodedDeviceList(resource)
         self.state = state or NodeState()
@@ -124,6 +128,7 @@ class DevicePluginServer:
         self.plugin_dir = Path(plugin_dir)
         self.timings = timings
         self.kubelet_socket = self.plugin_dir / KUBELET_SOCKET
+        self.kubelet_channel = kubelet_channel
         self.registered = threading.Event()  # set only by the current instance's successful Register
         self.register_calls = 0  # Register calls made (kubelet.sock existed)
         self.register_failures = 0  # attempts that did not register, a missing kubelet.sock included
@@ -270,7 +275,7 @@ class DevicePluginServer:
                 try:
                     instance.registering = True
                     self.register_calls += 1
-                    await self._register_once(instance)
+                    await self._register_once(instance, identity)
                 except grpc.aio.AioRpcError as err:
                     instance.expect_kubelet_stream = False
                     reason = f"Register failed: {err.code().name}: {safe_text(err.details() or '', 300)}"
@@ -301,17 +306,14 @@ class DevicePluginServer:
                 delay = min(delay * 2, self.timings.backoff_max)
             instance.wake.clear()
 
-    async def _register_once(self, instance: Instance) -> None:
+    async def _register_once(self, instance: Instance, identity: tuple[int, int]) -> None:
         request = pb.RegisterRequest(
             version=API_VERSION,
             endpoint=instance.socket_path.name,
             resource_name=self.resource.name,
             options=wire.OPTIONS,
         )
-        # A channel of its own subchannel pool: gRPC would otherwise reuse the process-wide subchannel of
-        # kubelet.sock, still in its reconnect backoff from the dead kubelet, and fail fast for up to seconds.
-        async with grpc.aio.insecure_channel(f"unix:{self.kubelet_socket}", options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
-            await pb_grpc.RegistrationStub(channel).Register(request, timeout=self.timings.register_timeout)
+        await self.kubelet_channel.register(request, identity, self.timings.register_timeout)
 
 
 def max_message_bytes(resource: Resource) -> int:

@@ -102,6 +102,7 @@ class Plan:
     profiles: ProfileSource  # reads the label only when it picked the profile (the API client was needed first)
     resources: list[Resource]
     profile: str | None  # the profile served (None: the default), which the label may not name
+    dynamic_mig: bool = False  # built for a front end that serves `strategy: dynamic` MIG pools (the DRA driver)
 
 
 def plan_node(
@@ -131,7 +132,7 @@ def plan_node(
         chosen = None
         resources = build_resources(config, node, None, dynamic_mig=dynamic_mig)
     log.info("serving profile %s", chosen or config.default_profile)
-    return Plan(node, config, start.digest, profiles, resources, chosen)
+    return Plan(node, config, start.digest, profiles, resources, chosen, dynamic_mig)
 
 
 def _digest(content: bytes) -> str:

@@ -35,16 +35,6 @@ def check_directory(flag: str, value: str, hint: str) -> None:
         raise FlagError(flag, value, "is not readable by this user", hint)
 
 
-def check_readable_file(flag: str, value: str, hint: str = "") -> None:
-    try:
-        with open(value, "rb"):
-            pass
-    except IsADirectoryError:
-        raise FlagError(flag, value, "is a directory, not a file", hint) from None
-    except OSError as err:
-        raise FlagError(flag, value, err.strerror or str(err), hint) from None
-
-
 def check_executable(flag: str, value: str, hint: str = "") -> None:
     if shutil.which(value) is None:
         raise FlagError(flag, value, "is not an executable file (nor one on PATH)", hint)

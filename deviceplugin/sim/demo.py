@@ -70,7 +70,9 @@ def sample_pods(resources: list[Resource]) -> list[Sample]:
         shared = by_mode["shared"][0]
         most = max(u.replicas for u in shared.units)
         add("chat-small", "one share", shared, 1, 0.75)
-        if most >= 2:
+        if most >= 2 and shared.pool.mps:  # MPS refuses allocations past CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+            add("chat-large", f"{min(3, most)} shares, asking more memory than they allow: MPS holds them to it", shared, min(3, most), 1.0)
+        elif most >= 2:
             add("chat-large", f"{min(3, most)} shares, using more memory than they allow", shared, min(3, most), 1.1)
         too_many = len(shared.devices) + 1 if shared.pool.allow_span else most + 1
         add("too-big", f"more shares ({too_many}) than {'the node' if shared.pool.allow_span else 'one GPU'} has", shared, too_many, 0)

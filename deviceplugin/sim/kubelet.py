@@ -139,9 +139,12 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self._numa: dict[tuple[str, str, str], dict[int, list[str]]] = {}  # the same, per NUMA node (-1: none), as checkpointed
         self._responses: dict[tuple[str, str, str], pb.ContainerAllocateResponse] = {}
         self._server: grpc.Server | None = None
+        self._executor: futures.ThreadPoolExecutor | None = None  # the server's; shut down with it, not one per start kept
         self._running = False
         self._generation = 0  # one per start: a Register that outlives its kubelet is refused
         self._accepted: dict[tuple[int, str], int] = {}  # (generation, resource) -> accepted Register calls
+        self.started_at: dict[int, float] = {}  # generation -> time.monotonic() once it listens
+        self.first_accepted_at: dict[tuple[int, str], float] = {}  # (generation, resource) -> time.monotonic()
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -149,7 +152,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self.socket.unlink(missing_ok=True)
         self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
         self.pod_resources_socket.unlink(missing_ok=True)
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet"))
+        self._executor = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kubelet")
+        self._server = grpc.server(self._executor)
         pb_grpc.add_RegistrationServicer_to_server(self, self._server)
         pr_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), self._server)
         self._server.add_insecure_port(f"unix:{self.socket}")
@@ -157,6 +161,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self._running = True
         self._generation += 1
         self._server.start()
+        self.started_at[self._generation] = time.monotonic()
         log.info("kubelet simulator listening on %s", self.socket)
 
     def stop(self) -> None:
@@ -171,6 +176,9 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         if self._server is not None:
             self._server.stop(0).wait()
             self._server = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
         self.socket.unlink(missing_ok=True)
         self.pod_resources_socket.unlink(missing_ok=True)
 
@@ -221,6 +229,7 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             self._endpoints[request.resource_name] = endpoint  # newest registration wins
             key = (generation, request.resource_name)
             self._accepted[key] = self._accepted.get(key, 0) + 1
+            self.first_accepted_at.setdefault(key, time.monotonic())
             self._cond.notify_all()
         if old is not None:
             old.stopped = True  # replaced; its connection is left open, as the kubelet does

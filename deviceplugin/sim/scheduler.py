@@ -74,6 +74,8 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
                "spec": {"containers": [{"name": "server", "resources": {"limits": {share: "6"}}}]}}
         url = f"http://127.0.0.1:{server.port}"
         result = _post(url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["node-a", "node-b"]})
+        out("  Two other simulated nodes, not the one above: node-a and node-b, each two NVIDIA L4s time-sliced in 6 shares "
+            "(node-a: 3 + 3 free, node-b: 0 + 6 free).")
         out("  six-shares (6 shares): kube-scheduler's default check sees 6 free on both nodes; the extender's filter says:")
         for node, reason in sorted(result["FailedNodes"].items()):
             out(f"    {node}: skipped: {reason}")

@@ -5,8 +5,10 @@ slices, and no DeviceClass may back `<domain>/gpu-share`."""
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 import subprocess
+import uuid
 from typing import Any
 
 import pytest
@@ -14,7 +16,7 @@ import yaml
 from kubernetes import client
 
 from tests.conftest import ROOT, wait_until
-from tests.support.kubeobjects import apply, delete, ready_node, request
+from tests.support.kubeobjects import apply, delete, namespace, ready_node, request
 
 KUBECTL = shutil.which("kubectl")
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -43,6 +45,10 @@ def installed(controlplane: Any) -> Any:
     for obj in objects:  # the session API server is shared: the chart's tests install objects of these names
         if obj["kind"] != "Namespace":
             delete(api, obj)
+    # The capacity policy refuses memory claims for gpu-share-shares cluster-wide until the API server drops it:
+    # wait for that, so later modules (tests/e2e/test_dra_scheduling.py mixes both on purpose) are not refused.
+    memory = _claim("ResourceClaim", "after", "gpu-share-shares", {"memory": "1Gi"})
+    assert wait_until(lambda: _create_refusal(api, "gpu-share", memory) == "", timeout=30)
 
 
 def _driver_client(cp: Any, node: str) -> Any:
@@ -170,3 +176,187 @@ def test_the_dra_only_component_refuses_share_pods_with_the_claim_to_write(insta
     assert wait_until(refuses, timeout=10)
     assert "container app asks for example.com/gpu-share, which no node serves" in refused[-1] and "capacity: {requests: {shares:" in refused[-1]
     client.CoreV1Api(api).create_namespaced_pod(ns, pod({"example.com/gpu": "1"}), dry_run="All")  # whole GPUs are mapped: allowed
+
+
+def _claim(kind: str, name: str, cls: str, requests: dict[str, str] | None, first_available: bool = False) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": cls, **({"capacity": {"requests": requests}} if requests else {})}
+    request_ = ({"name": "gpu", "firstAvailable": [{"name": "big", "deviceClassName": "gpu-share-gpu"}, {"name": "part", **exactly}]}
+                if first_available else {"name": "gpu", "exactly": exactly})
+    spec = {"devices": {"requests": [request_]}}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"name": name},
+            "spec": {"spec": spec} if kind == "ResourceClaimTemplate" else spec}
+
+
+def _create_refusal(api: Any, ns: str, body: dict[str, Any]) -> str:
+    """The Invalid message of a refused dry-run create; "" if it was admitted."""
+    plural = "resourceclaimtemplates" if body["kind"] == "ResourceClaimTemplate" else "resourceclaims"
+    try:
+        request(api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/{plural}", body, [("dryRun", "All")])
+    except client.ApiException as err:
+        assert err.status == 422, err
+        return str(json.loads(err.body)["message"])
+    return ""
+
+
+def test_claims_for_the_shares_class_name_the_clusters_capacity(installed: Any) -> None:
+    """The shipped convention (shares): a claim or template naming `memory` for gpu-share-shares is refused, saying to
+    name shares and how many that is under each of the config's shared pools; shares, neither, or memory of another
+    class are admitted."""
+    api = installed.api_client()
+    ns = namespace(api, f"capacity-{next(_ids)}")
+    memory = _claim("ResourceClaim", "twenty-gib", "gpu-share-shares", {"memory": "20Gi"})
+    assert wait_until(lambda: _create_refusal(api, ns, memory) != "", timeout=10)
+    said = _create_refusal(api, ns, memory)
+    assert "ResourceClaim twenty-gib: request gpu names capacity memory: 20Gi of DeviceClass gpu-share-shares, but claims in this cluster name shares" in said, said
+    assert 'Write capacity: {requests: {shares: "K"}} instead, K = 20Gi / one share\'s memory, rounded up' in said, said
+    assert "inference/shares: floor(GPU memory / 4096 MiB) shares per GPU of at least 4096 MiB each, so at most 5 shares" in said, said
+    assert "mps/mps: 4 shares per GPU of 1/4 of its memory each" in said and "mig/shares: 8 shares per GPU" in said, said
+    template = _claim("ResourceClaimTemplate", "per-pod", "gpu-share-shares", {"memory": "6Gi", "shares": "2"})
+    assert "ResourceClaimTemplate per-pod: request gpu names capacity memory: 6Gi" in _create_refusal(api, ns, template)
+    fallback = _claim("ResourceClaim", "fallback", "gpu-share-shares", {"memory": "4Gi"}, first_available=True)
+    assert "request gpu/part names capacity memory: 4Gi" in _create_refusal(api, ns, fallback)
+    for admitted in (_claim("ResourceClaim", "three", "gpu-share-shares", {"shares": "3"}),
+                     _claim("ResourceClaim", "one", "gpu-share-shares", None),
+                     _claim("ResourceClaimTemplate", "per-pod", "gpu-share-shares", {"shares": "2"}),
+                     _claim("ResourceClaim", "fallback", "gpu-share-shares", {"shares": "1"}, first_available=True),
+                     _claim("ResourceClaim", "other-class", "someone-elses", {"memory": "20Gi"})):
+        assert _create_refusal(api, ns, admitted) == "", admitted
+
+
+def test_a_memory_convention_refuses_shares_naming_the_memory_to_ask(installed: Any) -> None:
+    """With capacity=memory (the kustomization's literal, the chart's dra.capacity) the policy refuses `shares`. Run
+    under names and a DeviceClass of this test's own (the shipped policy stays in place), deleted afterwards."""
+    api = installed.api_client()
+    run = next(_ids)
+    ns = namespace(api, f"capacity-{run}")
+    cls = f"gpu-share-shares-{run}"
+    objects = [d for d in _rendered() if d["metadata"]["name"] == "gpu-share-dra-capacity-convention"]
+    for obj in objects:
+        obj["metadata"]["name"] = f"capacity-memory-{run}"
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            variables = {v["name"]: v for v in obj["spec"]["variables"]}
+            variables["capacity"]["expression"] = "'memory'"
+            variables["shareClass"]["expression"] = f"'{cls}'"
+        else:
+            obj["spec"]["policyName"] = f"capacity-memory-{run}"
+    try:
+        for obj in objects:
+            apply(api, obj)
+        shares = _claim("ResourceClaim", "three", cls, {"shares": "3"})
+        assert wait_until(lambda: _create_refusal(api, ns, shares) != "", timeout=10)
+        said = _create_refusal(api, ns, shares)
+        assert f"request gpu names capacity shares: 3 of DeviceClass {cls}, but claims in this cluster name memory" in said, said
+        assert "Write capacity: {requests: {memory: M}} instead, M = 3 x one share's memory" in said, said
+        assert "inference/shares: floor(GPU memory / 4096 MiB) shares per GPU of at least 4096 MiB each, so 3 shares are at least 12288Mi" in said, said
+        assert "mps/mps: 4 shares per GPU of 1/4 of its memory each, so 3/4 of the GPU's memory" in said, said
+        assert _create_refusal(api, ns, _claim("ResourceClaim", "twenty", cls, {"memory": "20Gi"})) == ""
+    finally:
+        for obj in objects:  # cluster-scoped: the session API server is shared
+            delete(api, obj)
+
+
+def _allocated_claim(admin: Any, ns: str, name: str, node: str) -> dict[str, Any]:
+    """A claim allocated on `node` to the driver's gpu-0, 2 of its shares, as kube-scheduler writes it (as admin)."""
+    claim = request(
+        admin,
+        "POST",
+        f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu-share-shares"}}]}},
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": "gpu-share.example.com",
+                        "pool": node,
+                        "device": "gpu-0",
+                        "shareID": str(uuid.uuid4()),
+                        "consumedCapacity": {"shares": "2"},
+                    }
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    }
+    return request(admin, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}/status", claim)
+
+
+def test_the_driver_labels_only_its_own_node_and_writes_status_devices_only_of_claims_on_it(
+    installed: Any, tmp_path: Any
+) -> None:
+    """The DRA RBAC and 07-node-patch-policy.yaml with a token bound to a driver pod on one node: it patches that
+    Node's labels and annotations (not its spec, not another Node), posts Events, and writes status.devices (the
+    driver's own writer, dra.claimstatus) of a claim allocated on its node, never of one allocated elsewhere."""
+    from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
+    from deviceplugin.dra.claimstatus import ClaimStatusWriter
+    from deviceplugin.kube.client import NodeClient
+    from tests.support.dra import make_driver
+
+    admin = installed.api_client()
+    mine, other = f"own-{next(_ids)}", f"own-{next(_ids)}"
+    ready_node(admin, mine)
+    ready_node(admin, other)
+    driver = _driver_client(installed, mine)
+    own, theirs = NodeClient(client.CoreV1Api(driver), mine), NodeClient(client.CoreV1Api(driver), other)
+
+    def refused_elsewhere() -> bool:
+        try:
+            theirs.patch_metadata({"example.com/gpu.count": "2"}, {})
+        except client.ApiException as err:
+            assert err.status == 403, err
+            return "gpu-share-dra may patch only the node its pod runs on" in str(err.body)
+        return False
+
+    assert wait_until(refused_elsewhere, timeout=10)  # the policy takes effect a moment after it is created
+    own.patch_metadata({"example.com/gpu.count": "2"}, {"example.com/gpu-share.inventory": "{}"})
+    assert own.labels()["example.com/gpu.count"] == "2"
+    with pytest.raises(client.ApiException, match="only the labels and annotations"):
+        client.CoreV1Api(driver).patch_node(mine, {"spec": {"unschedulable": True}})
+    own.pod_event("default", "some-pod", None, "GPUMemoryOverLimit", "a test Event")
+
+    ns = f"status-{next(_ids)}"
+    client.CoreV1Api(admin).create_namespace({"metadata": {"name": ns}})
+    writer = ClaimStatusWriter(driver, make_driver(tmp_path))
+    statuses = {}
+    for name, node in (("here", mine), ("elsewhere", other)):
+        claim = _allocated_claim(admin, ns, name, node)
+        result = claim["status"]["allocation"]["devices"]["results"][0]
+        prepared = PreparedClaim(
+            claim["metadata"]["uid"],
+            ns,
+            name,
+            (PreparedDevice("gpu", node, "gpu-0", (), result["shareID"], 2, 7680),),
+            "",
+        )
+        statuses[name] = writer._apply(prepared)
+    assert statuses["here"][0] == 200, statuses
+    # another node's claim: refused as a field the driver may not write (it holds associated-node:patch only)
+    assert statuses["elsewhere"][0] == 422 and "arbitrary-node:patch" in statuses["elsewhere"][1], statuses
+    stored = request(admin, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/here")
+    (entry,) = stored["status"]["devices"]
+    assert {k: entry[k] for k in ("driver", "pool", "device")} == {
+        "driver": "gpu-share.example.com",
+        "pool": mine,
+        "device": "gpu-0",
+    }
+    assert entry["data"] == {
+        "version": 1,
+        "uuid": "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000",
+        "gpu": 0,
+        "shares": 2,
+        "totalShares": 4,
+        "memoryLimitMiB": 7680,
+    }
+    assert not request(admin, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/elsewhere")[
+        "status"
+    ].get("devices")
+    client.CoreV1Api(admin).delete_namespace(ns)

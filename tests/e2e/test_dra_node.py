@@ -21,7 +21,9 @@ import yaml
 
 from deviceplugin.api import dra_health_v1alpha1_pb2 as health_pb
 from deviceplugin.api import podresources_pb2 as pr
-from deviceplugin.dra.devices import ClaimError, driver_name
+from deviceplugin.dra.devices import ClaimError
+from deviceplugin.kube.annotation import ANNOTATION
+from deviceplugin.kube.dranames import driver_name
 from deviceplugin.mps.control import MpsDaemon
 from deviceplugin.sim.kubelet import Container, KubeletSimulator, Pod
 from tests.conftest import EXAMPLES, GPU_CLI, ROOT, free_port, get, node, wait_until
@@ -182,7 +184,8 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
         claims[i] = (shares, claim)
         request(api, "POST", f"/api/v1/namespaces/{ns}/pods", {
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}"},
-            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": f"pod-{i}-gpu"}],
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": node_name},  # other tests' nodes may still have devices
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": f"pod-{i}-gpu"}],
                      "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}]},
         })
 
@@ -283,6 +286,66 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
     assert driver.stop() == 0
     assert "watch failed" not in Path(driver.logs[-1]).read_text()  # a clean SIGTERM warns about no watch
 
+
+
+def test_a_prepared_claim_gets_its_status_devices_and_the_node_its_labels_and_inventory(
+    controlplane: Any, dra: Any
+) -> None:
+    """`gpu-share run --api dra` writes status.devices[].data of a claim it prepared (KEP-4817: the GPU UUID, the
+    shares and the memory limit) and, from the node core as the device plugin does, the Node's GFD-style labels and
+    its inventory annotation."""
+    api = controlplane.api_client()
+    node_name = fresh("dra-status")
+    ready_node(api, node_name)
+    ns = namespace(api, fresh("dra-status"))
+    driver = dra(node_name)
+    driver.kubelet.wait_registered(DRIVER, timeout=30)
+    driver.wait_healthy()
+    claim = _allocate(api, _claim(api, ns, "c", "any", 3), node_name, "gpu-1", 3)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    driver.kubelet.prepare(DRIVER, [_ref(claim)])
+
+    def devices() -> list[dict[str, Any]]:
+        return (
+            request(api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/c")
+            .get("status", {})
+            .get("devices")
+            or []
+        )
+
+    assert wait_until(devices, 30), driver.log()
+    assert [{k: v for k, v in entry.items() if v is not None} for entry in devices()] == [
+        {  # the API serves `conditions: null`
+            "driver": DRIVER,
+            "pool": node_name,
+            "device": "gpu-1",
+            "shareID": result["shareID"],
+            "data": {
+                "version": 1,
+                "uuid": node("2xT4").gpus[1].uuid,
+                "gpu": 1,
+                "shares": 3,
+                "totalShares": 4,
+                "memoryLimitMiB": 3 * T4_MIB // 4,
+            },
+        }
+    ]
+
+    def metadata() -> Any:
+        return request(api, "GET", f"/api/v1/nodes/{node_name}")["metadata"]
+
+    assert wait_until(lambda: f"example.com/{ANNOTATION}" in metadata().get("annotations", {}), 30), driver.log()
+    labels = metadata()["labels"]
+    assert (
+        labels["example.com/gpu.count"] == "2"
+        and labels["example.com/gpu.sharing-strategy"] == "mps"
+        and labels["example.com/gpu.replicas"] == "4"
+    )
+    inventory = json.loads(metadata()["annotations"][f"example.com/{ANNOTATION}"])
+    assert [u["uuid"] for u in inventory["resources"]["example.com/gpu-share"]["units"]] == [
+        g.uuid for g in node("2xT4").gpus
+    ]
+    assert driver.stop() == 0
 
 
 def test_the_claim_cache_serves_claims_allocated_here_and_gets_the_others(controlplane: Any) -> None:

@@ -1,6 +1,7 @@
 """The published slices as a real kube-scheduler allocates them: claims asking shares or memory land on one GPU
 each and never over its capacity, a tainted GPU gets no new claim, MIG and whole-GPU claims, the extended-resource
-mapping of `<domain>/gpu`, the shipped example claims, and scheduling again after the kubelet's wipe.
+mapping of `<domain>/gpu`, the shipped example claims, class and claim SharingConfigs, and scheduling again after the
+kubelet's wipe.
 
 There is no kube-controller-manager: the tests create the ResourceClaims themselves and pods name them
 (`resourceClaimName`); each pod is pinned to the test's node, since other tests' nodes publish slices too.
@@ -9,6 +10,7 @@ There is no kube-controller-manager: the tests create the ResourceClaims themsel
 from __future__ import annotations
 
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from decimal import Decimal
@@ -23,14 +25,17 @@ from deviceplugin.config.parse import parse_config, parse_config_text
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint
-from deviceplugin.dra.devices import driver_name, parse_quantity
+from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
 from deviceplugin.dra.prepare import ClaimRef, Driver
 from deviceplugin.dra.slices import SlicePublisher
+from deviceplugin.kube.dranames import driver_name
 from deviceplugin.model.node import Gpu, NodeInfo
+from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, ROOT, node, wait_until
+from tests.support.dra import claim, make_driver
 from tests.support.kubeobjects import namespace, ready_node, request, slices
 
 DRIVER = driver_name("example.com")
@@ -172,6 +177,29 @@ def test_share_and_memory_claims_land_on_one_gpu_each_and_never_over_capacity(ma
         assert consumed["shares"] == capacity[device]["shares"]  # full: e and f found no room
 
 
+def test_mixing_capacities_fits_the_schedulers_sums_and_not_the_drivers_ledger(make_node: Any, tmp_path: Any) -> None:
+    """Why claims name one capacity (docs/dra.md#capacity-one-convention-per-cluster, the capacity policy): on a T4
+    shared in 4 (shares of 3840 MiB), `shares: 3` and `memory: 11520Mi` (three shares' worth) both fit kube-scheduler's
+    sums and are allocated on one GPU, and the driver's ledger refuses the second at prepare; with both naming shares,
+    the second does not fit the sums and is never allocated there."""
+    n = make_node("2xT4", _shared(4))
+    for name, requests in (("a", {"shares": "3"}), ("b", {"memory": "11520Mi"})):
+        n.claim(name, requests=requests)
+        n.pod(name, claim=name)
+        assert n.bound(name), name
+    (a,), (b,) = n.allocation("a"), n.allocation("b")
+    assert a["device"] == b["device"] == "gpu-0"  # first fit: the scheduler's sums are 4 of 4 shares, 15360 of 15360 MiB
+    assert (parse_quantity(a["consumedCapacity"]["memory"]), parse_quantity(b["consumedCapacity"]["shares"])) == (3840 * 2**20, 1)
+    driver = make_driver(tmp_path, pools=[{"name": "s", "mode": "shared", "replicas": 4}])  # the node's driver, its ledger
+    on_node = [{**r, "pool": "2xT4"} for r in (a, b)]  # make_driver serves the node file's pool name
+    assert driver.prepare(*claim([on_node[0]], name="a")).devices[0].shares == 3
+    with pytest.raises(ClaimError, match="device gpu-0 has 4 shares; prepared claims hold 3 and this claim needs 3"):
+        driver.prepare(*claim([on_node[1]], name="b"))  # the kubelet would retry this for as long as a holds the GPU
+    n.claim("c", requests={"shares": "3"})  # b under the convention: naming shares, the sums send it to gpu-1
+    n.pod("c", claim="c")
+    assert n.bound("c") and [r["device"] for r in n.allocation("c")] == ["gpu-1"]
+
+
 def test_a_tainted_gpu_gets_no_new_claim_and_gets_them_again_once_healthy(make_node: Any) -> None:
     n = make_node("2xT4", _shared(2))
     n.state.set_health({n.info.gpus[0].uuid: "XID 79"}, frozenset({n.info.gpus[0].uuid}))
@@ -210,7 +238,7 @@ def test_mig_and_whole_gpu_claims_and_the_extended_resource_mapping(make_node: A
 
 def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
     shares = make_node("8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed"))
-    for example in ("claim-shares", "claim-memory", "claim-mig"):
+    for example in ("claim-shares", "claim-shares-ampere", "claim-mig"):
         for document in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()):
             if document["kind"] == "ResourceClaim":
                 request(shares.api, "POST", CLAIMS.format(ns=shares.ns), document)
@@ -219,11 +247,12 @@ def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
                 client.CoreV1Api(shares.api).create_namespaced_pod(shares.ns, document)
         pod = next(d for d in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()) if d["kind"] == "Pod")
         assert shares.bound(pod["metadata"]["name"]), example
-    [memory] = shares.allocation("twenty-gib")
-    device = next(d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == memory["device"])
-    step = parse_quantity(device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])  # one share's memory
-    consumed = parse_quantity(memory["consumedCapacity"]["memory"])
-    assert consumed % step == 0 and 20 * 1024**3 <= consumed < 20 * 1024**3 + step  # rounded up to whole shares
+    for name, shares_asked in (("three-shares", 3), ("ampere-shares", 2)):  # the convention: claims name shares
+        [result] = shares.allocation(name)
+        device = next(d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == result["device"])
+        step = parse_quantity(device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])  # one share's memory
+        assert parse_quantity(result["consumedCapacity"]["shares"]) == shares_asked, name
+        assert parse_quantity(result["consumedCapacity"]["memory"]) == step, name  # memory at its default: one share
 
 
 def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
@@ -325,3 +354,73 @@ def test_dynamic_mig_claims_are_placed_by_the_scheduler_through_the_counters(mak
     assert m.n.unschedulable("last")
     # The API server kept the counter slice and the devices as sent (quantities aside): the publisher never rewrote them.
     assert m.n.publisher.stats.writes == {"create": 2, "update": 0, "delete": 0} and m.n.publisher.stats.in_sync
+
+
+def test_class_and_claim_sharing_configs_and_the_example_reach_the_claim(make_node: Any, tmp_path: Any) -> None:
+    """kube-scheduler copies the DeviceClass's config (source FromClass, naming the class's requests) and then the
+    claim's (FromClaim) into the allocation; the driver, reading the claim from the API, applies the claim's to the
+    request it names and the class's to the other. The shipped example claim is accepted, allocated and applied."""
+    import asyncio
+    import json
+
+    from deviceplugin.dra.claims import ApiClaims
+    from deviceplugin.dra.prepare import ClaimRef, prepare_claims
+    from deviceplugin.dra.sharingconfig import api_version
+    from tests.support.dra import MPS_POOLS, make_driver
+
+    def sharing(percent: int) -> dict[str, Any]:
+        mps = {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}
+        parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": mps}
+        return {"opaque": {"driver": DRIVER, "parameters": parameters}}
+
+    def percents(uid: str) -> dict[str, str]:
+        """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE per CDI device of the claim's spec."""
+        spec = json.loads(driver.cdi.spec_path(uid).read_text())
+        envs = {d["name"]: dict(e.split("=", 1) for e in d["containerEdits"]["env"]) for d in spec["devices"]}
+        return {name: env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for name, env in envs.items()}
+
+    n = make_node("2xT4", parse_config({"version": "v1", "pools": MPS_POOLS}))
+    section = (ROOT / "docs" / "dra.md").read_text().split("## Sharing chosen per claim")[1].split("\n## ")[0]
+    blocks = re.findall(r"```yaml\n(.*?)```", section, flags=re.S)
+    documents = [d for block in blocks for d in yaml.safe_load_all(block)]
+    (documented,) = [d for d in documents if d.get("kind") == "DeviceClass"]  # the docs' class: 10 % for its claims
+    device_class = documented["metadata"]["name"] = f"gpu-share-mps-capped-{next(_ids)}"
+    request(n.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", documented)
+    driver = make_driver(tmp_path)
+    driver.pool = n.name  # the example node's devices, in this node's pool
+    claims = ApiClaims(n.api, DRIVER, n.name, timeout=5.0, cache=False)
+    try:
+        two = {"deviceClassName": device_class, "capacity": {"requests": {"shares": "2"}}}
+        requests = [{"name": r, "exactly": two} for r in ("a", "b")]
+        devices = {"requests": requests, "config": [{"requests": ["a"], **sharing(5)}]}
+        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "capped"},
+                "spec": {"devices": devices}}
+        request(n.api, "POST", CLAIMS.format(ns=n.ns), body)
+        n.pod("capped", claim="capped")
+        assert n.bound("capped")
+        stored = request(n.api, "GET", CLAIMS.format(ns=n.ns) + "/capped")
+        configs = [(c["source"], c.get("requests"), c["opaque"]["parameters"]["sharing"]["mpsConfig"])
+                   for c in stored["status"]["allocation"]["devices"]["config"]]
+        percent = "defaultActiveThreadPercentage"
+        # The class's config first, naming the claim's requests of that class; then the claim's.
+        assert configs == [("FromClass", ["a", "b"], {percent: 10}), ("FromClaim", ["a"], {percent: 5})]
+        ref = ClaimRef(n.ns, "capped", stored["metadata"]["uid"])
+        outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
+        assert outcome.error == "" and outcome.claim is not None, outcome.error
+        assert percents(ref.uid) == {f"{ref.uid}-0": "5", f"{ref.uid}-1": "10"}  # a: the claim's config; b: the class's
+        # The shipped example: its config is accepted by the API server, allocated on the MPS pool and applied.
+        for document in yaml.safe_load_all((DRA / "examples" / "claim-mps-limits.yaml").read_text()):
+            if document["kind"] == "ResourceClaim":
+                example = request(n.api, "POST", CLAIMS.format(ns=n.ns), document)
+            else:
+                document["spec"] |= {"schedulerName": SCHEDULER, "nodeSelector": {"kubernetes.io/hostname": n.name}}
+                client.CoreV1Api(n.api).create_namespaced_pod(n.ns, document)
+        assert n.bound("mps-capped")
+        ref = ClaimRef(n.ns, "mps-capped", example["metadata"]["uid"])
+        outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
+        assert outcome.error == "" and outcome.claim is not None and outcome.claim.devices[0].shares == 4, outcome.error
+        edits = json.loads(driver.cdi.spec_path(ref.uid).read_text())["devices"][0]["containerEdits"]
+        env = dict(e.split("=", 1) for e in edits["env"])
+        assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("20", "0=4096M")
+    finally:
+        request(n.api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}")  # the API server is shared

@@ -15,8 +15,9 @@ import yaml
 from deviceplugin.config.parse import parse_config_text
 from deviceplugin.config.types import default_config
 from deviceplugin.discovery.simulated import SimulatedInventory
-from deviceplugin.dra.devices import MAX_DEVICES_PER_SLICE, driver_name
+from deviceplugin.dra.devices import MAX_DEVICES_PER_SLICE
 from deviceplugin.dra.slices import SlicePublisher
+from deviceplugin.kube.dranames import driver_name
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, node, wait_until
 from tests.support.kubeobjects import ready_node, request, slices

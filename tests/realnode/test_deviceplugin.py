@@ -145,6 +145,30 @@ def test_three_shares_reach_the_container_as_one_gpu(realnode, core, namespace, 
     delete_pod(core, namespace, "three")
 
 
+def test_the_kubelets_checkpoint_has_the_shape_the_built_in_kubelet_writes_and_the_plugin_reads(realnode, core, namespace, plugin):
+    import base64
+
+    from deviceplugin.agent.holds import CHECKPOINT, read_checkpoint
+    from deviceplugin.api import deviceplugin_pb2 as pb
+
+    pod = run_pod(core, realnode, namespace, "checkpointed", 3)
+    path = realnode.node_dir / "kubelet" / "device-plugins" / CHECKPOINT
+    data = json.loads(path.read_text())
+    assert set(data) == {"Data", "Checksum"} and isinstance(data["Checksum"], int)
+    assert set(data["Data"]) == {"PodDeviceEntries", "RegisteredDevices"}
+    assert sorted(data["Data"]["RegisteredDevices"][RESOURCE]) == sorted(f"{u}::{k}" for u in UUIDS for k in range(10))
+    (entry,) = [e for e in data["Data"]["PodDeviceEntries"] if e["PodUID"] == pod.metadata.uid]
+    assert set(entry) == {"PodUID", "ContainerName", "ResourceName", "DeviceIDs", "AllocResp"}
+    assert (entry["ContainerName"], entry["ResourceName"]) == ("main", RESOURCE)
+    (ids,) = entry["DeviceIDs"].values()
+    assert list(entry["DeviceIDs"]) == ["-1"] and len(ids) == 3  # no topology: NUMA node -1
+    response = pb.ContainerAllocateResponse.FromString(base64.b64decode(entry["AllocResp"]))
+    assert response.envs["GPU_SHARE_COUNT"] == "3"  # the plugin's own Allocate answer, kept by the kubelet
+    holds = read_checkpoint(path, lambda unit: unit in UUIDS)  # the plugin's reader takes the real file
+    assert sorted(device for (_, device), hold in holds.items() if hold.pod_uid == pod.metadata.uid) == sorted(ids)
+    delete_pod(core, namespace, "checkpointed")
+
+
 def test_a_container_of_three_shares_is_one_series_of_three_with_a_three_share_limit(realnode, core, namespace, plugin):
     pod = run_pod(core, realnode, namespace, "metered", 3)
 

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.realnode.test_dra import CLAIMS, ROOT, delete, env_of
-from tests.support.kubeobjects import request
-from tests.support.realnode import RealNode, wait_for
+from tests.realnode.test_dra import CLAIMS, ROOT, env_of
+from tests.support.kubeobjects import delete_claim, request
+from tests.support.realnode import RealNode, delete_pod, wait_for
 
 SCHEDULER = "gpu-share-realnode-mig"
 DRIVER = "gpu-share.example.com"
@@ -87,7 +87,10 @@ def test_the_container_sees_the_mig_instance_made_for_its_claim(realnode: RealNo
     (device,) = record["devices"]
     made = device["mig"]["uuid"]
     assert made.startswith("MIG-") and device["mig"]["start"] in (0, 4) and device["device"].startswith("gpu-0-mig-3g-40gb-")
-    env = wait_for(lambda: (e := env_of(api, ns, name)) and "NVIDIA_VISIBLE_DEVICES" in e and e, 30)
+    env = env_of(api, ns, name, "NVIDIA_VISIBLE_DEVICES")
     assert env["NVIDIA_VISIBLE_DEVICES"] == made  # the instance the driver made for this claim, through the CDI spec
-    delete(api, ns, name)
+    devices = wait_for(lambda: request(api, "GET", CLAIMS.format(ns=ns) + f"/{name}")["status"].get("devices"), 30)
+    assert [d["data"]["uuid"] for d in devices] == [made]  # the claim's status names the instance too
+    delete_pod(core, ns, name)
+    delete_claim(api, ns, name)  # no kube-controller-manager runs here: released as it would release it
     wait_for(lambda: not Path(record_path).exists(), 30)  # unprepared (its instance destroyed first) when the pod went

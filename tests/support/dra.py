@@ -10,9 +10,10 @@ from typing import Any
 from deviceplugin.config.parse import parse_config
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint
-from deviceplugin.dra.devices import ClaimError, driver_name
+from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.prepare import ClaimRef, Driver
+from deviceplugin.kube.dranames import driver_name
 from deviceplugin.state import NodeState
 from tests.conftest import node
 from tests.support.resources import resources_of

@@ -1,6 +1,7 @@
 """Objects the end-to-end tests need on the real API server that a cluster's controllers would make: a Ready,
 schedulable Node (no node lifecycle controller removes the not-ready taint), a namespace with its `default`
-ServiceAccount (no ServiceAccount controller); and a raw JSON request for kinds the typed client does not know."""
+ServiceAccount (no ServiceAccount controller), a deleted ResourceClaim's release (no resourceclaim controller); and
+a raw JSON request for kinds the typed client does not know."""
 
 from __future__ import annotations
 
@@ -40,6 +41,32 @@ def request(api: Any, method: str, path: str, body: Any = None, query: list[tupl
     if not 200 <= response.status <= 299:
         raise client.ApiException(status=response.status, reason=response.reason, body=data.decode(errors="replace"))
     return json.loads(data) if data else None
+
+
+CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+
+
+def delete_claim(api: Any, namespace: str, name: str) -> None:
+    """Delete a ResourceClaim no pod uses any more and finish its deletion (`release_claim`)."""
+    path = CLAIM_PATH.format(ns=namespace, name=name)
+    try:
+        request(api, "DELETE", path)
+        release_claim(api, request(api, "GET", path))
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def release_claim(api: Any, claim: dict[str, Any]) -> None:
+    """What kube-controller-manager's resourceclaim controller does for a deleted claim whose pods are gone (tests
+    run none): drop its reservations and allocation, then its delete-protection finalizer. Until then kube-scheduler
+    counts the claim's devices (and consumed capacity) as taken."""
+    meta = claim["metadata"]
+    path = CLAIM_PATH.format(ns=meta["namespace"], name=meta["name"])
+    if claim.get("status"):
+        claim = request(api, "PUT", path + "/status", {**claim, "status": {}})
+    if claim["metadata"].get("finalizers"):
+        request(api, "PUT", path, {**claim, "metadata": {**claim["metadata"], "finalizers": []}})
 
 
 def slices(api: Any, node: str) -> list[dict[str, Any]]:

@@ -88,6 +88,7 @@ class RealNode:
         (run / "pki").mkdir(parents=True)
         for name in ("ca.crt", "ca.key"):
             shutil.copy(self.cp.work / "pki" / name, run / "pki" / name)
+        shutil.copy(self.cp.work / "sa.key", run / "pki" / "sa.key")  # kcm.sh signs service-account tokens with it
         (run / "env").write_text(f'export CP_SERVER="{self.cp.server}"\nexport KUBECONFIG="{self.cp.admin_kubeconfig}"\n')
         self.kubelet_port = _free_port()
         env = {**self.env, "KUBELET_PORT": str(self.kubelet_port), "KUBELET_HEALTHZ_PORT": str(_free_port())}
@@ -100,11 +101,12 @@ class RealNode:
         # no node-lifecycle controller (kcm.sh is not run): remove the not-ready taint the API server put on the new Node
         subprocess.run(["kubectl", "taint", "node", self.name, "node.kubernetes.io/not-ready:NoSchedule-"], env=self.env, capture_output=True, timeout=30)
 
-    def nsexec(self, *argv: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    def nsexec(self, *argv: str, log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start a process in the node's mount namespace (where the kubelet's sockets and /var/run/cdi are), with
-        NODE_NAME set as the DaemonSet sets it."""
+        NODE_NAME set as the DaemonSet sets it (and `env` added)."""
         out = open(log or os.devnull, "ab")
-        proc = subprocess.Popen([str(self.scripts / "nsexec.sh"), *argv], env={**self.env, "NODE_NAME": self.name}, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([str(self.scripts / "nsexec.sh"), *argv], env={**self.env, "NODE_NAME": self.name, **(env or {})},
+                                stdout=out, stderr=subprocess.STDOUT)
         out.close()
         self.started.append(proc)
         return proc

@@ -139,7 +139,13 @@ def test_trace_errors_name_the_file_line_and_column(tmp_path: Path):
         find_trace_dir(str(tmp_path / "nowhere"))
     with pytest.raises(TraceError) as err:
         resolve("nosuch", str(TRACES), "openb_pod_list_{}.csv")
-    assert str(err.value) == f"trace file {TRACES / 'openb_pod_list_nosuch.csv'} does not exist; the names {TRACES} has: toy"  # what --pods takes there
+    assert str(err.value) == f"trace file {TRACES / 'openb_pod_list_nosuch.csv'} does not exist; the names {TRACES} has for openb_pod_list_<name>.csv: toy"
+    with pytest.raises(TraceError) as err:  # no file of that pattern: its CSVs, and where the trace comes from
+        resolve("gpu_node", str(TRACES), "openb_node_list_{}.csv")
+    assert str(err.value).startswith(f"trace file {TRACES / 'openb_node_list_gpu_node.csv'} does not exist, and {TRACES} has no "
+                                     f"openb_node_list_<name>.csv (its CSVs: bad_pods.csv, openb_pod_list_toy.csv, toy_nodes.csv; "
+                                     f"give one as a path, e.g. {TRACES / 'bad_pods.csv'}). The CSVs are not shipped"), err.value
+    assert "https://github.com/alibaba/clusterdata (docs/packing.md#getting-the-trace)" in str(err.value)
 
 
 def test_replicas_that_change_no_request_change_nothing():
@@ -154,3 +160,14 @@ def test_failed_pods_read_as_a_count():
     from deviceplugin.cluster.report import _count
 
     assert (_count(2607.0), _count(3.5)) == ("2607", "3.5")  # a mean over seeds: whole when every run failed as many
+
+
+def test_no_trace_directory_says_where_the_trace_comes_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from deviceplugin.cluster import traces
+
+    monkeypatch.delenv(traces.TRACE_DIR_ENV, raising=False)
+    monkeypatch.setattr(traces, "trace_dir_candidates", lambda: [tmp_path / "nowhere"])
+    with pytest.raises(TraceError) as err:
+        find_trace_dir()
+    assert f"no trace directory found (tried {tmp_path / 'nowhere'}); pass --trace-dir" in str(err.value)
+    assert "csv/ folder of cluster-trace-gpu-v2023 in https://github.com/alibaba/clusterdata" in str(err.value)

@@ -46,9 +46,9 @@ def test_mixed_config_splits_the_node():
 def test_model_patterns_are_case_insensitive_and_domain_applies():
     config = load_config(EXAMPLES / "config" / "by-model.yaml")
     names = {r.name: len(r.gpus) for r in build_resources(config, T4)}
-    assert names == {"gpu.example.org/t4-share": 2}
+    assert names == {"example.com/t4-share": 2}
     names = {r.name: len(r.gpus) for r in build_resources(config, H100)}
-    assert names == {"gpu.example.org/gpu": 8}
+    assert names == {"example.com/gpu": 8}
 
 
 @pytest.mark.parametrize(
@@ -81,6 +81,23 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         (
             pools({"name": "a", "mode": "shared", "resource": "kubernetes.io/gpu"}),
             "pools[0].resource: 'kubernetes.io/gpu' is not a valid extended resource name: must not use the kubernetes.io domain",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "sharingStrategies": ["timeSlicing"]}),
+            "pools[0].sharingStrategies: only applies to backend mps (a timeSlicing pool runs no MPS control daemon",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "backend": "mps", "sharingStrategies": ["timeSlicing"]}),
+            "pools[0].sharingStrategies: must include mps, the pool's backend",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "backend": "mps", "sharingStrategies": ["mps", "MPS"]}),
+            "pools[0].sharingStrategies: each must be one of timeSlicing, mps, got ['mps', 'MPS']",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "backend": "mps", "exclusiveProcess": True,
+                   "sharingStrategies": ["mps", "timeSlicing"]}),
+            "pools[0].sharingStrategies: timeSlicing cannot be offered with exclusiveProcess: true",
         ),
         (pools({"name": "a", "mode": "shared", "gpus": {}}), "pools[0].gpus: selects no GPU"),
         (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [0, "1"]}}), "pools[0].gpus.indexes[1]: must be an integer, got string '1'"),
@@ -238,3 +255,10 @@ def test_problems_in_a_file_name_the_key_and_its_line():
         "profiles.inference.pools[1].mode: must be one of exclusive, shared, mig, got 'bogus' (line 8)",
         "defaultProfile: 'default' is not a profile (profiles: inference)",  # not in the file: no line
     ]
+
+
+def test_an_mps_pool_offers_claims_its_backend_or_the_sharing_strategies_it_lists():
+    offered = {"name": "a", "mode": "shared", "backend": "mps", "sharingStrategies": ["mps", "timeSlicing"]}
+    assert parse_config(pools(offered)).pools()[0].strategies == ("mps", "timeSlicing")
+    assert parse_config(pools({"name": "a", "mode": "shared", "backend": "mps"})).pools()[0].strategies == ("mps",)
+    assert parse_config(pools({"name": "a", "mode": "shared"})).pools()[0].strategies == ("timeSlicing",)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.dra.checkpoint import atomic_write
+from deviceplugin.atomicfile import atomic_write
 from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.prepare import GONE, UNKNOWN, Driver, prepare_claims
 from tests.support.dra import MemoryClaims, claim, make_driver, result

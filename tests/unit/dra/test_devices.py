@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from deviceplugin.alloc.allocator import AllocationError
-from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices, driver_name, parse_quantity
+from deviceplugin.dra.devices import ClaimError, claim_share, dra_devices
+from deviceplugin.kube.dranames import driver_name
 from tests.conftest import node
 from tests.support.resources import resources_of
 
@@ -29,6 +32,14 @@ def test_a_shared_gpu_is_one_multi_allocatable_device_with_proportional_capacity
     assert api["attributes"]["architecture"] == {"string": "turing"}
     assert api["attributes"]["driverVersion"] == {"version": "550.54.15"}
     assert api["attributes"]["mode"] == {"string": "time-slicing"}
+
+
+def test_a_driver_version_with_leading_zeros_is_a_semver_and_its_text() -> None:
+    info, devices = _devices([{"name": "w", "mode": "exclusive"}])
+    info = replace(info, driver_version="570.124.06")
+    attributes = devices[0].to_api("gpu-share.example.com", info)["attributes"]
+    assert attributes["driverVersion"] == {"version": "570.124.6"}  # semver forbids leading zeros
+    assert attributes["driverVersionText"] == {"string": "570.124.06"}  # as nvidia-smi shows it
 
 
 def test_an_exclusive_gpu_is_not_shared_and_has_no_request_policy() -> None:
@@ -84,14 +95,3 @@ def test_results_the_driver_cannot_prepare_are_refused_with_a_message(consumed: 
     _, devices = _devices([{"name": "s", "mode": "shared", "replicas": 4}])
     with pytest.raises(ClaimError, match=message):
         claim_share(devices[0], consumed, share_id)
-
-
-@pytest.mark.parametrize(("text", "value"), [("2", 2), ("1536Mi", 1536 * 2**20), ("20Gi", 20 * 2**30), ("1e3", 1000), ("500m", 0.5), ("1k", 1000)])
-def test_quantities(text: str, value: float) -> None:
-    assert parse_quantity(text) == pytest.approx(value)
-
-
-def test_a_quantity_too_long_or_malformed_is_refused() -> None:
-    for text in ("1" * 100, "12Xi", "", "--1"):
-        with pytest.raises(ValueError):
-            parse_quantity(text)

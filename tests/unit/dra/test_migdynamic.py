@@ -16,10 +16,12 @@ from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint, MigRecord
+from deviceplugin.dra.claimstatus import device_status
 from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
 from deviceplugin.dra.prepare import Driver, prepare_claims
+from deviceplugin.dra.sharingconfig import api_version
 from deviceplugin.dra.usage import ClaimUsage
 from deviceplugin.model.node import Gpu, NodeInfo
 from deviceplugin.state import NodeState
@@ -73,6 +75,39 @@ def test_prepare_makes_the_instance_the_container_gets_and_unprepare_destroys_it
     driver.unprepare(ref)
     driver.unprepare(ref)
     assert inventory.mig_instances(GPU0) == () and driver.prepared() == [] and not Path(prepared.cdi_spec).exists()
+
+
+def test_the_claims_status_names_the_instance_made_for_it(tmp_path: Path) -> None:
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+    prepared = driver.prepare(*mig("gpu-0-mig-2g-20gb-2"))
+    (instance,) = inventory.mig_instances(GPU0)
+    (entry,) = device_status(prepared, {d.name: d for d in driver.devices}, DRIVER)
+    assert entry["data"] == {
+        "version": 1, "uuid": instance.uuid, "gpu": 0, "shares": 1, "totalShares": 1, "memoryLimitMiB": prepared.devices[0].memory_mib,
+    }
+
+
+@pytest.mark.parametrize(
+    ("sharing", "message"),
+    [
+        ({"strategy": "timeSlicing"}, ""),  # what a MIG instance offers: accepted
+        ({"strategy": "mps"}, "sharing.strategy: mps is not offered on device gpu-0-mig-1g-10gb-6: pool dyn is mode mig"),
+    ],
+)
+def test_a_sharing_config_is_checked_before_any_instance_is_made(tmp_path: Path, sharing: dict[str, str], message: str) -> None:
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+    ref, body = mig("gpu-0-mig-1g-10gb-6")
+    parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": sharing}
+    body["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}]
+    if not message:
+        prepared = driver.prepare(ref, body)
+        assert [i.uuid for i in inventory.mig_instances(GPU0)] == [prepared.devices[0].mig.uuid]  # type: ignore[union-attr]
+        return
+    with pytest.raises(ClaimError, match=message):
+        driver.prepare(ref, body)
+    assert inventory.mig_instances(GPU0) == () and driver.mig.made == 0 and ref.uid not in driver.checkpoint
 
 
 def test_a_taken_placement_is_that_claims_error_and_leaves_nothing_behind(tmp_path: Path) -> None:

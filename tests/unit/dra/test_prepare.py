@@ -108,7 +108,10 @@ def test_an_unhealthy_device_is_refused_with_the_monitors_reason(tmp_path: Path)
         (lambda b: b["status"]["allocation"]["devices"]["results"][0].update(pool="node-b"), "not on this node's pool 2xT4"),
         (lambda b: b["status"]["allocation"]["devices"]["results"][0].update(device="gpu-7"), "device gpu-7 is not published"),
         (lambda b: b["status"]["allocation"]["devices"]["results"][0].pop("shareID"), "has no shareID"),
-        (lambda b: b["status"]["allocation"]["devices"].update(config=[{"opaque": {"driver": DRIVER, "parameters": {}}}]), "takes no opaque device config"),
+        (
+            lambda b: b["status"]["allocation"]["devices"].update(config=[{"opaque": {"driver": DRIVER}}]),
+            r"config\[0\] \(no source\): parameters: must be a JSON object",
+        ),
         (lambda b: b["status"]["allocation"]["devices"].update(results=[result("gpu-0")] * 33), "more than 32"),
     ],
 )
@@ -183,7 +186,7 @@ def test_a_twins_write_within_one_mtime_tick_is_still_seen(tmp_path: Path) -> No
 
 
 def test_an_mps_pool_is_held_back_until_its_control_daemon_answers(tmp_path: Path) -> None:
-    from deviceplugin.dra.mpsready import MpsReadiness
+    from deviceplugin.health.mpsready import MpsReadiness
 
     class Liveness:
         answers = False
