@@ -20,6 +20,7 @@ from . import (
     dra_slices,
     dra_start,
     dra_tenants,
+    dynamic_mig,
     extender,
     footprint,
     hostile,
@@ -34,7 +35,7 @@ from . import (
 BENCHMARKS = {
     "admission": admission, "scale": scale, "recovery": recovery, "footprint": footprint, "scrape": scrape, "kubelet_link": kubelet_link,
     "extender": extender, "hostile": hostile, "dra": dra, "dra_slices": dra_slices, "dra_tenants": dra_tenants, "dra_start": dra_start,
-    "stop": stop, "restart_storm": restart_storm,
+    "dynamic_mig": dynamic_mig, "stop": stop, "restart_storm": restart_storm,
 }
 
 

@@ -22,7 +22,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     print(proc.stdout)
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra",
-                                                   "dra_slices", "dra_tenants", "dra_start", "stop", "restart_storm")}
+                                                   "dra_slices", "dra_tenants", "dra_start", "dynamic_mig", "stop", "restart_storm")}
     assert results["admission-smoke"]["allocate"]["n"] == 50 and results["admission-smoke"]["devices"] == 512
     assert "over the 2097152 byte budget" in results["scale-smoke"]["60000_devices_refused_with"]
     assert results["recovery-smoke"]["socket_created_to_register_max_ms"] > 0
@@ -44,6 +44,9 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert all(row["refused_with"] not in ("", "not refused") for row in hostile["refusals"])
     abuse = hostile["metrics_abuse"]
     assert abuse["holding"]["threads"] <= abuse["before"]["threads"] + 1 and abuse["flooding"]["scrapes_failed"] == 0
+    mig = results["dynamic_mig-smoke"]
+    assert mig["claims"] == 200 and mig["dynamic"]["nvml_refused"] == 0 and mig["dynamic"]["instances_left"] == 0
+    assert mig["dynamic"]["instances_made"] > 0 and 0 <= mig["fixed_mig_mixed"]["slices_used"] <= 1
     start = results["dra_start-smoke"]
     assert "skipped" in start or (start["claims_prepared"] == 10 and start["rss_with_claims_mib_median"] > 0 and start["exec_to_registered_ms_median"] > 0)
     dra = results["dra_slices-smoke"]

@@ -113,6 +113,8 @@ class Mig(SharingMode):
     placement = "in order"
 
     def resources(self, pool: PoolConfig, gpus: list[Gpu]) -> list[PoolResource]:
+        if pool.dynamic_mig:  # each GPU whole: the DRA driver publishes a MIG-enabled one as its profiles' placements
+            return [(pool.resource, pool.name, [_whole(g) for g in gpus])]
         by_profile: dict[str, list[Unit]] = {}
         for gpu in gpus:
             if not gpu.mig_enabled:

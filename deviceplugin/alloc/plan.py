@@ -16,10 +16,20 @@ from .placement import CLUSTER_POLICIES
 log = logging.getLogger(__name__)
 
 
-def build_resources(config: Config, node: NodeInfo, profile: str | None = None, budget_bytes: int = LIST_BUDGET_BYTES) -> list[Resource]:
-    """Assign every GPU to its pool and list each pool's devices; errors name the config key."""
+def build_resources(
+    config: Config, node: NodeInfo, profile: str | None = None, budget_bytes: int = LIST_BUDGET_BYTES, dynamic_mig: bool = False
+) -> list[Resource]:
+    """Assign every GPU to its pool and list each pool's devices; errors name the config key. `dynamic_mig`: the
+    caller serves `strategy: dynamic` pools (the DRA driver); otherwise such a pool is refused."""
     pools = config.pools(profile)
-    problems: list[str] = []
+    problems: list[str] = [
+        f"{p.key_path}.strategy: dynamic makes MIG instances per claim, which only the DRA driver does (gpu-share run --api dra); "
+        "the device plugin serves strategy mixed or single"
+        for p in pools
+        if p.dynamic_mig and not dynamic_mig
+    ]
+    if problems:
+        raise ConfigError(problems, config.source)
     owner: dict[str, PoolConfig] = {}  # GPU uuid -> the pool that selected it
     selected: dict[str, list[Gpu]] = {p.key_path: [] for p in pools}
     for pool in pools:

@@ -21,6 +21,7 @@ from .types import (
     DEFAULT_RESOURCE,
     DEVICE_LIST_STRATEGIES,
     DOMAIN_ENV,
+    DYNAMIC_MIG_RESOURCE,
     MIG_STRATEGIES,
     MODES,
     MPS_LIMIT_REASON,
@@ -252,7 +253,7 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         fields.check(not fields.has("resource"), "resource", "not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>")
         resource = ""
     else:
-        resource = fields.get("resource", DEFAULT_RESOURCE[mode])
+        resource = fields.get("resource", DYNAMIC_MIG_RESOURCE if mode == "mig" and strategy == "dynamic" else DEFAULT_RESOURCE[mode])
         if "/" not in resource:
             resource = f"{domain}/{resource}"
         problem = resource_name_problem(resource)

@@ -40,7 +40,7 @@ DEFAULT_MPS_ROOT = "/run/gpu-share/mps"
 Mode = Literal["exclusive", "shared", "mig"]
 Backend = Literal["timeSlicing", "mps"]
 MpsLimits = Literal["strict", "proportional"]
-MigStrategy = Literal["mixed", "single"]
+MigStrategy = Literal["mixed", "single", "dynamic"]  # dynamic: instances made per claim (DRA only)
 AllocationPolicy = Literal["binpack", "spread", "fgdstrand"]  # fgdstrand: the cluster policy (deviceplugin.cluster)
 DeviceListStrategy = Literal["envvar", "cdi"]
 WatchdogPolicy = Literal["report", "kill"]
@@ -51,6 +51,7 @@ MIG_STRATEGIES: tuple[MigStrategy, ...] = get_args(MigStrategy)
 ALLOCATION_POLICIES: tuple[AllocationPolicy, ...] = get_args(AllocationPolicy)
 DEVICE_LIST_STRATEGIES: tuple[DeviceListStrategy, ...] = get_args(DeviceListStrategy)
 WATCHDOG_POLICIES: tuple[WatchdogPolicy, ...] = get_args(WatchdogPolicy)
+DYNAMIC_MIG_RESOURCE = "mig-dynamic"  # the resource name of a strategy dynamic pool (DRA publishes no resource names)
 DEFAULT_RESOURCE: dict[Mode, str] = {"exclusive": "gpu", "shared": "gpu-share", "mig": "gpu"}  # mig: only with strategy single
 Choice = TypeVar("Choice", bound=str)
 
@@ -115,6 +116,11 @@ class PoolConfig:
     @property
     def mps(self) -> bool:
         return self.shared and self.backend == "mps"
+
+    @property
+    def dynamic_mig(self) -> bool:
+        """MIG instances made for each claim and destroyed after it (only the DRA driver serves such a pool)."""
+        return self.mode == "mig" and self.mig_strategy == "dynamic"
 
     @property
     def strategies(self) -> tuple[Backend, ...]:

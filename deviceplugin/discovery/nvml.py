@@ -6,6 +6,7 @@ lost GPUs, PCI bus-id formats, event sets that fail at once after a GPU is lost)
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import re
@@ -13,8 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..model.mig import MigInstance, MigProfile
 from ..model.node import MIB, Gpu, GpuProcess, GpuStats, HealthEvent, Link, MigDevice, NodeInfo
 from .inventory import InventoryError
+from .mig import INVALID_ARGUMENT, MAX_COMPUTE_INSTANCES, MAX_GPU_INSTANCES, MAX_PLACEMENTS, NOT_SUPPORTED, MigError
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,11 @@ def _cpu_list(text: str) -> list[int]:
     return cpus
 
 
+def _mig_error(call: str, err: Exception, gpu: str) -> MigError:
+    """An NVML error of a MIG call, naming the call and the GPU, with NVML's return code."""
+    return MigError(f"NVML {call} failed on GPU {gpu}: {err}", int(getattr(err, "value", 0) or 0))
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -86,6 +94,7 @@ class NvmlInventory:
         self.recheck_interval = recheck_interval
         self._next_recheck: dict[str, float] = {}  # check -> the monotonic time it may run again (`_due`)
         self._node: NodeInfo | None = None
+        self._made: dict[tuple[str, int, int], str] = {}  # (GPU, GI, CI) -> MIG UUID of instances made or listed since discovery
 
     # --- calls -----------------------------------------------------------------------------
     def _call(self, name: str, *args: Any, gpu: str = "") -> Any:
@@ -154,7 +163,16 @@ class NvmlInventory:
             mig_enabled=mig_enabled,
             mig_devices=self._mig_devices(handle, label) if mig_enabled else (),
             mig_capable=mode is not None,  # NOT_SUPPORTED: no MIG on this GPU
+            mig_profiles=self._discovered_profiles(uuid) if mig_enabled else (),
         )
+
+    def _discovered_profiles(self, uuid: str) -> tuple[MigProfile, ...]:
+        """The MIG profiles, or none when they cannot be read (the GPU then offers no dynamic MIG, said in the log)."""
+        try:
+            return self.mig_profiles(uuid)
+        except MigError as err:
+            log.warning("GPU %s: MIG profiles cannot be read, no dynamic MIG on it: %s", uuid, err)
+            return ()
 
     def _numa_node(self, bus_id: str, handle: Any, label: str) -> int | None:
         """sysfs' numa_node (-1: the platform says none); without that entry, NVML's memory, then CPU, affinity."""
@@ -355,7 +373,17 @@ class NvmlInventory:
                 for mig in gpu.mig_devices:
                     if mig.gi_id == gi and (ci == NO_INSTANCE or mig.ci_id == ci):
                         return mig.uuid
+        for (gpu_of, gi_of, ci_of), uuid in self._made.items():  # an instance made after discovery (dynamic MIG)
+            if (gpu_of, gi_of) == (gpu_uuid, gi) and ci in (NO_INSTANCE, ci_of):
+                return uuid
         return None  # cannot be attributed: the whole GPU
+
+    def _remember(self, gpu_uuid: str, instances: list[MigInstance], replace_all: bool = False) -> None:
+        """Keep the MIG UUIDs of instances seen, so their processes are attributed to them (replaced whole: a reader
+        on another thread sees an old map or a new one)."""
+        made = {k: v for k, v in self._made.items() if not (replace_all and k[0] == gpu_uuid)}
+        made.update({(gpu_uuid, i.gi_id, i.ci_id): i.uuid for i in instances if i.ci_id is not None and i.uuid})
+        self._made = made
 
     def check(self, gpu_uuid: str) -> str | None:
         try:
@@ -420,6 +448,142 @@ class NvmlInventory:
                 mig = self._mig_of(gpu_uuid, getattr(entry, "gpuInstanceId", NO_INSTANCE), getattr(entry, "computeInstanceId", NO_INSTANCE))
                 found[entry.pid] = GpuProcess(pid=entry.pid, gpu_uuid=gpu_uuid, used_mib=used, mig_uuid=mig)
         return list(found.values())
+
+    # --- MigControl (discovery.mig) ---------------------------------------------------------------
+    def _mig_call(self, name: str, *args: Any, gpu: str) -> Any:
+        """pynvml.<name>; an NVML error becomes MigError with NVML's return code."""
+        try:
+            return getattr(self.nvml, name)(*args)
+        except self.nvml.NVMLError as err:
+            raise _mig_error(name, err, gpu) from err
+
+    def _mig_handle(self, gpu_uuid: str) -> Any:
+        """The GPU's handle; MigError NOT_SUPPORTED unless its current MIG mode is on."""
+        handle = self._mig_call("nvmlDeviceGetHandleByUUID", gpu_uuid, gpu=gpu_uuid)
+        mode = self._mig_call("nvmlDeviceGetMigMode", handle, gpu=gpu_uuid)
+        if mode[0] != self.nvml.NVML_DEVICE_MIG_ENABLE:
+            raise MigError(f"GPU {gpu_uuid}: MIG mode is off", NOT_SUPPORTED)
+        return handle
+
+    def mig_profiles(self, gpu_uuid: str) -> tuple[MigProfile, ...]:
+        handle = self._mig_handle(gpu_uuid)
+        profiles = []
+        for index in range(self.nvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            try:  # the call takes the profile's enum index, not its ID
+                info = self.nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, index)
+            except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_InvalidArgument):
+                continue  # a profile this GPU does not have
+            except self.nvml.NVMLError as err:
+                raise _mig_error(f"nvmlDeviceGetGpuInstanceProfileInfo({index})", err, gpu_uuid) from err
+            match = _MIG_PROFILE.search(_text(info.name))
+            placements = self._placements(handle, info.id, gpu_uuid)
+            if not match or not placements:
+                log.warning("GPU %s: MIG profile %d (%r) has no profile name or no placement; skipped", gpu_uuid, info.id, _text(info.name))
+                continue
+            profiles.append(MigProfile(
+                id=info.id, name=match.group(1), compute_slices=info.sliceCount, memory_slices=placements[0][1],
+                memory_mib=info.memorySizeMB, instance_count=info.instanceCount, placements=tuple(start for start, _ in placements),
+                copy_engines=info.copyEngineCount, decoders=info.decoderCount, encoders=info.encoderCount,
+                jpeg_engines=info.jpegCount, ofa_engines=info.ofaCount,
+            ))
+        return tuple(profiles)
+
+    def _placements(self, handle: Any, profile_id: int, gpu: str) -> list[tuple[int, int]]:
+        """(start, size) of every possible placement of the profile (nvmlDeviceGetGpuInstancePossiblePlacements_v2)."""
+        found = (self.nvml.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
+        count = ctypes.c_uint(MAX_PLACEMENTS)
+        self._mig_call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, found, ctypes.byref(count), gpu=gpu)
+        return [(found[i].start, found[i].size) for i in range(min(count.value, MAX_PLACEMENTS))]
+
+    def mig_instances(self, gpu_uuid: str) -> tuple[MigInstance, ...]:
+        handle = self._mig_handle(gpu_uuid)
+        uuids = self._mig_uuids(handle, gpu_uuid)
+        instances = []
+        for gi_id in range(MAX_GPU_INSTANCES):  # IDs are small; NOT_FOUND: no instance with that ID
+            try:
+                gi = self.nvml.nvmlDeviceGetGpuInstanceById(handle, gi_id)
+            except (self.nvml.NVMLError_NotFound, self.nvml.NVMLError_InvalidArgument):
+                continue
+            except self.nvml.NVMLError as err:
+                raise _mig_error(f"nvmlDeviceGetGpuInstanceById({gi_id})", err, gpu_uuid) from err
+            info = self._mig_call("nvmlGpuInstanceGetInfo", gi, gpu=gpu_uuid)
+            ci_id = self._compute_instance_id(gi, gpu_uuid)
+            instances.append(MigInstance(
+                gi_id=info.id, profile_id=info.profileId, start=info.placement.start, size=info.placement.size,
+                ci_id=ci_id, uuid=uuids.get((info.id, ci_id), "") if ci_id is not None else "",
+            ))
+        self._remember(gpu_uuid, instances, replace_all=True)
+        return tuple(instances)
+
+    def _compute_instance_id(self, gi: Any, gpu: str) -> int | None:
+        for ci_id in range(MAX_COMPUTE_INSTANCES):
+            try:
+                self.nvml.nvmlGpuInstanceGetComputeInstanceById(gi, ci_id)
+            except (self.nvml.NVMLError_NotFound, self.nvml.NVMLError_InvalidArgument):
+                continue
+            except self.nvml.NVMLError as err:
+                raise _mig_error(f"nvmlGpuInstanceGetComputeInstanceById({ci_id})", err, gpu) from err
+            return ci_id
+        return None
+
+    def _mig_uuids(self, handle: Any, gpu: str) -> dict[tuple[int, int], str]:
+        """(GPU-instance ID, compute-instance ID) -> MIG device UUID, for the MIG devices there now."""
+        found = {}
+        for index in range(self._mig_call("nvmlDeviceGetMaxMigDeviceCount", handle, gpu=gpu)):
+            try:
+                mig = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index)
+            except self.nvml.NVMLError_NotFound:
+                continue  # indices can have gaps
+            except self.nvml.NVMLError as err:
+                raise _mig_error(f"nvmlDeviceGetMigDeviceHandleByIndex({index})", err, gpu) from err
+            key = (self._mig_call("nvmlDeviceGetGpuInstanceId", mig, gpu=gpu), self._mig_call("nvmlDeviceGetComputeInstanceId", mig, gpu=gpu))
+            found[key] = _text(self._mig_call("nvmlDeviceGetUUID", mig, gpu=gpu))
+        return found
+
+    def create_gpu_instance(self, gpu_uuid: str, profile_id: int, start: int) -> int:
+        handle = self._mig_handle(gpu_uuid)
+        sizes = dict(self._placements(handle, profile_id, gpu_uuid))
+        if start not in sizes:
+            raise MigError(f"GPU {gpu_uuid}: MIG profile {profile_id} has no placement starting at memory slice {start}", INVALID_ARGUMENT)
+        placement = self.nvml.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = start, sizes[start]
+        gi = self._mig_call("nvmlDeviceCreateGpuInstanceWithPlacement", handle, profile_id, ctypes.byref(placement), gpu=gpu_uuid)
+        return int(self._mig_call("nvmlGpuInstanceGetInfo", gi, gpu=gpu_uuid).id)
+
+    def create_compute_instance(self, gpu_uuid: str, gi_id: int) -> MigInstance:
+        handle = self._mig_handle(gpu_uuid)
+        gi = self._mig_call("nvmlDeviceGetGpuInstanceById", handle, gi_id, gpu=gpu_uuid)
+        info = self._mig_call("nvmlGpuInstanceGetInfo", gi, gpu=gpu_uuid)
+        whole = None  # the compute-instance profile that takes the whole GPU instance: the most slices
+        for index in range(self.nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
+            try:
+                ci_profile = self.nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, self.nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+            except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_InvalidArgument):
+                continue
+            except self.nvml.NVMLError as err:
+                raise _mig_error(f"nvmlGpuInstanceGetComputeInstanceProfileInfo({index})", err, gpu_uuid) from err
+            if whole is None or ci_profile.sliceCount > whole.sliceCount:
+                whole = ci_profile
+        if whole is None:
+            raise MigError(f"GPU {gpu_uuid}: GPU instance {gi_id} offers no compute-instance profile", NOT_SUPPORTED)
+        ci = self._mig_call("nvmlGpuInstanceCreateComputeInstance", gi, whole.id, gpu=gpu_uuid)
+        ci_id = int(self._mig_call("nvmlComputeInstanceGetInfo", ci, gpu=gpu_uuid).id)
+        uuid = self._mig_uuids(handle, gpu_uuid).get((gi_id, ci_id), "")
+        made = MigInstance(gi_id=gi_id, profile_id=info.profileId, start=info.placement.start, size=info.placement.size, ci_id=ci_id, uuid=uuid)
+        self._remember(gpu_uuid, [made])
+        return made
+
+    def destroy_compute_instance(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
+        handle = self._mig_handle(gpu_uuid)
+        gi = self._mig_call("nvmlDeviceGetGpuInstanceById", handle, gi_id, gpu=gpu_uuid)
+        ci = self._mig_call("nvmlGpuInstanceGetComputeInstanceById", gi, ci_id, gpu=gpu_uuid)
+        self._mig_call("nvmlComputeInstanceDestroy", ci, gpu=gpu_uuid)
+        self._made = {k: v for k, v in self._made.items() if k != (gpu_uuid, gi_id, ci_id)}
+
+    def destroy_gpu_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        handle = self._mig_handle(gpu_uuid)
+        gi = self._mig_call("nvmlDeviceGetGpuInstanceById", handle, gi_id, gpu=gpu_uuid)
+        self._mig_call("nvmlGpuInstanceDestroy", gi, gpu=gpu_uuid)
 
     def _free_events(self) -> None:
         try:

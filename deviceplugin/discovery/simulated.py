@@ -32,15 +32,18 @@ import queue
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..config.schema import Fields, SchemaError, join
 from ..config.yamlfile import YamlProblem, decode, load_yaml, read_bounded
 from ..model.devices import HEALTHY
+from ..model.mig import MigInstance, MigProfile
 from ..model.node import PCIE_LEVELS, Gpu, GpuProcess, GpuStats, HealthEvent, Link, MigDevice, NodeInfo
 from .inventory import InventoryError
+from .mig import GPU_IS_LOST, NOT_SUPPORTED, MigError
+from .migsim import SimulatedMig
 
 _GPU_KEYS = {
     "index": int,
@@ -185,6 +188,19 @@ class SimulatedInventory:
         started = time.monotonic()
         self._schedule = sorted(((started + f.after, f) for f in failures or []), key=lambda p: p[0])
         self._failing.update({f.gpu_uuid: f.reason for f in failures or [] if f.lost and f.after == 0})  # lost from the start
+        self._mig = {g.uuid: self._simulated_mig(g) for g in node.gpus if g.mig_capable}
+        gpus = tuple(replace(g, mig_profiles=self._mig[g.uuid].table) if g.mig_enabled and g.uuid in self._mig else g for g in node.gpus)
+        self._node = replace(node, gpus=gpus)
+
+    def _simulated_mig(self, gpu: Gpu) -> SimulatedMig:
+        """The GPU's MIG state (discovery.migsim): its model's tables, with the node file's instances placed."""
+        mig = SimulatedMig(gpu.uuid, gpu.model, gpu.memory_mib, gpu.mig_enabled, self._mig_in_use)
+        mig.adopt(gpu.mig_devices)
+        return mig
+
+    def _mig_in_use(self, mig_uuid: str) -> bool:
+        with self._lock:
+            return any(p.mig_uuid == mig_uuid for p in self._processes.values())
 
     @classmethod
     def from_file(cls, path: str | Path, proc_root: str | Path | None = None) -> SimulatedInventory:
@@ -273,6 +289,33 @@ class SimulatedInventory:
     def processes(self, gpu_uuid: str) -> list[GpuProcess]:
         with self._lock:
             return [p for p in self._processes.values() if p.gpu_uuid == gpu_uuid]
+
+    # --- MigControl (discovery.mig) ---------------------------------------------------------------
+    def _mig_of(self, gpu_uuid: str) -> SimulatedMig:
+        reason = self.check(gpu_uuid)
+        if reason:
+            raise MigError(reason, GPU_IS_LOST)
+        if gpu_uuid not in self._mig:
+            raise MigError(f"GPU {gpu_uuid} does not support MIG", NOT_SUPPORTED)
+        return self._mig[gpu_uuid]
+
+    def mig_profiles(self, gpu_uuid: str) -> tuple[MigProfile, ...]:
+        return self._mig_of(gpu_uuid).profiles()
+
+    def mig_instances(self, gpu_uuid: str) -> tuple[MigInstance, ...]:
+        return self._mig_of(gpu_uuid).instances()
+
+    def create_gpu_instance(self, gpu_uuid: str, profile_id: int, start: int) -> int:
+        return self._mig_of(gpu_uuid).create_gpu_instance(profile_id, start)
+
+    def create_compute_instance(self, gpu_uuid: str, gi_id: int) -> MigInstance:
+        return self._mig_of(gpu_uuid).create_compute_instance(gi_id)
+
+    def destroy_compute_instance(self, gpu_uuid: str, gi_id: int, ci_id: int) -> None:
+        self._mig_of(gpu_uuid).destroy_compute_instance(gi_id, ci_id)
+
+    def destroy_gpu_instance(self, gpu_uuid: str, gi_id: int) -> None:
+        self._mig_of(gpu_uuid).destroy_gpu_instance(gi_id)
 
     def close(self) -> None:
         pass

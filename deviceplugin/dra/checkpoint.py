@@ -54,6 +54,29 @@ def valid_uid(uid: str) -> bool:
 
 
 @dataclass(frozen=True)
+class MigRecord:
+    """A dynamic-MIG instance made for a claim: the placement asked for and, once made, what NVML made there."""
+
+    gpu: str  # the parent GPU's UUID
+    profile_id: int
+    start: int
+    gi_id: int | None = None  # None: the intent, written before the instance is made
+    ci_id: int | None = None
+    uuid: str = ""  # the MIG device's UUID
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "profileID": self.profile_id, "start": self.start, "giID": self.gi_id, "ciID": self.ci_id, "uuid": self.uuid}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MigRecord:
+        def number(key: str) -> int | None:
+            return None if data.get(key) is None else int(data[key])
+
+        return cls(gpu=str(data["gpu"]), profile_id=int(data["profileID"]), start=int(data["start"]), gi_id=number("giID"),
+                   ci_id=number("ciID"), uuid=str(data.get("uuid") or ""))
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     """One allocation result prepared for a claim."""
 
@@ -64,6 +87,7 @@ class PreparedDevice:
     share_id: str | None
     shares: int  # shares of the device it holds (1 for a whole device, 0 for admin access)
     memory_mib: int  # GPU memory those shares give
+    mig: MigRecord | None = None  # a dynamic-MIG device: the instance made for it
     strategy: str = ""  # the strategy a SharingConfig chose when not the pool's mode (`timeSlicing` on an MPS pool)
 
     def to_json(self) -> dict[str, Any]:
@@ -71,6 +95,8 @@ class PreparedDevice:
             "request": self.request, "pool": self.pool, "device": self.device, "cdiIDs": list(self.cdi_ids),
             "shareID": self.share_id, "shares": self.shares, "memoryMiB": self.memory_mib,
         }
+        if self.mig:
+            out["mig"] = self.mig.to_json()
         if self.strategy:  # records without one read as before
             out["strategy"] = self.strategy
         return out
@@ -80,7 +106,7 @@ class PreparedDevice:
         return cls(
             request=str(data["request"]), pool=str(data["pool"]), device=str(data["device"]),
             cdi_ids=tuple(str(i) for i in data["cdiIDs"]), share_id=None if data.get("shareID") is None else str(data["shareID"]),
-            shares=int(data["shares"]), memory_mib=int(data["memoryMiB"]),
+            shares=int(data["shares"]), memory_mib=int(data["memoryMiB"]), mig=MigRecord.from_json(data["mig"]) if data.get("mig") else None,
             strategy=str(data.get("strategy") or "")[:16],
         )
 
@@ -93,17 +119,27 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     cdi_spec: str  # the spec file's path ("" when none was written)
     allocation: str = ""  # digest of the allocation results it was prepared from ("" in records of older versions)
+    pending: bool = False  # the intent written before making its MIG instances: not prepared yet (dra.migdynamic)
 
     def to_json(self) -> dict[str, Any]:
-        data = {"uid": self.uid, "namespace": self.namespace, "name": self.name, "cdiSpec": self.cdi_spec, "devices": [d.to_json() for d in self.devices]}
-        return {**data, "allocation": self.allocation} if self.allocation else data
+        data: dict[str, Any] = {
+            "uid": self.uid, "namespace": self.namespace, "name": self.name, "cdiSpec": self.cdi_spec, "devices": [d.to_json() for d in self.devices],
+        }
+        if self.allocation:
+            data["allocation"] = self.allocation
+        return {**data, "pending": True} if self.pending else data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
         return cls(
             uid=str(data["uid"]), namespace=str(data["namespace"]), name=str(data["name"]), cdi_spec=str(data["cdiSpec"]),
             devices=tuple(PreparedDevice.from_json(d) for d in data["devices"]), allocation=str(data.get("allocation") or ""),
+            pending=bool(data.get("pending", False)),
         )
+
+    @property
+    def mig(self) -> list[MigRecord]:
+        return [d.mig for d in self.devices if d.mig]
 
 
 class Checkpoint:

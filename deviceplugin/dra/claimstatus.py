@@ -58,7 +58,7 @@ def device_status(claim: PreparedClaim, devices: dict[str, DraDevice], driver: s
             continue
         data = {
             "version": STATUS_DATA_VERSION,
-            "uuid": device.unit.uuid,
+            "uuid": prepared.mig.uuid if prepared.mig else device.unit.uuid,  # a dynamic-MIG device: the instance made
             "gpu": device.unit.gpu.index,
             "shares": prepared.shares,
             "totalShares": device.shares if device.shared else 1,

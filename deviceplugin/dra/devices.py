@@ -29,6 +29,8 @@ from ..model.devices import Resource, Unit
 from ..model.node import MIB, NodeInfo, gpu_family
 from ..model.quantity import MAX_QUANTITY_LENGTH, parse_quantity
 from ..model.shares import share_memory_mib
+from .partitions import Partition, partitions
+from .partitions import device_name as partition_name
 
 # A slice holds at most 128 devices, 64 when any device has taints (the API's limits); the publisher splits by 64.
 MAX_DEVICES_PER_SLICE = 64
@@ -43,8 +45,9 @@ class DraDevice:
     """One published device: a unit of one of the config's resources."""
 
     name: str  # DNS label, unique in the node's pool
-    unit: Unit
+    unit: Unit  # for a dynamic-MIG device: its GPU whole (the instance is made at prepare)
     resource: Resource
+    partition: Partition | None = None  # a dynamic-MIG device: the profile and placement it stands for
 
     @property
     def shared(self) -> bool:
@@ -63,16 +66,21 @@ class DraDevice:
         """The device as resource.k8s.io/v1 `Device` (a plain dict, camelCase keys)."""
         gpu, unit = self.unit.gpu, self.unit
         attributes: dict[str, dict[str, Any]] = {
-            "type": {"string": "mig" if unit.mig else "gpu"},
+            "type": {"string": "mig" if unit.mig or self.partition else "gpu"},
             "uuid": {"string": unit.uuid},
             "index": {"int": gpu.index},
             "productName": {"string": gpu.model[:64]},
             "pool": {"string": self.resource.pool.name[:64]},
-            "mode": {"string": mode_of(self.resource.pool).name},
+            "mode": {"string": self._mode()},
         }
         if unit.mig:
             attributes["parentUUID"] = {"string": gpu.uuid}
             attributes["migProfile"] = {"string": unit.mig.profile}
+        if self.partition:  # its MIG UUID exists only once prepare made the instance
+            del attributes["uuid"]
+            attributes["parentUUID"] = {"string": gpu.uuid}
+            attributes["migProfile"] = {"string": self.partition.profile.name}
+            attributes["migPlacementStart"] = {"int": self.partition.start}
         capability = _version(gpu.compute_capability)
         if capability:
             attributes["cudaComputeCapability"] = {"version": capability}
@@ -90,7 +98,11 @@ class DraDevice:
             attributes["pciBusID"] = {"string": gpu.pci_bus_id[:64]}
         memory = unit.memory_mib * MIB
         device: dict[str, Any] = {"name": self.name, "attributes": attributes}
-        if self.shared:
+        if self.partition:
+            device["capacity"] = {CAPACITY_MEMORY: {"value": str(self.partition.profile.memory_mib * MIB)}}
+            counters = {k: {"value": str(v)} for k, v in self.partition.consumes().items()}
+            device["consumesCounters"] = [{"counterSet": self.partition.counter_set, "counters": counters}]
+        elif self.shared:
             n, one = self.shares, self.share_memory_bytes
             device["allowMultipleAllocations"] = True
             device["capacity"] = {
@@ -103,6 +115,12 @@ class DraDevice:
         else:
             device["capacity"] = {CAPACITY_MEMORY: {"value": str(memory)}}
         return device
+
+
+    def _mode(self) -> str:
+        """The sharing mode's name; a GPU with MIG mode off in a dynamic MIG pool is published as an exclusive GPU."""
+        pool = self.resource.pool
+        return "exclusive" if pool.dynamic_mig and not self.partition else mode_of(pool).name
 
 
 def _version(raw: str) -> str:
@@ -121,9 +139,16 @@ def device_name(unit: Unit) -> str:
 
 
 def dra_devices(resources: Iterable[Resource]) -> list[DraDevice]:
-    """Every unit of every resource, in GPU-index order (the scheduler's first fit follows slice and device order)."""
-    devices = [DraDevice(name=device_name(u), unit=u, resource=r) for r in resources for u in r.units]
-    devices.sort(key=lambda d: (d.unit.gpu.index, d.unit.mig.index if d.unit.mig else -1))
+    """Every unit of every resource, in GPU-index order (the scheduler's first fit follows slice and device order); a
+    MIG-enabled GPU of a dynamic MIG pool as its profiles' placements (`dra.partitions`), in their order."""
+    devices = []
+    for resource in resources:
+        for unit in resource.units:
+            if resource.pool.dynamic_mig and unit.gpu.mig_enabled:
+                devices += [DraDevice(name=partition_name(p), unit=unit, resource=resource, partition=p) for p in partitions(unit.gpu)]
+            else:
+                devices.append(DraDevice(name=device_name(unit), unit=unit, resource=resource))
+    devices.sort(key=lambda d: (d.unit.gpu.index, d.unit.mig.index if d.unit.mig else -1))  # stable: partitions keep their order
     names = [d.name for d in devices]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:  # one unit in two resources: the plan never builds that, so this is a programming error

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..model.quantity import parse_quantity
 from .devices import MAX_DEVICES_PER_SLICE
+from .partitions import MAX_COUNTER_SETS_PER_SLICE
 
 API_VERSION = "resource.k8s.io/v1"
 MAX_NAME = 253  # metadata.name: a DNS subdomain
@@ -95,23 +96,28 @@ class Plan:
 
 @dataclass(frozen=True)
 class Pool:
-    """What the node publishes: its identity and its devices (resource.k8s.io/v1 Device dicts, taints included)."""
+    """What the node publishes: its identity, its devices (resource.k8s.io/v1 Device dicts, taints included) and the
+    counter sets its dynamic-MIG devices consume (`dra.partitions`), in slices of their own before the devices'."""
 
     node: str
     driver: str
     owner: Mapping[str, Any]
     devices: Sequence[dict[str, Any]]
+    counter_sets: Sequence[dict[str, Any]] = ()
 
     def specs(self, generation: int) -> dict[str, dict[str, Any]]:
-        parts = chunks(self.devices)
+        counters = [list(self.counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE]) for i in range(0, len(self.counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
+        parts: list[tuple[str, list[dict[str, Any]]]] = [("sharedCounters", c) for c in counters]
+        if self.devices or not counters:
+            parts += [("devices", d) for d in chunks(self.devices)]
         return {
             slice_name(self.node, self.driver, i): {
                 "driver": self.driver,
                 "nodeName": self.node,
                 "pool": {"name": self.node, "generation": generation, "resourceSliceCount": len(parts)},
-                "devices": part,
+                key: part,
             }
-            for i, part in enumerate(parts)
+            for i, (key, part) in enumerate(parts)
         }
 
     def plan(self, stored: Sequence[Stored], adopted: Mapping[str, Any] | None = None) -> Plan:
@@ -161,7 +167,11 @@ def canonical(spec: Mapping[str, Any]) -> Any:
     out = copy.deepcopy(dict(spec))
     if not out.get("devices"):
         out.pop("devices", None)
+    for counter_set in out.get("sharedCounters") or []:
+        _canonical_counters(counter_set.get("counters") or {})
     for device in out.get("devices") or []:
+        for consumed in device.get("consumesCounters") or []:
+            _canonical_counters(consumed.get("counters") or {})
         for capacity in (device.get("capacity") or {}).values():
             if "value" in capacity:
                 capacity["value"] = _quantity(capacity["value"])
@@ -176,6 +186,12 @@ def canonical(spec: Mapping[str, Any]) -> Any:
         for taint in device.get("taints") or []:
             taint.pop("timeAdded", None)
     return out
+
+
+def _canonical_counters(counters: dict[str, Any]) -> None:
+    for counter in counters.values():
+        if isinstance(counter, dict) and "value" in counter:
+            counter["value"] = _quantity(counter["value"])
 
 
 def _quantity(value: Any) -> Decimal | str:
@@ -196,7 +212,7 @@ def _keep_taint_times(spec: dict[str, Any], stored: Mapping[str, Any]) -> dict[s
     if not times:
         return spec
     spec = copy.deepcopy(spec)
-    for device in spec["devices"]:
+    for device in spec.get("devices") or []:
         for taint in device.get("taints") or []:
             added = times.get((device["name"], taint["key"], taint.get("value"), taint["effect"]))
             if added:

@@ -14,7 +14,10 @@ message for the pod's event, never an exception of another kind for bad input:
   kube-scheduler checks `shares` and `memory` each on its own, so only the driver can see a claim that names one
   and gets the other by default; see `devices.claim_share`);
 - the grant cannot be built (with `deviceSpecs`, a MIG capability that cannot be read): the `AllocationError` the
-  device plugin's Allocate would get, with its message.
+  device plugin's Allocate would get, with its message;
+- a dynamic-MIG device whose instance NVML does not make (its placement taken: INSUFFICIENT_RESOURCES), or one asked
+  with admin access (`dra.migdynamic`: the instance is made here, recorded as an intent first, and destroyed at
+  unprepare, which NVML may refuse while processes run: IN_USE).
 
 Prepare and unprepare are idempotent and serialised (`SerialLock`); the ledger is rebuilt from the checkpoint.
 
@@ -33,7 +36,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,11 +47,12 @@ from ..logs import brief, safe_text
 from ..model.devices import Resource
 from ..state import NodeState
 from .cdi import CdiWriter, cdi_device_name, cdi_id
-from .checkpoint import Checkpoint, PreparedClaim, PreparedDevice, valid_uid
+from .checkpoint import Checkpoint, MigRecord, PreparedClaim, PreparedDevice, valid_uid
 from .devices import ClaimError, ClaimShare, DraDevice, by_name, claim_share, dra_devices, request_grant
 from .health import unhealthy_reason
 from .lock import SerialLock
-from .sharingconfig import DeviceConfig, config_for, driver_configs, resolve
+from .migdynamic import MigInstances, instance_share
+from .sharingconfig import DeviceConfig, Sharing, config_for, driver_configs, resolve
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +86,12 @@ ClaimFinder = Callable[[str], "Mapping[str, Any] | str"]  # UID -> the claim, UN
 class Driver:
     """See the module docstring. Thread-safe."""
 
-    def __init__(self, driver: str, pool: str, checkpoint: Checkpoint, cdi: CdiWriter, state: NodeState, lock: SerialLock) -> None:
+    def __init__(
+        self, driver: str, pool: str, checkpoint: Checkpoint, cdi: CdiWriter, state: NodeState, lock: SerialLock, mig: MigInstances | None = None
+    ) -> None:
+        """`mig`: makes and destroys the instances of dynamic-MIG devices (without it such a claim is refused)."""
         self.driver = driver
+        self.mig = mig or MigInstances(None, lambda _: [])
         self.pool = pool  # the node's pool: the node name
         self.checkpoint = checkpoint
         self.cdi = cdi
@@ -123,18 +131,21 @@ class Driver:
         with self.lock:
             self._refresh(ref.uid)
             known = self.checkpoint.get(ref.uid)
-            if known is not None and _same_allocation(known, digest, self.driver, allocation):
+            if known is not None and not known.pending and _same_allocation(known, digest, self.driver, allocation):
                 self._ensure_spec(known, ref, allocation)
                 return known
             if not current:
-                raise Unconfirmed(f"claim {ref}: " + ("first prepare" if known is None else "the cache shows another allocation than the record"))
+                why = "its MIG instances were being made" if known and known.pending else "the cache shows another allocation than the record"
+                raise Unconfirmed(f"claim {ref}: " + ("first prepare" if known is None else why))
             fenced = self._fenced(ref.uid)
+            if known is not None and known.mig and not known.pending:
+                self._destroy_instances(ref, known)  # re-allocated: its old instances go first
             if known is not None:
                 self._add(known, -1)  # replaced below: the new allocation is checked without the old one's shares
             try:
-                prepared = self._prepare_new(ref, allocation, digest, fenced)
+                prepared = self._prepare_new(ref, allocation, digest, fenced, known if known is not None and known.pending else None)
             except BaseException:
-                if known is not None:
+                if known is not None and ref.uid in self.checkpoint:
                     self._add(known, 1)
                 raise
             if known is not None:
@@ -145,8 +156,11 @@ class Driver:
                 )
             return prepared
 
-    def _prepare_new(self, ref: ClaimRef, allocation: Mapping[str, Any], digest: str, fenced: Mapping[str, str]) -> PreparedClaim:
-        """Check, write the CDI spec and the record, count it in the ledger (under the lock)."""
+    def _prepare_new(
+        self, ref: ClaimRef, allocation: Mapping[str, Any], digest: str, fenced: Mapping[str, str], interrupted: PreparedClaim | None
+    ) -> PreparedClaim:
+        """Check, make the dynamic-MIG instances, write the CDI spec and the record, count it in the ledger (under the
+        lock). `interrupted`: this claim's intent record, left by a prepare that did not finish."""
         holdings, configs = self._holdings(ref, allocation)
         for result, share in holdings:
             if share.device.name in fenced and not result.get("adminAccess"):
@@ -154,6 +168,22 @@ class Driver:
                     f"claim {ref}: device {share.device.name} is fenced: the checkpoint record of claim {fenced[share.device.name]} is damaged "
                     "(quarantined) and that claim may still use it, until the kubelet unprepares it or the API shows it gone"
                 )
+        _sharings(ref, holdings, configs)  # a config the pool does not offer refuses the claim before any instance is made
+        holdings, made = self._make_instances(ref, digest, holdings, interrupted)
+        try:
+            return self._record(ref, digest, holdings, configs, made)
+        except BaseException:
+            self._undo_instances(ref, made.values())
+            raise
+
+    def _record(
+        self,
+        ref: ClaimRef,
+        digest: str,
+        holdings: list[tuple[Mapping[str, Any], ClaimShare]],
+        configs: Sequence[DeviceConfig],
+        made: Mapping[int, MigRecord],
+    ) -> PreparedClaim:
         groups, grants, strategies = _request_grants(ref, holdings, configs)
         spec = str(self.cdi.write(ref.uid, grants)) if holdings else ""
         first = {indexes[0]: g for g, indexes in enumerate(groups)}  # a request's CDI device goes with its first result
@@ -167,6 +197,7 @@ class Driver:
                 share_id=share.share_id,
                 shares=0 if result.get("adminAccess") else share.shares,
                 memory_mib=share.memory_mib,
+                mig=made.get(i),
                 strategy=strategies[group_of[i]],
             )
             for i, (result, share) in enumerate(holdings)
@@ -185,6 +216,8 @@ class Driver:
         with self.lock:
             self._refresh(ref.uid)
             known = self.checkpoint.get(ref.uid)
+            if known is not None and known.mig:
+                self._destroy_instances(ref, known)  # first: a refusal (IN_USE) leaves the claim prepared, to retry
             if known is None:
                 if ref.uid in self.checkpoint.damaged:  # its record is damaged: its spec is where this driver writes it
                     self.cdi.remove(str(self.cdi.spec_path(ref.uid)))
@@ -194,6 +227,71 @@ class Driver:
             self.cdi.remove(known.cdi_spec)
             self.checkpoint.remove(ref.uid)
             self._add(known, -1)
+
+    def sweep_mig(self) -> None:
+        """At start-up: the instances on dynamic-MIG GPUs that no record names (dra.migdynamic.MigInstances.sweep)."""
+        gpus = {d.unit.gpu.uuid: d.unit.gpu for d in self._devices.values() if d.partition}
+        with self.lock:
+            self._refresh("")
+            self.mig.sweep(gpus.values(), self.checkpoint.claims(), bool(self.checkpoint.damaged))
+
+    # --- dynamic MIG -----------------------------------------------------------------------------
+    def _make_instances(
+        self, ref: ClaimRef, digest: str, holdings: list[tuple[Mapping[str, Any], ClaimShare]], interrupted: PreparedClaim | None
+    ) -> tuple[list[tuple[Mapping[str, Any], ClaimShare]], dict[int, MigRecord]]:
+        """The holdings with each dynamic-MIG device's instance made (its MIG device as the unit), and the records by
+        holding index; the intent is written first. ClaimError when one cannot be made (those made are destroyed)."""
+        partitioned = [(i, result, share) for i, (result, share) in enumerate(holdings) if share.device.partition]
+        if not partitioned:
+            return holdings, {}
+        if any(result.get("adminAccess") for _, result, _ in partitioned):
+            raise ClaimError(f"claim {ref}: admin access to a dynamic MIG device is not supported (its instance exists only while a claim holds it)")
+        intent = PreparedClaim(
+            uid=ref.uid, namespace=ref.namespace, name=ref.name, cdi_spec="", allocation=digest, pending=True,
+            devices=tuple(
+                PreparedDevice(request=_base_request(result), pool=self.pool, device=share.device.name, cdi_ids=(), share_id=share.share_id,
+                               shares=share.shares, memory_mib=share.memory_mib, mig=_intent(share))
+                for _, result, share in partitioned
+            ),
+        )
+        self.checkpoint.put(intent)
+        adoptable = {(r.gpu, r.profile_id, r.start): r for r in interrupted.mig} if interrupted else {}
+        taken = {(r.gpu, r.gi_id) for c in self.checkpoint.claims() if c.uid != ref.uid for r in c.mig if r.gi_id is not None}
+        made: dict[int, MigRecord] = {}
+        out = list(holdings)
+        try:
+            for i, result, share in partitioned:
+                wanted, partition = _intent(share), share.device.partition
+                assert partition is not None
+                try:
+                    instance = self.mig.make(partition, adoptable.get((wanted.gpu, wanted.profile_id, wanted.start)), taken)
+                except ClaimError as err:
+                    raise ClaimError(f"claim {ref}: device {share.device.name}: {err}") from None
+                made[i] = MigRecord(wanted.gpu, wanted.profile_id, wanted.start, instance.gi_id, instance.ci_id, instance.uuid)
+                out[i] = (result, instance_share(share, made[i]))
+        except BaseException:
+            self._undo_instances(ref, made.values())
+            raise
+        return out, made
+
+    def _undo_instances(self, ref: ClaimRef, made: Iterable[MigRecord]) -> None:
+        """A prepare that failed after making instances: destroy them and drop the intent (a failure is logged: the
+        start-up sweep finds what is left)."""
+        for record in made:
+            try:
+                self.mig.destroy(record)
+            except ClaimError as err:
+                log.warning("claim %s: a MIG instance made for a prepare that failed could not be destroyed: %s", ref, err)
+        known = self.checkpoint.get(ref.uid)
+        if known is not None and known.pending:
+            self.checkpoint.remove(ref.uid)
+
+    def _destroy_instances(self, ref: ClaimRef, known: PreparedClaim) -> None:
+        for record in known.mig:
+            try:
+                self.mig.destroy(record)
+            except ClaimError as err:
+                raise ClaimError(f"claim {ref}: {err}") from None
 
     # --- what the metrics read -------------------------------------------------------------------
     def reread(self) -> None:
@@ -273,11 +371,14 @@ class Driver:
         listed_configs = _list(devices_part.get("config"), "config", ref)[:MAX_CONFIGS_PER_CLAIM]
         configs = _driver_configs(ref, listed_configs, self.driver)
         holdings = []
+        instances = {d.device: d.mig for d in known.devices if d.mig}  # a dynamic-MIG device: the instance it was given
         for result in results[:MAX_RESULTS_PER_CLAIM]:
             device = devices.get(str(result.get("device") or ""))
             if device is None:
                 raise ClaimError(f"claim {ref} is prepared but its CDI spec is gone and device {safe_text(str(result.get('device')), 63)} is no longer published")
-            holdings.append((result, claim_share(device, result.get("consumedCapacity"), result.get("shareID"))))
+            share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
+            record = instances.get(device.name)
+            holdings.append((result, instance_share(share, record) if device.partition and record else share))
         self.cdi.write(ref.uid, _request_grants(ref, holdings, configs)[1])
         log.info("claim %s: CDI spec written again (it was gone)", ref)
 
@@ -327,6 +428,12 @@ class Driver:
         self._ledger, self._ledger_mib = ledger, ledger_mib
 
 
+def _intent(share: ClaimShare) -> MigRecord:
+    partition = share.device.partition
+    assert partition is not None
+    return MigRecord(gpu=partition.gpu.uuid, profile_id=partition.profile.id, start=partition.start)
+
+
 def allocation_digest(driver: str, allocation: Mapping[str, Any]) -> str:
     """What identifies an allocation for `driver`: a digest of its results (devices, shares, capacity, requests) and,
     when it has any, of its configs for `driver` (an allocation without them digests as records before configs did)."""
@@ -371,29 +478,39 @@ def _list(value: Any, what: str, ref: ClaimRef) -> Sequence[Any]:
     return value
 
 
-def _request_grants(
+def _sharings(
     ref: ClaimRef, holdings: Sequence[tuple[Mapping[str, Any], ClaimShare]], configs: Sequence[DeviceConfig]
-) -> tuple[list[list[int]], list[ContainerGrant], list[str]]:
-    """The holdings' indexes per base request (in order of first appearance), one grant per request under the
-    SharingConfig that applies to it, and the strategy each request runs when not its pool's ("" otherwise); the
-    config's or the grant's refusal (an `AllocationError`, as the device plugin's Allocate gets it) as a ClaimError
-    naming the claim."""
+) -> tuple[list[list[int]], list[Sharing]]:
+    """The holdings' indexes per base request (in order of first appearance) and what each request runs under (the
+    SharingConfig that applies to it, resolved); a config's refusal as a ClaimError naming the claim and request."""
     groups: dict[str, list[int]] = {}
     for i, (result, _) in enumerate(holdings):
         groups.setdefault(_base_request(result), []).append(i)
     indexes = list(groups.values())
-    grants, strategies = [], []
+    sharings = []
     for request, group in zip(groups, indexes, strict=True):
-        shares = [holdings[i][1] for i in group]
         try:
-            sharing = resolve(config_for(configs, str(holdings[group[0]][0].get("request") or "")), shares)
-            grants.append(request_grant(shares, sharing.mode, sharing.limits))
+            sharings.append(resolve(config_for(configs, str(holdings[group[0]][0].get("request") or "")), [holdings[i][1] for i in group]))
         except ClaimError as err:
             raise ClaimError(f"claim {ref}: request {safe_text(request, 63)}: {err}") from None
-        except AllocationError as err:
-            raise ClaimError(f"claim {ref}: {err.message}") from None
-        strategies.append(sharing.strategy)
-    return indexes, grants, strategies
+    return indexes, sharings
+
+
+def _request_grants(
+    ref: ClaimRef, holdings: Sequence[tuple[Mapping[str, Any], ClaimShare]], configs: Sequence[DeviceConfig]
+) -> tuple[list[list[int]], list[ContainerGrant], list[str]]:
+    """The holdings' indexes per base request, one grant per request under its sharing (`_sharings`), and the
+    strategy each request runs when not its pool's ("" otherwise); the grant's refusal (an `AllocationError`, as the
+    device plugin's Allocate gets it) as a ClaimError naming the claim."""
+    indexes, sharings = _sharings(ref, holdings, configs)
+    try:
+        grants = [
+            request_grant([holdings[i][1] for i in group], sharing.mode, sharing.limits)
+            for group, sharing in zip(indexes, sharings, strict=True)
+        ]
+    except AllocationError as err:
+        raise ClaimError(f"claim {ref}: {err.message}") from None
+    return indexes, grants, [s.strategy for s in sharings]
 
 
 def _driver_configs(ref: ClaimRef, configs: Sequence[Any], driver: str) -> list[DeviceConfig]:

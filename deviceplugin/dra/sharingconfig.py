@@ -35,8 +35,9 @@ from ..config.schema import Fields, SchemaError, join
 from ..config.types import BACKENDS, Backend
 from ..logs import safe_text
 from ..model.node import MIB
+from ..model.quantity import parse_quantity
 from ..model.shares import share_compute_percent
-from .devices import ClaimError, ClaimShare, parse_quantity
+from .devices import ClaimError, ClaimShare
 
 VERSION = "v1alpha1"
 KIND = "SharingConfig"

@@ -30,7 +30,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,7 @@ from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
 from ..state import NodeState, NodeView
 from .devices import DraDevice, dra_devices
+from .partitions import counter_sets
 from .pool import Plan, Pool, Stored, canonical, owner_reference
 from .taints import device_taints, taint_inputs
 
@@ -172,6 +173,7 @@ class SlicePublisher(BackgroundLoop):
         self.write_burst = write_burst
         self.write_rate = write_rate
         self.api = SliceApi(api_client, node_name, driver, request_timeout)
+        self.kept_mig: Callable[[], Mapping[str, Sequence[tuple[int, int]]]] = dict  # MIG instances of no claim (dra.migdynamic)
         self.stats = PublisherStats()
         self._devices: list[DraDevice] | None = None
         self._owner: dict[str, Any] | None = None
@@ -324,7 +326,8 @@ class SlicePublisher(BackgroundLoop):
             if taints:
                 body["taints"] = taints
             rendered.append(body)
-        pool = Pool(self.node_name, self.driver, owner, rendered)
+        gpus = {d.unit.gpu.uuid: d.unit.gpu for d in devices if d.partition}
+        pool = Pool(self.node_name, self.driver, owner, rendered, counter_sets(list(gpus.values()), self.kept_mig()))
         conflicts = 0
         while True:
             stored = self._stored()

@@ -21,6 +21,7 @@ from ..model.devices import Resource
 from ..model.usage import ContainerShare, Usage
 from .checkpoint import PreparedClaim, PreparedDevice
 from .devices import DraDevice
+from .migdynamic import instance_device
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,8 @@ def claim_usage(
                     known = devices.get(device.device)
                     if known is None or device.shares <= 0:  # admin access holds no share
                         continue
+                    if known.partition and device.mig and device.mig.uuid:  # dynamic MIG: the instance made for the claim
+                        known = instance_device(known, device.mig)
                     if (key, known.unit.uuid) not in held and len(held) >= MAX_SHARES:
                         log.warning("pod-resources lists more than %d DRA container shares; the rest are not watched or metered", MAX_SHARES)
                         return _usage(held, active)

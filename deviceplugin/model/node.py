@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .mig import MigProfile
+
 MIB = 1024 * 1024  # bytes in a MiB: memory is counted in MiB everywhere in the model
 
 # PCIe common-ancestor levels between two GPUs, closest first (NVML's topology levels).
@@ -37,6 +39,7 @@ class Gpu:
     mig_enabled: bool = False
     mig_devices: tuple[MigDevice, ...] = ()
     mig_capable: bool = False  # the hardware supports MIG, enabled or not
+    mig_profiles: tuple[MigProfile, ...] = ()  # GPU-instance profiles with their placements (read while MIG is enabled)
 
 
 @dataclass(frozen=True)

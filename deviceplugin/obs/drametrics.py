@@ -83,3 +83,9 @@ class DraCollector(Collector):
         yield GaugeMetricFamily("gpushare_dra_damaged_records", "Claims whose checkpoint record is damaged (quarantined); their devices are fenced.", value=len(checkpoint.damaged))
         yield CounterMetricFamily("gpushare_dra_records_quarantined", "Checkpoint records this process found damaged and quarantined.", value=checkpoint.quarantined)
         yield CounterMetricFamily("gpushare_dra_reallocated_claims", "Prepared claims re-allocated under the same UID, prepared again from the new allocation.", value=self.driver.reallocated)
+        mig = self.driver.mig
+        yield CounterMetricFamily("gpushare_dra_mig_instances_made", "Dynamic-MIG instances this process made at prepare.", value=mig.made)
+        destroyed = "Dynamic-MIG instances this process destroyed (unprepare, start-up sweep)."
+        yield CounterMetricFamily("gpushare_dra_mig_instances_destroyed", destroyed, value=mig.destroyed)
+        unclaimed = "MIG instances on dynamic-MIG GPUs that no claim holds, kept at start-up (the GPU ran processes)."
+        yield GaugeMetricFamily("gpushare_dra_mig_unclaimed_instances", unclaimed, value=len(mig.unclaimed))

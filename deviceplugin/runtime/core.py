@@ -161,7 +161,13 @@ class NodeCore:
         if self.publisher is not None:
             ours.append(self.publisher)
         self.reloader = ConfigReloader(
-            options.config_file, self.node, profiles, options.reload_interval, [*consumers, *ours], self.clock
+            options.config_file,
+            self.node,
+            profiles,
+            options.reload_interval,
+            [*consumers, *ours],
+            self.clock,
+            dynamic_mig=self.plan.dynamic_mig,  # a reload builds the pools the plan was built for
         )
         sources = MetricSources(
             self.node, self.state, manager, self.agent, self.reloader, cdi_missing=cdi_missing, events=self.events

@@ -21,12 +21,14 @@ from .. import defaults
 from ..agent.watchdog import host_pid_namespace
 from ..config.types import Config, ConfigError
 from ..discovery.inventory import Inventory
+from ..discovery.mig import MigControl
 from ..dra.cdi import CdiWriter
 from ..dra.checkpoint import Checkpoint
 from ..dra.claims import ApiClaims
 from ..dra.claimstatus import ClaimStatusWriter
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
+from ..dra.migdynamic import MigInstances
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
 from ..dra.shapes import HeldShapes
@@ -81,7 +83,9 @@ class DraDaemon:
         and reports shares, but attributes no process: no per-container memory, watchdog or residue guard).
         `clock`: what the profile label's interval and the reloader read."""
         node_name = options.node_name  # the Kubernetes node: the driver's pool
-        plan = plan_node(inventory, start, options.profile, options.profile_label_interval, lambda: client, clock)
+        plan = plan_node(
+            inventory, start, options.profile, options.profile_label_interval, lambda: client, clock, dynamic_mig=True
+        )
         self.inventory, self.options = inventory, options
         self.node, self.config, self.resources = plan.node, plan.config, plan.resources
         self.driver_name = driver_name(self.config.domain)
@@ -91,6 +95,7 @@ class DraDaemon:
         self.core = core = NodeCore(inventory, options, plan, self.paths.data_dir / EVIDENCE_FILE, clock)
         self.state, self.monitor, self.registry = core.state, core.monitor, core.registry
         self.mps = MpsReadiness(self.state, core.mps, self.resources, options.timings.watch_interval)
+        mig = MigInstances(inventory if isinstance(inventory, MigControl) else None, inventory.processes)
         self.driver = Driver(
             self.driver_name,
             node_name,
@@ -98,8 +103,10 @@ class DraDaemon:
             CdiWriter(dra.cdi_root, self.driver_name),
             self.state,
             SerialLock(self.paths.data_dir / LOCK_FILE),
+            mig,
         )
         self.driver.on_config(self.config, self.resources)
+        self.driver.sweep_mig()  # instances of no claim on dynamic-MIG GPUs, from before this start
         self.claims = ApiClaims(api_client, self.driver_name, node_name, cache=dra.claim_cache)
         self.driver.find_claim = self.claims.find  # what a damaged record's claim holds, per the API
         self.metrics = DraMetrics(self.registry)
@@ -108,6 +115,7 @@ class DraDaemon:
         if self.claim_status is not None:
             self.plugin.after_prepare = self.claim_status.post
         self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state)
+        self.slices.kept_mig = self.driver.mig.kept  # instances the start-up sweep kept are published as taken
         self.shapes = HeldShapes(
             self.driver, self.state, [self.plugin, self.slices], self.config, self.resources
         )  # held GPUs keep their shape

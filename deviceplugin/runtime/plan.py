@@ -102,6 +102,7 @@ class Plan:
     profiles: ProfileSource  # reads the label only when it picked the profile (the API client was needed first)
     resources: list[Resource]
     profile: str | None  # the profile served (None: the default), which the label may not name
+    dynamic_mig: bool = False  # built for a front end that serves `strategy: dynamic` MIG pools (the DRA driver)
 
 
 def plan_node(
@@ -111,6 +112,7 @@ def plan_node(
     label_interval: float,
     connect: Callable[[], NodeClient | None],
     clock: Clock = time.monotonic,
+    dynamic_mig: bool = False,
 ) -> Plan:
     """Discover the node, pick the profile (the flag, else the node label when the config has several, else the
     default) and build its resources; ConfigError when the profile does not work on the node. A profile the node
@@ -122,15 +124,15 @@ def plan_node(
     profiles = ProfileSource(profile, connect() if label_decides else None, label_interval, clock)
     chosen = profiles.current(config)
     try:
-        resources = build_resources(config, node, chosen)
+        resources = build_resources(config, node, chosen, dynamic_mig=dynamic_mig)
     except ConfigError as err:
         if not label_decides or not chosen:
             raise
         log.error("the node label asks for profile %s, which is refused: %s; serving the default profile %s", chosen, err, config.default_profile)
         chosen = None
-        resources = build_resources(config, node, None)
+        resources = build_resources(config, node, None, dynamic_mig=dynamic_mig)
     log.info("serving profile %s", chosen or config.default_profile)
-    return Plan(node, config, start.digest, profiles, resources, chosen)
+    return Plan(node, config, start.digest, profiles, resources, chosen, dynamic_mig)
 
 
 def _digest(content: bytes) -> str:

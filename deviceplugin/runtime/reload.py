@@ -80,8 +80,11 @@ class ConfigReloader(BackgroundLoop):
         interval: float,
         consumers: Sequence[ConfigConsumer],
         clock: Clock = time.monotonic,
+        dynamic_mig: bool = False,
     ) -> None:
+        """`dynamic_mig`: the consumers serve `strategy: dynamic` MIG pools (the DRA driver)."""
         super().__init__("config-reload")
+        self.dynamic_mig = dynamic_mig
         self.path = path
         self.consumers = tuple(consumers)
         self.node = node
@@ -151,7 +154,7 @@ class ConfigReloader(BackgroundLoop):
     def _apply(self, state: ReloadState, config: Config, served: Served) -> tuple[bool, ReloadState]:
         """Serve `config` with profile `served[1]`: built, then handed to every consumer (one that raises, raises)."""
         try:
-            resources = build_resources(config, self.node, served[1])
+            resources = build_resources(config, self.node, served[1], dynamic_mig=self.dynamic_mig)
         except ConfigError as err:
             self._refuse(err)
             return False, dataclasses.replace(state, refused=served)

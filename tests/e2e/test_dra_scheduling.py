@@ -20,16 +20,23 @@ import pytest
 import yaml
 from kubernetes import client
 
+from deviceplugin.alloc.plan import build_resources
 from deviceplugin.config.parse import parse_config, parse_config_text
+from deviceplugin.discovery.simulated import SimulatedInventory
+from deviceplugin.dra.cdi import CdiWriter
+from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.devices import ClaimError
+from deviceplugin.dra.lock import SerialLock
+from deviceplugin.dra.migdynamic import MigInstances
+from deviceplugin.dra.prepare import ClaimRef, Driver
 from deviceplugin.dra.slices import SlicePublisher
 from deviceplugin.kube.dranames import driver_name
+from deviceplugin.model.node import Gpu, NodeInfo
 from deviceplugin.model.quantity import parse_quantity
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES, ROOT, node, wait_until
 from tests.support.dra import claim, make_driver
 from tests.support.kubeobjects import namespace, ready_node, request, slices
-from tests.support.resources import resources_of
 
 DRIVER = driver_name("example.com")
 SCHEDULER = "gpu-share-dra-e2e"
@@ -59,15 +66,17 @@ def cluster(controlplane: Any) -> Iterator[Any]:
 class Node:
     """A simulated node with the publisher running for it, and a namespace for its pods."""
 
-    def __init__(self, cluster: Any, node_file: str, config: Any) -> None:
+    def __init__(self, cluster: Any, node_file: str, config: Any, info: NodeInfo | None = None) -> None:
+        """`info`: the node's GPUs when not an example node file (`node_file` then only names it)."""
         self.api = cluster.api_client()
         n = next(_ids)
         self.name = ready_node(self.api, f"sched-{n}-{node_file.lower()}")["metadata"]["name"]
         self.ns = namespace(self.api, f"dra-{n}")
-        self.info = node(node_file)
+        self.info = info or node(node_file)
         self.state = NodeState()
         self.publisher = SlicePublisher(self.api, self.name, DRIVER, self.info, self.state, backoff_initial=0.02, backoff_max=0.2)
-        self.publisher.on_config(config, resources_of(config, self.info))
+        self.resources = build_resources(config, self.info, dynamic_mig=True)  # what the DRA driver serves
+        self.publisher.on_config(config, self.resources)
         self.publisher.start()
         assert self.publisher.wait_published(10)
 
@@ -119,8 +128,8 @@ class Node:
 def make_node(cluster: Any) -> Iterator[Any]:
     nodes: list[Node] = []
 
-    def make(node_file: str, config: Any) -> Node:
-        nodes.append(Node(cluster, node_file, config))
+    def make(node_file: str, config: Any, info: NodeInfo | None = None) -> Node:
+        nodes.append(Node(cluster, node_file, config, info))
         return nodes[-1]
 
     yield make
@@ -253,6 +262,98 @@ def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
     n.pod("after", claim="after")
     assert n.bound("after")
     assert len(n.allocation("after")) == 1
+
+
+# --- dynamic MIG: kube-scheduler allocates through the counters, the driver makes what it allocated ----------------------
+
+DYNAMIC = parse_config({"version": "v1", "pools": [{"name": "dyn", "mode": "mig", "strategy": "dynamic"}]})
+
+
+class MigNode:
+    """One simulated H100 with MIG mode on and no instance, published as dynamic MIG, with the driver that prepares
+    the claims the scheduler allocates on it (transport-free: `dra.prepare.Driver` over the simulated NVML)."""
+
+    def __init__(self, make_node: Any, tmp_path: Any) -> None:
+        gpu = Gpu(index=0, uuid="GPU-c41e9d27-55a0-4b1f-9e3d-0000000000d0", model="NVIDIA H100 80GB HBM3", memory_mib=81559,
+                  mig_capable=True, mig_enabled=True, compute_capability="9.0")
+        self.inventory = SimulatedInventory(NodeInfo(gpus=(gpu,), name="h100"))
+        self.gpu = gpu.uuid
+        self.n: Node = make_node("1xh100-mig", DYNAMIC, self.inventory.discover())
+        self.driver = Driver(DRIVER, self.n.name, Checkpoint(tmp_path / "claims"), CdiWriter(tmp_path / "cdi", DRIVER), NodeState(),
+                             SerialLock(tmp_path / "serialize.lock"), MigInstances(self.inventory, self.inventory.processes))
+        self.driver.on_config(DYNAMIC, self.n.resources)
+
+    def ask(self, name: str, profile: str) -> None:
+        self.n.claim(name, cls="gpu-share-mig", selector=f"device.attributes[device.driver].migProfile == '{profile}'")
+        self.n.pod(name, claim=name)
+
+    def prepare(self, name: str) -> str:
+        """What the kubelet's NodePrepareResources does for the pod's claim: the MIG UUID its container gets."""
+        found = request(self.n.api, "GET", CLAIMS.format(ns=self.n.ns) + f"/{name}")
+        ref = ClaimRef(self.n.ns, name, found["metadata"]["uid"])
+        (device,) = self.driver.prepare(ref, found).devices
+        assert device.mig is not None and device.mig.uuid
+        return device.mig.uuid
+
+    def release(self, name: str) -> None:
+        """Unprepare, delete the pod, and free the claim as kube-controller-manager would (no KCM runs here)."""
+        found = request(self.n.api, "GET", CLAIMS.format(ns=self.n.ns) + f"/{name}")
+        self.driver.unprepare(ClaimRef(self.n.ns, name, found["metadata"]["uid"]))
+        client.CoreV1Api(self.n.api).delete_namespaced_pod(name, self.n.ns, grace_period_seconds=0)
+        path = CLAIMS.format(ns=self.n.ns) + f"/{name}"
+        found["status"] = {}  # deallocated: no allocation, reserved for no pod
+        found = request(self.n.api, "PUT", path + "/status", found)
+        found["metadata"]["finalizers"] = []  # the scheduler's delete protection, which KCM lifts once deallocated
+        request(self.n.api, "PUT", path, found)
+        request(self.n.api, "DELETE", path)
+
+    def consumed(self, names: list[str]) -> dict[str, int]:
+        """The counters the allocated devices of these claims consume together."""
+        devices = {d["name"]: d for s in slices(self.n.api, self.n.name) for d in s["spec"].get("devices", [])}
+        used: dict[str, int] = defaultdict(int)
+        for name in names:
+            for result in self.n.allocation(name):
+                for counters in devices[result["device"]]["consumesCounters"]:
+                    for counter, value in counters["counters"].items():
+                        used[counter] += int(parse_quantity(value["value"]))
+        return dict(used)
+
+    def totals(self) -> dict[str, int]:
+        (counter_set,) = [c for s in slices(self.n.api, self.n.name) for c in s["spec"].get("sharedCounters", [])]
+        return {k: int(parse_quantity(v["value"])) for k, v in counter_set["counters"].items()}
+
+
+def test_dynamic_mig_claims_are_placed_by_the_scheduler_through_the_counters(make_node: Any, tmp_path: Any) -> None:
+    m = MigNode(make_node, tmp_path)
+    assert [("sharedCounters" in s["spec"], len(s["spec"].get("devices", []))) for s in slices(m.n.api, m.n.name)] == [(True, 0), (False, 25)]
+    for name, profile in (("one", "1g.10gb"), ("two", "2g.20gb"), ("three", "3g.40gb")):
+        m.ask(name, profile)
+        assert m.n.bound(name), name
+    used, totals = m.consumed(["one", "two", "three"]), m.totals()
+    assert all(used[k] <= totals[k] for k in used) and used["compute-slices"] == 6
+    assert all(used.get(f"memory-slice-{i}", 0) <= 1 for i in range(8))
+    made = {m.prepare(name) for name in ("one", "two", "three")}  # NVML makes every placement the scheduler chose
+    assert {i.uuid for i in m.inventory.mig_instances(m.gpu)} == made and len(made) == 3
+    for name, profile in (("seven", "7g.80gb"), ("another", "1g.10gb")):  # no room left: refused by the scheduler, not at prepare
+        m.ask(name, profile)
+        assert m.n.unschedulable(name), name
+        assert m.n.allocation(name) == []
+    for name in ("another", "one", "two", "three"):  # the pending 1g first, or it takes the first slice freed
+        m.release(name)
+    assert m.inventory.mig_instances(m.gpu) == ()
+    assert m.n.bound("seven")  # the freed counters take another mix: the whole GPU
+    whole = m.prepare("seven")
+    assert [(i.uuid, i.size) for i in m.inventory.mig_instances(m.gpu)] == [(whole, 8)]
+    m.release("seven")
+    for name, profile in (("four", "4g.40gb"), ("three-b", "3g.40gb")):  # then 4g + 3g, and nothing beside those
+        m.ask(name, profile)
+        assert m.n.bound(name), name
+        m.prepare(name)
+    assert sorted(i.size for i in m.inventory.mig_instances(m.gpu)) == [4, 4] and m.consumed(["four", "three-b"])["compute-slices"] == 7
+    m.ask("last", "1g.10gb")
+    assert m.n.unschedulable("last")
+    # The API server kept the counter slice and the devices as sent (quantities aside): the publisher never rewrote them.
+    assert m.n.publisher.stats.writes == {"create": 2, "update": 0, "delete": 0} and m.n.publisher.stats.in_sync
 
 
 def test_class_and_claim_sharing_configs_and_the_example_reach_the_claim(make_node: Any, tmp_path: Any) -> None:

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 
 import pynvml as real
 
+from deviceplugin.discovery.mig import MigError
+from deviceplugin.discovery.migsim import SimulatedMig
+from deviceplugin.model.node import MigDevice
+
 MIB = 1024 * 1024
 
 
@@ -41,12 +45,26 @@ class FakeGpu:
     recovery_action: int | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; None: the field is not supported
     memory_affinity: list[int] | None = None  # NUMA nodes of nvmlDeviceGetMemoryAffinity; None: NotSupported
     cpu_affinity: list[int] | None = None  # CPUs of nvmlDeviceGetCpuAffinityWithinScope(NODE); None: NotSupported
+    mig_mode: bool | None = None  # MIG mode on; None: on when `mig` has instances (MIG on with none: True and mig={})
 
 
 @dataclass(frozen=True)
 class Handle:
     gpu: int
     mig: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuInstanceHandle:
+    gpu: int
+    gi: int
+
+
+@dataclass(frozen=True)
+class ComputeInstanceHandle:
+    gpu: int
+    gi: int
+    ci: int
 
 
 class EventData:
@@ -58,7 +76,7 @@ class FakeNvml(types.ModuleType):
     def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15", cuda: int = 12040, topology: dict | None = None) -> None:
         super().__init__("pynvml")
         for name in dir(real):
-            if name.startswith(("NVMLError", "NVML_", "nvmlEventType")):
+            if name.startswith(("NVMLError", "NVML_", "nvmlEventType", "c_nvmlGpuInstancePlacement")):
                 setattr(self, name, getattr(real, name))
         self.gpus = gpus
         self.driver = driver
@@ -72,6 +90,7 @@ class FakeNvml(types.ModuleType):
         self.supported_events = real.nvmlEventTypeXidCriticalError | real.nvmlEventTypeDoubleBitEccError
         self.initialised = 0
         self.wait_error: type | None = None
+        self.mig_state = {i: self._simulated_mig(i, g) for i, g in enumerate(gpus) if g.mig is not None}
 
     # --- test controls ------------------------------------------------------------------------
     def fail(self, call: str, index: int | None, error: type) -> None:
@@ -98,6 +117,30 @@ class FakeNvml(types.ModuleType):
 
     def _mig(self, handle: Handle) -> FakeMig:
         return self.gpus[handle.gpu].mig[handle.mig]
+
+    def _mig_enabled(self, gpu: FakeGpu) -> bool:
+        return bool(gpu.mig) if gpu.mig_mode is None else gpu.mig_mode
+
+    def _simulated_mig(self, index: int, gpu: FakeGpu) -> SimulatedMig:
+        """The GPU's MIG state from the project's MIG model (discovery.migsim), with its listed instances placed."""
+
+        def in_use(mig_uuid: str) -> bool:
+            ids = {(m.gi, m.ci) for m in (gpu.mig or {}).values() if m.uuid == mig_uuid}
+            return any((gi, ci) in ids for _, _, gi, ci in gpu.processes)
+
+        state = SimulatedMig(gpu.uuid, gpu.name, gpu.memory_mib, self._mig_enabled(gpu), in_use)
+        state.adopt([MigDevice(uuid=m.uuid, profile=m.profile, memory_mib=m.memory_mib, gi_id=m.gi, ci_id=m.ci, index=k) for k, m in (gpu.mig or {}).items()])
+        return state
+
+    def _mig_state(self, call: str, handle: Handle | GpuInstanceHandle | ComputeInstanceHandle) -> SimulatedMig:
+        self._enter(call, Handle(handle.gpu))
+        if handle.gpu not in self.mig_state:
+            raise real.NVMLError_NotSupported()
+        return self.mig_state[handle.gpu]
+
+    @staticmethod
+    def _nvml(err: MigError) -> Exception:
+        return real.NVMLError(err.code)  # pynvml's NVMLError(code) is the code's subclass (NVMLError_InUse, ...)
 
     # --- the pynvml calls the backend uses ----------------------------------------------------------
     def nvmlInit(self):
@@ -158,8 +201,119 @@ class FakeNvml(types.ModuleType):
         gpu = self._enter("nvmlDeviceGetMigMode", handle)
         if gpu.mig is None:
             raise real.NVMLError_NotSupported()
-        mode = real.NVML_DEVICE_MIG_ENABLE if gpu.mig else real.NVML_DEVICE_MIG_DISABLE
+        mode = real.NVML_DEVICE_MIG_ENABLE if self._mig_enabled(gpu) else real.NVML_DEVICE_MIG_DISABLE
         return [mode, mode]
+
+    # --- MIG instance management (answered by discovery.migsim, with NVML's error codes) ----------------------------
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle, profile, version=2):
+        state = self._mig_state("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        try:
+            profiles = state.profiles()
+        except MigError as err:
+            raise self._nvml(err) from None
+        order = {0: 19, 7: 20, 9: 15, 1: 14, 2: 9, 3: 5, 4: 0}  # NVML's profile enum index -> the profile ID it names
+        if profile >= real.NVML_GPU_INSTANCE_PROFILE_COUNT:
+            raise real.NVMLError_InvalidArgument()
+        found = next((p for p in profiles if p.id == order.get(profile)), None)
+        if found is None:
+            raise real.NVMLError_NotSupported()
+        return types.SimpleNamespace(
+            id=found.id, isP2pSupported=0, sliceCount=found.compute_slices, instanceCount=found.instance_count,
+            multiprocessorCount=0, copyEngineCount=found.copy_engines, decoderCount=found.decoders, encoderCount=found.encoders,
+            jpegCount=found.jpeg_engines, ofaCount=found.ofa_engines, memorySizeMB=found.memory_mib, name=f"MIG {found.name}".encode(),
+        )
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle, profile_id, placements, count_ref):
+        state = self._mig_state("nvmlDeviceGetGpuInstancePossiblePlacements", handle)
+        try:
+            starts = state.placements(profile_id)
+        except MigError as err:
+            raise self._nvml(err) from None
+        size = next(p.memory_slices for p in state.table if p.id == profile_id)
+        count = count_ref._obj  # ctypes.byref(c_uint): in, the room; out, how many
+        if placements is None:
+            count.value = len(starts)
+            return real.NVML_SUCCESS
+        if count.value < len(starts):
+            raise real.NVMLError_InsufficientSize()
+        for i, start in enumerate(starts):
+            placements[i].start, placements[i].size = start, size
+        count.value = len(starts)
+        return real.NVML_SUCCESS
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle, profile_id, placement):
+        state = self._mig_state("nvmlDeviceCreateGpuInstanceWithPlacement", handle)
+        placement = getattr(placement, "_obj", placement)
+        try:
+            return GpuInstanceHandle(handle.gpu, state.create_gpu_instance(profile_id, placement.start))
+        except MigError as err:
+            raise self._nvml(err) from None
+
+    def nvmlDeviceGetGpuInstanceById(self, handle, gi_id):
+        state = self._mig_state("nvmlDeviceGetGpuInstanceById", handle)
+        if not any(i.gi_id == gi_id for i in state.instances()):
+            raise real.NVMLError_NotFound()
+        return GpuInstanceHandle(handle.gpu, gi_id)
+
+    def _instance(self, state: SimulatedMig, gi_id: int):
+        found = next((i for i in state.instances() if i.gi_id == gi_id), None)
+        if found is None:
+            raise real.NVMLError_NotFound()
+        return found
+
+    def nvmlGpuInstanceGetInfo(self, gi):
+        found = self._instance(self._mig_state("nvmlGpuInstanceGetInfo", gi), gi.gi)
+        placement = types.SimpleNamespace(start=found.start, size=found.size)
+        return types.SimpleNamespace(device=Handle(gi.gpu), id=found.gi_id, profileId=found.profile_id, placement=placement)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi, profile, eng_profile, version=2):
+        state = self._mig_state("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi)
+        found = self._instance(state, gi.gi)
+        slices = next(p.compute_slices for p in state.table if p.id == found.profile_id)
+        by_index = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}  # NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE -> n
+        if by_index.get(profile, 99) > slices:
+            raise real.NVMLError_NotSupported()
+        return types.SimpleNamespace(id=profile, sliceCount=by_index[profile], instanceCount=slices // by_index[profile])
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi, profile_id):
+        state = self._mig_state("nvmlGpuInstanceCreateComputeInstance", gi)
+        try:
+            made = state.create_compute_instance(gi.gi)
+        except MigError as err:
+            raise self._nvml(err) from None
+        gpu = self.gpus[gi.gpu]
+        profile = next(p for p in state.table if p.id == made.profile_id)
+        index = next(i for i in range(len(gpu.mig) + 1) if i not in gpu.mig)
+        gpu.mig[index] = FakeMig(uuid=made.uuid, profile=profile.name, memory_mib=profile.memory_mib, gi=made.gi_id, ci=made.ci_id or 0)
+        return ComputeInstanceHandle(gi.gpu, gi.gi, made.ci_id or 0)
+
+    def nvmlComputeInstanceGetInfo(self, ci):
+        self._mig_state("nvmlComputeInstanceGetInfo", ci)
+        return types.SimpleNamespace(device=Handle(ci.gpu), gpuInstance=GpuInstanceHandle(ci.gpu, ci.gi), id=ci.ci, profileId=0)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi, ci_id):
+        found = self._instance(self._mig_state("nvmlGpuInstanceGetComputeInstanceById", gi), gi.gi)
+        if found.ci_id != ci_id:
+            raise real.NVMLError_NotFound()
+        return ComputeInstanceHandle(gi.gpu, gi.gi, ci_id)
+
+    def nvmlComputeInstanceDestroy(self, ci):
+        state = self._mig_state("nvmlComputeInstanceDestroy", ci)
+        try:
+            state.destroy_compute_instance(ci.gi, ci.ci)
+        except MigError as err:
+            raise self._nvml(err) from None
+        gpu = self.gpus[ci.gpu]
+        gpu.mig = {k: m for k, m in gpu.mig.items() if (m.gi, m.ci) != (ci.gi, ci.ci)}
+        return real.NVML_SUCCESS
+
+    def nvmlGpuInstanceDestroy(self, gi):
+        state = self._mig_state("nvmlGpuInstanceDestroy", gi)
+        try:
+            state.destroy_gpu_instance(gi.gi)
+        except MigError as err:
+            raise self._nvml(err) from None
+        return real.NVML_SUCCESS
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle):
         self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)

@@ -83,3 +83,14 @@ def test_fgdstrand_accepts_units_of_unequal_share_counts_which_binpack_places():
     pool = {"name": "s", "mode": "shared", "memoryPerShare": "40Mi", "gpus": {"indexes": [3]}}
     resources = build_resources(parse_config({"version": "v1", "allocationPolicy": "fgdstrand", "pools": [pool]}), node("8xA100-80GB-mig"))
     assert sorted(u.replicas for u in resources[0].units) == [249, 499, 1004]
+
+
+def test_a_dynamic_mig_pool_is_refused_by_the_device_plugin_naming_the_key():
+    pools = [{"name": "e", "mode": "exclusive", "gpus": {"indexes": [5, 6, 7]}}, {"name": "dyn", "mode": "mig", "strategy": "dynamic"}]
+    config = parse_config({"version": "v1", "pools": pools})
+    with pytest.raises(ConfigError, match=r"pools\[1\]\.strategy: dynamic makes MIG instances per claim, which only the DRA driver does \(gpu-share run --api dra\)"):
+        build_resources(config, node("8xA100-80GB-mig"))
+    served = build_resources(config, node("8xA100-80GB-mig"), dynamic_mig=True)  # the DRA driver: every GPU of the pool whole
+    assert [(r.name, sorted(u.gpu.index for u in r.units), {u.mig for u in r.units}) for r in served] == [
+        ("example.com/gpu", [5, 6, 7], {None}), ("example.com/mig-dynamic", [0, 1, 2, 3, 4], {None}),
+    ]
