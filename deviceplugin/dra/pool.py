@@ -63,11 +63,13 @@ class Stored:
     pool: str
     spec: Mapping[str, Any]
     owners: tuple[Mapping[str, Any], ...]
+    writer: str = ""  # the annotation `<driver>/writer` of the instance that last wrote it ("" when none)
 
     @classmethod
     def from_api(cls, obj: Mapping[str, Any]) -> Stored:
         meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
         pool = spec.get("pool") or {}
+        annotations = meta.get("annotations") or {}
         return cls(
             name=str(meta.get("name", "")),
             uid=str(meta.get("uid", "")),
@@ -76,7 +78,23 @@ class Stored:
             pool=str(pool.get("name", "")),
             spec=spec,
             owners=tuple(meta.get("ownerReferences") or ()),
+            writer=str(annotations.get(writer_key(str(spec.get("driver", "")))) or "")[:MAX_WRITER],
         )
+
+
+MAX_WRITER = 128  # `<start ns>-<pod UID or pid>`: about 60 characters
+
+
+def writer_key(driver: str) -> str:
+    """The slice annotation naming the driver instance that wrote it: during a rolling update (two instances of one
+    driver on one node, `--pod-uid`) the newer one publishes and the older stops writing (dra.slices)."""
+    return f"{driver}/writer"
+
+
+def writer_started(writer: str) -> int | None:
+    """When the instance named by a writer annotation started (ns since the epoch); None when it does not parse."""
+    head = writer.split("-", 1)[0]
+    return int(head) if head.isdigit() and len(head) <= 20 else None
 
 
 @dataclass(frozen=True)
@@ -104,6 +122,7 @@ class Pool:
     owner: Mapping[str, Any]
     devices: Sequence[dict[str, Any]]
     counter_sets: Sequence[dict[str, Any]] = ()
+    writer: str = ""  # this instance, as `writer_key`'s annotation names it on every slice it writes
 
     def specs(self, generation: int) -> dict[str, dict[str, Any]]:
         counters = [list(self.counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE]) for i in range(0, len(self.counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
@@ -155,6 +174,8 @@ class Pool:
 
     def _object(self, name: str, spec: dict[str, Any], stored: Stored | None) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": name, "ownerReferences": [dict(self.owner)]}
+        if self.writer:
+            metadata["annotations"] = {writer_key(self.driver): self.writer}
         if stored is not None:
             metadata["resourceVersion"] = stored.resource_version
             spec = _keep_taint_times(spec, stored.spec)

@@ -46,7 +46,7 @@ from ..model.node import NodeInfo
 from ..state import NodeState, NodeView
 from .devices import DraDevice, dra_devices
 from .partitions import counter_sets
-from .pool import Plan, Pool, Stored, canonical, owner_reference
+from .pool import Plan, Pool, Stored, canonical, owner_reference, writer_started
 from .taints import device_taints, taint_inputs
 
 if TYPE_CHECKING:
@@ -137,6 +137,7 @@ class PublisherStats:
     tainted: int = 0  # devices with a taint in the last published pool
     in_sync: bool = False  # the last round succeeded and nothing changed since
     last_error: str = ""
+    superseded_by: str = ""  # a newer instance's writer annotation: this one no longer writes the node's slices
 
 
 class SlicePublisher(BackgroundLoop):
@@ -159,8 +160,14 @@ class SlicePublisher(BackgroundLoop):
         max_conflicts: int = 5,
         write_burst: int = 20,
         write_rate: float = 2.0,
+        writer: str = "",
     ) -> None:
+        """`writer`: this instance (`<start ns>-<pod UID or pid>`), stamped on every slice written; a stored slice
+        stamped by an instance that started later means a rolling update's newer instance publishes the pool, and
+        this one stops writing for good (two writers with different views would rewrite each other's slices)."""
         super().__init__("dra-slices")
+        self.writer = writer
+        self._started = writer_started(writer) if writer else None
         self.node_name = node_name
         self.driver = driver
         self.node_info = node_info
@@ -327,10 +334,12 @@ class SlicePublisher(BackgroundLoop):
                 body["taints"] = taints
             rendered.append(body)
         gpus = {d.unit.gpu.uuid: d.unit.gpu for d in devices if d.partition}
-        pool = Pool(self.node_name, self.driver, owner, rendered, counter_sets(list(gpus.values()), self.kept_mig()))
+        pool = Pool(self.node_name, self.driver, owner, rendered, counter_sets(list(gpus.values()), self.kept_mig()), writer=self.writer)
         conflicts = 0
         while True:
             stored = self._stored()
+            if self._superseded(stored):
+                return 0.0
             plan = pool.plan(stored, self._adopted)
             if plan.writes and not conflicts:
                 wait = self._take_token()
@@ -355,6 +364,20 @@ class SlicePublisher(BackgroundLoop):
             self.stats.generation = plan.generation
             self.stats.tainted = sum(1 for d in rendered if d.get("taints"))
             return 0.0
+
+    def _superseded(self, stored: list[Stored]) -> bool:
+        """Whether a newer instance of this driver wrote one of the node's slices (then stop writing, once said)."""
+        if self.stats.superseded_by:
+            return True
+        if self._started is None:
+            return False
+        newer = [s.writer for s in stored if (started := writer_started(s.writer)) is not None and started > self._started]
+        if not newer:
+            return False
+        self.stats.superseded_by = newer[0]
+        log.warning("a newer instance of %s (%s) publishes node %s's ResourceSlices: this one stops writing them",
+                    self.driver, safe_text(newer[0]), self.node_name)
+        return True
 
     def _stored(self) -> list[Stored]:
         """The slices as the last round left them, when nothing else changed them since; else as listed now."""
@@ -480,3 +503,5 @@ class _SliceCollector(Collector):
         yield GaugeMetricFamily("gpushare_dra_pool_generation", "The pool's generation after the last successful round.", value=stats.generation)
         yield GaugeMetricFamily("gpushare_dra_tainted_devices", "Published devices with at least one taint.", value=stats.tainted)
         yield GaugeMetricFamily("gpushare_dra_slices_in_sync", "1 when the last round succeeded and nothing changed since.", value=int(stats.in_sync))
+        yield GaugeMetricFamily("gpushare_dra_slices_superseded", "1 when a newer instance of the driver (a rolling update) publishes the node's slices and this one stopped writing them.",
+                                value=int(bool(stats.superseded_by)))

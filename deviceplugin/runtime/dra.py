@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,8 @@ class DraDaemon:
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
         if self.claim_status is not None:
             self.plugin.after_prepare = self.claim_status.post
-        self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state)
+        writer = f"{time.time_ns()}-{dra.instance or os.getpid()}"  # newer instances (rolling update) win the slices
+        self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state, writer=writer)
         self.slices.kept_mig = self.driver.mig.kept  # instances the start-up sweep kept are published as taken
         self.shapes = HeldShapes(
             self.driver, self.state, [self.plugin, self.slices], self.config, self.resources

@@ -189,6 +189,44 @@ def test_two_writers_that_disagree_cost_a_few_writes_per_second_not_a_loop(contr
             publisher.stop()
 
 
+def test_in_a_rolling_update_the_newer_instance_publishes_and_the_older_stops_writing(controlplane: Any) -> None:
+    """Two instances of the driver on one node that disagree (an old and a new version): each stamps its slices
+    (`<driver>/writer`, its start time first); the older, once it sees a newer stamp, stops writing for good."""
+    api = controlplane.api_client()
+    name = fresh("rolling")
+    ready_node(api, name)
+    info = node("2xT4")
+
+    def publisher(replicas: int, writer: str) -> SlicePublisher:
+        config = parse_config_text(f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "rolling")
+        p = SlicePublisher(api, name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, writer=writer)
+        p.on_config(config, resources_of(config, info))
+        return p
+
+    def shares() -> set[str]:
+        return {d["capacity"]["shares"]["value"] for s in slices(api, name) for d in s["spec"]["devices"]}
+
+    old, new = publisher(4, "1000-old-pod"), publisher(8, "2000-new-pod")
+    try:
+        old.start()
+        assert old.wait_published(10) and shares() == {"4"}
+        assert slices(api, name)[0]["metadata"]["annotations"] == {f"{DRIVER}/writer": "1000-old-pod"}
+        new.start()
+        assert wait_until(lambda: old.stats.superseded_by == "2000-new-pod", timeout=10)
+        assert new.wait_published(10) and shares() == {"8"}
+        writes = sum(old.stats.writes.values())
+        request(api, "DELETE", f"/apis/resource.k8s.io/v1/resourceslices/{slices(api, name)[0]['metadata']['name']}")
+        assert wait_until(lambda: shares() == {"8"}, timeout=10)  # repaired by the newer instance...
+        time.sleep(0.5)
+        assert sum(old.stats.writes.values()) == writes  # ...never by the older one
+        assert slices(api, name)[0]["metadata"]["annotations"] == {f"{DRIVER}/writer": "2000-new-pod"}
+        samples = {s.name: s.value for m in old.collector().collect() for s in m.samples}
+        assert samples["gpushare_dra_slices_superseded"] == 1
+    finally:
+        old.stop()
+        new.stop()
+
+
 def test_a_write_in_between_is_a_409_read_again_and_retried_at_once(publish: Any) -> None:
     publisher, state, info, name, api = publish()
     assert publisher.wait_published(10)
