@@ -85,6 +85,10 @@ class Driver:
     def log(self) -> str:
         return "\n".join((self.work / f).read_text(errors="replace")[-4000:] for f in ("driver.log", "mps.log"))
 
+    def registrations(self) -> int:
+        """How many times a driver process of this test registered with the kubelet (its log, every start)."""
+        return (self.work / "driver.log").read_text(errors="replace").count("registered with the kubelet as DRA driver")
+
     def mps_daemons(self) -> list[int]:
         """PIDs of the MPS pool's control daemon (`-f`, with its pipe directory in the environment)."""
         pipe = f"CUDA_MPS_PIPE_DIRECTORY={self.mps_root / 'mps' / 'pipe'}".encode()
@@ -319,10 +323,13 @@ def test_a_claim_from_a_template_through_the_real_controller_manager(realnode, a
 
 def test_a_kubelet_restart_and_a_driver_sigkill_keep_the_prepared_pod(realnode, api, cluster, driver):
     claim_pod(api, realnode, cluster, "dra-kept", shares(2))
+    registered = driver.registrations()
     realnode.script("restart.sh", "kubelet")
     driver.proc.send_signal(signal.SIGKILL)
     driver.proc.wait(10)
     driver.start()
+    # the new driver registered with the restarted kubelet, and its slices are there
+    wait_for(lambda: driver.registrations() > registered, 60)
 
     def republished() -> bool:
         found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={realnode.name}")])
