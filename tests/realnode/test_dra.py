@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import yaml
 from kubernetes import client
 
 from tests.support.kubeobjects import request
-from tests.support.realnode import RealNode, delete_pod, wait_for
+from tests.support.realnode import RealNode, delete_pod, dra_cluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULER = "gpu-share-realnode"
@@ -112,26 +111,12 @@ def cluster(realnode: RealNode, api: Any) -> Iterator[str]:
     """The shipped DeviceClasses, a kube-scheduler of our own name, a namespace, and the real kube-controller-manager
     (its resourceclaim controller makes claims from templates, and releases a deleted claim's allocation: without
     it a deleted claim keeps its devices behind the scheduler's finalizer)."""
-    created = []
-    for document in yaml.safe_load_all((ROOT / "daemonset" / "dra" / "02-deviceclasses.yaml").read_text()):
+    with dra_cluster(realnode, SCHEDULER, "rn-dra") as ns:
+        realnode.script("kcm.sh", "start")
         try:
-            request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", document)
-            created.append(document["metadata"]["name"])
-        except client.ApiException as err:
-            assert err.status == 409, err
-    realnode.cp.scheduler({"profiles": [{"schedulerName": SCHEDULER}]}, name="realnode")
-    ns = f"rn-dra-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": ns}})
-    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
-    realnode.script("kcm.sh", "start")
-    try:
-        yield ns
-    finally:  # never leave the controller manager running: later tests create what it would make
-        realnode.script("kcm.sh", "stop")
-    realnode.cp.stop_process("kube-scheduler#realnode")
-    for name in created:  # the session API server is shared: the chart's tests install DeviceClasses of these names
-        request(api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
+            yield ns
+        finally:  # never leave the controller manager running: later tests create what it would make
+            realnode.script("kcm.sh", "stop")
 
 
 @pytest.fixture(scope="module")

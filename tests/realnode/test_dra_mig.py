@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +14,9 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.realnode.test_dra import CLAIMS, ROOT, env_of
+from tests.realnode.test_dra import CLAIMS, env_of
 from tests.support.kubeobjects import delete_claim, request
-from tests.support.realnode import RealNode, delete_pod, wait_for
+from tests.support.realnode import RealNode, delete_pod, dra_cluster, wait_for
 
 SCHEDULER = "gpu-share-realnode-mig"
 DRIVER = "gpu-share.example.com"
@@ -30,36 +29,24 @@ def mig_driver(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory) -> 
     """The DeviceClasses, a scheduler of our own name, a namespace, and the driver serving one dynamic MIG pool."""
     api = realnode.cp.api_client()
     work = tmp_path_factory.mktemp("dra-mig")
-    created = []
-    for document in yaml.safe_load_all((ROOT / "daemonset" / "dra" / "02-deviceclasses.yaml").read_text()):
+    with dra_cluster(realnode, SCHEDULER, "rn-mig") as ns:
+        (work / "node.yaml").write_text(yaml.safe_dump(NODE))
+        (work / "config.yaml").write_text(yaml.safe_dump({"version": "v1", "pools": [{"name": "mig", "mode": "mig", "strategy": "dynamic"}]}))
+        proc = realnode.nsexec(
+            sys.executable, "-m", "deviceplugin.cli", "run", "--api", "dra", "--node", str(work / "node.yaml"), "--config", str(work / "config.yaml"),
+            "--kubeconfig", str(realnode.cp.admin_kubeconfig), "--node-name", realnode.name, "--health-checks", "false", "--metrics-port", "0",
+            log=work / "driver.log",
+        )
+
+        def published() -> bool:
+            found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={realnode.name}")])
+            return any(s["spec"].get("sharedCounters") for s in found["items"])
+
         try:
-            request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", document)
-            created.append(document["metadata"]["name"])
-        except client.ApiException as err:
-            assert err.status == 409, err
-    realnode.cp.scheduler({"profiles": [{"schedulerName": SCHEDULER}]}, name="realnode-mig")
-    ns = f"rn-mig-{uuid.uuid4().hex[:6]}"
-    core = client.CoreV1Api(api)
-    core.create_namespace({"metadata": {"name": ns}})
-    core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
-    (work / "node.yaml").write_text(yaml.safe_dump(NODE))
-    (work / "config.yaml").write_text(yaml.safe_dump({"version": "v1", "pools": [{"name": "mig", "mode": "mig", "strategy": "dynamic"}]}))
-    proc = realnode.nsexec(
-        sys.executable, "-m", "deviceplugin.cli", "run", "--api", "dra", "--node", str(work / "node.yaml"), "--config", str(work / "config.yaml"),
-        "--kubeconfig", str(realnode.cp.admin_kubeconfig), "--node-name", realnode.name, "--health-checks", "false", "--metrics-port", "0",
-        log=work / "driver.log",
-    )
-
-    def published() -> bool:
-        found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={realnode.name}")])
-        return any(s["spec"].get("sharedCounters") for s in found["items"])
-
-    wait_for(published, 60)
-    yield api, ns
-    realnode.stop_process(proc)
-    realnode.cp.stop_process("kube-scheduler#realnode-mig")
-    for name in created:  # the session API server is shared: the chart's tests install DeviceClasses of these names
-        request(api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
+            wait_for(published, 60)
+            yield api, ns
+        finally:
+            realnode.stop_process(proc)
 
 
 def test_the_container_sees_the_mig_instance_made_for_its_claim(realnode: RealNode, mig_driver: tuple[Any, str]) -> None:

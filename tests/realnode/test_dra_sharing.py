@@ -6,8 +6,8 @@ more than the claim consumed fails the pod's prepare with the field named in its
 from __future__ import annotations
 
 import sys
-import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from kubernetes import client
 from deviceplugin.dra.sharingconfig import api_version
 from deviceplugin.kube.dranames import driver_name
 from tests.support.kubeobjects import delete_claim, release_claim, request
-from tests.support.realnode import RealNode, delete_pod, wait_for
+from tests.support.realnode import RealNode, delete_pod, dra_cluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = driver_name("example.com")
@@ -48,14 +48,8 @@ def cluster(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
     """The shipped DeviceClasses, a kube-scheduler of our own name, a namespace, and in the node's mount namespace
     `gpu-share mps` (the fake control daemon) and the driver."""
     api = realnode.cp.api_client()
-    created = []
-    for document in yaml.safe_load_all((ROOT / "daemonset" / "dra" / "02-deviceclasses.yaml").read_text()):
-        try:
-            request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", document)
-            created.append(document["metadata"]["name"])
-        except client.ApiException as err:
-            assert err.status == 409, err
     processes = []
+    stack = ExitStack()
     try:
         # Claims of this node's pool deleted before (other modules') but still allocated: released as the
         # resourceclaim controller would, or kube-scheduler counts their shares as taken on these devices.
@@ -63,11 +57,7 @@ def cluster(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
             results = ((left.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results", [])
             if left["metadata"].get("deletionTimestamp") and any(r.get("pool") == realnode.name for r in results):
                 release_claim(api, left)
-        realnode.cp.scheduler({"profiles": [{"schedulerName": SCHEDULER}]}, name="realnode-sharing")
-        ns = f"rn-share-{uuid.uuid4().hex[:6]}"
-        core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": ns}})
-        core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+        ns = stack.enter_context(dra_cluster(realnode, SCHEDULER, "rn-share"))
         work = tmp_path_factory.mktemp("dra-sharing")
         (work / "config.yaml").write_text(yaml.safe_dump(CONFIG))
         binary = work / "nvidia-cuda-mps-control"
@@ -118,9 +108,7 @@ def cluster(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Ite
     finally:
         for proc in reversed(processes):
             realnode.stop_process(proc)
-        realnode.cp.stop_process("kube-scheduler#realnode-sharing")
-        for name in created:  # the session API server is shared: the chart's tests install DeviceClasses of these names
-            request(api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
+        stack.close()
 
 
 def sharing(**fields: Any) -> list[dict[str, Any]]:

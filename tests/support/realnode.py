@@ -16,8 +16,11 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client
 
@@ -168,3 +171,37 @@ def delete_pod(core: client.CoreV1Api, namespace: str, name: str) -> None:
         return False
 
     wait_for(gone, 60)
+
+
+@contextmanager
+def dra_cluster(node: RealNode, scheduler: str, prefix: str) -> Iterator[str]:
+    """The shipped DeviceClasses (those not there yet), a kube-scheduler of profile `scheduler` and a namespace
+    `<prefix>-<random>` for a module's DRA tests; yields the namespace. On the way out the scheduler is stopped and
+    the DeviceClasses it created are deleted (the session API server is shared: the chart's tests install classes of
+    these names)."""
+    import uuid
+
+    import yaml
+
+    from tests.support.kubeobjects import request
+
+    root = Path(__file__).resolve().parents[2]
+    api: Any = node.cp.api_client()
+    created = []
+    try:
+        for document in yaml.safe_load_all((root / "daemonset" / "dra" / "02-deviceclasses.yaml").read_text()):
+            try:
+                request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", document)
+                created.append(document["metadata"]["name"])
+            except client.ApiException as err:
+                assert err.status == 409, err
+        node.cp.scheduler({"profiles": [{"schedulerName": scheduler}]}, name=scheduler)
+        ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        core = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": ns}})
+        core.create_namespaced_service_account(ns, {"metadata": {"name": "default"}})
+        yield ns
+    finally:
+        node.cp.stop_process(f"kube-scheduler#{scheduler}")
+        for name in created:
+            request(api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{name}")
