@@ -59,7 +59,7 @@ def run(smoke: bool = False) -> dict:
             name = f"bench-{i}"
             ready_node(api, name)
             state = NodeState()
-            publisher = SlicePublisher(api, name, DRIVER, info, state, backoff_initial=0.02, backoff_max=0.5)
+            publisher = SlicePublisher(cp.rest_client(), name, DRIVER, info, state, backoff_initial=0.02, backoff_max=0.5)
             started = time.perf_counter()
             publisher.on_config(config, resources)
             publisher.start()

@@ -18,11 +18,9 @@ DRIVER = "gpu.example.com"
 
 _PROBE = """
 import sys, time
-from kubernetes import client, config
 from deviceplugin.dra.claims import ApiClaims
-configuration = client.Configuration()
-config.load_kube_config(config_file=sys.argv[1], client_configuration=configuration)
-claims = ApiClaims(client.ApiClient(configuration), sys.argv[2], "bench-node")
+from deviceplugin.kube.rest import RestClient, load_kubeconfig
+claims = ApiClaims(RestClient(load_kubeconfig(sys.argv[1])), sys.argv[2], "bench-node")
 def hwm():  # this process's peak RSS in KiB (getrusage's would include the parent's, kept across exec)
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 before = hwm()

@@ -280,11 +280,12 @@ def run_dra(args: argparse.Namespace) -> int:
     inventory = _open_inventory(args)
     if inventory is None:
         return 0
-    from ..kube.client import ApiAccessError, NodeClient, core_api
+    from ..kube.client import NodeClient
+    from ..kube.rest import ApiAccessError, connect
     from ..runtime.dra import DraDaemon, DraOptions
 
     try:
-        core = core_api(args.kubeconfig)
+        api = connect(args.kubeconfig)
     except ApiAccessError as err:
         inventory.close()
         raise StartupError(f"the DRA driver needs the Kubernetes API (ResourceClaims, ResourceSlices): {err}") from None
@@ -300,7 +301,7 @@ def run_dra(args: argparse.Namespace) -> int:
     try:
         # The node's client: its labels and annotation, the watchdog's Events, and the pod directory (list Pods on this
         # node) that maps GPU processes to containers for the node agent.
-        daemon = DraDaemon(inventory, options, dra, core.api_client, start, client=NodeClient(core, options.node_name))
+        daemon = DraDaemon(inventory, options, dra, api, start, client=NodeClient(api, options.node_name))
     except BaseException:
         inventory.close()
         raise

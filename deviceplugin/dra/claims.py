@@ -17,8 +17,6 @@ errors; its loop never dies silently, and `stop()` ends it without a warning.
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import threading
 import time
@@ -26,8 +24,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..kube.errors import error_line
-from ..kube.watch import Gone, Silent, raise_for_error, read_body, watch_events
-from ..logs import RepeatLimiter, safe_text
+from ..kube.rest import ApiError, RestClient
+from ..kube.watch import Gone, ResponseTooLarge, Silent, raise_for_error, watch_events
+from ..logs import RepeatLimiter
 from ..loop import BackgroundLoop
 from .devices import ClaimError
 from .prepare import GONE, UNKNOWN, ClaimRef
@@ -42,13 +41,15 @@ LIST_PAGE = 16  # claims per list page: 16 of the API's largest claims are a few
 MAX_PAGE_BYTES = 32 * 1024 * 1024
 
 
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
+MAX_CLAIM_BYTES = 4 * 1024 * 1024  # one claim's GET (a claim is at most ~1.5 MiB in etcd)
 GET_TIMEOUT = 10.0  # seconds for one claim's GET (the kubelet plugin stops beginning claims this long before its deadline)
 
 
 class ApiClaims:
     def __init__(
         self,
-        api_client: Any,
+        api: RestClient | None,
         driver: str,
         pool: str,
         timeout: float = GET_TIMEOUT,
@@ -57,9 +58,7 @@ class ApiClaims:
         backoff_max: float = 30.0,
         silence: float = MAX_SILENCE,
     ) -> None:
-        from kubernetes import client
-
-        self.api: Any = client.ResourceV1Api(_without_retries(api_client))  # called with _preload_content=False: raw responses
+        self.api = api  # no retries: a call's timeout is its whole budget
         self.driver = driver
         self.pool = pool
         self.timeout = timeout
@@ -113,27 +112,22 @@ class ApiClaims:
     def get(self, ref: ClaimRef, timeout: float | None = None) -> Mapping[str, Any]:
         """The claim from the API server within `timeout` (at most `self.timeout`) seconds; ClaimError naming the
         claim and the cause."""
-        from kubernetes.client.exceptions import ApiException
-
         self.gets += 1
         budget = self.timeout if timeout is None else max(0.1, min(timeout, self.timeout))
+        if self.api is None:
+            raise ClaimError(f"claim {ref}: no Kubernetes API")
+        path = f"/apis/resource.k8s.io/v1/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
         try:
-            response = self.api.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False, _request_timeout=budget)
-            status, body = response.status, response.data
-        except ApiException as err:  # the client raises on error statuses even without preloading
-            raw = err.body or err.reason or ""
-            status, body = err.status or 0, raw if isinstance(raw, bytes) else str(raw).encode()
-        except Exception as err:  # connection errors, timeouts: this claim fails, the call goes on
-            raise ClaimError(f"claim {ref}: cannot read it from the API: {safe_text(str(err), 300)}") from None
-        if status == 404:
-            raise ClaimError(f"claim {ref} not found in the API")
-        if status != 200:
-            raise ClaimError(f"claim {ref}: the API answered {status}: {safe_text(body.decode(errors='replace'), 300)}")
-        try:
-            claim = json.loads(body)
-        except ValueError as err:
-            raise ClaimError(f"claim {ref}: the API's answer is not JSON: {err}") from None
-        if not isinstance(claim, dict) or not isinstance(claim.get("metadata"), dict):
+            claim = self.api.get(path, timeout=budget, max_bytes=MAX_CLAIM_BYTES)
+        except ApiError as err:
+            if err.status == 404:
+                raise ClaimError(f"claim {ref} not found in the API") from None
+            if err.status:
+                raise ClaimError(f"claim {ref}: the API answered {err}") from None
+            raise ClaimError(f"claim {ref}: cannot read it from the API: {err.message}") from None
+        except ResponseTooLarge as err:
+            raise ClaimError(f"claim {ref}: {err}") from None
+        if not isinstance(claim.get("metadata"), dict):
             raise ClaimError(f"claim {ref}: the API's answer is not a ResourceClaim")
         return claim
 
@@ -167,18 +161,6 @@ class ApiClaims:
 def _key(claim: Mapping[str, Any]) -> tuple[str, str]:
     meta = claim.get("metadata") or {}
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
-
-
-def _without_retries(api_client: Any) -> Any:
-    """A client like `api_client` whose connections make no retries: a read's timeout is its whole budget (urllib3
-    would retry a timed-out read three times)."""
-    from kubernetes import client
-
-    if api_client is None:  # the default client, as ResourceV1Api() would take
-        api_client = client.ApiClient()
-    configuration = copy.copy(api_client.configuration)
-    configuration.retries = False
-    return client.ApiClient(configuration)
 
 
 def _slim(claim: Mapping[str, Any], driver: str) -> dict[str, Any]:
@@ -259,43 +241,31 @@ class _ClaimWatch(BackgroundLoop):
                 delay = min(delay * 2, self.backoff_max)
 
     def _list(self) -> str:
+        assert self.claims.api is not None
         items: list[Mapping[str, Any]] = []
-        token: str | None = None
-        while True:
-            response = self.claims.api.list_resource_claim_for_all_namespaces(
-                limit=LIST_PAGE, _continue=token, _preload_content=False, _request_timeout=self.claims.timeout
-            )
-            try:
-                data = read_body(response, MAX_PAGE_BYTES, "list ResourceClaims")
-            finally:
-                response.release_conn()
-            if response.status != 200:
-                raise RuntimeError(f"list ResourceClaims: {response.status} {safe_text(data.decode(errors='replace'), 200)}")
-            page = json.loads(data)
-            del data
+        version = ""
+        for page in self.claims.api.pages(CLAIMS, limit=LIST_PAGE, timeout=self.claims.timeout, max_bytes=MAX_PAGE_BYTES):
             # Only this node's claims are kept, slimmed, page by page: the cluster's claims never sit in memory together.
             items.extend(_slim(c, self.claims.driver) for c in page.get("items") or () if isinstance(c, dict) and self.claims._ours(c))
             page["items"] = None
             del items[self.claims.max_cached:]
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                self.claims._replace(items)
-                return str(page["metadata"]["resourceVersion"])
+            version = str((page.get("metadata") or {}).get("resourceVersion") or "")
+        self.claims._replace(items)
+        return version
 
     def _watch(self, version: str) -> str:
-        response = self.claims.api.list_resource_claim_for_all_namespaces(
-            watch=True, resource_version=version, allow_watch_bookmarks=True, timeout_seconds=WATCH_SECONDS,
-            _preload_content=False, _request_timeout=(self.claims.timeout, self.claims.silence),  # a silent socket ends the watch
-        )
+        assert self.claims.api is not None
+        try:
+            response = self.claims.api.watch(CLAIMS, version, seconds=WATCH_SECONDS, silence=self.claims.silence)  # a silent socket ends the watch
+        except ApiError as err:
+            if err.status == 410:
+                raise Gone() from None
+            raise
         with self._response_lock:
             self._response = response
         if self._stop.is_set():
             response.shutdown()
         try:
-            if response.status == 410:
-                raise Gone()
-            if response.status != 200:
-                raise RuntimeError(f"watch ResourceClaims: {response.status}")
             for event in watch_events(response, MAX_EVENT_BYTES):
                 if self._stop.is_set():
                     break

@@ -17,7 +17,6 @@ DRAResourceClaimDeviceStatus feature is off, the API server drops the field: the
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..kube.errors import error_line
-from ..logs import safe_text
+from ..kube.rest import ApiError, RestClient
 from ..loop import BackgroundLoop
 from .checkpoint import PreparedClaim
 from .devices import DraDevice
@@ -46,7 +45,6 @@ BACKOFF_MAX = 10.0  # the longest wait between two attempts
 REQUEST_TIMEOUT = 10.0
 IDLE_WAIT = 60.0  # seconds the thread sleeps with nothing queued (a post wakes it at once)
 FINAL = (400, 403, 409, 422)  # refused for good (bad request, no permission, the claim replaced, invalid): not retried
-MAX_ERROR_BYTES = 4096
 
 
 def device_status(claim: PreparedClaim, devices: dict[str, DraDevice], driver: str) -> list[dict[str, Any]]:
@@ -83,13 +81,13 @@ class ClaimStatusWriter(BackgroundLoop):
 
     def __init__(
         self,
-        api_client: Any,
+        api: RestClient,
         driver: Driver,
         metrics: DraMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__("dra-claim-status")
-        self.client = api_client
+        self.client = api
         self.driver = driver
         self.metrics = metrics
         self.clock = clock
@@ -179,8 +177,6 @@ class ClaimStatusWriter(BackgroundLoop):
     def _apply(self, claim: PreparedClaim) -> tuple[int, str]:
         """Server-side apply of this driver's entries on /status (the claim's UID a precondition): the HTTP status
         and, for an error, its message; raises when no answer came."""
-        from kubernetes.client.exceptions import ApiException
-
         devices = {d.name: d for d in self.driver.devices}
         body = {
             "apiVersion": "resource.k8s.io/v1",
@@ -189,27 +185,13 @@ class ClaimStatusWriter(BackgroundLoop):
             "status": {"devices": device_status(claim, devices, self.driver.driver)},
         }
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}/status"
-        params = self.client.param_serialize(
-            "PATCH",
-            path,
-            query_params=[("fieldManager", self.driver.driver), ("force", "true")],
-            body=json.dumps(body),
-            auth_settings=["BearerToken"],
-            header_params={"Accept": "application/json", "Content-Type": "application/apply-patch+yaml"},
-        )
         try:
-            response = self.client.call_api(*params, _request_timeout=REQUEST_TIMEOUT).response
-        except ApiException as err:
-            return err.status or 0, error_line(err)
-        try:
-            text = (
-                ""
-                if 200 <= response.status <= 299
-                else response.read(MAX_ERROR_BYTES, decode_content=True).decode(errors="replace")
-            )
-        finally:
-            response.release_conn()
-        return int(response.status), f"{response.status} {safe_text(text, 300)}"
+            self.client.patch(path, body, "apply", field_manager=self.driver.driver, force=True, timeout=REQUEST_TIMEOUT)
+        except ApiError as err:
+            if not err.status:
+                raise  # no answer: retried as a 5xx is
+            return err.status, error_line(err)
+        return 200, ""
 
     def _count(self, result: str) -> None:
         if self.metrics is not None:

@@ -26,7 +26,6 @@ a list page holds at most `LIST_PAGE` slices (more are deleted page by page, rou
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -34,12 +33,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kubernetes.client.exceptions import ApiException
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..kube.errors import error_line
-from ..kube.watch import read_body, watch_events
+from ..kube.rest import ApiError, RestClient
+from ..kube.watch import watch_events
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
@@ -62,64 +61,50 @@ LIST_PAGE = 128
 
 
 class SliceApi:
-    """The API calls the publisher makes, as plain JSON (the typed client drops fields it does not know)."""
+    """The API calls the publisher makes, as plain JSON (`kube.rest`: every field kept, none dropped)."""
 
-    def __init__(self, api_client: Any, node: str, driver: str, timeout: float) -> None:
-        self.client = api_client
+    def __init__(self, api: RestClient | None, node: str, driver: str, timeout: float) -> None:
+        self.client = api
         self.node = node
         self.driver = driver
         self.timeout = timeout
         self.selector = f"spec.driver={driver},spec.nodeName={node}"
 
-    def _send(self, method: str, path: str, query: list[tuple[str, Any]] | None = None, body: Any = None, timeout: Any = None) -> Any:
-        """The raw urllib3 response of a 2xx answer; ApiException otherwise."""
-        params = self.client.param_serialize(
-            method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-            header_params={"Accept": "application/json", **({"Content-Type": "application/json"} if body is not None else {})},
-        )
-        response = self.client.call_api(*params, _request_timeout=timeout or self.timeout).response
-        if not 200 <= response.status <= 299:
-            text = response.read(64 * 1024, decode_content=True).decode(errors="replace")
-            response.release_conn()
-            raise ApiException(status=response.status, reason=response.reason, body=text)
-        return response
-
-    def _json(self, method: str, path: str, query: list[tuple[str, Any]] | None = None, body: Any = None) -> dict[str, Any]:
-        response = self._send(method, path, query, body)
-        try:
-            data = read_body(response, MAX_RESPONSE_BYTES, f"{method} {path}")
-        finally:
-            response.release_conn()
-        return dict(json.loads(data))
+    @property
+    def _api(self) -> RestClient:
+        if self.client is None:
+            raise ApiError(0, "NoApi", "no Kubernetes API configured")
+        return self.client
 
     def node_uid(self) -> str:
-        return str(self._json("GET", f"/api/v1/nodes/{self.node}")["metadata"]["uid"])
+        node = self._api.get(f"/api/v1/nodes/{self.node}", timeout=self.timeout, max_bytes=MAX_RESPONSE_BYTES)
+        return str(node["metadata"]["uid"])
 
     def list(self) -> tuple[list[Stored], str]:
         """One page of this driver's slices on this node, and the list's resourceVersion."""
-        found = self._json("GET", RESOURCE_SLICES, [("fieldSelector", self.selector), ("limit", LIST_PAGE)])
+        found = self._api.list(RESOURCE_SLICES, field_selector=self.selector, limit=LIST_PAGE, timeout=self.timeout,
+                               max_bytes=MAX_RESPONSE_BYTES)
         return [Stored.from_api(item) for item in found.get("items") or []], str(found["metadata"].get("resourceVersion", ""))
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return self._json("POST", RESOURCE_SLICES, body=obj)
+        return self._api.create(RESOURCE_SLICES, obj, timeout=self.timeout)
 
     def replace(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return self._json("PUT", f"{RESOURCE_SLICES}/{obj['metadata']['name']}", body=obj)
+        return self._api.replace(f"{RESOURCE_SLICES}/{obj['metadata']['name']}", obj, timeout=self.timeout)
 
     def delete(self, stored: Stored) -> None:
         """Delete with the UID and resourceVersion read as preconditions; gone already is fine."""
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": stored.uid, "resourceVersion": stored.resource_version}}
         try:
-            self._json("DELETE", f"{RESOURCE_SLICES}/{stored.name}", body=body)
-        except ApiException as err:
+            self._api.delete(f"{RESOURCE_SLICES}/{stored.name}", body, timeout=self.timeout)
+        except ApiError as err:
             if err.status != 404:
                 raise
 
     def watch(self, resource_version: str, seconds: int) -> Any:
         """The open watch response (events as JSON lines); the server ends it after `seconds`."""
-        query = [("fieldSelector", self.selector), ("watch", "true"), ("resourceVersion", resource_version),
-                 ("allowWatchBookmarks", "true"), ("timeoutSeconds", seconds)]
-        return self._send("GET", RESOURCE_SLICES, query, timeout=(self.timeout, seconds + self.timeout))
+        return self._api.watch(RESOURCE_SLICES, resource_version, field_selector=self.selector, seconds=seconds,
+                               silence=seconds + self.timeout)
 
 
 @dataclass
@@ -146,7 +131,7 @@ class SlicePublisher(BackgroundLoop):
 
     def __init__(
         self,
-        api_client: Any,
+        api: RestClient | None,
         node_name: str,
         driver: str,
         node_info: NodeInfo,
@@ -179,7 +164,7 @@ class SlicePublisher(BackgroundLoop):
         self.max_conflicts = max_conflicts
         self.write_burst = write_burst
         self.write_rate = write_rate
-        self.api = SliceApi(api_client, node_name, driver, request_timeout)
+        self.api = SliceApi(api, node_name, driver, request_timeout)
         self.kept_mig: Callable[[], Mapping[str, Sequence[tuple[int, int]]]] = dict  # MIG instances of no claim (dra.migdynamic)
         self.stats = PublisherStats()
         self._devices: list[DraDevice] | None = None
@@ -303,7 +288,7 @@ class SlicePublisher(BackgroundLoop):
         return min(self.backoff_max, self.backoff_initial * 2 ** min(self._failures - 1, 30))
 
     def _failed(self, loop: str, err: Exception) -> None:
-        text = error_line(err)  # one line: an ApiException's str() carries every header
+        text = error_line(err)
         self.stats.errors[loop] += 1
         self.stats.last_error = text
         limiter = self._errors[loop]
@@ -349,7 +334,7 @@ class SlicePublisher(BackgroundLoop):
                 self._plan = (pool, plan.desired)
             try:
                 written = self._apply(plan)
-            except ApiException as err:
+            except ApiError as err:
                 self._forget()
                 if err.status != 409 or conflicts == self.max_conflicts:
                     raise

@@ -97,10 +97,30 @@ def tls_settings(args) -> TLSSettings | None:
     return TLSSettings(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file or "", args.client_names or frozenset())
 
 
+class ApiAccessError(RuntimeError):
+    """No usable Kubernetes client configuration; str() is the reason."""
+
+
+def core_api(kubeconfig: str | None = None):
+    """A CoreV1Api from `kubeconfig` when given, else the in-cluster config, else ~/.kube/config (the extender reads
+    the cluster with the `kubernetes` package; the node daemons use `kube.rest`)."""
+    from kubernetes import client, config
+
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+    except (config.ConfigException, OSError, TypeError, ValueError) as err:
+        raise ApiAccessError(str(err)) from None
+    return client.CoreV1Api()
+
+
 def run_extender(args, wait: Callable[[], None]) -> int:
     """`gpu-share extender`: serve until `wait()` returns (a signal); 2 for a bad option or no API access."""
-    from ..kube.client import ApiAccessError, core_api
-
     try:
         api = core_api(args.kubeconfig)
     except ApiAccessError as err:

@@ -52,7 +52,24 @@ def installed(controlplane: Any) -> Any:
 
 
 def _driver_client(cp: Any, node: str) -> Any:
-    """An API client with the token of a gpu-share-dra pod bound to `node` (TokenRequest, bound to the pod)."""
+    """A kubernetes ApiClient with the token of a gpu-share-dra pod bound to `node`."""
+    configuration = client.Configuration()
+    configuration.host = cp.server
+    configuration.verify_ssl = False
+    configuration.api_key = {"BearerToken": _driver_token(cp, node)}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    return client.ApiClient(configuration)
+
+
+def _driver_rest(cp: Any, node: str) -> Any:
+    """A `kube.rest` client (what the driver runs with) with the token of a gpu-share-dra pod bound to `node`."""
+    from deviceplugin.kube.rest import Connection, RestClient
+
+    return RestClient(Connection(cp.server, verify=False, token=_driver_token(cp, node)))
+
+
+def _driver_token(cp: Any, node: str) -> str:
+    """The token of a gpu-share-dra pod bound to `node` (TokenRequest, bound to the pod)."""
     admin = cp.api_client()
     pod = client.CoreV1Api(admin).create_namespaced_pod("gpu-share", {
         "metadata": {"generateName": "gpu-share-dra-"},
@@ -63,12 +80,7 @@ def _driver_client(cp: Any, node: str) -> Any:
         "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600,
                  "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}},
     })["status"]["token"]
-    configuration = client.Configuration()
-    configuration.host = cp.server
-    configuration.verify_ssl = False
-    configuration.api_key = {"BearerToken": token}
-    configuration.api_key_prefix = {"BearerToken": "Bearer"}
-    return client.ApiClient(configuration)
+    return str(token)
 
 
 def _slice(node: str, **spec: Any) -> dict[str, Any]:
@@ -299,28 +311,29 @@ def test_the_driver_labels_only_its_own_node_and_writes_status_devices_only_of_c
     from deviceplugin.dra.checkpoint import PreparedClaim, PreparedDevice
     from deviceplugin.dra.claimstatus import ClaimStatusWriter
     from deviceplugin.kube.client import NodeClient
+    from deviceplugin.kube.rest import ApiError
     from tests.support.dra import make_driver
 
     admin = installed.api_client()
     mine, other = f"own-{next(_ids)}", f"own-{next(_ids)}"
     ready_node(admin, mine)
     ready_node(admin, other)
-    driver = _driver_client(installed, mine)
-    own, theirs = NodeClient(client.CoreV1Api(driver), mine), NodeClient(client.CoreV1Api(driver), other)
+    driver = _driver_rest(installed, mine)
+    own, theirs = NodeClient(driver, mine), NodeClient(driver, other)
 
     def refused_elsewhere() -> bool:
         try:
             theirs.patch_metadata({"example.com/gpu.count": "2"}, {})
-        except client.ApiException as err:
+        except ApiError as err:
             assert err.status == 403, err
-            return "gpu-share-dra may patch only the node its pod runs on" in str(err.body)
+            return "gpu-share-dra may patch only the node its pod runs on" in err.message
         return False
 
     assert wait_until(refused_elsewhere, timeout=10)  # the policy takes effect a moment after it is created
     own.patch_metadata({"example.com/gpu.count": "2"}, {"example.com/gpu-share.inventory": "{}"})
     assert own.labels()["example.com/gpu.count"] == "2"
-    with pytest.raises(client.ApiException, match="only the labels and annotations"):
-        client.CoreV1Api(driver).patch_node(mine, {"spec": {"unschedulable": True}})
+    with pytest.raises(ApiError, match="only the labels and annotations"):
+        driver.patch(f"/api/v1/nodes/{mine}", {"spec": {"unschedulable": True}}, "strategic")
     own.pod_event("default", "some-pod", None, "GPUMemoryOverLimit", "a test Event")
 
     ns = f"status-{next(_ids)}"

@@ -355,7 +355,7 @@ def test_the_claim_cache_serves_claims_allocated_here_and_gets_the_others(contro
     api = controlplane.api_client()
     node_name = fresh("dra-cache")
     ns = namespace(api, fresh("dra-cache"))
-    claims = ApiClaims(api, DRIVER, node_name, timeout=5.0)
+    claims = ApiClaims(controlplane.rest_client(), DRIVER, node_name, timeout=5.0)
     claims.start()
     try:
         assert wait_until(lambda: claims.synced, 10)
@@ -392,7 +392,7 @@ def test_a_silent_claim_watch_is_not_trusted_and_a_re_allocated_claim_is_prepare
     ns = namespace(api, fresh("dra-silent"))
     driver = make_driver(tmp_path)
     driver.pool = node_name  # the example node's devices, in this node's pool
-    claims = ApiClaims(api, DRIVER, node_name, timeout=5.0, silence=1.0)
+    claims = ApiClaims(controlplane.rest_client(), DRIVER, node_name, timeout=5.0, silence=1.0)
     claims.start()
     try:
         assert wait_until(lambda: claims.synced, 10)

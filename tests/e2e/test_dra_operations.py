@@ -79,7 +79,7 @@ def driver(
             dra,
             None,
             read_config(str(config)),
-            client=NodeClient(client.CoreV1Api(api), node_name),
+            client=NodeClient(controlplane.rest_client(), node_name),
             pod_directory=kubelet.pod_directory(),
         )
         made.append(d)

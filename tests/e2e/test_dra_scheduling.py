@@ -69,12 +69,13 @@ class Node:
     def __init__(self, cluster: Any, node_file: str, config: Any, info: NodeInfo | None = None) -> None:
         """`info`: the node's GPUs when not an example node file (`node_file` then only names it)."""
         self.api = cluster.api_client()
+        self.rest = cluster.rest_client()
         n = next(_ids)
         self.name = ready_node(self.api, f"sched-{n}-{node_file.lower()}")["metadata"]["name"]
         self.ns = namespace(self.api, f"dra-{n}")
         self.info = info or node(node_file)
         self.state = NodeState()
-        self.publisher = SlicePublisher(self.api, self.name, DRIVER, self.info, self.state, backoff_initial=0.02, backoff_max=0.2)
+        self.publisher = SlicePublisher(self.rest, self.name, DRIVER, self.info, self.state, backoff_initial=0.02, backoff_max=0.2)
         self.resources = build_resources(config, self.info, dynamic_mig=True)  # what the DRA driver serves
         self.publisher.on_config(config, self.resources)
         self.publisher.start()
@@ -388,7 +389,7 @@ def test_class_and_claim_sharing_configs_and_the_example_reach_the_claim(make_no
     request(n.api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", documented)
     driver = make_driver(tmp_path)
     driver.pool = n.name  # the example node's devices, in this node's pool
-    claims = ApiClaims(n.api, DRIVER, n.name, timeout=5.0, cache=False)
+    claims = ApiClaims(n.rest, DRIVER, n.name, timeout=5.0, cache=False)
     try:
         two = {"deviceClassName": device_class, "capacity": {"requests": {"shares": "2"}}}
         requests = [{"name": r, "exactly": two} for r in ("a", "b")]

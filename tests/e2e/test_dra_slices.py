@@ -44,7 +44,7 @@ def publish(controlplane: Any) -> Iterator[Any]:
         info = node(node_file) if isinstance(node_file, str) else SimulatedInventory.from_file(node_file).discover()
         config = parse_config_text((EXAMPLES / "config" / f"{config_file}.yaml").read_text(), config_file)
         state = NodeState()
-        publisher = SlicePublisher(api, name, DRIVER, info, state, resync_interval=30.0, backoff_initial=0.02, backoff_max=0.2, request_timeout=5.0)
+        publisher = SlicePublisher(controlplane.rest_client(), name, DRIVER, info, state, resync_interval=30.0, backoff_initial=0.02, backoff_max=0.2, request_timeout=5.0)
         publisher.on_config(config, resources_of(config, info))
         publisher.start()
         started.append(publisher)
@@ -171,7 +171,7 @@ def test_two_writers_that_disagree_cost_a_few_writes_per_second_not_a_loop(contr
     publishers = []
     for replicas in (4, 8):  # two driver versions side by side, each sure of its own slices
         config = parse_config_text(f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "fight")
-        publisher = SlicePublisher(api, name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, write_burst=3, write_rate=2.0)
+        publisher = SlicePublisher(controlplane.rest_client(), name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, write_burst=3, write_rate=2.0)
         publisher.on_config(config, resources_of(config, info))
         publishers.append(publisher)
     try:
@@ -199,7 +199,7 @@ def test_in_a_rolling_update_the_newer_instance_publishes_and_the_older_stops_wr
 
     def publisher(replicas: int, writer: str) -> SlicePublisher:
         config = parse_config_text(f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "rolling")
-        p = SlicePublisher(api, name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, writer=writer)
+        p = SlicePublisher(controlplane.rest_client(), name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, writer=writer)
         p.on_config(config, resources_of(config, info))
         return p
 

@@ -194,3 +194,9 @@ class ControlPlane:
         configuration = client.Configuration()
         config.load_kube_config(config_file=str(self.admin_kubeconfig), client_configuration=configuration)
         return client.ApiClient(configuration)
+
+    def rest_client(self, timeout: float = 10.0) -> Any:
+        """A `kube.rest` client with admin rights (what the node daemons take)."""
+        from deviceplugin.kube.rest import RestClient, load_kubeconfig
+
+        return RestClient(load_kubeconfig(self.admin_kubeconfig), timeout)

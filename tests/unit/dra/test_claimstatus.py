@@ -1,7 +1,7 @@
 """dra.claimstatus: what status.devices[].data holds, and that the writes are bounded: a queue of at most MAX_QUEUED
 claims (the oldest dropped and counted), at most MAX_ATTEMPTS attempts per claim with a backoff capped at
 BACKOFF_MAX, a claim given up logged and counted; `post` never blocks or raises, so a prepare never waits on the API.
-The API here is a real kubernetes client against a port nothing listens on (every attempt: connection refused).
+The API here is a real `kube.rest` client against a port nothing listens on (every attempt: connection refused).
 The writes that reach a real API server are in tests/e2e (test_dra_manifests.py, test_dra_node.py)."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from deviceplugin.dra import claimstatus
@@ -36,9 +35,9 @@ def _claim(name: str = "c", device: str = "gpu-1", shares: int = 3) -> PreparedC
 
 
 def _nowhere() -> Any:
-    configuration = client.Configuration()
-    configuration.host = f"http://127.0.0.1:{free_port()}"  # nothing listens: every request is refused at once
-    return client.ApiClient(configuration)
+    from deviceplugin.kube.rest import Connection, RestClient
+
+    return RestClient(Connection(f"http://127.0.0.1:{free_port()}"))  # nothing listens: every request is refused at once
 
 
 def _counts(registry: CollectorRegistry) -> dict[str, float]:

@@ -1,0 +1,229 @@
+"""`kube.rest` against the real API server: kubeconfigs with a token, a token file and client certificates (the CA
+verified), every verb, pagination and selectors, a watch, Status errors; and against sockets of its own: a server
+that accepts and never answers (the call's timeout is its whole budget, no retry) and a body over the bound. The
+DRA driver's start never imports the `kubernetes` package."""
+
+from __future__ import annotations
+
+import base64
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deviceplugin.kube.rest import ApiAccessError, ApiError, ApiTimeout, Connection, RestClient, load_kubeconfig
+from deviceplugin.kube.watch import ResponseTooLarge, watch_events
+
+
+def _kubeconfig(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": cluster}], "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    return path
+
+
+def _namespace(api: RestClient) -> str:
+    name = f"rest-{uuid.uuid4().hex[:8]}"
+    api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    return name
+
+
+def test_every_verb_with_a_token_kubeconfig(controlplane: Any) -> None:
+    api = RestClient(load_kubeconfig(controlplane.admin_kubeconfig))
+    ns = _namespace(api)
+    maps = f"/api/v1/namespaces/{ns}/configmaps"
+    for i in range(5):
+        api.create(maps, {"metadata": {"name": f"m{i}", "labels": {"parity": str(i % 2)}}, "data": {"i": str(i)}})
+    pages = list(api.pages(maps, limit=2))
+    assert [len(p["items"]) for p in pages] == [2, 2, 1]
+    odd = api.list(maps, label_selector="parity=1")["items"]
+    assert sorted(m["metadata"]["name"] for m in odd) == ["m1", "m3"]
+    assert [m["metadata"]["name"] for m in api.list(maps, field_selector="metadata.name=m4")["items"]] == ["m4"]
+    api.patch(f"{maps}/m0", {"data": {"merge": "1"}}, "merge")
+    api.patch(f"{maps}/m0", {"data": {"strategic": "1"}}, "strategic")
+    applied = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m0", "namespace": ns}, "data": {"apply": "1"}}
+    api.patch(f"{maps}/m0", applied, "apply", field_manager="rest-test", force=True)
+    assert api.get(f"{maps}/m0")["data"] == {"i": "0", "merge": "1", "strategic": "1", "apply": "1"}
+    version = api.list(maps)["metadata"]["resourceVersion"]
+    response = api.watch(maps, version, field_selector="metadata.name=m1", seconds=5, silence=5.0)
+    api.delete(f"{maps}/m1")
+    try:
+        event = next(e for e in watch_events(response, 1 << 20) if e["type"] != "BOOKMARK")
+    finally:
+        response.release_conn()
+    assert event["type"] == "DELETED" and event["object"]["metadata"]["name"] == "m1"
+    with pytest.raises(ApiError) as gone:
+        api.get(f"{maps}/m1")
+    assert (gone.value.status, gone.value.reason) == (404, "NotFound")
+    assert gone.value.message == 'configmaps "m1" not found'
+    with pytest.raises(ResponseTooLarge, match="over 100 bytes"):
+        api.list(maps, max_bytes=100)
+    api.delete(f"/api/v1/namespaces/{ns}")
+
+
+def test_client_certificates_and_a_verified_ca_from_data_fields(controlplane: Any, tmp_path: Path) -> None:
+    pki = controlplane.work / "pki"
+
+    def data(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    path = _kubeconfig(tmp_path / "certs.kubeconfig", {"server": controlplane.server, "certificate-authority-data": data("ca.crt")},
+                       {"client-certificate-data": data("admin.crt"), "client-key-data": data("admin.key")})
+    connection = load_kubeconfig(path)
+    assert connection.verify and connection.ca_file and connection.cert_file
+    assert RestClient(connection).get("/version")["major"]
+    files = _kubeconfig(tmp_path / "files.kubeconfig", {"server": controlplane.server, "certificate-authority": str(pki / "ca.crt")},
+                        {"client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")})
+    assert RestClient(load_kubeconfig(files)).get("/version")["major"]
+    other_ca = tmp_path / "other-ca.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "k"), "-out", str(other_ca),
+                    "-days", "1", "-subj", "/CN=other"], check=True, capture_output=True)
+    wrong = _kubeconfig(tmp_path / "wrong.kubeconfig", {"server": controlplane.server, "certificate-authority": str(other_ca)},
+                        {"token": controlplane.admin_token})
+    with pytest.raises(ApiError, match="CERTIFICATE_VERIFY_FAILED"):
+        RestClient(load_kubeconfig(wrong)).get("/version")
+
+
+def test_a_token_file_is_read_again_when_it_changes(controlplane: Any, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("not-a-token\n")
+    path = _kubeconfig(tmp_path / "k", {"server": controlplane.server, "insecure-skip-tls-verify": True}, {"tokenFile": str(token)})
+    api = RestClient(load_kubeconfig(path))
+    with pytest.raises(ApiError) as refused:
+        api.get("/api/v1/namespaces/default")
+    assert refused.value.status == 401
+    token.write_text(controlplane.admin_token + "\n")
+    assert api.get("/api/v1/namespaces/default")["metadata"]["name"] == "default"
+
+
+@pytest.mark.parametrize("user, field", [({"exec": {"command": "x"}}, "exec"), ({"auth-provider": {"name": "gcp"}}, "auth-provider"),
+                                         ({"username": "a", "password": "b"}, "password")])
+def test_unsupported_kubeconfig_fields_are_refused_by_name(tmp_path: Path, user: dict[str, Any], field: str) -> None:
+    path = _kubeconfig(tmp_path / "k", {"server": "https://127.0.0.1:1"}, user)
+    with pytest.raises(ApiAccessError, match=f"user field '{field}' is not supported"):
+        load_kubeconfig(path)
+
+
+class _Listener:
+    """A TCP socket that accepts connections and answers each with `reply` (None: never answers); counts them."""
+
+    def __init__(self, reply: bytes | None) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.reply = reply
+        self.accepted = 0
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            self.held.append(conn)
+            if self.reply is not None:
+                conn.recv(65536)
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_a_server_that_never_answers_costs_one_timeout_and_no_retry() -> None:
+    hung = _Listener(None)
+    try:
+        api = RestClient(Connection(hung.url))
+        started = time.monotonic()
+        with pytest.raises(ApiTimeout, match="no answer within 0.5s"):
+            api.get("/api/v1/nodes/n", timeout=0.5)
+        assert time.monotonic() - started < 2.0
+        time.sleep(0.2)
+        assert hung.accepted == 1
+    finally:
+        hung.close()
+
+
+def test_a_body_that_trickles_past_the_timeout_is_cut_at_the_deadline() -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{"
+    slow = _Listener(head)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ApiTimeout):
+            RestClient(Connection(slow.url)).get("/x", timeout=0.5)
+        assert time.monotonic() - started < 2.0 and slow.accepted == 1
+    finally:
+        slow.close()
+
+
+def test_a_body_over_the_bound_and_a_non_status_error() -> None:
+    big = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n" + b" " * 5000
+    server = _Listener(big)
+    try:
+        with pytest.raises(ResponseTooLarge, match="over 1000 bytes"):
+            RestClient(Connection(server.url), max_bytes=1000).get("/x")
+    finally:
+        server.close()
+    teapot = _Listener(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
+    try:
+        with pytest.raises(ApiError) as err:
+            RestClient(Connection(teapot.url)).get("/x")
+        assert (err.value.status, err.value.message) == (503, "busy") and teapot.accepted == 1
+    finally:
+        teapot.close()
+
+
+_PROBE = """
+import os, runpy, sys
+real_exit = os._exit
+def exit_reporting(status):  # the driver ends with os._exit (signals.exit_now): report first
+    open(REPORT, "w").write(" ".join(sorted(m for m in sys.modules if m.split(".")[0] == "kubernetes")) or "none")
+    real_exit(status)
+os._exit = exit_reporting
+sys.argv[0] = "gpu-share"
+runpy.run_module("deviceplugin.cli", run_name="__main__")
+"""
+
+
+def test_the_dra_driver_never_imports_the_kubernetes_package(controlplane: Any, tmp_path: Path) -> None:
+    """A claim prepared and its status written, the slice published, labels and the Node read, then SIGTERM: at exit
+    no `kubernetes` module is in sys.modules."""
+    from tests.e2e.test_dra_node import DRIVER, Driver, _allocate, _claim, _ref
+    from tests.support.kubeobjects import namespace, ready_node, slices
+
+    api = controlplane.api_client()
+    node_name = f"rest-{uuid.uuid4().hex[:8]}"
+    ready_node(api, node_name)
+    ns = namespace(api, node_name)
+    report = tmp_path / "modules"
+    probe = _PROBE.replace("REPORT", repr(str(report)))
+    driver = Driver(controlplane, node_name)
+    driver.args = [sys.executable, "-c", probe, *driver.args[3:]]
+    try:
+        driver.start()
+        driver.kubelet.wait_registered(DRIVER, timeout=30)
+        claim = _allocate(api, _claim(api, ns, "c", "any", 1), node_name, "gpu-0", 1)
+        driver.kubelet.prepare(DRIVER, [_ref(claim)])
+        deadline = time.monotonic() + 30
+        while not slices(api, node_name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert slices(api, node_name)
+        assert driver.stop() == 0, driver.log()
+    finally:
+        driver.close()
+    assert report.read_text() == "none", f"the driver imported {report.read_text()}"
