@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..kube.errors import error_line
-from ..kube.watch import Gone, raise_for_error, watch_events
+from ..kube.watch import Gone, ResponseTooLarge, raise_for_error, read_body, watch_events
 from ..loop import BackgroundLoop
 from .cache import ClusterCache, pod_state
 from .dra import claim_info, claim_requests, slice_info
@@ -23,6 +23,7 @@ from .inputs import InputError, host_capacity, pod_request
 log = logging.getLogger(__name__)
 
 PAGE = 500
+MAX_PAGE_BYTES = 32 * 1024 * 1024  # one list page's body; a page over it is read again at half the size, down to 1
 POD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one watch event; a Node or Pod is far smaller
 
@@ -101,15 +102,25 @@ class ResourceWatch(BackgroundLoop):
         return kwargs
 
     def _list(self) -> str:
+        """Every page, each body at most MAX_PAGE_BYTES: a page over it is read again with half the limit (large
+        objects, e.g. another tenant's claims at the API's maxima); one object over it fails the list."""
         items: list[dict] = []
         token: str | None = None
+        limit = PAGE
         while True:
-            kwargs = self._kwargs(limit=PAGE, _request_timeout=self.settings.request_timeout)
+            kwargs = self._kwargs(limit=limit, _request_timeout=self.settings.request_timeout)
             if token:
                 kwargs["_continue"] = token
             response = self.list_call(**kwargs)
             try:
-                page = json.loads(response.data)
+                page = json.loads(read_body(response, MAX_PAGE_BYTES, f"list {self.kind}"))
+            except ResponseTooLarge:
+                response.close()  # the rest of the body is not read: the connection is not reused
+                if limit == 1:
+                    raise
+                limit = max(1, limit // 2)
+                log.info("%s list: a page over %d bytes; reading %d per page", self.kind, MAX_PAGE_BYTES, limit)
+                continue
             finally:
                 response.release_conn()
             items += page.get("items") or []
