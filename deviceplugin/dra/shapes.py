@@ -51,6 +51,12 @@ class HeldShapes:
             if (d := by_name.get(p.device)) is not None
         )
 
+    def add_consumer(self, consumer: ConfigConsumer) -> list[Resource]:
+        """Follow `consumer` too from now on; the resources served now, for its first config."""
+        with self._lock:
+            self.consumers.append(consumer)
+            return list(self.served)
+
     def on_config(self, config: Config, resources: list[Resource]) -> None:
         with self._lock:
             self.config, self.wanted = config, list(resources)

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import ssl
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ import yaml
 
 from ..logs import safe_text
 from .watch import ResponseTooLarge
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TIMEOUT = 10.0  # seconds for one call, unless the caller gives its own
@@ -195,8 +199,10 @@ class RestClient:
                 raise ApiAccessError(f"TLS config for {connection.server}: {err}") from None
             if connection.server_name:
                 kw["server_hostname"] = connection.server_name
-            if not connection.verify:
+            if not connection.verify:  # asked for (insecure-skip-tls-verify): said once here, not on every call
                 kw["assert_hostname"] = False
+                warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+                log.warning("%s: the server's certificate is not verified (insecure-skip-tls-verify)", connection.server)
         self._pool = urllib3.connection_from_url(f"{split.scheme}://{split.netloc}", **kw)
 
     def _ssl_context(self) -> ssl.SSLContext:

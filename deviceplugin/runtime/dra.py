@@ -6,6 +6,10 @@ on the usage of prepared claims (`dra.usage`), node labels and the inventory ann
 endpoint and the stop order. This front end adds its own servers: MPS readiness, the kubelet plugin
 (`dra.kubeletplugin`: serve, then register), the claim reader's watch cache, the claims' `status.devices` writer
 (`dra.claimstatus`) and the ResourceSlice publisher (`dra.slices`). `stop` removes only this instance's sockets.
+
+Start order: everything a prepare needs (the driver, the claim reader, the kubelet plugin) is built before the
+plugin serves and registers, so the kubelet, which calls NodePrepareResources only after registration, is answered
+by a driver that can prepare; the slice publisher (its module imported only then) is built and started after it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import defaults
 from ..agent.watchdog import host_pid_namespace
@@ -26,14 +30,12 @@ from ..discovery.mig import MigControl
 from ..dra.cdi import CdiWriter
 from ..dra.checkpoint import Checkpoint
 from ..dra.claims import ApiClaims
-from ..dra.claimstatus import ClaimStatusWriter
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
 from ..dra.migdynamic import MigInstances
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
 from ..dra.shapes import HeldShapes
-from ..dra.slices import SlicePublisher
 from ..dra.usage import ClaimUsage
 from ..health.evidence import FILE_NAME as EVIDENCE_FILE
 from ..health.mpsready import MpsReadiness
@@ -46,6 +48,10 @@ from ..obs.drametrics import DraCollector, DraMetrics
 from .core import NodeCore, Step
 from .options import DaemonOptions
 from .plan import ConfigFile, plan_node
+
+if TYPE_CHECKING:
+    from ..dra.claimstatus import ClaimStatusWriter
+    from ..dra.slices import SlicePublisher
 
 log = logging.getLogger(__name__)
 
@@ -111,15 +117,13 @@ class DraDaemon:
         self.claims = ApiClaims(api_client, self.driver_name, node_name, cache=dra.claim_cache)
         self.driver.find_claim = self.claims.find  # what a damaged record's claim holds, per the API
         self.metrics = DraMetrics(self.registry)
-        self.claim_status = ClaimStatusWriter(api_client, self.driver, self.metrics) if api_client is not None else None
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
-        if self.claim_status is not None:
-            self.plugin.after_prepare = self.claim_status.post
-        writer = f"{time.time_ns()}-{dra.instance or os.getpid()}"  # newer instances (rolling update) win the slices
-        self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state, writer=writer)
-        self.slices.kept_mig = self.driver.mig.kept  # instances the start-up sweep kept are published as taken
+        self.api = api_client
+        self.writer = f"{time.time_ns()}-{dra.instance or os.getpid()}"  # newer instances (rolling update) win the slices
+        self.slices: SlicePublisher | None = None  # built once the plugin is registered (`_serve`)
+        self.claim_status: ClaimStatusWriter | None = None
         self.shapes = HeldShapes(
-            self.driver, self.state, [self.plugin, self.slices], self.config, self.resources
+            self.driver, self.state, [self.plugin], self.config, self.resources
         )  # held GPUs keep their shape
         self.plugin.after_unprepare = self.shapes.check
         core.operate(
@@ -139,7 +143,6 @@ class DraDaemon:
         self.agent, self.reloader = core.agent, core.reloader
         self.events, self.publisher, self.metrics_server = core.events, core.publisher, core.metrics_server
         self.registry.register(DraCollector(self.driver, lambda: self.plugin.registered))
-        self.registry.register(self.slices.collector())
 
     def on_config(self, config: Config, resources: list[Resource]) -> None:
         """Refuse a reload that renames the driver (a new domain): the kubelet knows it by name, so that needs a
@@ -173,18 +176,28 @@ class DraDaemon:
         and the slices: the first health list and the first slice already mark what is unhealthy."""
         self.core.first_pass()
         self.mps.start()
+        if self.api is not None:  # hooked before the first prepare can come
+            from ..dra.claimstatus import ClaimStatusWriter
+
+            self.claim_status = ClaimStatusWriter(self.api, self.driver, self.metrics)
+            self.plugin.after_prepare = self.claim_status.post
+            self.claim_status.start()
         self.plugin.start()
         self.claims.start()
-        if self.claim_status is not None:
-            self.claim_status.start()
-        self.slices.on_config(self.config, self.shapes.served)
-        self.slices.start()
+        from ..dra.slices import SlicePublisher  # after registration: prepare never needs it
+
+        slices = SlicePublisher(self.api, self.options.node_name, self.driver_name, self.node, self.state, writer=self.writer)
+        slices.kept_mig = self.driver.mig.kept  # instances the start-up sweep kept are published as taken
+        self.registry.register(slices.collector())
+        slices.on_config(self.config, self.shapes.add_consumer(slices))
+        self.slices = slices
+        slices.start()
 
     def stop(self) -> None:
         """The core's stop order with this front end's servers; every part stops even when one before it fails (the
         sockets are always removed), and the first failure is raised."""
-        servers: list[Step] = [
-            ("slice publisher", self.slices.stop),
+        servers: list[Step] = [("slice publisher", self.slices.stop)] if self.slices is not None else []
+        servers += [
             ("kubelet plugin", self.plugin.stop),
             ("claim cache", self.claims.stop),
         ]

@@ -251,3 +251,14 @@ def test_the_extenders_list_pages_are_bounded_by_bytes(controlplane: Any, monkey
     with pytest.raises(ResponseTooLarge, match="list configmaps: response over 3000 bytes"):
         every._list()
     admin.delete(f"/api/v1/namespaces/{ns}")
+
+
+def test_resource_claims_offer_no_field_selector_beyond_name_and_namespace(controlplane: Any) -> None:
+    """Why the DRA driver lists every claim (docs/dra.md): v1.36 refuses a selector on the allocation's pool or node."""
+    api = RestClient(load_kubeconfig(controlplane.admin_kubeconfig))
+    claims = "/apis/resource.k8s.io/v1/resourceclaims"
+    for selector in ("status.allocation.devices.results.pool=n", "status.allocation.nodeSelector=n", "spec.nodeName=n"):
+        with pytest.raises(ApiError) as refused:
+            api.list(claims, field_selector=selector)
+        assert refused.value.status == 400 and "is not a known field selector" in refused.value.message, refused.value
+    assert api.list(claims, field_selector="metadata.namespace=default")["kind"] == "ResourceClaimList"
