@@ -20,3 +20,11 @@ def test_a_403_is_one_line_with_its_status_reason_and_message_but_no_headers() -
 
 def test_other_errors_give_their_type_and_first_line() -> None:
     assert error_line(RuntimeError("a watch event over 8 bytes\nmore")) == "RuntimeError: a watch event over 8 bytes"
+
+
+def test_a_rest_api_error_is_its_status_reason_and_message() -> None:
+    from deviceplugin.kube.rest import ApiError
+
+    assert error_line(ApiError(404, "NotFound", 'resourceclaims.resource.k8s.io "c" not found')) == (
+        '404 NotFound: resourceclaims.resource.k8s.io "c" not found'
+    )
