@@ -262,3 +262,31 @@ def test_resource_claims_offer_no_field_selector_beyond_name_and_namespace(contr
             api.list(claims, field_selector=selector)
         assert refused.value.status == 400 and "is not a known field selector" in refused.value.message, refused.value
     assert api.list(claims, field_selector="metadata.namespace=default")["kind"] == "ResourceClaimList"
+
+
+def test_in_cluster_credentials_verify_the_ca_and_follow_a_rotated_token(
+    controlplane: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deviceplugin.kube import rest
+
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "ca.crt").write_bytes((controlplane.work / "pki" / "ca.crt").read_bytes())
+    (account / "token").write_text("expired")
+    monkeypatch.setattr(rest, "SERVICE_ACCOUNT", account)
+    port = controlplane.server.rsplit(":", 1)[1]
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", port)
+    api = rest.connect()
+    assert api.connection.verify and api.connection.token_file == str(account / "token")
+    with pytest.raises(ApiError) as refused:
+        api.get("/version", timeout=5)
+    assert refused.value.status == 401
+    rotated = account / "token.new"  # the kubelet swaps a projected token in with a rename
+    rotated.write_text(controlplane.admin_token)
+    rotated.replace(account / "token")
+    assert api.get("/api/v1/namespaces/default")["metadata"]["name"] == "default"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    with pytest.raises(ApiAccessError, match="not in a cluster.*no kubeconfig at"):
+        rest.connect()
