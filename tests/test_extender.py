@@ -199,11 +199,10 @@ def cluster(tmp_path):
 
 
 def service_for(kubeconfig: Path) -> ExtenderService:
-    from kubernetes import client, config
+    from deviceplugin.kube.rest import RestClient, load_kubeconfig
 
-    api_client = config.new_client_from_config(config_file=str(kubeconfig))
     options = ExtenderOptions(port=0, host="127.0.0.1", watch=WatchSettings(watch_timeout=2, request_timeout=5, backoff_initial=0.05, backoff_max=0.2))
-    return ExtenderService(client.CoreV1Api(api_client), options)
+    return ExtenderService(RestClient(load_kubeconfig(kubeconfig)), options)
 
 
 def test_watches_follow_nodes_and_pods_and_reconnect_after_a_drop(cluster):

@@ -14,6 +14,7 @@ from ..config.types import DEFAULT_DOMAIN
 from ..errors import FlagError
 from ..kube.annotation import ANNOTATION
 from ..kube.dranames import driver_name
+from ..kube.rest import RestClient
 from .cache import ClusterCache
 from .http import READ_TIMEOUT, ExtenderHTTPServer
 from .metrics import ExtenderMetrics
@@ -50,7 +51,7 @@ def check_exposure(options: ExtenderOptions) -> None:
 
 
 class ExtenderService:
-    def __init__(self, api, options: ExtenderOptions) -> None:
+    def __init__(self, api: RestClient, options: ExtenderOptions) -> None:
         """FlagError (a ValueError) for a bad TLS file or an unauthenticated exposure; OSError when the port is taken."""
         check_exposure(options)
         tls = ServerTLS(options.tls) if options.tls is not None else None
@@ -60,14 +61,8 @@ class ExtenderService:
         self.cache = ClusterCache(reservation_ttl=options.reservation_ttl, driver=driver, classes=frozenset(options.dra_classes))
         self.registry = CollectorRegistry()
         self.metrics = ExtenderMetrics(self.registry, self.cache.counts)
-        resource_api = None
-        if driver:
-            from kubernetes import client
-
-            resource_api = client.ResourceV1Api(api.api_client)
         self.watch = ClusterWatch(
             api, self.cache, f"{options.domain}/{ANNOTATION}", managed, options.watch, lambda kind: self.metrics.watch_restarts.labels(kind).inc(),
-            resource_api,
         )
         self.extender = Extender(self.cache, Scorer(options.policy, workload=self.cache.workload), managed, self.metrics)
         self.server = ExtenderHTTPServer(
@@ -97,32 +92,12 @@ def tls_settings(args) -> TLSSettings | None:
     return TLSSettings(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file or "", args.client_names or frozenset())
 
 
-class ApiAccessError(RuntimeError):
-    """No usable Kubernetes client configuration; str() is the reason."""
-
-
-def core_api(kubeconfig: str | None = None):
-    """A CoreV1Api from `kubeconfig` when given, else the in-cluster config, else ~/.kube/config (the extender reads
-    the cluster with the `kubernetes` package; the node daemons use `kube.rest`)."""
-    from kubernetes import client, config
-
-    try:
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-    except (config.ConfigException, OSError, TypeError, ValueError) as err:
-        raise ApiAccessError(str(err)) from None
-    return client.CoreV1Api()
-
-
 def run_extender(args, wait: Callable[[], None]) -> int:
     """`gpu-share extender`: serve until `wait()` returns (a signal); 2 for a bad option or no API access."""
+    from ..kube.rest import ApiAccessError, connect
+
     try:
-        api = core_api(args.kubeconfig)
+        api = connect(args.kubeconfig)
     except ApiAccessError as err:
         print(f"gpu-share: error: no Kubernetes API access: {err}", file=sys.stderr)
         return 2

@@ -8,13 +8,13 @@ The cache keeps serving the last state meanwhile. Objects are read as plain JSON
 from __future__ import annotations
 
 import gc
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..kube.errors import error_line
-from ..kube.watch import Gone, ResponseTooLarge, raise_for_error, read_body, watch_events
+from ..kube.rest import ApiError, RestClient
+from ..kube.watch import Gone, ResponseTooLarge, raise_for_error, watch_events
 from ..loop import BackgroundLoop
 from .cache import ClusterCache, pod_state
 from .dra import claim_info, claim_requests, slice_info
@@ -23,6 +23,7 @@ from .inputs import InputError, host_capacity, pod_request
 log = logging.getLogger(__name__)
 
 PAGE = 500
+RESOURCE = "/apis/resource.k8s.io/v1"
 MAX_PAGE_BYTES = 32 * 1024 * 1024  # one list page's body; a page over it is read again at half the size, down to 1
 POD_SELECTOR = "status.phase!=Succeeded,status.phase!=Failed"
 MAX_LINE_BYTES = 16 * 1024 * 1024  # one watch event; a Node or Pod is far smaller
@@ -50,11 +51,11 @@ class WatchSettings:
 class ResourceWatch(BackgroundLoop):
     """One kind (nodes or pods): list into the cache, then apply watch events."""
 
-    def __init__(self, kind: str, list_call: Callable, apply_list: Callable[[list[dict]], None], apply_event: Callable[[str, dict], None],
+    def __init__(self, kind: str, api: RestClient, path: str, apply_list: Callable[[list[dict]], None], apply_event: Callable[[str, dict], None],
                  settings: WatchSettings = WatchSettings(), on_restart: Callable[[], None] = lambda: None, field_selector: str = "") -> None:
         super().__init__(f"watch-{kind}")
         self.kind = kind
-        self.list_call = list_call
+        self.api, self.path = api, path
         self.apply_list = apply_list
         self.apply_event = apply_event
         self.settings = settings
@@ -95,12 +96,6 @@ class ResourceWatch(BackgroundLoop):
                 self._stop.wait(delay)
                 delay = min(delay * 2, self.settings.backoff_max)
 
-    def _kwargs(self, **extra) -> dict:
-        kwargs = {"_preload_content": False, **extra}
-        if self.field_selector:
-            kwargs["field_selector"] = self.field_selector
-        return kwargs
-
     def _list(self) -> str:
         """Every page, each body at most MAX_PAGE_BYTES: a page over it is read again with half the limit (large
         objects, e.g. another tenant's claims at the API's maxima); one object over it fails the list."""
@@ -108,21 +103,15 @@ class ResourceWatch(BackgroundLoop):
         token: str | None = None
         limit = PAGE
         while True:
-            kwargs = self._kwargs(limit=limit, _request_timeout=self.settings.request_timeout)
-            if token:
-                kwargs["_continue"] = token
-            response = self.list_call(**kwargs)
             try:
-                page = json.loads(read_body(response, MAX_PAGE_BYTES, f"list {self.kind}"))
+                page = self.api.list(self.path, field_selector=self.field_selector or None, limit=limit, continue_=token,
+                                     timeout=self.settings.request_timeout, max_bytes=MAX_PAGE_BYTES)
             except ResponseTooLarge:
-                response.close()  # the rest of the body is not read: the connection is not reused
                 if limit == 1:
                     raise
                 limit = max(1, limit // 2)
                 log.info("%s list: a page over %d bytes; reading %d per page", self.kind, MAX_PAGE_BYTES, limit)
                 continue
-            finally:
-                response.release_conn()
             items += page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")
             if not token:
@@ -132,15 +121,14 @@ class ResourceWatch(BackgroundLoop):
 
     def _watch(self, version: str) -> str:
         """Apply events until the server ends the watch; returns the last resourceVersion seen."""
-        response = self.list_call(
-            **self._kwargs(
-                watch=True,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self.settings.watch_timeout,
-                _request_timeout=(self.settings.request_timeout, self.settings.watch_timeout + self.settings.request_timeout),
-            )
-        )
+        try:
+            response = self.api.watch(self.path, version, field_selector=self.field_selector or None,
+                                      seconds=self.settings.watch_timeout,
+                                      silence=self.settings.watch_timeout + self.settings.request_timeout)
+        except ApiError as err:
+            if err.status == 410:
+                raise Gone() from None
+            raise
         self._response = response
         try:
             for event in watch_events(response, MAX_LINE_BYTES, self._stop):
@@ -159,26 +147,25 @@ class ResourceWatch(BackgroundLoop):
 
 class ClusterWatch:
     """The watches that keep the cache current: Nodes (their annotation and allocatable) and Pods (bound or
-    nominated, every pod: all of them take CPU, memory and a pod slot); with DRA (`resource_api`, the cache's
-    driver set) also the driver's ResourceSlices, every ResourceClaim and ResourceClaimTemplate."""
+    nominated, every pod: all of them take CPU, memory and a pod slot); with DRA (the cache's driver set) also the driver's ResourceSlices, every ResourceClaim and ResourceClaimTemplate."""
 
-    def __init__(self, api, cache: ClusterCache, annotation_key: str, managed: Callable[[str], bool],
-                 settings: WatchSettings = WatchSettings(), on_restart: Callable[[str], None] = lambda kind: None, resource_api=None) -> None:
+    def __init__(self, api: RestClient, cache: ClusterCache, annotation_key: str, managed: Callable[[str], bool],
+                 settings: WatchSettings = WatchSettings(), on_restart: Callable[[str], None] = lambda kind: None) -> None:
         self.cache = cache
         self.annotation_key = annotation_key
         self.managed = managed
-        self.nodes = ResourceWatch("nodes", api.list_node, self._nodes, self._node_event, settings, lambda: on_restart("nodes"))
+        self.nodes = ResourceWatch("nodes", api, "/api/v1/nodes", self._nodes, self._node_event, settings, lambda: on_restart("nodes"))
         self.pods = ResourceWatch(
-            "pods", api.list_pod_for_all_namespaces, self._pods, self._pod_event, settings, lambda: on_restart("pods"), POD_SELECTOR
+            "pods", api, "/api/v1/pods", self._pods, self._pod_event, settings, lambda: on_restart("pods"), POD_SELECTOR
         )
         self.watches = [self.nodes, self.pods]
-        if resource_api is not None and cache.driver:
+        if cache.driver:
             self.watches += [
-                ResourceWatch("resourceslices", resource_api.list_resource_slice, self._slices, self._slice_event, settings,
+                ResourceWatch("resourceslices", api, f"{RESOURCE}/resourceslices", self._slices, self._slice_event, settings,
                               lambda: on_restart("resourceslices"), f"spec.driver={cache.driver}"),
-                ResourceWatch("resourceclaims", resource_api.list_resource_claim_for_all_namespaces, self._claims, self._claim_event, settings,
+                ResourceWatch("resourceclaims", api, f"{RESOURCE}/resourceclaims", self._claims, self._claim_event, settings,
                               lambda: on_restart("resourceclaims")),
-                ResourceWatch("resourceclaimtemplates", resource_api.list_resource_claim_template_for_all_namespaces, self._templates,
+                ResourceWatch("resourceclaimtemplates", api, f"{RESOURCE}/resourceclaimtemplates", self._templates,
                               self._template_event, settings, lambda: on_restart("resourceclaimtemplates")),
             ]
 

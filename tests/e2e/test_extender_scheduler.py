@@ -69,7 +69,6 @@ class Extender:
 @pytest.fixture(scope="module")
 def extender(controlplane: Any, tmp_path_factory):
     """The extender as the shipped Deployment runs it: HTTPS, the verbs for the client certificate gpu-share-scheduler."""
-    from kubernetes import client
 
     from deviceplugin.extender.service import ExtenderOptions, ExtenderService
     from deviceplugin.extender.tls import TLSSettings
@@ -77,7 +76,7 @@ def extender(controlplane: Any, tmp_path_factory):
     pki = make_pki(tmp_path_factory.mktemp("extender") / "pki")
     tls = TLSSettings(pki.path("extender.crt"), pki.path("extender.key"), pki.path("ca.crt"), frozenset({CLIENT_NAME}))
     options = ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", tls=tls)
-    service = ExtenderService(client.CoreV1Api(controlplane.api_client()), options)
+    service = ExtenderService(controlplane.rest_client(), options)
     service.start()
     try:
         assert wait_until(lambda: service.watch.ready()[0], 30), service.watch.ready()
@@ -204,7 +203,7 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
     busy["spec"]["nodeName"] = tight.name
     core.create_namespaced_pod(ns, busy)
     assert held.metadata.uid
-    service = ExtenderService(client.CoreV1Api(api), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", dra_classes=(dra_class,)))
+    service = ExtenderService(controlplane.rest_client(), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", dra_classes=(dra_class,)))
     service.start()
     name = f"gs-dra-{run}"
     try:
@@ -249,7 +248,7 @@ def test_a_reservation_is_made_only_for_the_scheduler_and_ends_when_its_pod_bind
     namespace(core, ns)
     pki = make_pki(tmp_path / "pki")
     tls = TLSSettings(pki.path("extender.crt"), pki.path("extender.key"), pki.path("ca.crt"), frozenset({CLIENT_NAME}))
-    service = ExtenderService(core, ExtenderOptions(port=0, host="127.0.0.1", tls=tls))
+    service = ExtenderService(controlplane.rest_client(), ExtenderOptions(port=0, host="127.0.0.1", tls=tls))
     service.start()
     scheduler, anonymous = client_context(pki, pki), client_context(pki, None)
 
