@@ -1,5 +1,5 @@
-"""Kubernetes list and watch responses, read the one bounded way: a body at most `max_bytes` (`read_body`), a watch
-stream as newline-delimited JSON events, each at most `max_bytes` (`watch_events`).
+"""Kubernetes watch streams, read the one bounded way: newline-delimited JSON events, each at most `max_bytes`
+(`watch_events`); a list's body is bounded by `kube.rest` (ResponseTooLarge).
 
 Every list-then-watch loop reads its events here: the extender's Nodes, Pods, slices, claims and templates
 (`extender/watch.py`), the DRA driver's ResourceClaims (`dra/claims.py`) and its own ResourceSlices
@@ -34,15 +34,6 @@ class EventTooLarge(RuntimeError):
 
 class ResponseTooLarge(RuntimeError):
     pass
-
-
-def read_body(response: Any, max_bytes: int, what: str) -> bytes:
-    """The body of a urllib3 response (opened with `_preload_content=False`); ResponseTooLarge naming `what` when it
-    is over `max_bytes`. The connection is not released: the caller does."""
-    data = response.read(max_bytes + 1, decode_content=True)
-    if len(data) > max_bytes:
-        raise ResponseTooLarge(f"{what}: response over {max_bytes} bytes")
-    return bytes(data)
 
 
 def watch_events(response: Any, max_bytes: int, stop: threading.Event | None = None) -> Iterator[dict[str, Any]]:
