@@ -42,7 +42,7 @@ TIMEOUT = 10.0  # seconds for one call, unless the caller gives its own
 MAX_BYTES = 16 * 1024 * 1024  # one response body, unless the caller gives its own
 MAX_ERROR_BYTES = 64 * 1024  # an error answer's body (its Status)
 CHUNK = 64 * 1024
-POOL_SIZE = 8  # kept-alive connections (more may open at once; the extra ones are closed after use)
+POOL_SIZE = 16  # kept-alive connections (the DRA driver reads 16 claims at once; more may open, closed after use)
 PATCH_TYPES = {
     "merge": "application/merge-patch+json",
     "strategic": "application/strategic-merge-patch+json",
