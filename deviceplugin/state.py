@@ -113,7 +113,9 @@ class NodeView:
                 findings.append(Finding(kind, f"GPU {gpu.index} ({unit.uuid}): {self.reasons[uuid]}"))
                 break
         if gpu.uuid in self.quarantined_gpus:
-            findings.append(Finding(QUARANTINED, f"GPU {gpu.index} ({gpu.uuid}) is quarantined by the residue guard: a finished container's memory is still in use"))
+            why = "a finished container's memory is still in use"
+            quarantined = f"GPU {gpu.index} ({gpu.uuid}) is quarantined by the residue guard: {why}"
+            findings.append(Finding(QUARANTINED, quarantined))
         if pool.mps and pool.name in self.mps_not_ready:
             findings.append(Finding(MPS_DOWN, f"the MPS control daemon of pool {pool.name} is not ready"))
         if gpu.uuid in self.pending_gpus:

@@ -336,7 +336,8 @@ class Driver:
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
             verdict = view.verdict(device.unit, device.resource.pool)  # a shape that waits is refused too (dra.shapes)
             if not verdict.ok:
-                raise ClaimError(f"claim {ref}: device {name} is Unhealthy: {safe_text(verdict.findings[0].reason, 300)}")
+                why = safe_text(verdict.findings[0].reason, 300)
+                raise ClaimError(f"claim {ref}: device {name} is Unhealthy: {why}")
             if not result.get("adminAccess"):
                 wanted[name] = wanted.get(name, 0) + share.shares
                 wanted_mib[name] = wanted_mib.get(name, 0) + share.memory_mib

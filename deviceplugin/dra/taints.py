@@ -4,7 +4,8 @@ kube-scheduler gives it no new claim (claims already allocated keep it: the effe
 Pure data, no transport. Keys are under the driver's name (`gpu-share.<domain>/...`), values are label values:
 
 - `<driver>/unhealthy`: the health monitor marked the GPU or MIG instance; the value is the reason class
-  (the verdict's fault kinds, `state.FAULTS`). A MIG instance inherits its GPU's taint, and a shared device is tainted when its unit is.
+  (the verdict's fault kinds, `state.FAULTS`). A MIG instance inherits its GPU's taint, and a shared device is
+  tainted when its unit is.
 - `<driver>/quarantined` = `residue`: the residue guard holds the GPU back (a finished tenant's memory is still
   in use on it).
 - `<driver>/mps-unavailable` = `control-daemon`: the device's MPS pool has no ready control daemon.
