@@ -16,6 +16,7 @@ the others still run: a reader never breaks a writer.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -26,10 +27,59 @@ from .alloc.allocator import ResourceHealth
 
 if TYPE_CHECKING:
     from .agent.observe import Observation
-    from .model.devices import Resource
+    from .config.types import PoolConfig
+    from .model.devices import Resource, Unit
     from .model.usage import Hold
 
 log = logging.getLogger(__name__)
+
+# The kinds of finding of a unit's verdict (`NodeView.verdict`): why it may not take new work.
+GPU_LOST = "gpu-lost"  # the GPU stopped answering (fell off the bus); cleared when it answers again
+RESET_REQUIRED = "reset-required"  # a reset-class XID, a double-bit ECC error or the driver's recovery action
+XID = "xid"  # another critical XID; cleared after the health monitor's quiet period
+QUERY_FAILED = "query-failed"  # an NVML query or a device-node check failed
+FAULTS = (GPU_LOST, RESET_REQUIRED, XID, QUERY_FAILED)  # the health monitor's kinds
+QUARANTINED = "quarantined"  # the residue guard holds the GPU back (a finished tenant's memory is still in use)
+MPS_DOWN = "mps-down"  # the unit's MPS pool has no ready control daemon
+SHAPE_PENDING = "shape-pending"  # a reload keeps the GPU in its old shape until its holders leave
+KINDS = (*FAULTS, QUARANTINED, MPS_DOWN, SHAPE_PENDING)
+
+_XID = re.compile(r"\bXID \d+\b")
+
+
+def fault_kind(reason: str, awaiting_reset: bool) -> str:
+    """The kind of a health monitor reason ("XID 79", "GPU is lost", "NVML query on GPU ... failed: ...")."""
+    if "lost" in reason.lower():
+        return GPU_LOST
+    if awaiting_reset:
+        return RESET_REQUIRED
+    if _XID.search(reason):
+        return XID
+    return QUERY_FAILED
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # one of KINDS
+    reason: str  # one line for humans
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """May this unit take new work, and why not: every finding, the most serious first (empty: it may)."""
+
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(f.kind for f in self.findings)
+
+    def fault(self) -> Finding | None:
+        """The health monitor's finding, if any."""
+        return next((f for f in self.findings if f.kind in FAULTS), None)
 
 
 @dataclass(frozen=True)
@@ -52,6 +102,25 @@ class NodeView:
     def all_holds(self) -> frozenset[Hold]:
         """Every hold of every source."""
         return frozenset().union(*self.holds.values())
+
+    def verdict(self, unit: Unit, pool: PoolConfig) -> Verdict:
+        """The one answer to "may this unit take new work, and why not"; every consumer maps from it."""
+        gpu = unit.gpu
+        findings = []
+        for uuid in (gpu.uuid, unit.uuid):  # the GPU's own fault first: a MIG instance inherits it
+            if uuid in self.reasons:
+                kind = fault_kind(self.reasons[uuid], uuid in self.awaiting_reset)
+                findings.append(Finding(kind, f"GPU {gpu.index} ({unit.uuid}): {self.reasons[uuid]}"))
+                break
+        if gpu.uuid in self.quarantined_gpus:
+            why = "a finished container's memory is still in use"
+            quarantined = f"GPU {gpu.index} ({gpu.uuid}) is quarantined by the residue guard: {why}"
+            findings.append(Finding(QUARANTINED, quarantined))
+        if pool.mps and pool.name in self.mps_not_ready:
+            findings.append(Finding(MPS_DOWN, f"the MPS control daemon of pool {pool.name} is not ready"))
+        if gpu.uuid in self.pending_gpus:
+            findings.append(Finding(SHAPE_PENDING, self.pending_gpus[gpu.uuid]))
+        return Verdict(tuple(findings))
 
     def resource_health(self, resource: Resource, health_keys: frozenset[str] | None = None) -> ResourceHealth:
         """One resource's part of this view (`health_keys`: `resource.health_keys()`, when the caller keeps it)."""

@@ -157,7 +157,7 @@ def test_repool_to_shared_never_puts_shares_on_the_gpu_held_whole_and_switches_o
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "keep their previous configuration" in refused.value.details()
     text = generate_latest(plugin.daemon.registry).decode()
     assert "gpushare_config_pending_gpus 1.0" in text and f'gpushare_gpu_config_pending{{gpu="0",model="Tesla T4",uuid="{gpu0}"}} 1.0' in text
-    assert plugin.daemon.manager.deferred == 1
+    assert plugin.daemon.manager.shapes.deferred == 1
     plugin.release(whole)
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8 and not st[GPU].registered, timeout=10), (kubelet.resources(), plugin.pending())
     assert wait_until(lambda: plugin.pending() == {})
@@ -383,7 +383,7 @@ def test_holds_that_cannot_be_read_serve_nothing_until_a_source_answers(plugin, 
     _rewrite_checkpoint(kubelet, lambda text: text[: len(text) // 2])
     plugin.write(ALL_SHARED)
     daemon = plugin.start(settle=False)
-    assert daemon.manager.servers == [] and daemon.manager.unreadable_holds >= 1
+    assert daemon.manager.servers == [] and daemon.manager.shapes.unreadable_holds >= 1
     kubelet.start()  # its first checkpoint write is whole again, and pod-resources answers
     assert wait_until(lambda: daemon.manager.servers != [], timeout=10)
     plugin.settle()

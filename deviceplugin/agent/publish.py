@@ -1,6 +1,7 @@
 """Node labels and the inventory annotation, kept in step with the NodeState on a thread of their own.
 
-A change of what it publishes (unhealthy GPUs, quarantine, the agent's usage) wakes the loop at once; other changes
+A change of what it publishes (unhealthy GPUs, quarantine, MPS daemons, the agent's usage) wakes the loop at once;
+other changes
 of the node state (an XID count, the agent's timestamps) do not. It also goes round every `interval` (a patch the
 debounce held back); a config reload wakes it too. A Kubernetes API call that hangs delays
 only this loop: the agent's watchdog and the servers never wait for it.
@@ -16,7 +17,7 @@ from ..kube.labels import InventoryAnnotation, NodePublisher
 from ..loop import BackgroundLoop
 from ..model.devices import Resource
 from ..model.node import NodeInfo
-from ..state import NodeState, NodeView
+from ..state import QUARANTINED, NodeState, NodeView
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class PublishLoop(BackgroundLoop):
 
     def _changed(self, view: NodeView) -> None:
         """A NodeState subscriber: wake the loop when what it publishes changed."""
-        published = (view.unhealthy, view.pending_gpus, view.quarantined_gpus, view.observation.usage if view.observation else None)
+        usage = view.observation.usage if view.observation else None
+        published = (view.unhealthy, view.pending_gpus, view.quarantined_gpus, view.mps_not_ready, usage)
         if published != self._woken_for:
             self._woken_for = published
             self.nudge()
@@ -69,6 +71,17 @@ class PublishLoop(BackgroundLoop):
         if view.observation is None:
             return False
         resources = self.resources()
-        unhealthy = view.unhealthy | frozenset(view.pending_gpus)  # a GPU waiting for its holders takes nothing new either
+        unhealthy = published_unhealthy(view, resources)
         annotation = self.annotation.build(self.node, resources, view.observation.usage, unhealthy, view.quarantined_gpus)
         return self.publisher.publish_node(self.node, resources, annotation)
+
+
+def published_unhealthy(view: NodeView, resources: list[Resource]) -> frozenset[str]:
+    """The GPU and unit UUIDs the labels and the annotation show Unhealthy, mapped from each unit's verdict
+    (`NodeView.verdict`): a fault, a down MPS control daemon or a shape that waits; quarantine is its own value."""
+    shown = set(view.unhealthy) | set(view.pending_gpus)
+    for resource in resources:
+        for unit in resource.units:
+            if set(view.verdict(unit, resource.pool).kinds()) - {QUARANTINED}:
+                shown.add(unit.uuid)
+    return frozenset(shown)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar, Literal
 
 from ..config.types import MPS_LIMIT_REASON, Mode, PoolConfig, WatchdogPolicy, max_replicas
-from ..model.devices import Device, Resource, Unit, share_id
+from ..model.devices import Device, Resource, Unit, share_device_id
 from ..model.node import Gpu
 from ..model.shares import share_compute_percent, share_memory_mib
 from ..mps.paths import MpsPaths
@@ -165,14 +165,14 @@ class TimeSliced(SharingMode):
         return replace(unit, replicas=replicas)
 
     def devices(self, units: Sequence[Unit]) -> dict[str, Device]:
-        return {share_id(u.uuid, k): Device(id=share_id(u.uuid, k), unit=u, share=k) for u in units for k in range(u.replicas)}
+        return {share_device_id(u.uuid, k): Device(id=share_device_id(u.uuid, k), unit=u, share=k) for u in units for k in range(u.replicas)}
 
     def id_lengths(self, unit: Unit) -> list[tuple[str, int]]:
         shapes = []
         low = 0
         while low < unit.replicas:
             high = min(unit.replicas, max(10, low * 10))  # share numbers low..high-1 have the same number of digits
-            shapes.append((share_id(unit.uuid, high - 1), high - low))
+            shapes.append((share_device_id(unit.uuid, high - 1), high - low))
             low = high
         return shapes
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..logs import safe_text
-from ..state import NodeView
+from ..state import SHAPE_PENDING, NodeView
 from .devices import DraDevice
 
 MAX_MESSAGE_CHARS = 1024  # the kubelet cuts longer health messages
@@ -24,17 +24,11 @@ class DeviceHealth:
 
 
 def unhealthy_reason(device: DraDevice, view: NodeView) -> str | None:
-    """Why `device` must not be handed out now, or None when it is Healthy."""
-    unit = device.unit
-    if unit.is_unhealthy(view.unhealthy):
-        reason = view.reasons.get(unit.uuid) or view.reasons.get(unit.gpu.uuid) or "marked unhealthy by the health monitor"
-        return _bounded(f"GPU {unit.gpu.index} ({unit.uuid}): {reason}")
-    if unit.gpu.uuid in view.quarantined_gpus:
-        return _bounded(f"GPU {unit.gpu.index} ({unit.gpu.uuid}) is quarantined by the residue guard: a finished container's memory is still in use")
-    pool = device.resource.pool
-    if pool.mps and pool.name in view.mps_not_ready:
-        return _bounded(f"the MPS control daemon of pool {pool.name} is not ready")
-    return None
+    """Why `device` must not be handed out now, or None when it is Healthy: its unit's verdict (`NodeView.verdict`),
+    less a shape that waits (the device keeps its old shape and stays Healthy; prepare refuses it, dra.prepare)."""
+    verdict = view.verdict(device.unit, device.resource.pool)
+    shown = next((f for f in verdict.findings if f.kind != SHAPE_PENDING), None)
+    return _bounded(shown.reason) if shown else None
 
 
 def device_health(devices: Sequence[DraDevice], view: NodeView) -> list[DeviceHealth]:

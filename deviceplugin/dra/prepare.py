@@ -49,7 +49,6 @@ from ..state import NodeState
 from .cdi import CdiWriter, cdi_device_name, cdi_id
 from .checkpoint import Checkpoint, MigRecord, PreparedClaim, PreparedDevice, valid_uid
 from .devices import ClaimError, ClaimShare, DraDevice, by_name, claim_share, dra_devices, request_grant
-from .health import unhealthy_reason
 from .lock import SerialLock
 from .migdynamic import MigInstances, instance_share
 from .sharingconfig import DeviceConfig, Sharing, config_for, driver_configs, resolve
@@ -335,9 +334,10 @@ class Driver:
             if device is None:
                 raise ClaimError(f"claim {ref}: device {safe_text(name, 63)} is not published by this node (did the config change since allocation?)")
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
-            reason = unhealthy_reason(device, view) or view.pending_gpus.get(device.unit.gpu.uuid)  # pending: dra.shapes
-            if reason:
-                raise ClaimError(f"claim {ref}: device {name} is Unhealthy: {reason}")
+            verdict = view.verdict(device.unit, device.resource.pool)  # a shape that waits is refused too (dra.shapes)
+            if not verdict.ok:
+                why = safe_text(verdict.findings[0].reason, 300)
+                raise ClaimError(f"claim {ref}: device {name} is Unhealthy: {why}")
             if not result.get("adminAccess"):
                 wanted[name] = wanted.get(name, 0) + share.shares
                 wanted_mib[name] = wanted_mib.get(name, 0) + share.memory_mib

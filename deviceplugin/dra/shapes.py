@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..alloc.pending import PendingGpu, reconcile
+from ..alloc.shapeguard import ShapeGuard
 from ..config.types import Config
 from ..model.devices import Resource
 from ..model.usage import Hold
@@ -34,7 +34,7 @@ class HeldShapes:
     def __init__(self, driver: Driver, state: NodeState, consumers: Sequence[ConfigConsumer], config: Config, resources: list[Resource]) -> None:
         self.driver, self.state, self.consumers = driver, state, list(consumers)
         self.config, self.wanted, self.served = config, list(resources), list(resources)
-        self.pending: dict[str, PendingGpu] = {}
+        self.guard = ShapeGuard()  # the core's, shared with the device plugin
         self._lock = threading.Lock()
 
     def holds(self) -> frozenset[Hold]:
@@ -65,20 +65,13 @@ class HeldShapes:
     def check(self) -> None:
         """Switch the held GPUs whose claims are all gone (cheap when none waits)."""
         with self._lock:
-            if self.pending:
+            if self.guard.pending:
                 self._apply()
 
     def _apply(self) -> None:
         holds = self.holds()
         self.state.set_holds(SOURCE, holds)
-        result = reconcile(self.served, self.wanted, holds, self.pending)
-        for uuid, waiting in result.pending.items():
-            if uuid not in self.pending:
-                log.warning("%s", waiting.describe())
-        for uuid, waited in self.pending.items():
-            if uuid not in result.pending:
-                log.info("GPU %d (%s) is released: it switches to %s", waited.index, uuid, ", ".join(waited.wanted) or "no resource")
-        self.pending, self.served = result.pending, result.resources
-        self.state.set_pending({u: p.describe() for u, p in result.pending.items()})
+        self.served = self.guard.apply(self.served, self.wanted, holds)
+        self.state.set_pending(self.guard.described())
         for consumer in self.consumers:
             consumer.on_config(self.config, self.served)

@@ -10,9 +10,8 @@ an event showing a slice as the last plan wants it (the echo of our own write, t
 a slice deleted that is not wanted needs nothing; any other event forgets what is known and wakes the loop. So a
 taint change is one PUT, a write's echo costs nothing, and a resync round always lists.
 
-Rounds that write are rate-limited (a bucket of `write_burst`, refilled at `write_rate` per second): two writers
-that disagree about the slices (two driver versions side by side in a rolling update, a foreign controller) cost
-the API server a few writes per second, not a loop at its full speed. A taint change spends one token.
+Rounds that write are rate-limited by a `dra.writebudget.WriteBudget` (a bucket of `write_burst`, refilled at
+`write_rate` per second). A taint change spends one token.
 
 Failures: a 409 (someone wrote in between) is read again and retried at once, `max_conflicts` times in a round;
 any other error ends the round and the loop retries after an exponential backoff (`backoff_initial` doubling to
@@ -47,6 +46,7 @@ from .devices import DraDevice, dra_devices
 from .partitions import counter_sets
 from .pool import Plan, Pool, Stored, canonical, owner_reference, writer_started
 from .taints import device_taints, taint_inputs
+from .writebudget import WriteBudget
 
 if TYPE_CHECKING:
     from ..config.types import Config
@@ -162,8 +162,7 @@ class SlicePublisher(BackgroundLoop):
         self.backoff_max = backoff_max
         self.watch_timeout = watch_timeout
         self.max_conflicts = max_conflicts
-        self.write_burst = write_burst
-        self.write_rate = write_rate
+        self.budget = WriteBudget(write_burst, write_rate)
         self.api = SliceApi(api, node_name, driver, request_timeout)
         self.kept_mig: Callable[[], Mapping[str, Sequence[tuple[int, int]]]] = dict  # MIG instances of no claim (dra.migdynamic)
         self.stats = PublisherStats()
@@ -179,8 +178,6 @@ class SlicePublisher(BackgroundLoop):
         self._failures = 0  # consecutive failed rounds
         self._retry_at = 0.0  # monotonic time before which a failed loop does not try again
         self._taints_of: tuple[Any, ...] | None = None
-        self._tokens = float(write_burst)  # write rounds that may start now
-        self._tokens_at = time.monotonic()
         self._unsubscribe: Callable[[], None] | None = None
         self._watch_thread: threading.Thread | None = None
         self._watch_response: Any = None
@@ -274,7 +271,7 @@ class SlicePublisher(BackgroundLoop):
         if deferred:
             self.stats.deferred += 1
             limiter = self._errors["publish"]
-            limiter.log(logging.WARNING, "rate", "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)", self.write_burst)
+            limiter.log(logging.WARNING, "rate", "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)", self.budget.burst)
             limiter.flush()
             return deferred
         with self._changes:
@@ -294,16 +291,6 @@ class SlicePublisher(BackgroundLoop):
         limiter = self._errors[loop]
         limiter.log(logging.WARNING, (type(err), getattr(err, "status", None)), "DRA slices (%s) failed, retrying with backoff: %s", loop, text)
         limiter.flush()
-
-    def _take_token(self) -> float:
-        """0 when a writing round may start now (a token taken), else the seconds until one may."""
-        now = time.monotonic()
-        self._tokens = min(float(self.write_burst), self._tokens + (now - self._tokens_at) * self.write_rate)
-        self._tokens_at = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return 0.0
-        return (1 - self._tokens) / self.write_rate
 
     def _publish(self, devices: list[DraDevice]) -> float:
         """List, plan and write until the stored slices are the pool (a 409 reads again); the seconds to wait when
@@ -327,7 +314,7 @@ class SlicePublisher(BackgroundLoop):
                 return 0.0
             plan = pool.plan(stored, self._adopted)
             if plan.writes and not conflicts:
-                wait = self._take_token()
+                wait = self.budget.take()
                 if wait:
                     return wait
             with self._changes:

@@ -16,8 +16,8 @@ UNHEALTHY = "Unhealthy"
 SHARE_SEPARATOR = "::"
 
 
-def share_id(unit_uuid: str, k: int) -> str:
-    """The device ID of share k of a unit: `<uuid>::<k>`."""
+def share_device_id(unit_uuid: str, k: int) -> str:
+    """The device plugin device ID of share k of a unit: `<uuid>::<k>` (not a DRA shareID)."""
     return f"{unit_uuid}{SHARE_SEPARATOR}{k}"
 
 

@@ -306,10 +306,10 @@ class MetricSources:
         return self.manager.kubelet_restarts if self.manager else 0
 
     def deferred_switches(self) -> int:
-        return self.manager.deferred if self.manager else 0
+        return self.manager.shapes.deferred if self.manager else 0
 
     def unreadable_holds(self) -> int:
-        return self.manager.unreadable_holds if self.manager else 0
+        return self.manager.shapes.unreadable_holds if self.manager else 0
 
     def reloads(self) -> tuple[int, int]:
         return (self.reloader.reloads, self.reloader.errors) if self.reloader else (0, 0)

@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..aioloop import EventLoopThread, shared_loop
-from ..alloc.pending import PendingGpu, changing_gpus, reconcile
+from ..alloc.shapeguard import ShapeGuard
 from ..health.mpsready import MpsReadiness
-from ..logs import safe_text
 from ..model.devices import Resource
 from ..model.usage import Hold
 from ..mps.control import MpsLiveness
@@ -99,9 +98,7 @@ class PluginManager:
         self.metrics = metrics  # counts from the first registration on
         self.kubelet_restarts = 0
         self.holdings = holdings
-        self.deferred = 0  # GPUs whose new shape had to wait for their holders (each time one starts waiting)
-        self.unreadable_holds = 0  # reads of what containers hold that failed (nothing changed shape after them)
-        self.pending: dict[str, PendingGpu] = {}  # GPU UUID -> kept in its old shape until released
+        self.shapes = ShapeGuard()  # held GPUs keep their shape (the core's guard, shared with the DRA driver)
         self._wanted = list(resources)  # what the config asks for; served as far as holds allow
         self._unsettled = False  # some of it is not served yet: pending GPUs, or holds that could not be read
         self._next_pending_check = 0.0
@@ -218,12 +215,12 @@ class PluginManager:
             return ["none yet: what containers hold could not be read; trying again"]
         changes = await self._serve_plan(plan)
         self._settle()
-        return changes + [f"pending: {p.describe()}" for p in self.pending.values()]
+        return changes + [f"pending: {p.describe()}" for p in self.shapes.pending.values()]
 
     def _settle(self) -> None:
         """Once the plan is served: only the GPUs still held in their old shape stay fenced."""
-        self._unsettled = bool(self.pending)
-        self.state.set_pending({u: p.describe() for u, p in self.pending.items()})
+        self._unsettled = bool(self.shapes.pending)
+        self.state.set_pending(self.shapes.described())
 
     async def _plan(self, served: list[Resource], wanted: list[Resource]) -> list[Resource] | None:
         """What to serve: `wanted`, with every GPU whose shape would change while something holds it kept as it is.
@@ -233,32 +230,21 @@ class PluginManager:
         served. None when the holds cannot be read: nothing changes, the next check tries again."""
         self._next_pending_check = time.monotonic() + self.timings.pending_interval
         self._unsettled = True
-        changing = changing_gpus(served, wanted, self.pending)
-        if not changing and not self.pending:
-            self.pending = {}
+        fence = self.shapes.fence(served, wanted)
+        if fence is None:
             return wanted
-        fence = {**{u: "switching to a new configuration" for u in changing & {g.uuid for r in served for g in r.gpus}}, **{u: p.describe() for u, p in self.pending.items()}}
         self.state.set_pending(fence)
         holdings = self.holdings
         assert holdings is not None
         try:
             fresh = await asyncio.get_running_loop().run_in_executor(None, holdings)
         except Exception as err:  # a read that fails must not let a held GPU switch
-            self.unreadable_holds += 1
-            log.error("cannot read what containers hold (%s): the GPUs about to change keep their devices; trying again in %.1fs", safe_text(str(err), 300), self.timings.pending_interval)
+            self.shapes.unreadable(err, self.timings.pending_interval)
             return None
         self.state.set_holds("pod-resources", fresh)
-        result = reconcile(served, wanted, self.state.snapshot().all_holds() | self._recent_grants(), self.pending)
-        for uuid, waiting in result.pending.items():
-            if uuid not in self.pending:
-                self.deferred += 1
-                log.warning("%s", waiting.describe())
-        for uuid, waited in self.pending.items():
-            if uuid not in result.pending:
-                log.info("GPU %d (%s) is released: it switches to %s", waited.index, uuid, ", ".join(waited.wanted) or "no resource")
-        self.pending = result.pending
-        self.state.set_pending({**fence, **{u: p.describe() for u, p in result.pending.items()}})
-        return result.resources
+        plan = self.shapes.apply(served, wanted, self.state.snapshot().all_holds() | self._recent_grants())
+        self.state.set_pending({**fence, **self.shapes.described()})
+        return plan
 
     def _recent_grants(self) -> frozenset[Hold]:
         """What Allocate granted within `grant_window`: held, though the kubelet may not have recorded it yet."""

@@ -70,7 +70,7 @@ def test_a_reload_that_keeps_a_held_gpus_shape_applies_at_once(tmp_path: Path) -
     driver.prepare(*claim([result("gpu-0", shares=2)]))
     config = parse_config({"version": "v1", "pools": [{**SHARED, "gpus": {"indexes": [0]}}]})
     shapes.on_config(config, resources_of(config, node("2xT4")))
-    assert slices.shares() == {"gpu-0": 4} and shapes.pending == {}
+    assert slices.shares() == {"gpu-0": 4} and shapes.guard.pending == {}
 
 
 def test_a_damaged_claim_record_holds_every_gpu_in_its_shape(tmp_path: Path) -> None:
@@ -84,4 +84,4 @@ def test_a_damaged_claim_record_holds_every_gpu_in_its_shape(tmp_path: Path) -> 
     slices = Published()
     shapes = HeldShapes(driver, state, [slices], *_config(4))
     shapes.on_config(*_config(8))
-    assert slices.shares() == {"gpu-0": 4, "gpu-1": 4} and len(shapes.pending) == 2
+    assert slices.shares() == {"gpu-0": 4, "gpu-1": 4} and len(shapes.guard.pending) == 2

@@ -6,8 +6,8 @@ import pytest
 
 from deviceplugin.config.parse import parse_config
 from deviceplugin.dra.devices import dra_devices
-from deviceplugin.dra.taints import GPU_LOST, QUERY_FAILED, RESET_REQUIRED, XID, device_taints, reason_class
-from deviceplugin.state import NodeState
+from deviceplugin.dra.taints import device_taints
+from deviceplugin.state import GPU_LOST, QUERY_FAILED, RESET_REQUIRED, XID, NodeState, fault_kind
 from tests.conftest import node
 from tests.support.resources import resources_of
 
@@ -27,7 +27,7 @@ DRIVER = "gpu-share.example.com"
     ],
 )
 def test_a_reason_has_one_class(reason: str, awaiting_reset: bool, value: str) -> None:
-    assert reason_class(reason, awaiting_reset) == value
+    assert fault_kind(reason, awaiting_reset) == value
 
 
 def test_mig_instances_inherit_their_gpus_taint_and_only_the_named_instance_is_tainted_alone() -> None:
