@@ -29,7 +29,7 @@ from ..dra.claims import ApiClaims
 from ..dra.claimstatus import ClaimStatusWriter
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
-from ..dra.migdynamic import MigInstances
+from ..dra.migdynamic import MigInstances, MigRescan
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
 from ..dra.shapes import HeldShapes
@@ -48,6 +48,8 @@ from .options import DaemonOptions
 from .plan import ConfigFile, plan_node
 
 log = logging.getLogger(__name__)
+
+MIG_RESCAN_INTERVAL = 30.0  # seconds between re-reads of the dynamic-MIG GPUs' instances (one NVML list per GPU)
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ class DraDaemon:
         writer = f"{time.time_ns()}-{dra.instance or os.getpid()}"  # newer instances (rolling update) win the slices
         self.slices = SlicePublisher(api_client, node_name, self.driver_name, self.node, self.state, writer=writer)
         self.slices.kept_mig = self.driver.mig.kept  # instances the start-up sweep kept are published as taken
+        self.mig_rescan = MigRescan(self.driver.rescan_mig, self.slices.republish, MIG_RESCAN_INTERVAL)  # made behind our back
         self.shapes = HeldShapes(
             self.driver, self.state, [self.plugin, self.slices], self.config, self.resources
         )  # held GPUs keep their shape
@@ -179,11 +182,13 @@ class DraDaemon:
             self.claim_status.start()
         self.slices.on_config(self.config, self.shapes.served)
         self.slices.start()
+        self.mig_rescan.start()
 
     def stop(self) -> None:
         """The core's stop order with this front end's servers; every part stops even when one before it fails (the
         sockets are always removed), and the first failure is raised."""
         servers: list[Step] = [
+            ("MIG rescan", self.mig_rescan.stop),
             ("slice publisher", self.slices.stop),
             ("kubelet plugin", self.plugin.stop),
             ("claim cache", self.claims.stop),
