@@ -443,3 +443,21 @@ def test_a_claim_selecting_a_strategy_its_pool_lacks_is_refused_by_the_scheduler
     with_mps.claim("gets-mps", requests={"shares": "1"}, selector=mps)
     with_mps.pod("gets-mps", claim="gets-mps")
     assert with_mps.bound("gets-mps") and len(with_mps.allocation("gets-mps")) == 1
+
+
+def test_an_instance_made_behind_the_drivers_back_withdraws_its_placements_until_gone(make_node: Any, tmp_path: Any) -> None:
+    m = MigNode(make_node, tmp_path)
+    m.n.publisher.kept_mig = m.driver.mig.kept  # as the DRA daemon wires it
+    one = next(p for p in m.inventory.mig_profiles(m.gpu) if p.name == "1g.10gb")
+    behind = m.inventory.create_compute_instance(m.gpu, m.inventory.create_gpu_instance(m.gpu, one.id, 6))  # nvidia-smi
+    assert m.driver.rescan_mig()
+    m.n.publisher.republish()
+    assert wait_until(lambda: m.totals()["memory-slice-6"] == 0, timeout=10)
+    m.ask("seven", "7g.80gb")  # overlaps the instance: not offered, refused by the scheduler
+    assert m.n.unschedulable("seven")
+    m.inventory.destroy_compute_instance(m.gpu, behind.gi_id, behind.ci_id)
+    m.inventory.destroy_gpu_instance(m.gpu, behind.gi_id)
+    assert m.driver.rescan_mig()
+    m.n.publisher.republish()
+    assert m.n.bound("seven")
+    m.prepare("seven")
