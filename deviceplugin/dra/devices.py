@@ -24,6 +24,7 @@ from typing import Any
 
 from ..alloc.allocator import ContainerGrant, unit_grant
 from ..alloc.modes import ClientLimits, SharingMode, mode_of
+from ..config.types import Backend
 from ..kube.dranames import CAPACITY_MEMORY, CAPACITY_SHARES
 from ..model.devices import Resource, Unit
 from ..model.node import MIB, NodeInfo, gpu_family
@@ -31,6 +32,10 @@ from ..model.quantity import MAX_QUANTITY_LENGTH, parse_quantity
 from ..model.shares import share_memory_mib
 from .partitions import Partition, partitions
 from .partitions import device_name as partition_name
+
+# One bool attribute per sharing strategy (list attributes need the alpha DRAListTypeAttributes gate), so a class or
+# claim selects the devices whose pool offers the strategy its SharingConfig asks: refused at scheduling, not prepare.
+STRATEGY_ATTRIBUTES = {"timeSlicing": "sharingTimeSlicing", "mps": "sharingMPS"}
 
 # A slice holds at most 128 devices, 64 when any device has taints (the API's limits); the publisher splits by 64.
 MAX_DEVICES_PER_SLICE = 64
@@ -59,6 +64,13 @@ class DraDevice:
         return self.unit.replicas
 
     @property
+    def strategies(self) -> tuple[Backend, ...]:
+        """The sharing strategies a claim's SharingConfig may choose on it: a shared pool's `sharingStrategies`; a
+        whole GPU or a MIG instance (dynamic or not) runs its one claim time-sliced."""
+        pool = self.resource.pool
+        return tuple(pool.strategies) if pool.shared else ("timeSlicing",)
+
+    @property
     def share_memory_bytes(self) -> int:
         return share_memory_mib(self.unit, 1) * MIB
 
@@ -73,6 +85,8 @@ class DraDevice:
             "pool": {"string": self.resource.pool.name[:64]},
             "mode": {"string": self._mode()},
         }
+        for strategy, attribute in STRATEGY_ATTRIBUTES.items():  # what a claim's SharingConfig may choose here
+            attributes[attribute] = {"bool": strategy in self.strategies}
         if unit.mig:
             attributes["parentUUID"] = {"string": gpu.uuid}
             attributes["migProfile"] = {"string": unit.mig.profile}

@@ -10,7 +10,9 @@ At start-up an instance on a dynamic-MIG GPU that no record names (a crash befor
 unprepared while this driver was down, an operator's instance) is destroyed when the GPU runs no process, and
 otherwise kept and reported (log, `gpushare_dra_mig_unclaimed_instances`), and the counters published for its GPU
 count what it takes as taken (`partitions.gpu_counters`), so no claim is allocated over it. While any record is damaged nothing is
-destroyed: its claim's instances cannot be told from the others.
+destroyed: its claim's instances cannot be told from the others. After start-up `rescan` re-reads the instances
+periodically: one made behind the driver's back is counted and published as taken the same way until it is gone
+(never destroyed).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from ..discovery.mig import IN_USE, NOT_FOUND, MigControl, MigError
 from ..logs import safe_text
+from ..loop import BackgroundLoop
 from ..model.devices import Unit
 from ..model.mig import MigInstance
 from ..model.node import Gpu, GpuProcess, MigDevice
@@ -137,6 +140,38 @@ class MigInstances:
                     log.warning("GPU %d: MIG instance of no claim kept: %s", gpu.index, err)
         self.unclaimed = tuple(kept)
 
+    def rescan(self, gpus: Iterable[Gpu], claims: Iterable[PreparedClaim]) -> bool:
+        """After start-up, periodically: the instances on these GPUs that no record names (made behind the driver's
+        back, e.g. by `nvidia-smi mig -cgi`) become `unclaimed`, published as taken until they are gone; nothing is
+        destroyed. One list call per GPU; a GPU whose list fails keeps what was known. True when `unclaimed`
+        changed (the slices must be published again)."""
+        if self.control is None:
+            return False
+        records = [r for c in claims for r in c.mig]
+        named = {(r.gpu, r.gi_id) for r in records if r.gi_id is not None}
+        intents = {(r.gpu, r.profile_id, r.start) for r in records if r.gi_id is None}
+        before = {(u.gpu, u.gi_id): u for u in self.unclaimed}
+        found: list[Unclaimed] = []
+        for gpu in gpus:
+            try:
+                instances = self.control.mig_instances(gpu.uuid)
+            except MigError as err:
+                log.warning("GPU %d (%s): its MIG instances cannot be listed: %s", gpu.index, gpu.uuid, err)
+                found += [u for u in self.unclaimed if u.gpu == gpu.uuid]
+                continue
+            for i in instances:
+                if (gpu.uuid, i.gi_id) in named or (gpu.uuid, i.profile_id, i.start) in intents:
+                    continue
+                known = before.get((gpu.uuid, i.gi_id))
+                if known is None:
+                    log.warning("GPU %d (%s): MIG instance %s (GPU instance %d) was made outside the driver; its "
+                                "placements are withdrawn until it is gone", gpu.index, gpu.uuid, i.uuid or "-", i.gi_id)
+                found.append(known or Unclaimed(gpu.uuid, i.gi_id, i.profile_id, i.start, "made outside the driver"))
+        changed = {(u.gpu, u.gi_id, u.profile_id, u.start) for u in found} != {
+            (u.gpu, u.gi_id, u.profile_id, u.start) for u in self.unclaimed}
+        self.unclaimed = tuple(found)
+        return changed
+
     def kept(self) -> dict[str, list[tuple[int, int]]]:
         """GPU UUID -> (profile ID, start) of the instances the sweep kept: the slice publisher publishes them taken."""
         found: dict[str, list[tuple[int, int]]] = {}
@@ -187,3 +222,22 @@ def instance_device(device: DraDevice, record: MigRecord) -> DraDevice:
 def instance_share(share: ClaimShare, record: MigRecord) -> ClaimShare:
     """The holding of a dynamic-MIG device once its instance exists (`instance_device`)."""
     return replace(share, device=instance_device(share.device, record))
+
+
+class MigRescan(BackgroundLoop):
+    """Every `interval` seconds, `rescan` (the driver's `rescan_mig`); on a change, `changed` (republish the slices)."""
+
+    def __init__(self, rescan: Callable[[], bool], changed: Callable[[], None], interval: float) -> None:
+        super().__init__("dra-mig-rescan")
+        self.rescan, self.changed, self.interval = rescan, changed, max(1.0, interval)
+
+    def start(self) -> None:
+        self._start_thread()
+
+    def _run(self) -> None:
+        self._repeat(self._round, self.interval)
+
+    def _round(self) -> float:
+        if self.rescan():
+            self.changed()
+        return self.interval

@@ -234,6 +234,16 @@ class Driver:
             self._refresh("")
             self.mig.sweep(gpus.values(), self.checkpoint.claims(), bool(self.checkpoint.damaged))
 
+    def rescan_mig(self) -> bool:
+        """Periodically: instances made behind the driver's back (dra.migdynamic.MigInstances.rescan); True when
+        the slices must be published again."""
+        gpus = {d.unit.gpu.uuid: d.unit.gpu for d in self._devices.values() if d.partition}
+        if not gpus:
+            return False
+        with self.lock:
+            self._refresh("")
+            return self.mig.rescan(gpus.values(), self.checkpoint.claims())
+
     # --- dynamic MIG -----------------------------------------------------------------------------
     def _make_instances(
         self, ref: ClaimRef, digest: str, holdings: list[tuple[Mapping[str, Any], ClaimShare]], interrupted: PreparedClaim | None

@@ -182,9 +182,8 @@ def config_for(configs: Sequence[DeviceConfig], request: str) -> DeviceConfig | 
 
 def _allowed_strategies(share: ClaimShare) -> tuple[Backend, ...]:
     """What a claim may choose on the device: a shared pool's `strategies`; a whole GPU or a MIG instance
-    time-slices its claim's processes, as any GPU without MPS does."""
-    pool = share.device.resource.pool
-    return pool.strategies if pool.shared else ("timeSlicing",)
+    time-slices its claim's processes, as any GPU without MPS does (published as `sharingTimeSlicing`/`sharingMPS`)."""
+    return share.device.strategies
 
 
 def resolve(entry: DeviceConfig | None, shares: Sequence[ClaimShare]) -> Sharing:

@@ -234,6 +234,10 @@ class SlicePublisher(BackgroundLoop):
         return _SliceCollector(self)
 
     # --- changes ----------------------------------------------------------------------------------
+    def republish(self) -> None:
+        """Something `kept_mig` reads changed: publish again."""
+        self._changed()
+
     def _changed(self) -> None:
         with self._changes:
             self._wanted += 1

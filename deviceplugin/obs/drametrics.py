@@ -87,5 +87,5 @@ class DraCollector(Collector):
         yield CounterMetricFamily("gpushare_dra_mig_instances_made", "Dynamic-MIG instances this process made at prepare.", value=mig.made)
         destroyed = "Dynamic-MIG instances this process destroyed (unprepare, start-up sweep)."
         yield CounterMetricFamily("gpushare_dra_mig_instances_destroyed", destroyed, value=mig.destroyed)
-        unclaimed = "MIG instances on dynamic-MIG GPUs that no claim holds, kept at start-up (the GPU ran processes)."
+        unclaimed = "MIG instances on dynamic-MIG GPUs that no claim holds: kept at start-up, or made behind the driver's back."
         yield GaugeMetricFamily("gpushare_dra_mig_unclaimed_instances", unclaimed, value=len(mig.unclaimed))

@@ -32,7 +32,7 @@ from ..dra.checkpoint import Checkpoint
 from ..dra.claims import ApiClaims
 from ..dra.kubeletplugin import KubeletPlugin, PluginSettings
 from ..dra.lock import LOCK_FILE, SerialLock
-from ..dra.migdynamic import MigInstances
+from ..dra.migdynamic import MigInstances, MigRescan
 from ..dra.prepare import Driver
 from ..dra.registration import PluginPaths
 from ..dra.shapes import HeldShapes
@@ -54,6 +54,8 @@ if TYPE_CHECKING:
     from ..dra.slices import SlicePublisher
 
 log = logging.getLogger(__name__)
+
+MIG_RESCAN_INTERVAL = 30.0  # seconds between re-reads of the dynamic-MIG GPUs' instances (one NVML list per GPU)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class DraDaemon:
         self.api = api_client
         self.writer = f"{time.time_ns()}-{dra.instance or os.getpid()}"  # newer instances (rolling update) win the slices
         self.slices: SlicePublisher | None = None  # built once the plugin is registered (`_serve`)
+        self.mig_rescan: MigRescan | None = None  # with the slices: it republishes them
         self.claim_status: ClaimStatusWriter | None = None
         self.shapes = HeldShapes(
             self.driver, self.state, [self.plugin], self.config, self.resources
@@ -192,11 +195,14 @@ class DraDaemon:
         slices.on_config(self.config, self.shapes.add_consumer(slices))
         self.slices = slices
         slices.start()
+        self.mig_rescan = MigRescan(self.driver.rescan_mig, slices.republish, MIG_RESCAN_INTERVAL)  # made behind our back
+        self.mig_rescan.start()
 
     def stop(self) -> None:
         """The core's stop order with this front end's servers; every part stops even when one before it fails (the
         sockets are always removed), and the first failure is raised."""
-        servers: list[Step] = [("slice publisher", self.slices.stop)] if self.slices is not None else []
+        servers: list[Step] = [("MIG rescan", self.mig_rescan.stop)] if self.mig_rescan is not None else []
+        servers += [("slice publisher", self.slices.stop)] if self.slices is not None else []
         servers += [
             ("kubelet plugin", self.plugin.stop),
             ("claim cache", self.claims.stop),

@@ -425,3 +425,40 @@ def test_class_and_claim_sharing_configs_and_the_example_reach_the_claim(make_no
         assert (env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("20", "0=4096M")
     finally:
         request(n.api, "DELETE", f"/apis/resource.k8s.io/v1/deviceclasses/{device_class}")  # the API server is shared
+
+
+def test_a_claim_selecting_a_strategy_its_pool_lacks_is_refused_by_the_scheduler(make_node: Any) -> None:
+    """The pool's sharing strategies as bool attributes (`sharingTimeSlicing`, `sharingMPS`): a claim whose
+    SharingConfig asks for MPS selects `sharingMPS` and is refused at scheduling on a time-sliced pool, not at prepare."""
+    mps = "device.attributes[device.driver].sharingMPS"
+    sliced = make_node("2xT4", _shared(2))
+    sliced.claim("wants-mps", requests={"shares": "1"}, selector=mps)
+    sliced.pod("wants-mps", claim="wants-mps")
+    assert sliced.unschedulable("wants-mps") and sliced.allocation("wants-mps") == []
+    sliced.claim("sliced", requests={"shares": "1"}, selector="device.attributes[device.driver].sharingTimeSlicing")
+    sliced.pod("sliced", claim="sliced")
+    assert sliced.bound("sliced")
+    from tests.support.dra import MPS_POOLS
+
+    with_mps = make_node("2xT4", parse_config({"version": "v1", "pools": MPS_POOLS}))
+    with_mps.claim("gets-mps", requests={"shares": "1"}, selector=mps)
+    with_mps.pod("gets-mps", claim="gets-mps")
+    assert with_mps.bound("gets-mps") and len(with_mps.allocation("gets-mps")) == 1
+
+
+def test_an_instance_made_behind_the_drivers_back_withdraws_its_placements_until_gone(make_node: Any, tmp_path: Any) -> None:
+    m = MigNode(make_node, tmp_path)
+    m.n.publisher.kept_mig = m.driver.mig.kept  # as the DRA daemon wires it
+    one = next(p for p in m.inventory.mig_profiles(m.gpu) if p.name == "1g.10gb")
+    behind = m.inventory.create_compute_instance(m.gpu, m.inventory.create_gpu_instance(m.gpu, one.id, 6))  # nvidia-smi
+    assert m.driver.rescan_mig()
+    m.n.publisher.republish()
+    assert wait_until(lambda: m.totals()["memory-slice-6"] == 0, timeout=10)
+    m.ask("seven", "7g.80gb")  # overlaps the instance: not offered, refused by the scheduler
+    assert m.n.unschedulable("seven")
+    m.inventory.destroy_compute_instance(m.gpu, behind.gi_id, behind.ci_id)
+    m.inventory.destroy_gpu_instance(m.gpu, behind.gi_id)
+    assert m.driver.rescan_mig()
+    m.n.publisher.republish()
+    assert m.n.bound("seven")
+    m.prepare("seven")

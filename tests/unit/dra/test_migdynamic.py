@@ -214,3 +214,26 @@ def test_the_agent_meters_a_dynamic_claim_on_the_instance_made_for_it(tmp_path: 
     ])])
     (share,) = ClaimUsage(driver.prepared, lambda: driver.devices, DRIVER, POOL)(listing, []).shares
     assert (share.unit_uuid, share.gpu_uuid, share.memory_limit_mib) == (made.uuid, GPU0, 19968)  # the instance, not its GPU
+
+
+def test_an_instance_made_behind_the_drivers_back_is_noticed_and_published_taken_until_gone(tmp_path: Path) -> None:
+    """After start-up (no sweep): `nvidia-smi mig -cgi` makes a 1g at slice 3; the rescan finds it (not a claim's, not
+    destroyed), the counters published for GPU 0 take its slice, and once it is gone the placements come back."""
+    from deviceplugin.dra.partitions import gpu_counters
+
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+    claimed = driver.prepare(*mig("gpu-0-mig-1g-10gb-0"))
+    assert driver.rescan_mig() is False and driver.mig.unclaimed == ()  # the claim's instance is named by its record
+    one = next(p for p in inventory.mig_profiles(GPU0) if p.name == "1g.10gb")
+    behind = inventory.create_compute_instance(GPU0, inventory.create_gpu_instance(GPU0, one.id, 3))
+    assert driver.rescan_mig() is True and driver.rescan_mig() is False  # changed once, then steady
+    assert [(u.gi_id, u.why) for u in driver.mig.unclaimed] == [(behind.gi_id, "made outside the driver")]
+    assert driver.mig.kept() == {GPU0: [(one.id, 3)]}
+    gpu = next(g for g in inventory.discover().gpus if g.uuid == GPU0)
+    assert gpu_counters(gpu, driver.mig.kept()[GPU0])["memory-slice-3"] == 0  # placements over slice 3 not offered
+    assert len(inventory.mig_instances(GPU0)) == 2  # nothing destroyed
+    inventory.destroy_compute_instance(GPU0, behind.gi_id, behind.ci_id)
+    inventory.destroy_gpu_instance(GPU0, behind.gi_id)
+    assert driver.rescan_mig() is True and driver.mig.unclaimed == () and driver.mig.kept() == {}
+    assert [i.uuid for i in inventory.mig_instances(GPU0)] == [claimed.devices[0].mig.uuid]  # type: ignore[union-attr]
