@@ -24,11 +24,15 @@ def run(smoke: bool = False) -> dict:
         for _ in range(rounds):
             size = rng.randint(1, 4)
             request = pb.PreferredAllocationRequest(
-                container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)]
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)
+                ]
             )
             floor.append(timed(lambda: stub.PreStartContainer(pb.PreStartContainerRequest())))
             ids: list[str] = []
-            preferred.append(timed(lambda: ids.extend(stub.GetPreferredAllocation(request).container_responses[0].deviceIDs)))
+            preferred.append(
+                timed(lambda: ids.extend(stub.GetPreferredAllocation(request).container_responses[0].deviceIDs))
+            )
             alloc = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
             allocate.append(timed(lambda: stub.Allocate(alloc)))
             admission.append(preferred[-1] + allocate[-1])
@@ -40,6 +44,10 @@ def run(smoke: bool = False) -> dict:
         "allocate": summary_ms(allocate),
         "admission_total": summary_ms(admission),
     }
-    result["allocate_p99_over_floor_p99"] = round(result["allocate"]["p99_ms"] / result["floor_empty_call"]["p99_ms"], 2)
-    result["allocate_p50_over_floor_p50"] = round(result["allocate"]["p50_ms"] / result["floor_empty_call"]["p50_ms"], 2)
+    result["allocate_p99_over_floor_p99"] = round(
+        result["allocate"]["p99_ms"] / result["floor_empty_call"]["p99_ms"], 2
+    )
+    result["allocate_p50_over_floor_p50"] = round(
+        result["allocate"]["p50_ms"] / result["floor_empty_call"]["p50_ms"], 2
+    )
     return result

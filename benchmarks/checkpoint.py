@@ -51,21 +51,36 @@ print(json.dumps({"idle_mib": round(idle, 1), "peak_over_idle_mib": round(status
 
 def _write(path: Path, size: int) -> None:
     """A checkpoint in the kubelet's JSON of share containers on this node's GPUs, `size` bytes or a little over."""
-    envs = {"GPU_SHARE_TOTAL": "8", "NVIDIA_VISIBLE_DEVICES": GPUS[0], "CUDA_MPS_PIPE_DIRECTORY": "/run/gpu-share/mps/pool"}
+    envs = {
+        "GPU_SHARE_TOTAL": "8",
+        "NVIDIA_VISIBLE_DEVICES": GPUS[0],
+        "CUDA_MPS_PIPE_DIRECTORY": "/run/gpu-share/mps/pool",
+    }
     answer = base64.b64encode(pb.ContainerAllocateResponse(envs=envs).SerializeToString()).decode()
     with open(path, "w") as file:
         file.write('{"Data":{"PodDeviceEntries":[')
         written, i = 0, 0
         while written < size:
-            entry = {"PodUID": str(uuid.UUID(int=i)), "ContainerName": f"c{i}", "ResourceName": "example.com/gpu-share",
-                     "DeviceIDs": {"0": [f"{GPUS[i % 8]}::{i // 8}"]}, "AllocResp": answer}
+            entry = {
+                "PodUID": str(uuid.UUID(int=i)),
+                "ContainerName": f"c{i}",
+                "ResourceName": "example.com/gpu-share",
+                "DeviceIDs": {"0": [f"{GPUS[i % 8]}::{i // 8}"]},
+                "AllocResp": answer,
+            }
             written += file.write(("," if i else "") + json.dumps(entry, separators=(",", ":")))
             i += 1
         file.write('],"RegisteredDevices":{}},"Checksum":0}')
 
 
 def _measure(path: Path, how: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(path), how, json.dumps(GPUS)], capture_output=True, text=True, timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(path), how, json.dumps(GPUS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -78,11 +93,20 @@ def run(smoke: bool = False) -> dict:
             for how in ("streamed", "json.loads whole"):
                 rows.append({"file_mib": round(path.stat().st_size / MIB, 1), "reader": how, **_measure(path, how)})
             path.unlink()
-    return {"read_bound_mib": holds.MAX_CHECKPOINT_BYTES / MIB, "max_entries": holds.MAX_ENTRIES, "max_entry_bytes": holds.MAX_ENTRY_BYTES, "rows": rows}
+    return {
+        "read_bound_mib": holds.MAX_CHECKPOINT_BYTES / MIB,
+        "max_entries": holds.MAX_ENTRIES,
+        "max_entry_bytes": holds.MAX_ENTRY_BYTES,
+        "rows": rows,
+    }
 
 
 if __name__ == "__main__":
     result = run(smoke="--smoke" in sys.argv)
-    print(f"read bound {result['read_bound_mib']:.0f} MiB, {result['max_entries']} entries, {result['max_entry_bytes']} bytes per entry")
+    print(
+        f"read bound {result['read_bound_mib']:.0f} MiB, {result['max_entries']} entries, {result['max_entry_bytes']} bytes per entry"
+    )
     for row in result["rows"]:
-        print(f"{row['file_mib']:6.1f} MiB  {row['reader']:17s} idle {row['idle_mib']:6.1f} MiB  peak +{row['peak_over_idle_mib']:6.1f} MiB  {row['answer']}")
+        print(
+            f"{row['file_mib']:6.1f} MiB  {row['reader']:17s} idle {row['idle_mib']:6.1f} MiB  peak +{row['peak_over_idle_mib']:6.1f} MiB  {row['answer']}"
+        )

@@ -23,7 +23,13 @@ def node_file(directory: Path, gpus: int = 8, memory_mib: int = 81559) -> Path:
             {
                 "name": f"bench-{gpus}gpu",
                 "gpus": [
-                    {"index": i, "uuid": f"GPU-bench000-0000-4000-8000-{i:012d}", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": memory_mib, "numaNode": i * 2 // gpus}
+                    {
+                        "index": i,
+                        "uuid": f"GPU-bench000-0000-4000-8000-{i:012d}",
+                        "model": "NVIDIA H100 80GB HBM3",
+                        "memoryMiB": memory_mib,
+                        "numaNode": i * 2 // gpus,
+                    }
                     for i in range(gpus)
                 ],
             }
@@ -34,7 +40,9 @@ def node_file(directory: Path, gpus: int = 8, memory_mib: int = 81559) -> Path:
 
 def config_file(directory: Path, replicas: int) -> Path:
     path = directory / "config.yaml"
-    path.write_text(yaml.safe_dump({"version": "v1", "pools": [{"name": "bench", "mode": "shared", "replicas": replicas}]}))
+    path.write_text(
+        yaml.safe_dump({"version": "v1", "pools": [{"name": "bench", "mode": "shared", "replicas": replicas}]})
+    )
     return path
 
 
@@ -46,13 +54,31 @@ def plugin_process(gpus: int = 8, replicas: int = 64, extra: tuple[str, ...] = (
         kubelet = KubeletSimulator(directory / "dp")
         kubelet.start()
         process = subprocess.Popen(
-            [sys.executable, "-m", "deviceplugin.cli", "run", "--node", str(node_file(directory, gpus)), "--config", str(config_file(directory, replicas)),
-             "--plugin-dir", str(directory / "dp"), "--pod-resources-socket", str(kubelet.pod_resources_socket), "--log-level", "warning",
-             "--metrics-port", "0", *extra],
+            [
+                sys.executable,
+                "-m",
+                "deviceplugin.cli",
+                "run",
+                "--node",
+                str(node_file(directory, gpus)),
+                "--config",
+                str(config_file(directory, replicas)),
+                "--plugin-dir",
+                str(directory / "dp"),
+                "--pod-resources-socket",
+                str(kubelet.pod_resources_socket),
+                "--log-level",
+                "warning",
+                "--metrics-port",
+                "0",
+                *extra,
+            ],
             stderr=subprocess.DEVNULL,
         )
         try:
-            if not kubelet.wait_for(lambda st: "example.com/gpu-share" in st and st["example.com/gpu-share"].allocatable > 0, timeout=30):
+            if not kubelet.wait_for(
+                lambda st: "example.com/gpu-share" in st and st["example.com/gpu-share"].allocatable > 0, timeout=30
+            ):
                 raise RuntimeError("the plugin did not register within 30 s")
             yield kubelet, process, directory
         finally:
@@ -91,7 +117,12 @@ def percentile(values: list[float], p: float) -> float:
 
 def summary_ms(values: list[float]) -> dict[str, float]:
     ms = [v * 1000 for v in values]
-    return {"p50_ms": round(statistics.median(ms), 3), "p99_ms": round(percentile(ms, 99), 3), "max_ms": round(max(ms), 3), "n": len(ms)}
+    return {
+        "p50_ms": round(statistics.median(ms), 3),
+        "p99_ms": round(percentile(ms, 99), 3),
+        "max_ms": round(max(ms), 3),
+        "n": len(ms),
+    }
 
 
 def timed(fn) -> float:

@@ -47,8 +47,18 @@ BESIDE = 100
 
 
 def _claim(index: int, gpus: int) -> dict[str, Any]:
-    result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": f"gpu-{index % gpus}", "shareID": str(uuid.uuid4()), "consumedCapacity": {"shares": "1"}}
-    return {"metadata": {"namespace": "bench", "name": f"claim-{index}", "uid": str(uuid.uuid4())}, "status": {"allocation": {"devices": {"results": [result]}}}}
+    result = {
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": NODE,
+        "device": f"gpu-{index % gpus}",
+        "shareID": str(uuid.uuid4()),
+        "consumedCapacity": {"shares": "1"},
+    }
+    return {
+        "metadata": {"namespace": "bench", "name": f"claim-{index}", "uid": str(uuid.uuid4())},
+        "status": {"allocation": {"devices": {"results": [result]}}},
+    }
 
 
 def _with_sharing_config(body: dict[str, Any]) -> dict[str, Any]:
@@ -77,11 +87,13 @@ def _fsync_ms(directory: Path, rounds: int = 50) -> dict[str, float]:
     path = directory / "fsync-probe"
     times = []
     for _ in range(rounds):
+
         def write() -> None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.write(fd, b"x" * 1024)
             os.fsync(fd)
             os.close(fd)
+
         times.append(timed(write))
     path.unlink()
     return summary_ms(times)
@@ -107,7 +119,9 @@ class _Warm:
         return self.by_uid[ref.uid]
 
 
-def _while_a_read_hangs(stub: Any, source: _Warm, refs: Any, bodies: list[dict[str, Any]], rounds: int) -> dict[str, float]:
+def _while_a_read_hangs(
+    stub: Any, source: _Warm, refs: Any, bodies: list[dict[str, Any]], rounds: int
+) -> dict[str, float]:
     """Repeat prepares of a prepared, cached claim while another claim's read hangs (its call on another thread)."""
     hung = _claim(len(bodies), 8)
     source.by_uid[hung["metadata"]["uid"]] = hung
@@ -129,11 +143,20 @@ def _measure(base: Path, rounds: int) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="gs-bench-", dir=base))
     try:
         info = SimulatedInventory.from_file(node_file(root, gpus=gpus)).discover()
-        config = parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 48, "backend": "mps"}]})
+        config = parse_config(
+            {"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 48, "backend": "mps"}]}
+        )
         state = NodeState()
         paths = PluginPaths(root / "registry", root / "plugins", DRIVER)
         paths.data_dir.mkdir(parents=True)
-        driver = Driver(DRIVER, NODE, Checkpoint(paths.checkpoint), CdiWriter(root / "cdi", DRIVER), state, SerialLock(paths.data_dir / "serialize.lock"))
+        driver = Driver(
+            DRIVER,
+            NODE,
+            Checkpoint(paths.checkpoint),
+            CdiWriter(root / "cdi", DRIVER),
+            state,
+            SerialLock(paths.data_dir / "serialize.lock"),
+        )
         driver.on_config(config, build_resources(config, info))
         bodies = [_claim(i, gpus) for i in range(BESIDE + rounds)]
         configured = [_with_sharing_config(_claim(i, gpus)) for i in range(len(bodies), len(bodies) + rounds)]
@@ -150,7 +173,11 @@ def _measure(base: Path, rounds: int) -> dict[str, Any]:
                     return [pb.Claim(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])]
 
                 for body in bodies[:BESIDE]:
-                    assert not stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=refs(body))).claims[body["metadata"]["uid"]].error
+                    assert (
+                        not stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=refs(body)))
+                        .claims[body["metadata"]["uid"]]
+                        .error
+                    )
                 prepare, repeat, unprepare = [], [], []
                 for body in bodies[BESIDE:]:
                     request = pb.NodePrepareResourcesRequest(claims=refs(body))
@@ -158,7 +185,9 @@ def _measure(base: Path, rounds: int) -> dict[str, Any]:
                     prepare.append(timed(lambda: answer.append(stub.NodePrepareResources(request))))
                     assert not answer[0].claims[body["metadata"]["uid"]].error, answer[0]
                     repeat.append(timed(lambda: stub.NodePrepareResources(request)))
-                    unprepare.append(timed(lambda: stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=refs(body)))))
+                    unprepare.append(
+                        timed(lambda: stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=refs(body))))
+                    )
                 assert len(driver.prepared()) == BESIDE
                 with_config = []
                 for body in configured:

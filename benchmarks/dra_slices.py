@@ -59,15 +59,24 @@ def run(smoke: bool = False) -> dict:
             name = f"bench-{i}"
             ready_node(api, name)
             state = NodeState()
-            publisher = SlicePublisher(cp.rest_client(), name, DRIVER, info, state, backoff_initial=0.02, backoff_max=0.5)
+            publisher = SlicePublisher(
+                cp.rest_client(), name, DRIVER, info, state, backoff_initial=0.02, backoff_max=0.5
+            )
             started = time.perf_counter()
             publisher.on_config(config, resources)
             publisher.start()
             if not publisher.wait_published(10):
                 raise RuntimeError(f"not published: {publisher.stats.last_error}")
             publish.append(time.perf_counter() - started)
-            devices = sum(len(s["spec"].get("devices", [])) for s in request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices",
-                                                                              query=[("fieldSelector", f"spec.nodeName={name}")])["items"])
+            devices = sum(
+                len(s["spec"].get("devices", []))
+                for s in request(
+                    api,
+                    "GET",
+                    "/apis/resource.k8s.io/v1/resourceslices",
+                    query=[("fieldSelector", f"spec.nodeName={name}")],
+                )["items"]
+            )
             while publisher.stats.watches < 1:  # steady state: the watch has had its first look
                 time.sleep(0.005)
             publisher.wait_published(5)
@@ -76,9 +85,20 @@ def run(smoke: bool = False) -> dict:
             state.set_health({gpu.uuid: "XID 79"}, frozenset({gpu.uuid}))
             publisher.wait_published(5)
             taint_published.append(time.perf_counter() - started)
-            taint_visible.append(time.perf_counter() - started + _visible(api, name, lambda found: any(d.get("taints") for s in found for d in s["spec"].get("devices", []))))
+            taint_visible.append(
+                time.perf_counter()
+                - started
+                + _visible(
+                    api, name, lambda found: any(d.get("taints") for s in found for d in s["spec"].get("devices", []))
+                )
+            )
             started = time.perf_counter()
-            request(api, "DELETE", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={name}")])
+            request(
+                api,
+                "DELETE",
+                "/apis/resource.k8s.io/v1/resourceslices",
+                query=[("fieldSelector", f"spec.nodeName={name}")],
+            )
             _visible(api, name, lambda found: len(found) == 1)
             wipe.append(time.perf_counter() - started)
             publisher.stop()

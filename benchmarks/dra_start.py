@@ -40,8 +40,13 @@ def _floor_ms(code: str, runs: int) -> dict[str, float]:
     times, peaks = [], []
     for _ in range(runs):
         started = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", f"{code}\nprint(open('/proc/self/status').read())"],
-                             capture_output=True, text=True, check=True, timeout=60)
+        out = subprocess.run(
+            [sys.executable, "-c", f"{code}\nprint(open('/proc/self/status').read())"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
         times.append((time.perf_counter() - started) * 1000)
         peaks.append(next(int(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("VmHWM:")) / 1024)
     return {"exec_to_exit_ms_median": round(statistics.median(times), 1), "peak_rss_mib": round(max(peaks), 1)}
@@ -50,11 +55,26 @@ def _floor_ms(code: str, runs: int) -> dict[str, float]:
 def _claim(node: str, driver: str, name: str, device: str, memory_mib: int) -> dict[str, Any]:
     exactly = {"deviceClassName": "gpu-share", "capacity": {"requests": {"shares": "1"}}}
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-        "status": {"allocation": {"devices": {"results": [{
-            "request": "gpu", "driver": driver, "pool": node, "device": device, "shareID": str(uuid.uuid4()),
-            "consumedCapacity": {"shares": "1", "memory": f"{memory_mib}Mi"}}]}}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": driver,
+                            "pool": node,
+                            "device": device,
+                            "shareID": str(uuid.uuid4()),
+                            "consumedCapacity": {"shares": "1", "memory": f"{memory_mib}Mi"},
+                        }
+                    ]
+                }
+            }
+        },
     }
 
 
@@ -66,14 +86,38 @@ def _one_start(cp: Any, api: Any, ns: str, node: str, claims: int) -> dict[str, 
 
     driver = driver_name("example.com")
     root = Path(tempfile.mkdtemp(prefix="gsb-dra-", dir="/tmp"))
-    (root / "config.yaml").write_text(yaml.safe_dump({"version": "v1", "pools": [{"name": "bench", "mode": "shared", "replicas": REPLICAS}]}))
+    (root / "config.yaml").write_text(
+        yaml.safe_dump({"version": "v1", "pools": [{"name": "bench", "mode": "shared", "replicas": REPLICAS}]})
+    )
     kubelet = FakeDraKubelet(root / "plugins_registry", poll=0.005).start()
     pods = KubeletSimulator(root / "device-plugins", pod_resources_socket=root / "pod-resources" / "kubelet.sock")
     pods.start()
-    args = [sys.executable, "-m", "deviceplugin.cli", "run", "--api", "dra", "--node", str(node_file(root, GPUS)),
-            "--config", str(root / "config.yaml"), "--kubeconfig", str(cp.admin_kubeconfig), "--node-name", node,
-            "--kubelet-root", str(root), "--cdi-root", str(root / "cdi"), "--metrics-port", "0", "--log-level", "warning",
-            "--pod-resources-socket", str(pods.pod_resources_socket)]
+    args = [
+        sys.executable,
+        "-m",
+        "deviceplugin.cli",
+        "run",
+        "--api",
+        "dra",
+        "--node",
+        str(node_file(root, GPUS)),
+        "--config",
+        str(root / "config.yaml"),
+        "--kubeconfig",
+        str(cp.admin_kubeconfig),
+        "--node-name",
+        node,
+        "--kubelet-root",
+        str(root),
+        "--cdi-root",
+        str(root / "cdi"),
+        "--metrics-port",
+        "0",
+        "--log-level",
+        "warning",
+        "--pod-resources-socket",
+        str(pods.pod_resources_socket),
+    ]
     process = None
     try:
         started = time.perf_counter()
@@ -100,9 +144,11 @@ def _one_start(cp: Any, api: Any, ns: str, node: str, claims: int) -> dict[str, 
             kubelet.prepare(driver, [(ns, name, created["metadata"]["uid"])])
             prepare_ms.append((time.perf_counter() - t) * 1000)
         return {
-            "exec_to_registered_ms": registered * 1000, "exec_to_slice_ms": published * 1000,
+            "exec_to_registered_ms": registered * 1000,
+            "exec_to_slice_ms": published * 1000,
             "rss_registered_mib": rss_registered / 1024,
-            "rss_with_claims_mib": _status_kib(process.pid, "VmRSS:") / 1024, "peak_rss_mib": _status_kib(process.pid, "VmHWM:") / 1024,
+            "rss_with_claims_mib": _status_kib(process.pid, "VmRSS:") / 1024,
+            "peak_rss_mib": _status_kib(process.pid, "VmHWM:") / 1024,
             "prepare_ms": statistics.median(prepare_ms) if prepare_ms else 0.0,
         }
     finally:
@@ -144,7 +190,10 @@ def run(smoke: bool = False) -> dict:
         return round(statistics.median(r[key] for r in rows), 1)
 
     return {
-        "starts": starts, "claims_prepared": claims, "gpus": GPUS, "shares_per_gpu": REPLICAS,
+        "starts": starts,
+        "claims_prepared": claims,
+        "gpus": GPUS,
+        "shares_per_gpu": REPLICAS,
         **{f"{key}_median": median(key) for key in rows[0]},
         "peak_rss_mib_max": round(max(r["peak_rss_mib"] for r in rows), 1),
         "floors": {

@@ -34,17 +34,30 @@ claims.stop()
 
 
 def _probe(kubeconfig: Path) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-c", _PROBE, str(kubeconfig), DRIVER], cwd=ROOT, capture_output=True, text=True, timeout=180, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(kubeconfig), DRIVER],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
     before, peak, synced, cached = out.stdout.split()
     if synced != "True":
         raise RuntimeError(f"the claim cache did not list: {out.stderr[-500:]}")
-    return {"rss_before_start_mb": round(int(before) / 1024, 1), "peak_rss_after_list_mb": round(int(peak) / 1024, 1), "cached": int(cached)}
+    return {
+        "rss_before_start_mb": round(int(before) / 1024, 1),
+        "peak_rss_after_list_mb": round(int(peak) / 1024, 1),
+        "cached": int(cached),
+    }
 
 
 def _tenant_claim(name: str) -> dict:
     config = [{"opaque": {"driver": "other.example.com", "parameters": {"blob": "x" * 10_000}}} for _ in range(32)]
     return {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "other"}}], "config": config}},
     }
 
@@ -75,6 +88,10 @@ def run(smoke: bool = False) -> dict:
     finally:
         cp.stop()
     return {
-        "tenant_claims": count, "claim_bytes": size, "without_tenant": empty, "with_tenant": full,
-        "peak_rss_increase_mb": round(full["peak_rss_after_list_mb"] - empty["peak_rss_after_list_mb"], 1), "target_increase_mb": 20,
+        "tenant_claims": count,
+        "claim_bytes": size,
+        "without_tenant": empty,
+        "with_tenant": full,
+        "peak_rss_increase_mb": round(full["peak_rss_after_list_mb"] - empty["peak_rss_after_list_mb"], 1),
+        "target_increase_mb": 20,
     }

@@ -43,7 +43,14 @@ from deviceplugin.state import NodeState
 ROOT = Path(__file__).resolve().parents[1]
 DRIVER = driver_name("example.com")
 NODE = "bench-h100"
-PROFILES = {"1g.10gb": (1, 30), "1g.20gb": (1, 10), "2g.20gb": (2, 20), "3g.40gb": (3, 20), "4g.40gb": (4, 10), "7g.80gb": (7, 10)}  # compute slices, weight
+PROFILES = {
+    "1g.10gb": (1, 30),
+    "1g.20gb": (1, 10),
+    "2g.20gb": (2, 20),
+    "3g.40gb": (3, 20),
+    "4g.40gb": (4, 10),
+    "7g.80gb": (7, 10),
+}  # compute slices, weight
 LIFETIME = 20  # mean steps a claim runs
 GPUS = 8
 SLICES = 7
@@ -64,12 +71,29 @@ def _stream(steps: int, seed: int) -> list[str]:
 
 class Dynamic:
     def __init__(self, directory: Path) -> None:
-        gpus = tuple(Gpu(index=i, uuid=f"GPU-c41e9d27-55a0-4b1f-9e3d-{i:012d}", model="NVIDIA H100 80GB HBM3", memory_mib=81559,
-                         mig_capable=True, mig_enabled=True, compute_capability="9.0") for i in range(GPUS))
+        gpus = tuple(
+            Gpu(
+                index=i,
+                uuid=f"GPU-c41e9d27-55a0-4b1f-9e3d-{i:012d}",
+                model="NVIDIA H100 80GB HBM3",
+                memory_mib=81559,
+                mig_capable=True,
+                mig_enabled=True,
+                compute_capability="9.0",
+            )
+            for i in range(GPUS)
+        )
         self.inventory = SimulatedInventory(NodeInfo(gpus=gpus, name=NODE))
         config = parse_config({"version": "v1", "pools": [{"name": "dyn", "mode": "mig", "strategy": "dynamic"}]})
-        self.driver = Driver(DRIVER, NODE, Checkpoint(directory / "claims"), CdiWriter(directory / "cdi", DRIVER), NodeState(),
-                             SerialLock(directory / "serialize.lock"), MigInstances(self.inventory, self.inventory.processes))
+        self.driver = Driver(
+            DRIVER,
+            NODE,
+            Checkpoint(directory / "claims"),
+            CdiWriter(directory / "cdi", DRIVER),
+            NodeState(),
+            SerialLock(directory / "serialize.lock"),
+            MigInstances(self.inventory, self.inventory.processes),
+        )
         info = self.inventory.discover()
         self.driver.on_config(config, build_resources(config, info, dynamic_mig=True))
         self.devices: list[DraDevice] = self.driver.devices  # in published order: what first fit walks
@@ -86,8 +110,16 @@ class Dynamic:
             wants = part.consumes()
             if all(used.get(k, 0) + v <= totals[k] for k, v in wants.items()):
                 ref = ClaimRef("bench", f"c-{uuid.uuid4().hex[:8]}", str(uuid.uuid4()))
-                body = {"metadata": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
-                        "status": {"allocation": {"devices": {"results": [{"request": "mig", "driver": DRIVER, "pool": NODE, "device": device.name}]}}}}
+                body = {
+                    "metadata": {"namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+                    "status": {
+                        "allocation": {
+                            "devices": {
+                                "results": [{"request": "mig", "driver": DRIVER, "pool": NODE, "device": device.name}]
+                            }
+                        }
+                    },
+                }
                 try:
                     self.driver.prepare(ref, body)
                 except Exception:
@@ -141,7 +173,11 @@ def _simulate(placer: Any, steps: int, seed: int) -> dict[str, Any]:
         busy_sum += sum(c for _, c in running)
     for held, _ in running:
         placer.release(held)
-    return {"slices_used": round(busy_sum / (steps * GPUS * SLICES), 3), "refused": round(refused / steps, 3), "refused_by_profile": dict(sorted(refused_by.items()))}
+    return {
+        "slices_used": round(busy_sum / (steps * GPUS * SLICES), 3),
+        "refused": round(refused / steps, 3),
+        "refused_by_profile": dict(sorted(refused_by.items())),
+    }
 
 
 def run(smoke: bool = False) -> dict:
@@ -151,6 +187,14 @@ def run(smoke: bool = False) -> dict:
         dyn = _simulate(dynamic, steps, seed)
         dyn["nvml_refused"] = dynamic.nvml_refused
         dyn["instances_made"] = dynamic.driver.mig.made
-        dyn["instances_left"] = sum(len(dynamic.inventory.mig_instances(g.uuid)) for g in dynamic.inventory.discover().gpus)
+        dyn["instances_left"] = sum(
+            len(dynamic.inventory.mig_instances(g.uuid)) for g in dynamic.inventory.discover().gpus
+        )
     fixed = _simulate(Fixed(), steps, seed)
-    return {"node": "8x H100 80GB", "claims": steps, "mean_lifetime_steps": LIFETIME, "dynamic": dyn, "fixed_mig_mixed": fixed}
+    return {
+        "node": "8x H100 80GB",
+        "claims": steps,
+        "mean_lifetime_steps": LIFETIME,
+        "dynamic": dyn,
+        "fixed_mig_mixed": fixed,
+    }

@@ -42,7 +42,9 @@ from .common import rss_mib, summary_ms
 SHARE = "example.com/gpu-share"
 POD = {
     "metadata": {"name": "bench", "namespace": "bench", "uid": "bench-uid"},
-    "spec": {"containers": [{"name": "c", "resources": {"limits": {SHARE: "2"}, "requests": {"cpu": "10m", SHARE: "2"}}}]},
+    "spec": {
+        "containers": [{"name": "c", "resources": {"limits": {SHARE: "2"}, "requests": {"cpu": "10m", SHARE: "2"}}}]
+    },
 }
 
 
@@ -50,9 +52,27 @@ def node_annotation(rng: random.Random, gpus: int = 8, shares: int = 10) -> str:
     units = []
     for i in range(gpus):
         used = rng.randint(0, shares)
-        units.append({"uuid": f"GPU-bench000-0000-4000-8000-{rng.getrandbits(40):012x}", "gpu": i, "total": shares, "used": used, "free": shares - used, "health": "Healthy"})
-    return json.dumps({"version": 2, "generation": 1, "gpus": [], "pods": [f"{rng.getrandbits(32):08x}" for _ in range(gpus)],
-                       "resources": {SHARE: {"pool": "shared", "allowSpanGPUs": False, "allocationPolicy": "binpack", "units": units}}})
+        units.append(
+            {
+                "uuid": f"GPU-bench000-0000-4000-8000-{rng.getrandbits(40):012x}",
+                "gpu": i,
+                "total": shares,
+                "used": used,
+                "free": shares - used,
+                "health": "Healthy",
+            }
+        )
+    return json.dumps(
+        {
+            "version": 2,
+            "generation": 1,
+            "gpus": [],
+            "pods": [f"{rng.getrandbits(32):08x}" for _ in range(gpus)],
+            "resources": {
+                SHARE: {"pool": "shared", "allowSpanGPUs": False, "allocationPolicy": "binpack", "units": units}
+            },
+        }
+    )
 
 
 def filled(nodes: int, seed: int = 1) -> ClusterCache:
@@ -66,7 +86,12 @@ def filled(nodes: int, seed: int = 1) -> ClusterCache:
 
 def _extender(nodes: int) -> Extender:
     cache = filled(nodes)
-    return Extender(cache, Scorer("binpack"), lambda n: n.startswith("example.com/"), ExtenderMetrics(CollectorRegistry(), cache.counts))
+    return Extender(
+        cache,
+        Scorer("binpack"),
+        lambda n: n.startswith("example.com/"),
+        ExtenderMetrics(CollectorRegistry(), cache.counts),
+    )
 
 
 def _serve(nodes: int, pipe) -> None:
@@ -96,7 +121,9 @@ def time_verbs(nodes: int, rounds: int) -> dict:
     server = multiprocessing.get_context("spawn").Process(target=_serve, args=(nodes, theirs), daemon=True)
     server.start()
     try:
-        connection = http.client.HTTPConnection("127.0.0.1", ours.recv(), timeout=10)  # kept alive, as kube-scheduler does
+        connection = http.client.HTTPConnection(
+            "127.0.0.1", ours.recv(), timeout=10
+        )  # kept alive, as kube-scheduler does
         for _ in range(rounds + 1):
             started = time.perf_counter()
             passed = _post(connection, "/filter", args)["NodeNames"]
@@ -113,7 +140,9 @@ def time_verbs(nodes: int, rounds: int) -> dict:
         "first_call_ms": round(1000 * first, 3),
         "in_process": summary_ms(in_process),
         "in_process_cpu": summary_ms(cpu),  # the thread's own CPU time: what other processes' load does not inflate
-        "over_http": summary_ms(over_http),  # the extender in its own process, JSON both ways, one kept-alive connection
+        "over_http": summary_ms(
+            over_http
+        ),  # the extender in its own process, JSON both ways, one kept-alive connection
     }
 
 
@@ -148,18 +177,41 @@ def cache_memory(nodes: int) -> dict:
 def annotation_bytes() -> dict:
     """The node plugin's annotation at 8 GPUs x 7 MIG instances, every instance holding one pod."""
     gpus = tuple(
-        Gpu(index=i, uuid=f"GPU-5d2e8b41-a1f0-4c3e-8d7a-00000000000{i}", model="NVIDIA A100-SXM4-80GB", memory_mib=81920, mig_enabled=True,
-            mig_devices=tuple(MigDevice(uuid=f"MIG-0{i}0{k}a0c4-7f3b-5e91-b2d8-6c4f1000{i}{k}00", profile="1g.10gb", memory_mib=9984, gi_id=k + 7, ci_id=0, index=k)
-                              for k in range(7)))
+        Gpu(
+            index=i,
+            uuid=f"GPU-5d2e8b41-a1f0-4c3e-8d7a-00000000000{i}",
+            model="NVIDIA A100-SXM4-80GB",
+            memory_mib=81920,
+            mig_enabled=True,
+            mig_devices=tuple(
+                MigDevice(
+                    uuid=f"MIG-0{i}0{k}a0c4-7f3b-5e91-b2d8-6c4f1000{i}{k}00",
+                    profile="1g.10gb",
+                    memory_mib=9984,
+                    gi_id=k + 7,
+                    ci_id=0,
+                    index=k,
+                )
+                for k in range(7)
+            ),
+        )
         for i in range(8)
     )
     node = NodeInfo(gpus=gpus, name="8x7")
-    resources = build_resources(parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}), node)
+    resources = build_resources(
+        parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}), node
+    )
     shares = tuple(
-        ContainerShare("team", f"pod-{n}", "main", SHARE, "s", u.uuid, u.gpu.uuid, (f"{u.uuid}::0", f"{u.uuid}::1"), 2, 0, True)
+        ContainerShare(
+            "team", f"pod-{n}", "main", SHARE, "s", u.uuid, u.gpu.uuid, (f"{u.uuid}::0", f"{u.uuid}::1"), 2, 0, True
+        )
         for n, u in enumerate(resources[0].units)
     )
-    text = json.dumps(InventoryAnnotation().build(node, resources, Usage(shares=shares), frozenset()), separators=(",", ":"), sort_keys=True)
+    text = json.dumps(
+        InventoryAnnotation().build(node, resources, Usage(shares=shares), frozenset()),
+        separators=(",", ":"),
+        sort_keys=True,
+    )
     return {"gpus": 8, "mig_instances": 56, "pods": len(shares), "bytes": len(text.encode())}
 
 
@@ -174,23 +226,50 @@ def agreement(trials: int, seed: int = 7) -> dict:
     from deviceplugin.extender.inputs import parse_annotation, pod_request
 
     rng = random.Random(seed)
-    gpus = tuple(Gpu(index=i, uuid=f"GPU-agree000-0000-4000-8000-{i:012d}", model="NVIDIA H100 80GB HBM3", memory_mib=81559) for i in range(8))
+    gpus = tuple(
+        Gpu(index=i, uuid=f"GPU-agree000-0000-4000-8000-{i:012d}", model="NVIDIA H100 80GB HBM3", memory_mib=81559)
+        for i in range(8)
+    )
     node = NodeInfo(gpus=gpus, name="agree")
     out = {}
     for policy in ("binpack", "spread", "fgdstrand"):
-        config = parse_config({"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": 10}]})
+        config = parse_config(
+            {"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": 10}]}
+        )
         resource = build_resources(config, node)[0]
         same = placed = 0
         for trial in range(trials):
             held = {u.uuid: rng.randint(0, 10) for u in resource.units}
             shares = tuple(
-                ContainerShare("t", f"p{trial}-{i}", "c", SHARE, "s", u.uuid, u.uuid, tuple(f"{u.uuid}::{k}" for k in range(held[u.uuid])), held[u.uuid], 0, True)
-                for i, u in enumerate(resource.units) if held[u.uuid]
+                ContainerShare(
+                    "t",
+                    f"p{trial}-{i}",
+                    "c",
+                    SHARE,
+                    "s",
+                    u.uuid,
+                    u.uuid,
+                    tuple(f"{u.uuid}::{k}" for k in range(held[u.uuid])),
+                    held[u.uuid],
+                    0,
+                    True,
+                )
+                for i, u in enumerate(resource.units)
+                if held[u.uuid]
             )
-            annotation = parse_annotation("agree", json.dumps(InventoryAnnotation().build(node, [resource], Usage(shares=shares), frozenset())))
+            annotation = parse_annotation(
+                "agree", json.dumps(InventoryAnnotation().build(node, [resource], Usage(shares=shares), frozenset()))
+            )
             count = rng.randint(1, 8)
-            pod = {"metadata": {"name": "x", "namespace": "t"}, "spec": {"containers": [{"name": "c", "resources": {"limits": {SHARE: str(count)}}}]}}
-            fit = place(pod_request(pod, lambda r: r == SHARE), annotation, {SHARE: [u.free for u in annotation.resources[SHARE].units]})
+            pod = {
+                "metadata": {"name": "x", "namespace": "t"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {SHARE: str(count)}}}]},
+            }
+            fit = place(
+                pod_request(pod, lambda r: r == SHARE),
+                annotation,
+                {SHARE: [u.free for u in annotation.resources[SHARE].units]},
+            )
             if not fit.ok:
                 continue
             placed += 1
@@ -235,8 +314,15 @@ def hostile_bodies(clients: int = 8) -> list[dict]:
                 sender.start()
             for sender in senders:
                 sender.join(timeout=60)
-            rows.append({"clients": clients, "body_bytes": len(body), "idle_peak_rss_mib": idle, "peak_rss_mib": _peak_rss_mib(server.pid or 0),
-                         "answers": ",".join(f"{a}x{answers.count(a)}" for a in sorted(set(answers)))})
+            rows.append(
+                {
+                    "clients": clients,
+                    "body_bytes": len(body),
+                    "idle_peak_rss_mib": idle,
+                    "peak_rss_mib": _peak_rss_mib(server.pid or 0),
+                    "answers": ",".join(f"{a}x{answers.count(a)}" for a in sorted(set(answers))),
+                }
+            )
         finally:
             ours.send("stop")
             server.join(timeout=10)

@@ -72,15 +72,37 @@ class ReplayResult:
 @lru_cache(maxsize=16)
 def node_resource(gpus: int, replicas: int, policy: str) -> Resource:
     """The node plugin's shared resource on a node of `gpus` GPUs (what GetPreferredAllocation works on)."""
-    node = NodeInfo(gpus=tuple(Gpu(index=i, uuid=f"GPU-replay00-0000-4000-8000-{i:012d}", model="sim", memory_mib=81920) for i in range(gpus)), name="replay")
-    config = parse_config({"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "resource": "gpu-share", "replicas": replicas}]})
+    node = NodeInfo(
+        gpus=tuple(
+            Gpu(index=i, uuid=f"GPU-replay00-0000-4000-8000-{i:012d}", model="sim", memory_mib=81920)
+            for i in range(gpus)
+        ),
+        name="replay",
+    )
+    config = parse_config(
+        {
+            "version": "v1",
+            "allocationPolicy": policy,
+            "pools": [{"name": "s", "mode": "shared", "resource": "gpu-share", "replicas": replicas}],
+        }
+    )
     return build_resources(config, node)[0]
 
 
 def annotation(resource: Resource, used: list[int], policy: str, pods: list[str] | tuple[str, ...] = ()) -> str:
-    units = [{"uuid": u.uuid, "gpu": i, "total": u.replicas, "used": n, "free": u.replicas - n, "health": "Healthy"} for i, (u, n) in enumerate(zip(resource.units, used, strict=True))]
-    return json.dumps({"version": 2, "generation": 1, "gpus": [], "pods": list(pods),
-                       "resources": {SHARE: {"pool": "s", "allowSpanGPUs": False, "allocationPolicy": policy, "units": units}}})
+    units = [
+        {"uuid": u.uuid, "gpu": i, "total": u.replicas, "used": n, "free": u.replicas - n, "health": "Healthy"}
+        for i, (u, n) in enumerate(zip(resource.units, used, strict=True))
+    ]
+    return json.dumps(
+        {
+            "version": 2,
+            "generation": 1,
+            "gpus": [],
+            "pods": list(pods),
+            "resources": {SHARE: {"pool": "s", "allowSpanGPUs": False, "allocationPolicy": policy, "units": units}},
+        }
+    )
 
 
 def share_pod(pod: PodDemand, replicas: int, uid: str) -> dict:
@@ -89,7 +111,9 @@ def share_pod(pod: PodDemand, replicas: int, uid: str) -> dict:
         counts = [-(-pod.gpu_milli * replicas // MILLI)]
     else:
         counts = [replicas] * pod.num_gpu
-    containers: list[dict] = [{"name": f"c{i}", "resources": {"limits": {SHARE: str(n)}}} for i, n in enumerate(counts)] or [{"name": "c0", "resources": {}}]
+    containers: list[dict] = [
+        {"name": f"c{i}", "resources": {"limits": {SHARE: str(n)}}} for i, n in enumerate(counts)
+    ] or [{"name": "c0", "resources": {}}]
     containers[0]["resources"]["requests"] = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
     return {"metadata": {"name": uid, "namespace": "replay", "uid": uid}, "spec": {"containers": containers}}
 
@@ -117,12 +141,21 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     nodes = [experiment.nodes[i].copy() for i in node_order(len(experiment.nodes), rng)]
     workload = learned_workload(experiment, replicas)
     cache = ClusterCache()
-    extender = Extender(cache, Scorer(policy_name, workload=lambda: workload), lambda r: r == SHARE, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    extender = Extender(
+        cache,
+        Scorer(policy_name, workload=lambda: workload),
+        lambda r: r == SHARE,
+        ExtenderMetrics(CollectorRegistry(), cache.counts),
+    )
     used = [[0] * len(n.gpu_free) for n in nodes]
     digests: list[list[str]] = [[] for _ in nodes]  # the share pods each node's annotation lists
     index = {n.name: i for i, n in enumerate(nodes)}
     for i, node in enumerate(nodes):
-        text = annotation(node_resource(len(node.gpu_free), replicas, node_policy), used[i], node_policy) if node.gpu_free else None
+        text = (
+            annotation(node_resource(len(node.gpu_free), replicas, node_policy), used[i], node_policy)
+            if node.gpu_free
+            else None
+        )
         cache.set_node(node.name, text, host(node))
     target = int(100 * experiment.inflate + 0.5)
     arrived = allocated = 0
@@ -135,8 +168,12 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
         else:
             chosen = _through_extender(extender, pod, nodes, index, used, digests, replicas, node_policy, uid, counts)
         if chosen is not None:
-            request = pod_request(share_pod(pod, replicas, uid), extender.managed)  # the pod watch delivers the bound pod
-            cache.set_pod(PodState(uid, nodes[chosen].name, request, "" if request.empty else pod_digest("replay", uid)))
+            request = pod_request(
+                share_pod(pod, replicas, uid), extender.managed
+            )  # the pod watch delivers the bound pod
+            cache.set_pod(
+                PodState(uid, nodes[chosen].name, request, "" if request.empty else pod_digest("replay", uid))
+            )
             allocated += pod.gpu_request
         arrived += pod.gpu_request
         if int(100 * arrived / capacity + 0.5) == target:
@@ -146,21 +183,37 @@ def replay(experiment: Experiment, policy_name: str, seed: int) -> ReplayResult:
     return ReplayResult(policy_name, seed, allocation, alone, *counts["share"], *counts["whole"])
 
 
-def _cpu_through_extender(extender: Extender, pod: PodDemand, nodes: list[Node], index: dict[str, int], replicas: int, uid: str) -> int | None:
+def _cpu_through_extender(
+    extender: Extender, pod: PodDemand, nodes: list[Node], index: dict[str, int], replicas: int, uid: str
+) -> int | None:
     """A CPU-only pod: kube-scheduler's own filters, then the every-pod entry's scores (ties to the first in order)."""
     candidates = [n.name for n in nodes if host_fits(pod, n)]
     if not candidates:
         return None
-    scores = extender.prioritize({"Pod": share_pod(pod, replicas, uid), "Nodes": None, "NodeNames": candidates}, every_pod=True)
+    scores = extender.prioritize(
+        {"Pod": share_pod(pod, replicas, uid), "Nodes": None, "NodeNames": candidates}, every_pod=True
+    )
     top = max(s["Score"] for s in scores)
     i = index[next(s["Host"] for s in scores if s["Score"] == top)]
     place(pod, nodes[i], ())
     return i
 
 
-def _through_extender(extender: Extender, pod: PodDemand, nodes: list[Node], index: dict[str, int], used: list[list[int]],
-                      digests: list[list[str]], replicas: int, node_policy: str, uid: str, counts: dict) -> int | None:
-    candidates = [n.name for n in nodes if n.gpu_free and host_fits(pod, n) and pod.accepts(n.model)]  # kube-scheduler's own filters
+def _through_extender(
+    extender: Extender,
+    pod: PodDemand,
+    nodes: list[Node],
+    index: dict[str, int],
+    used: list[list[int]],
+    digests: list[list[str]],
+    replicas: int,
+    node_policy: str,
+    uid: str,
+    counts: dict,
+) -> int | None:
+    candidates = [
+        n.name for n in nodes if n.gpu_free and host_fits(pod, n) and pod.accepts(n.model)
+    ]  # kube-scheduler's own filters
     body = share_pod(pod, replicas, uid)
     passed = extender.filter({"Pod": body, "Nodes": None, "NodeNames": candidates})["NodeNames"]
     if not passed:
@@ -176,7 +229,9 @@ def _through_extender(extender: Extender, pod: PodDemand, nodes: list[Node], ind
     taken = []
     for container in request.together:  # the kubelet asks for each container in turn
         ((_, count),) = container.shares
-        available = [d.id for d in resource.devices.values() if d.share >= used[i][d.gpu.index]]  # shares 0..used-1 are taken
+        available = [
+            d.id for d in resource.devices.values() if d.share >= used[i][d.gpu.index]
+        ]  # shares 0..used-1 are taken
         chosen = {resource.devices[d].gpu.index for d in preferred_allocation(resource, available, [], count)}
         (unit,) = chosen
         used[i][unit] += count
@@ -187,7 +242,13 @@ def _through_extender(extender: Extender, pod: PodDemand, nodes: list[Node], ind
     extender.cache.forget_reservation(uid)  # bound: the node republishes its annotation
     digests[i].append(pod_digest("replay", uid))
     extender.cache.set_node(name, annotation(resource, used[i], node_policy, digests[i]), host(nodes[i]))
-    want = PodDemand(pod.cpu_milli, pod.memory_mib, pod.num_gpu, count * MILLI // replicas if pod.fractional else MILLI, name=pod.name)
+    want = PodDemand(
+        pod.cpu_milli,
+        pod.memory_mib,
+        pod.num_gpu,
+        count * MILLI // replicas if pod.fractional else MILLI,
+        name=pod.name,
+    )
     place(want, nodes[i], tuple(sorted(taken)) if not pod.fractional else (taken[0],))
     return i
 
@@ -201,15 +262,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("42-44"))
     parser.add_argument("--replicas", type=int, default=10)
     args = parser.parse_args(argv)
-    experiment = Experiment(load_nodes(resolve(args.nodes, args.trace_dir, "openb_node_list_{}.csv")),
-                            load_pods(resolve(args.pods, args.trace_dir, POD_FILE)), replicas=args.replicas)
-    print(f"{args.pods}: {len(experiment.nodes)} nodes, {experiment.gpus} GPUs; replicas {args.replicas}; seeds {args.seeds[0]}-{args.seeds[-1]}")
-    print("| policy | allocation % through the extender | the policy alone | share pods: node plugin took the assumed unit | whole-GPU pods |")
+    experiment = Experiment(
+        load_nodes(resolve(args.nodes, args.trace_dir, "openb_node_list_{}.csv")),
+        load_pods(resolve(args.pods, args.trace_dir, POD_FILE)),
+        replicas=args.replicas,
+    )
+    print(
+        f"{args.pods}: {len(experiment.nodes)} nodes, {experiment.gpus} GPUs; replicas {args.replicas}; seeds {args.seeds[0]}-{args.seeds[-1]}"
+    )
+    print(
+        "| policy | allocation % through the extender | the policy alone | share pods: node plugin took the assumed unit | whole-GPU pods |"
+    )
     print("|---|---|---|---|---|")
     for policy in args.policies:
         results = [replay(experiment, policy, seed) for seed in args.seeds]
-        print(f"| {policy} | {_mean(r.allocation for r in results)} | {_mean(r.alone for r in results)} | "
-              f"{_rate(results, 'share')} | {_rate(results, 'whole')} |", flush=True)
+        print(
+            f"| {policy} | {_mean(r.allocation for r in results)} | {_mean(r.alone for r in results)} | "
+            f"{_rate(results, 'share')} | {_rate(results, 'whole')} |",
+            flush=True,
+        )
     return 0
 
 

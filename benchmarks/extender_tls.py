@@ -42,7 +42,9 @@ def _serve(pki_dir: str, nodes: int, pipe) -> None:
 
     pki = Pki(Path(pki_dir))
     extender = _extender(nodes)
-    tls = ServerTLS(TLSSettings(pki.path("extender.crt"), pki.path("extender.key"), pki.path("ca.crt"), frozenset({CLIENT_NAME})))
+    tls = ServerTLS(
+        TLSSettings(pki.path("extender.crt"), pki.path("extender.key"), pki.path("ca.crt"), frozenset({CLIENT_NAME}))
+    )
     server = ExtenderHTTPServer(extender, extender.metrics, lambda: (True, "ready"), port=0, host="127.0.0.1", tls=tls)
     server.start()
     pipe.send(server.port)
@@ -103,8 +105,10 @@ def _attack(name: str, port: int, pki_dir: str, rogue_dir: str, pipe) -> None:
 
 def _scenarios(pki: Pki, rogue: Pki) -> dict:
     anonymous, foreign = client_context(pki, None), client_context(pki, rogue)
-    attacker = {"metadata": {"name": "attack", "namespace": "bench", "uid": "attacker"},
-                "spec": {"containers": [{"name": "c", "resources": {"limits": {SHARE: "10"}}}]}}
+    attacker = {
+        "metadata": {"name": "attack", "namespace": "bench", "uid": "attacker"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {SHARE: "10"}}}]},
+    }
     big = {"Pod": attacker, "Nodes": None, "NodeNames": [f"node-{i:05d}" for i in range(NODES)]}
     hello = _hello(client_context(pki, pki))
 
@@ -137,7 +141,15 @@ def _reservations(port: int, context: ssl.SSLContext) -> int:
     connection.request("GET", "/metrics")
     text = connection.getresponse().read().decode()
     connection.close()
-    return int(float(next(line.split()[-1] for line in text.splitlines() if line.startswith('gpushare_extender_cache{kind="reservations"}'))))
+    return int(
+        float(
+            next(
+                line.split()[-1]
+                for line in text.splitlines()
+                if line.startswith('gpushare_extender_cache{kind="reservations"}')
+            )
+        )
+    )
 
 
 def run(smoke: bool = False) -> dict:
@@ -147,7 +159,9 @@ def run(smoke: bool = False) -> dict:
         scheduler = client_context(pki, pki)
         names = [f"node-{i:05d}" for i in range(NODES)]
         ours, theirs = multiprocessing.get_context("spawn").Pipe()
-        server = multiprocessing.get_context("spawn").Process(target=_serve, args=(str(pki.dir), NODES, theirs), daemon=True)
+        server = multiprocessing.get_context("spawn").Process(
+            target=_serve, args=(str(pki.dir), NODES, theirs), daemon=True
+        )
         server.start()
         try:
             port = ours.recv()
@@ -158,7 +172,8 @@ def run(smoke: bool = False) -> dict:
                 if name != "none":
                     control, theirs = multiprocessing.get_context("spawn").Pipe()
                     attacker = multiprocessing.get_context("spawn").Process(
-                        target=_attack, args=(name, port, str(pki.dir), str(rogue.dir), theirs), daemon=True)
+                        target=_attack, args=(name, port, str(pki.dir), str(rogue.dir), theirs), daemon=True
+                    )
                     attacker.start()
                     control.recv()
                     time.sleep(0.5)  # under way before the scheduler's first call
@@ -169,7 +184,9 @@ def run(smoke: bool = False) -> dict:
                         try:
                             status, body = _post(connection, "/filter", {"Pod": POD, "Nodes": None, "NodeNames": names})
                             passed = json.loads(body)["NodeNames"]
-                            status, _ = _post(connection, "/prioritize", {"Pod": POD, "Nodes": None, "NodeNames": passed})
+                            status, _ = _post(
+                                connection, "/prioritize", {"Pod": POD, "Nodes": None, "NodeNames": passed}
+                            )
                             failed += status != 200
                         except (OSError, http.client.HTTPException):
                             failed += 1
@@ -183,9 +200,18 @@ def run(smoke: bool = False) -> dict:
                         attempts = control.recv()
                         attacker.join(timeout=20)
                 ms = sorted(x * 1000 for x in latencies)
-                rows.append({"attack": name, "calls": rounds, "failed": failed, "p50_ms": round(statistics.median(ms), 2),
-                             "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2), "max_ms": round(ms[-1], 2),
-                             "attempts": attempts, "reservations_after": _reservations(port, scheduler)})
+                rows.append(
+                    {
+                        "attack": name,
+                        "calls": rounds,
+                        "failed": failed,
+                        "p50_ms": round(statistics.median(ms), 2),
+                        "p99_ms": round(ms[min(len(ms) - 1, int(len(ms) * 0.99))], 2),
+                        "max_ms": round(ms[-1], 2),
+                        "attempts": attempts,
+                        "reservations_after": _reservations(port, scheduler),
+                    }
+                )
             fresh = []
             for _ in range(rounds // 2):
                 started = time.perf_counter()
@@ -196,8 +222,12 @@ def run(smoke: bool = False) -> dict:
         finally:
             ours.send("stop")
             server.join(timeout=10)
-    return {"nodes": NODES, "attackers": ATTACKERS, "scenarios": rows,
-            "new_connection_filter_p50_ms": round(statistics.median(fresh) * 1000, 2)}
+    return {
+        "nodes": NODES,
+        "attackers": ATTACKERS,
+        "scenarios": rows,
+        "new_connection_filter_p50_ms": round(statistics.median(fresh) * 1000, 2),
+    }
 
 
 if __name__ == "__main__":

@@ -28,13 +28,25 @@ ATTACKER = "127.0.0.2"  # another client address than the scraper's 127.0.0.1, a
 
 
 def _pool(**keys) -> str:
-    return "version: v1\npools:\n  - {" + ", ".join(f"{k}: {v}" for k, v in {"name": "a", "mode": "shared", **keys}.items()) + "}\n"
+    return (
+        "version: v1\npools:\n  - {"
+        + ", ".join(f"{k}: {v}" for k, v in {"name": "a", "mode": "shared", **keys}.items())
+        + "}\n"
+    )
 
 
 def _configs() -> dict[str, tuple[str, NodeInfo | None]]:
     h100 = SimulatedInventory.from_file(NODE).discover()
-    wide = NodeInfo(gpus=tuple(replace(h100.gpus[0], index=i, uuid=f"{h100.gpus[0].uuid[:-3]}{i:03d}") for i in range(64)))
-    merges = "version: v1\nx: &big {" + ", ".join(f"k{i}: 0" for i in range(1000)) + "}\ny: {<<: [" + ", ".join(["*big"] * 10) + "]}\n"
+    wide = NodeInfo(
+        gpus=tuple(replace(h100.gpus[0], index=i, uuid=f"{h100.gpus[0].uuid[:-3]}{i:03d}") for i in range(64))
+    )
+    merges = (
+        "version: v1\nx: &big {"
+        + ", ".join(f"k{i}: 0" for i in range(1000))
+        + "}\ny: {<<: ["
+        + ", ".join(["*big"] * 10)
+        + "]}\n"
+    )
     pools = "".join(f"  - {{name: p{i}, mode: shared, gpus: {{indexes: [{i % 8}]}}}}\n" for i in range(3000))
     return {
         "replicas 100000 (8 GPUs)": (_pool(replicas=100_000), h100),
@@ -70,7 +82,15 @@ def _refusals(repeats: int) -> list[dict]:
         _refuse(text, node)
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        rows.append({"config": name, "bytes": len(text), "cpu_ms": round(statistics.median(cpu) * 1000, 2), "peak_mib": round(peak / 2**20, 2), "refused_with": message})
+        rows.append(
+            {
+                "config": name,
+                "bytes": len(text),
+                "cpu_ms": round(statistics.median(cpu) * 1000, 2),
+                "peak_mib": round(peak / 2**20, 2),
+                "refused_with": message,
+            }
+        )
     return rows
 
 
@@ -100,11 +120,17 @@ def _abuse(connections: int, scrapes: int, flood_seconds: float) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with plugin_process(gpus=8, replicas=64, extra=("--metrics-port", str(port), "--metrics-bind-address", "127.0.0.1")) as (_, process, _dir):
+    with plugin_process(
+        gpus=8, replicas=64, extra=("--metrics-port", str(port), "--metrics-bind-address", "127.0.0.1")
+    ) as (_, process, _dir):
         url = f"http://127.0.0.1:{port}/metrics"
         _wait_for_endpoint(url)
         baseline = [_scrape(url) for _ in range(scrapes)]
-        before = {"threads": threads(process.pid), "fds": open_fds(process.pid), "rss_mib": round(rss_mib(process.pid), 1)}
+        before = {
+            "threads": threads(process.pid),
+            "fds": open_fds(process.pid),
+            "rss_mib": round(rss_mib(process.pid), 1),
+        }
         held = []
         for i in range(connections):
             conn = socket.create_connection(("127.0.0.1", port), source_address=(ATTACKER, 0))
@@ -112,7 +138,11 @@ def _abuse(connections: int, scrapes: int, flood_seconds: float) -> dict:
                 conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # a request head that never ends
             held.append(conn)
         time.sleep(0.5)
-        during = {"threads": threads(process.pid), "fds": open_fds(process.pid), "rss_mib": round(rss_mib(process.pid), 1)}
+        during = {
+            "threads": threads(process.pid),
+            "fds": open_fds(process.pid),
+            "rss_mib": round(rss_mib(process.pid), 1),
+        }
         held_scrapes = [_scrape(url) for _ in range(scrapes)]
         flood = _Flood(port, connections)
         flood.start()
@@ -125,19 +155,33 @@ def _abuse(connections: int, scrapes: int, flood_seconds: float) -> dict:
                 except OSError:
                     failed += 1
                 time.sleep(0.05)
-            during_flood = {"threads": threads(process.pid), "fds": open_fds(process.pid), "rss_mib": round(rss_mib(process.pid), 1)}
+            during_flood = {
+                "threads": threads(process.pid),
+                "fds": open_fds(process.pid),
+                "rss_mib": round(rss_mib(process.pid), 1),
+            }
         finally:
             flood.stop()
         with urllib.request.urlopen(url, timeout=10) as response:
             body = response.read().decode()
-        dropped = {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith("gpushare_metrics_connections_dropped_total{")}
+        dropped = {
+            line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+            for line in body.splitlines()
+            if line.startswith("gpushare_metrics_connections_dropped_total{")
+        }
         for conn in held:
             conn.close()
     return {
         "connections": connections,
         "before": before,
         "holding": during,
-        "flooding": {**during_flood, "seconds": flood_seconds, "connections_opened": flood.opened, "scrapes": len(flooded), "scrapes_failed": failed},
+        "flooding": {
+            **during_flood,
+            "seconds": flood_seconds,
+            "connections_opened": flood.opened,
+            "scrapes": len(flooded),
+            "scrapes_failed": failed,
+        },
         "scrape_ms_idle": _ms(baseline),
         "scrape_ms_holding": _ms(held_scrapes),
         "scrape_ms_flooding": _ms(flooded),
@@ -146,7 +190,11 @@ def _abuse(connections: int, scrapes: int, flood_seconds: float) -> dict:
 
 
 def _ms(seconds: list[float]) -> dict:
-    return {"median": round(statistics.median(seconds) * 1000, 2), "p90": round(percentile(seconds, 90) * 1000, 2), "max": round(max(seconds) * 1000, 2)}
+    return {
+        "median": round(statistics.median(seconds) * 1000, 2),
+        "p90": round(percentile(seconds, 90) * 1000, 2),
+        "max": round(max(seconds) * 1000, 2),
+    }
 
 
 class _Flood(threading.Thread):
@@ -180,4 +228,7 @@ class _Flood(threading.Thread):
 
 
 def run(smoke: bool = False) -> dict:
-    return {"refusals": _refusals(1 if smoke else 5), "metrics_abuse": _abuse(100 if smoke else 1000, 5 if smoke else 30, 0.5 if smoke else 5.0)}
+    return {
+        "refusals": _refusals(1 if smoke else 5),
+        "metrics_abuse": _abuse(100 if smoke else 1000, 5 if smoke else 30, 0.5 if smoke else 5.0),
+    }

@@ -91,10 +91,18 @@ CONFIGS: dict[str, tuple[str, str, dict | None]] = {
     "dp-w5e5-most": ("device plugin, both entries weight 5, MostAllocated", "dp", _entry(5, 5, "MostAllocated")),
     "dp-w20-least": ("device plugin, share entry weight 20, LeastAllocated", "dp", _entry(20, 0, "LeastAllocated")),
     "dp-w20-most": ("device plugin, share entry weight 20, MostAllocated", "dp", _entry(20, 0, "MostAllocated")),
-    "dp-w20e20-least": ("device plugin, both entries weight 20, LeastAllocated", "dp", _entry(20, 20, "LeastAllocated")),
+    "dp-w20e20-least": (
+        "device plugin, both entries weight 20, LeastAllocated",
+        "dp",
+        _entry(20, 20, "LeastAllocated"),
+    ),
     "dp-w20e20-most": ("device plugin, both entries weight 20, MostAllocated", "dp", _entry(20, 20, "MostAllocated")),
     "dra-none": ("DRA, no extender (first fit)", "dra", None),
-    "dra-shipped": ("DRA, as shipped (the every-pod entry of daemonset/extender/scheduler)", "dra", None),  # filled by shipped_entry()
+    "dra-shipped": (
+        "DRA, as shipped (the every-pod entry of daemonset/extender/scheduler)",
+        "dra",
+        None,
+    ),  # filled by shipped_entry()
     "dra-e5-least": ("DRA, every-pod entry weight 5, LeastAllocated", "dra", _entry(0, 5, "LeastAllocated")),
     "dra-e20-least": ("DRA, every-pod entry weight 20, LeastAllocated", "dra", _entry(0, 20, "LeastAllocated")),
     "dra-e20-most": ("DRA, every-pod entry weight 20, MostAllocated", "dra", _entry(0, 20, "MostAllocated")),
@@ -107,7 +115,9 @@ def config_keys(text: str) -> list[str]:
     keys = list(CONFIGS) if text == "all" else [ALIASES.get(k.strip(), k.strip()) for k in text.split(",") if k.strip()]
     unknown = [k for k in keys if k not in CONFIGS]
     if unknown or not keys:
-        raise SystemExit(f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join([*ALIASES, *CONFIGS])}")
+        raise SystemExit(
+            f"--configs: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join([*ALIASES, *CONFIGS])}"
+        )
     return keys
 
 
@@ -134,14 +144,21 @@ def sample(trace_dir: str | None, nodes: int, seed: int, trace: str = "default")
     rng = random.Random(seed)
     all_nodes = load_nodes(resolve(DEFAULT_NODES, trace_dir, "openb_node_list_{}.csv"))
     chosen = [n for n in rng.sample(list(all_nodes), nodes)]
-    pods = [PodDemand(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, name=p.name) for p in load_pods(resolve(trace, trace_dir, POD_FILE))]
+    pods = [
+        PodDemand(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, name=p.name)
+        for p in load_pods(resolve(trace, trace_dir, POD_FILE))
+    ]
     experiment = Experiment(chosen, pods, replicas=REPLICAS)
     run_rng = random.Random(seed)  # drawn exactly as Experiment.run draws
     capacity = MILLI * experiment.gpus
     arrived = arrivals(experiment.pods, capacity, experiment.inflate, run_rng)
     node_order(len(chosen), run_rng)
     result = experiment.run("fgdstrand", seed)
-    simulated = {"100": 100 * result.curve[min(100, len(result.curve) - 1)], "130": 100 * result.curve[-1], "kpi130": 100 * result.allocation}
+    simulated = {
+        "100": 100 * result.curve[min(100, len(result.curve) - 1)],
+        "130": 100 * result.curve[-1],
+        "kpi130": 100 * result.allocation,
+    }
     return Sample(chosen, [share_rounded(p, REPLICAS) for p in arrived], arrived, simulated)
 
 
@@ -162,7 +179,9 @@ class Run:
         self.ns = f"bench-{key}-{run}"
         self.scheduler = f"bench-{key}-{run}"
         self.labels = {"gpu-share-bench": self.ns}
-        self.nodes = [GpuNode(f"{self.ns}-{i}", len(n.gpu_free), n.cpu_milli, n.memory_mib) for i, n in enumerate(data.nodes)]
+        self.nodes = [
+            GpuNode(f"{self.ns}-{i}", len(n.gpu_free), n.cpu_milli, n.memory_mib) for i, n in enumerate(data.nodes)
+        ]
         self.extender_url = extender_url
         self.plugins: StandInPlugins | None = None
         self.capacity = MILLI * sum(n.gpus for n in self.nodes)
@@ -172,7 +191,9 @@ class Run:
         self.core.create_namespace({"metadata": {"name": self.ns}})
         self.core.create_namespaced_service_account(self.ns, {"metadata": {"name": "default"}})
         if self.path == "dp":
-            self.plugins = StandInPlugins(self.api, self.nodes, self.labels, REPLICAS, "fgdstrand", republish=(2.0, 5.0), seed=1)
+            self.plugins = StandInPlugins(
+                self.api, self.nodes, self.labels, REPLICAS, "fgdstrand", republish=(2.0, 5.0), seed=1
+            )
             self.plugins.create_nodes()
             self.plugins.start()
         else:
@@ -184,9 +205,13 @@ class Run:
         if self.entry is None:
             return scheduler_config(self.scheduler, None)
         share = self.path == "dp" and self.entry["share"] > 0
-        config = scheduler_config(self.scheduler, self.extender_url if share else None, self.entry["share"] or 1, self.entry["strategy"])
+        config = scheduler_config(
+            self.scheduler, self.extender_url if share else None, self.entry["share"] or 1, self.entry["strategy"]
+        )
         if self.entry["every"]:
-            config["extenders"] = config.get("extenders", []) + [every_pod_entry(self.extender_url, self.entry["every"])]
+            config["extenders"] = config.get("extenders", []) + [
+                every_pod_entry(self.extender_url, self.entry["every"])
+            ]
         return config
 
     def create(self, index: int, pod: PodDemand) -> None:
@@ -195,13 +220,36 @@ class Run:
             body = share_pod_body(name, 0, pod.cpu_milli, pod.memory_mib, self.scheduler, self.labels)
             if pod.num_gpu:
                 count = _shares(pod)
-                containers = [{"name": f"c{i}", "image": "registry.invalid/none", "resources": {"limits": {"example.com/gpu-share": str(count)}}}
-                              for i in range(pod.num_gpu)]
+                containers = [
+                    {
+                        "name": f"c{i}",
+                        "image": "registry.invalid/none",
+                        "resources": {"limits": {"example.com/gpu-share": str(count)}},
+                    }
+                    for i in range(pod.num_gpu)
+                ]
                 containers[0]["resources"]["requests"] = body["spec"]["containers"][0]["resources"]["requests"]
                 body["spec"]["containers"] = containers
         else:
-            claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": DRA_CLASS, "count": pod.num_gpu, "capacity": {"requests": {"shares": str(_shares(pod))}}}}]}}}
+            claim = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": name},
+                "spec": {
+                    "devices": {
+                        "requests": [
+                            {
+                                "name": "gpu",
+                                "exactly": {
+                                    "deviceClassName": DRA_CLASS,
+                                    "count": pod.num_gpu,
+                                    "capacity": {"requests": {"shares": str(_shares(pod))}},
+                                },
+                            }
+                        ]
+                    }
+                },
+            }
             self.resource.create_namespaced_resource_claim(self.ns, claim)
             body = claim_pod_body(name, name, pod.cpu_milli, pod.memory_mib, self.scheduler, self.labels)
         self.core.create_namespaced_pod(self.ns, body)
@@ -213,7 +261,12 @@ class Run:
         pods = self.core.list_namespaced_pod(self.ns).items
         failed = sum(1 for p in pods if p.spec.node_name and p.status.phase == "Failed")
         bound = {p.metadata.name for p in pods if p.spec.node_name and p.status.phase != "Failed"}
-        unschedulable = sum(1 for p in pods if not p.spec.node_name and any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or []))
+        unschedulable = sum(
+            1
+            for p in pods
+            if not p.spec.node_name
+            and any(c.type == "PodScheduled" and c.status == "False" for c in p.status.conditions or [])
+        )
         return bound, len(bound) + failed + unschedulable
 
     def settle(self, started: float, wave: int = 0) -> tuple[set[str], float]:
@@ -239,7 +292,10 @@ class Run:
         for pod in self.core.list_namespaced_pod(self.ns).items:
             if pod.spec.node_name:
                 continue
-            message = next((c.message or c.reason or "" for c in pod.status.conditions or [] if c.type == "PodScheduled"), "no condition")
+            message = next(
+                (c.message or c.reason or "" for c in pod.status.conditions or [] if c.type == "PodScheduled"),
+                "no condition",
+            )
             out[message[:160]] = out.get(message[:160], 0) + 1
         return dict(sorted(out.items(), key=lambda kv: -kv[1])[:5])
 
@@ -281,14 +337,36 @@ class Run:
             if self.plugins is not None:
                 self.plugins.stop()
         failures = len(self.plugins.failures) if self.plugins is not None else 0
-        return {"config": self.key, "label": self.label, "allocation_100": round(at100, 2), "allocation_130": round(at130, 2),
-                "failed_admissions": failures, "pods_per_second": round(throughput, 1), "pods": len(self.data.pods),
-                "gpu_pods_pending": pending_gpu, "pending_reasons": why, "pending_reasons_100": why100, "standin_errors": self.plugins.errors[:3] if self.plugins is not None else []}
+        return {
+            "config": self.key,
+            "label": self.label,
+            "allocation_100": round(at100, 2),
+            "allocation_130": round(at130, 2),
+            "failed_admissions": failures,
+            "pods_per_second": round(throughput, 1),
+            "pods": len(self.data.pods),
+            "gpu_pods_pending": pending_gpu,
+            "pending_reasons": why,
+            "pending_reasons_100": why100,
+            "standin_errors": self.plugins.errors[:3] if self.plugins is not None else [],
+        }
 
 
 def start_extender(cp, port: int) -> subprocess.Popen:
-    command = [sys.executable, "-m", "deviceplugin.cli", "extender", "--kubeconfig", str(cp.admin_kubeconfig), "--port", str(port),
-               "--policy", "fgdstrand", "--dra-class", DRA_CLASS]
+    command = [
+        sys.executable,
+        "-m",
+        "deviceplugin.cli",
+        "extender",
+        "--kubeconfig",
+        str(cp.admin_kubeconfig),
+        "--port",
+        str(port),
+        "--policy",
+        "fgdstrand",
+        "--dra-class",
+        DRA_CLASS,
+    ]
     log = open(cp.work / "logs" / "extender.log", "wb")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -312,11 +390,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-dir")
     parser.add_argument("--nodes", type=int, default=16, help="nodes sampled from the trace (default %(default)s)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--trace", default="default", help="the pod list: openb_pod_list_<TRACE>.csv of the trace directory, or a CSV path (default %(default)s)")
-    parser.add_argument("--configs", default="all", help=f"comma-separated, of {', '.join([*ALIASES, *CONFIGS])} (default all)")
+    parser.add_argument(
+        "--trace",
+        default="default",
+        help="the pod list: openb_pod_list_<TRACE>.csv of the trace directory, or a CSV path (default %(default)s)",
+    )
+    parser.add_argument(
+        "--configs", default="all", help=f"comma-separated, of {', '.join([*ALIASES, *CONFIGS])} (default all)"
+    )
     parser.add_argument("--json", type=Path, help="write the results here too")
     args = parser.parse_args(argv)
-    warnings.filterwarnings("ignore", message="Unverified HTTPS request")  # the loopback API server's self-signed certificate
+    warnings.filterwarnings(
+        "ignore", message="Unverified HTTPS request"
+    )  # the loopback API server's self-signed certificate
     keys = config_keys(args.configs)
     from tests.support.controlplane import ControlPlane, _free_port, assets_dir
 
@@ -326,9 +412,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     data = sample(args.trace_dir, args.nodes, args.seed, args.trace)
     gpus = sum(len(n.gpu_free) for n in data.nodes)
-    print(f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); trace {args.trace}, seed {args.seed}; "
-          f"load {os.getloadavg()[0]:.2f}")
-    print(f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, {data.simulated['130']:.2f} % at 130 %")
+    print(
+        f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); trace {args.trace}, seed {args.seed}; "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, {data.simulated['130']:.2f} % at 130 %"
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below: stop what this run started
     cp = ControlPlane.start(bin_dir)
     port = _free_port()
@@ -341,20 +431,37 @@ def main(argv: list[str] | None = None) -> int:
 
         api = cp.api_client()
         client.ResourceV1Api(api).create_device_class(device_class())
-        print("| configuration | allocation % at 100 % demand | at 130 % | failed admissions | pods/s (first pass) | GPU pods left pending |")
+        print(
+            "| configuration | allocation % at 100 % demand | at 130 % | failed admissions | pods/s (first pass) | GPU pods left pending |"
+        )
         print("|---|---|---|---|---|---|")
         for key in keys:
             result = Run(cp, api, url, key, data).run()
             results.append(result)
-            print(f"| {result['label']} | {result['allocation_100']:.2f} | {result['allocation_130']:.2f} | {result['failed_admissions']} | "
-                  f"{result['pods_per_second']} | {result['gpu_pods_pending']} |", flush=True)
+            print(
+                f"| {result['label']} | {result['allocation_100']:.2f} | {result['allocation_130']:.2f} | {result['failed_admissions']} | "
+                f"{result['pods_per_second']} | {result['gpu_pods_pending']} |",
+                flush=True,
+            )
     finally:
         extender.terminate()
         extender.wait(10)
         cp.stop()
     print(f"load after: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps({"trace": args.trace, "seed": args.seed, "nodes": len(data.nodes), "gpus": gpus, "simulated": data.simulated, "results": results}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "trace": args.trace,
+                    "seed": args.seed,
+                    "nodes": len(data.nodes),
+                    "gpus": gpus,
+                    "simulated": data.simulated,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

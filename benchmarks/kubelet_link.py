@@ -70,9 +70,25 @@ def startup(smoke: bool) -> dict:
             before = len(kubelet.register_times)
             started = time.time()
             process = subprocess.Popen(
-                [sys.executable, "-m", "deviceplugin.cli", "run", "--node", str(node), "--config", str(config), "--plugin-dir", str(directory / "dp"),
-                 "--pod-resources-socket", str(kubelet.pod_resources_socket), "--log-level", "warning", *extra],
-                stderr=subprocess.DEVNULL, env=env,
+                [
+                    sys.executable,
+                    "-m",
+                    "deviceplugin.cli",
+                    "run",
+                    "--node",
+                    str(node),
+                    "--config",
+                    str(config),
+                    "--plugin-dir",
+                    str(directory / "dp"),
+                    "--pod-resources-socket",
+                    str(kubelet.pod_resources_socket),
+                    "--log-level",
+                    "warning",
+                    *extra,
+                ],
+                stderr=subprocess.DEVNULL,
+                env=env,
             )
             try:
                 registered = wait_register(kubelet, before) - started
@@ -86,7 +102,9 @@ def startup(smoke: bool) -> dict:
         alone = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
         runs = [launch(alone, "--metrics-port", "0") for _ in range(starts)]
         with _fake_api() as (api, kubeconfig):
-            full = launch({**alone, "NODE_NAME": api.node_name}, "--metrics-port", "19410", "--kubeconfig", str(kubeconfig))
+            full = launch(
+                {**alone, "NODE_NAME": api.node_name}, "--metrics-port", "19410", "--kubeconfig", str(kubeconfig)
+            )
         kubelet.stop()
     registered_ms = [r[0] * 1000 for r in runs]
     return {

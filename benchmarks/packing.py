@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace-dir")
     parser.add_argument("--nodes", default=DEFAULT_NODES)
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated pod lists (openb_pod_list_NAME.csv)")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated pod lists (openb_pod_list_NAME.csv)"
+    )
     parser.add_argument("--policies", type=parse_policies, default=parse_policies(POLICIES))
     parser.add_argument("--seeds", type=parse_seeds, default=list(range(42, 52)))
     parser.add_argument("--replicas", default="", help="also run with requests rounded to 1/N shares, e.g. 10,20,100")
@@ -61,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {variant} | " + " | ".join(cells) + " |", flush=True)
         runs += [_row(variant, None, r) for r in results]
     print("\nmean ± sd over seeds; (the paper's published mean)")
-    print("seconds per run (wall, mean over variants): " + ", ".join(f"{p} {statistics.fmean(v):.1f}" for p, v in seconds.items()))
+    print(
+        "seconds per run (wall, mean over variants): "
+        + ", ".join(f"{p} {statistics.fmean(v):.1f}" for p, v in seconds.items())
+    )
     if replicas:
         variant = args.variants.split(",")[0]
         pods = load_pods(resolve(variant, args.trace_dir, POD_FILE))
@@ -79,13 +84,22 @@ def main(argv: list[str] | None = None) -> int:
         plot(args.plot, first_results, f"openb {variant}: {len(nodes)} nodes, seeds {args.seeds[0]}-{args.seeds[-1]}")
         print(f"\nfigure: {args.plot}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"citation": CITATION, "seeds": args.seeds, "runs": runs}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"citation": CITATION, "seeds": args.seeds, "runs": runs}, indent=1) + "\n"
+        )
     return 0
 
 
 def _row(variant: str, replicas: int | None, r: RunResult) -> dict:
-    return {"trace": variant, "replicas": replicas, "policy": r.policy, "seed": r.seed, "allocation_percent": 100 * r.allocation,
-            "failed_pods": r.failed_pods, "seconds": round(r.seconds, 2)}
+    return {
+        "trace": variant,
+        "replicas": replicas,
+        "policy": r.policy,
+        "seed": r.seed,
+        "allocation_percent": 100 * r.allocation,
+        "failed_pods": r.failed_pods,
+        "seconds": round(r.seconds, 2),
+    }
 
 
 if __name__ == "__main__":

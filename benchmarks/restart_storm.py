@@ -72,10 +72,14 @@ class RssSampler(threading.Thread):
 
 
 def _all_registered(kubelet: KubeletSimulator) -> bool:
-    return kubelet.wait_for(lambda st: all(r in st and st[r].registered and st[r].allocatable > 0 for r in RESOURCES), timeout=0)
+    return kubelet.wait_for(
+        lambda st: all(r in st and st[r].registered and st[r].allocatable > 0 for r in RESOURCES), timeout=0
+    )
 
 
-def storms(storm_count: int, restarts: int, gap: tuple[float, float], seed: int = 31, env: dict[str, str] | None = None) -> dict:
+def storms(
+    storm_count: int, restarts: int, gap: tuple[float, float], seed: int = 31, env: dict[str, str] | None = None
+) -> dict:
     """`storm_count` storms of `restarts` kubelet restarts at uniform `gap` seconds apart; after each, the last
     kubelet is given SETTLE_TIMEOUT for every resource to register, then 0.5 s of calm."""
     rng = random.Random(seed)
@@ -86,10 +90,26 @@ def storms(storm_count: int, restarts: int, gap: tuple[float, float], seed: int 
         config = directory / "config.yaml"
         config.write_text(yaml.safe_dump({"version": "v1", "domain": "example.com", "pools": POOLS}))
         process = subprocess.Popen(
-            [sys.executable, "-m", "deviceplugin.cli", "run", "--node", str(node_file(directory, 8)), "--config", str(config),
-             "--plugin-dir", str(directory / "dp"), "--pod-resources-socket", str(kubelet.pod_resources_socket),
-             "--log-level", "warning", "--metrics-port", "0"],
-            stderr=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+            [
+                sys.executable,
+                "-m",
+                "deviceplugin.cli",
+                "run",
+                "--node",
+                str(node_file(directory, 8)),
+                "--config",
+                str(config),
+                "--plugin-dir",
+                str(directory / "dp"),
+                "--pod-resources-socket",
+                str(kubelet.pod_resources_socket),
+                "--log-level",
+                "warning",
+                "--metrics-port",
+                "0",
+            ],
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
         )
         sampler = RssSampler(process.pid)
         try:
@@ -105,7 +125,9 @@ def storms(storm_count: int, restarts: int, gap: tuple[float, float], seed: int 
                     kubelet.restart()
                     time.sleep(rng.uniform(*gap))
                     threads_max, fds_max = max(threads_max, threads(process.pid)), max(fds_max, open_fds(process.pid))
-                if not kubelet.wait_for(lambda st: all(r in st and st[r].registered for r in RESOURCES), timeout=SETTLE_TIMEOUT):
+                if not kubelet.wait_for(
+                    lambda st: all(r in st and st[r].registered for r in RESOURCES), timeout=SETTLE_TIMEOUT
+                ):
                     unsettled += 1
                 storm_peaks.append(round(sampler.peak_mib, 1))
                 time.sleep(0.5)
@@ -130,8 +152,12 @@ def storms(storm_count: int, restarts: int, gap: tuple[float, float], seed: int 
         done = [a for a in accepted.values() if a is not None]
         gap_s = min(max(done) if len(done) == len(RESOURCES) else ended, began + SETTLE_TIMEOUT) - began
         if not gaps or gap_s > max(gaps):
-            slowest = ", ".join(f"{r.split('/')[1]} {'-' if a is None else round((a - began) * 1000, 1)}" for r, a in accepted.items())
-            slowest += f" ms (kubelet lived {'to the end' if ended == float('inf') else f'{(ended - began) * 1000:.0f} ms'})"
+            slowest = ", ".join(
+                f"{r.split('/')[1]} {'-' if a is None else round((a - began) * 1000, 1)}" for r, a in accepted.items()
+            )
+            slowest += (
+                f" ms (kubelet lived {'to the end' if ended == float('inf') else f'{(ended - began) * 1000:.0f} ms'})"
+            )
         gaps.append(gap_s)
         over += gap_s > TARGET_REGISTER_S
     return {
@@ -199,7 +225,10 @@ def _churn_client(socket: Path, seconds: float, client: str) -> dict:
     shared = RegistrationChannel(socket)
     request = pb.RegisterRequest(version="v1beta1", endpoint="x.sock", resource_name="example.com/x")
     counts = {"attempts": 0, "channels": 0}
-    per_attempt = {"first_design": (("grpc.use_local_subchannel_pool", 1),), "per_attempt_no_retries": CHANNEL_OPTIONS}.get(client)
+    per_attempt = {
+        "first_design": (("grpc.use_local_subchannel_pool", 1),),
+        "per_attempt_no_retries": CHANNEL_OPTIONS,
+    }.get(client)
 
     async def attempt() -> None:
         identity = kubelet_identity(socket)
@@ -226,21 +255,40 @@ def _churn_client(socket: Path, seconds: float, client: str) -> dict:
 
     peak = asyncio.run(main())
     channels = counts["channels"] if per_attempt is not None else shared.opened
-    return {"attempts": counts["attempts"], "channels": channels, "rss_max_mib": round(peak, 1),
-            "rss_end_mib": round(_status_kib(os.getpid(), "VmRSS") / 1024, 1)}
+    return {
+        "attempts": counts["attempts"],
+        "channels": channels,
+        "rss_max_mib": round(peak, 1),
+        "rss_end_mib": round(_status_kib(os.getpid(), "VmRSS") / 1024, 1),
+    }
 
 
 def churn(seconds: float) -> dict:
     """The churn comparison: each client in a fresh process, against the same flapping kubelet."""
     with tempfile.TemporaryDirectory(prefix="gsc-", dir="/tmp") as tmp:
         socket = Path(tmp) / "kubelet.sock"
-        flapping = subprocess.Popen([sys.executable, "-m", "benchmarks.restart_storm", "--flap", str(socket)], stderr=subprocess.DEVNULL)
+        flapping = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.restart_storm", "--flap", str(socket)], stderr=subprocess.DEVNULL
+        )
         try:
             result = {}
             for name in CLIENTS:
                 out = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.restart_storm", "--churn", str(seconds), "--socket", str(socket), "--client", name],
-                    capture_output=True, text=True, timeout=seconds + 60, check=True,
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.restart_storm",
+                        "--churn",
+                        str(seconds),
+                        "--socket",
+                        str(socket),
+                        "--client",
+                        name,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=seconds + 60,
+                    check=True,
                 ).stdout
                 result[name] = json.loads(out)
         finally:
@@ -258,7 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--storms", type=int, default=20)
     parser.add_argument("--restarts", type=int, default=10, help="restarts per storm")
-    parser.add_argument("--gap", type=float, nargs=2, default=(0.05, 0.5), metavar=("MIN", "MAX"), help="seconds between restarts")
+    parser.add_argument(
+        "--gap", type=float, nargs=2, default=(0.05, 0.5), metavar=("MIN", "MAX"), help="seconds between restarts"
+    )
     parser.add_argument("--seed", type=int, default=31)
     parser.add_argument("--churn", type=float, metavar="SECONDS", help="run the channel-churn comparison instead")
     parser.add_argument("--flap", type=Path, help=argparse.SUPPRESS)  # the churn's flapping kubelet, on this socket

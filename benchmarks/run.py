@@ -1,8 +1,8 @@
 """Run the benchmarks, print a short table per benchmark and write JSON.
 
-    python -m benchmarks.run                 # full size (a few minutes: idle CPU alone takes 60 s)
-    python -m benchmarks.run --smoke         # tiny sizes, seconds (the tests run this)
-    python -m benchmarks.run --only admission scale
+python -m benchmarks.run                 # full size (a few minutes: idle CPU alone takes 60 s)
+python -m benchmarks.run --smoke         # tiny sizes, seconds (the tests run this)
+python -m benchmarks.run --only admission scale
 """
 
 from __future__ import annotations
@@ -33,9 +33,21 @@ from . import (
 )
 
 BENCHMARKS = {
-    "admission": admission, "scale": scale, "recovery": recovery, "footprint": footprint, "scrape": scrape, "kubelet_link": kubelet_link,
-    "extender": extender, "hostile": hostile, "dra": dra, "dra_slices": dra_slices, "dra_tenants": dra_tenants, "dra_start": dra_start,
-    "dynamic_mig": dynamic_mig, "stop": stop, "restart_storm": restart_storm,
+    "admission": admission,
+    "scale": scale,
+    "recovery": recovery,
+    "footprint": footprint,
+    "scrape": scrape,
+    "kubelet_link": kubelet_link,
+    "extender": extender,
+    "hostile": hostile,
+    "dra": dra,
+    "dra_slices": dra_slices,
+    "dra_tenants": dra_tenants,
+    "dra_start": dra_start,
+    "dynamic_mig": dynamic_mig,
+    "stop": stop,
+    "restart_storm": restart_storm,
 }
 
 
@@ -60,13 +72,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    machine = {"python": platform.python_version(), "machine": platform.machine(), "processor": platform.processor() or "?", "cpus": __import__("os").cpu_count()}
+    machine = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or "?",
+        "cpus": __import__("os").cpu_count(),
+    }
     for name in args.only or BENCHMARKS:
         started = time.perf_counter()
         result = BENCHMARKS[name].run(smoke=args.smoke)
         result["seconds"] = round(time.perf_counter() - started, 1)
         _print(name, result)
-        (out / f"{name}{'-smoke' if args.smoke else ''}.json").write_text(json.dumps({"machine": machine, "smoke": args.smoke, **result}, indent=2))
+        (out / f"{name}{'-smoke' if args.smoke else ''}.json").write_text(
+            json.dumps({"machine": machine, "smoke": args.smoke, **result}, indent=2)
+        )
     return 0
 
 

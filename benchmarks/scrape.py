@@ -33,8 +33,13 @@ def run(smoke: bool = False) -> dict:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         options = DaemonOptions(
-            config_file=str(config_file(directory, 16)), plugin_dir=directory / "dp", pod_resources_socket=kubelet.pod_resources_socket,
-            metrics_port=port, metrics_host="127.0.0.1", proc_root=str(directory / "proc"), timings=Timings(watch_interval=0.2),
+            config_file=str(config_file(directory, 16)),
+            plugin_dir=directory / "dp",
+            pod_resources_socket=kubelet.pod_resources_socket,
+            metrics_port=port,
+            metrics_host="127.0.0.1",
+            proc_root=str(directory / "proc"),
+            timings=Timings(watch_interval=0.2),
             agent=AgentSettings(interval=3600),
         )
         daemon = build_daemon(inventory, options, pod_directory=kubelet.pod_directory())
@@ -46,7 +51,9 @@ def run(smoke: bool = False) -> dict:
                 kubelet.admit(pod)
                 uuid = kubelet.allocated(pod)["c"][RESOURCE][0].split("::")[0]
                 cid = pod.container_ids["c"].split("://")[1]
-                cgroup = f"0::/kubepods.slice/kubepods-pod{pod.uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+                cgroup = (
+                    f"0::/kubepods.slice/kubepods-pod{pod.uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n"
+                )
                 inventory.add_process(10_000 + i, uuid, 1000 + i, cgroup=cgroup)
             sync = []
             for _ in range(5):

@@ -47,22 +47,53 @@ class _State:
     digests: dict[str, str] = field(default_factory=dict)  # uid -> digest
 
 
-def create_node(core, node: GpuNode, labels: dict[str, str], extended: dict[str, str], annotations: dict[str, str] | None = None) -> None:
+def create_node(
+    core, node: GpuNode, labels: dict[str, str], extended: dict[str, str], annotations: dict[str, str] | None = None
+) -> None:
     """A Node as a kubelet would register it: capacity = allocatable, Ready, and the not-ready taint removed."""
-    meta = {"name": node.name, "labels": {"kubernetes.io/hostname": node.name, **labels}, "annotations": annotations or {}}
+    meta = {
+        "name": node.name,
+        "labels": {"kubernetes.io/hostname": node.name, **labels},
+        "annotations": annotations or {},
+    }
     core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta})
     resources = {"cpu": f"{node.cpu_milli}m", "memory": f"{node.memory_mib}Mi", "pods": str(node.max_pods), **extended}
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    core.patch_node_status(node.name, {"status": {"capacity": resources, "allocatable": resources, "conditions": [
-        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "stand-in", "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+    core.patch_node_status(
+        node.name,
+        {
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "message": "stand-in",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ],
+            }
+        },
+    )
     core.patch_node(node.name, {"spec": {"taints": None}})
 
 
 class StandInPlugins:
     """The device-plugin path: nodes advertising `example.com/gpu-share`, their kubelets' admission, their annotations."""
 
-    def __init__(self, api_client, nodes: list[GpuNode], labels: dict[str, str], replicas: int = 10, policy: str = "fgdstrand",
-                 republish: tuple[float, float] = (2.0, 5.0), seed: int = 0) -> None:
+    def __init__(
+        self,
+        api_client,
+        nodes: list[GpuNode],
+        labels: dict[str, str],
+        replicas: int = 10,
+        policy: str = "fgdstrand",
+        republish: tuple[float, float] = (2.0, 5.0),
+        seed: int = 0,
+    ) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
@@ -84,7 +115,13 @@ class StandInPlugins:
     def create_nodes(self) -> None:
         for state in self.nodes.values():
             node = state.node
-            create_node(self.core, node, self.labels, {SHARE: str(node.gpus * self.replicas)}, {ANNOTATION_KEY: self._annotation(state)})
+            create_node(
+                self.core,
+                node,
+                self.labels,
+                {SHARE: str(node.gpus * self.replicas)},
+                {ANNOTATION_KEY: self._annotation(state)},
+            )
 
     def start(self) -> None:
         for target, name in ((self._watch, "standin-watch"), (self._publish, "standin-publish")):
@@ -131,8 +168,12 @@ class StandInPlugins:
         version = listed.metadata.resource_version
         while not self._stop.is_set():
             stream = watch.Watch()
-            for event in stream.stream(self.core.list_pod_for_all_namespaces, field_selector="spec.nodeName!=", resource_version=version,
-                                       timeout_seconds=WATCH_SECONDS):
+            for event in stream.stream(
+                self.core.list_pod_for_all_namespaces,
+                field_selector="spec.nodeName!=",
+                resource_version=version,
+                timeout_seconds=WATCH_SECONDS,
+            ):
                 version = event["object"].metadata.resource_version
                 self._pod_event(event["type"], event["object"])
                 if self._stop.is_set():
@@ -159,8 +200,17 @@ class StandInPlugins:
             refusal = self._admit(state, pod)
         if refusal:
             self.failures.append((f"{pod.metadata.namespace}/{pod.metadata.name}", refusal))
-            self.core.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
-                "phase": "Failed", "reason": ADMISSION_ERROR, "message": f"Allocate failed due to {refusal}"}})
+            self.core.patch_namespaced_pod_status(
+                pod.metadata.name,
+                pod.metadata.namespace,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "reason": ADMISSION_ERROR,
+                        "message": f"Allocate failed due to {refusal}",
+                    }
+                },
+            )
 
     def _admit(self, state: _State, pod) -> str:
         """Allocate every container's shares as the kubelet and the node plugin would; '' or the refusal."""
@@ -212,28 +262,59 @@ class StandInPlugins:
         return annotation(resource, state.used, self.policy, sorted(state.digests.values()))
 
 
-def share_pod_body(name: str, shares: int, cpu_milli: int, memory_mib: int, scheduler: str, labels: dict[str, str]) -> dict:
+def share_pod_body(
+    name: str, shares: int, cpu_milli: int, memory_mib: int, scheduler: str, labels: dict[str, str]
+) -> dict:
     """A share pod for the stand-in nodes: one container, pinned to them by node selector."""
     resources: dict = {"requests": {"cpu": f"{cpu_milli}m", "memory": f"{memory_mib}Mi"}}
     if shares:
         resources["limits"] = {SHARE: str(shares)}
         resources["requests"][SHARE] = str(shares)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"schedulerName": scheduler, "nodeSelector": labels, "terminationGracePeriodSeconds": 0,
-                     "containers": [{"name": "main", "image": "registry.invalid/none", "resources": resources}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": scheduler,
+            "nodeSelector": labels,
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "main", "image": "registry.invalid/none", "resources": resources}],
+        },
+    }
 
 
-def scheduler_config(name: str, extender_url: str | None, weight: int = 5, strategy: str = "LeastAllocated",
-                     managed: tuple[str, ...] = (SHARE,)) -> dict:
+def scheduler_config(
+    name: str,
+    extender_url: str | None,
+    weight: int = 5,
+    strategy: str = "LeastAllocated",
+    managed: tuple[str, ...] = (SHARE,),
+) -> dict:
     """A KubeSchedulerConfiguration with one profile `name`, NodeResourcesFit's scoring `strategy`, and the extender
     at `extender_url` (None: no extender) for pods asking for one of `managed`."""
-    fit = {"name": "NodeResourcesFit", "args": {"scoringStrategy": {"type": strategy, "resources": [{"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}]}}}
+    fit = {
+        "name": "NodeResourcesFit",
+        "args": {
+            "scoringStrategy": {
+                "type": strategy,
+                "resources": [{"name": "cpu", "weight": 1}, {"name": "memory", "weight": 1}],
+            }
+        },
+    }
     config: dict = {"profiles": [{"schedulerName": name, "pluginConfig": [fit]}]}
     if extender_url is not None:
-        config["extenders"] = [{
-            "urlPrefix": extender_url, "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": weight, "httpTimeout": "5s",
-            "nodeCacheCapable": True, "ignorable": False, "managedResources": [{"name": m, "ignoredByScheduler": False} for m in managed],
-        }]
+        config["extenders"] = [
+            {
+                "urlPrefix": extender_url,
+                "filterVerb": "filter",
+                "prioritizeVerb": "prioritize",
+                "weight": weight,
+                "httpTimeout": "5s",
+                "nodeCacheCapable": True,
+                "ignorable": False,
+                "managedResources": [{"name": m, "ignoredByScheduler": False} for m in managed],
+            }
+        ]
     return config
 
 
@@ -245,7 +326,12 @@ DRA_CLASS = "gpu-share-shares"  # daemonset/dra's class of shared devices
 def device_class(name: str = DRA_CLASS) -> dict:
     """A DeviceClass of the driver's shared devices (as daemonset/dra's, without the domain replacement)."""
     selector = f"device.driver == '{DRA_DRIVER}' && device.attributes[device.driver].mode in ['time-slicing', 'mps']"
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": selector}}]}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": selector}}]},
+    }
 
 
 def resource_slice(node: GpuNode, replicas: int = 10) -> dict:
@@ -253,21 +339,49 @@ def resource_slice(node: GpuNode, replicas: int = 10) -> dict:
     from deviceplugin.dra.devices import dra_devices
     from deviceplugin.model.node import Gpu, NodeInfo
 
-    info = NodeInfo(gpus=tuple(Gpu(index=i, uuid=f"GPU-dra00000-0000-4000-8000-{i:012d}", model="sim", memory_mib=81920) for i in range(node.gpus)),
-                    name=node.name)
+    info = NodeInfo(
+        gpus=tuple(
+            Gpu(index=i, uuid=f"GPU-dra00000-0000-4000-8000-{i:012d}", model="sim", memory_mib=81920)
+            for i in range(node.gpus)
+        ),
+        name=node.name,
+    )
     devices = [d.to_api(DRA_DRIVER, info) for d in dra_devices([node_resource(node.gpus, replicas, "binpack")])]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node.name}-{DRA_DRIVER}"},
-            "spec": {"driver": DRA_DRIVER, "nodeName": node.name, "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
-                     "devices": devices}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node.name}-{DRA_DRIVER}"},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node.name,
+            "pool": {"name": node.name, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
 
 
 def share_claim(name: str, shares: int, device_class: str = DRA_CLASS) -> dict:
     """A ResourceClaim asking the class for one device's `shares`."""
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"shares": str(shares)}}}}]}}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"shares": str(shares)}}},
+                    }
+                ]
+            }
+        },
+    }
 
 
-def claim_pod_body(name: str, claim: str, cpu_milli: int, memory_mib: int, scheduler: str, labels: dict[str, str]) -> dict:
+def claim_pod_body(
+    name: str, claim: str, cpu_milli: int, memory_mib: int, scheduler: str, labels: dict[str, str]
+) -> dict:
     body = share_pod_body(name, 0, cpu_milli, memory_mib, scheduler, labels)
     body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
     body["spec"]["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
@@ -278,5 +392,12 @@ def every_pod_entry(extender_url: str, weight: int) -> dict:
     """The second extender entry: no managedResources (so kube-scheduler calls it for every pod), the `/all/` verbs
     (DRA claims, and CPU-only pods scored by the GPUs they would strand; share pods answered at once), ignorable (an
     extender outage never blocks other pods)."""
-    return {"urlPrefix": extender_url + "/all", "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": weight, "httpTimeout": "5s",
-            "nodeCacheCapable": True, "ignorable": True}
+    return {
+        "urlPrefix": extender_url + "/all",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": weight,
+        "httpTimeout": "5s",
+        "nodeCacheCapable": True,
+        "ignorable": True,
+    }

@@ -102,9 +102,25 @@ def _rounds(backend: str, rounds: int) -> dict:
         try:
             for _ in range(rounds):
                 process = subprocess.Popen(
-                    [*command, "run", *extra, "--config", str(config_file(directory, 10)), "--plugin-dir", str(directory / "dp"),
-                     "--pod-resources-socket", str(kubelet.pod_resources_socket), "--log-level", "warning", "--metrics-port", str(_free_port()), "--metrics-bind-address", "127.0.0.1"],
-                    stderr=subprocess.DEVNULL, env=env,
+                    [
+                        *command,
+                        "run",
+                        *extra,
+                        "--config",
+                        str(config_file(directory, 10)),
+                        "--plugin-dir",
+                        str(directory / "dp"),
+                        "--pod-resources-socket",
+                        str(kubelet.pod_resources_socket),
+                        "--log-level",
+                        "warning",
+                        "--metrics-port",
+                        str(_free_port()),
+                        "--metrics-bind-address",
+                        "127.0.0.1",
+                    ],
+                    stderr=subprocess.DEVNULL,
+                    env=env,
                 )
                 try:
                     if not kubelet.wait_for(_listed, timeout=30):

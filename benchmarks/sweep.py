@@ -22,8 +22,12 @@ from pathlib import Path
 from . import kube_scheduler
 
 QUICK = {"traces": "default,gpushare60", "seeds": "44", "nodes": 16, "configs": "dp-none,shipped,dra-shipped"}
-FULL = {"traces": "default,cpu250,gpushare60,gpuspec25,multigpu40", "seeds": "42,43,44", "nodes": 32,
-        "configs": "dp-none,dp-shipped,dp-w5-least,dp-w20-most,dp-w20e20-most,dra-none,dra-shipped"}
+FULL = {
+    "traces": "default,cpu250,gpushare60,gpuspec25,multigpu40",
+    "seeds": "42,43,44",
+    "nodes": 32,
+    "configs": "dp-none,dp-shipped,dp-w5-least,dp-w20-most,dp-w20e20-most,dra-none,dra-shipped",
+}
 
 
 def summarise(samples: list[dict]) -> list[dict]:
@@ -33,7 +37,10 @@ def summarise(samples: list[dict]) -> list[dict]:
     for data in samples:
         by_key = {r["config"]: r for r in data["results"]}
         for r in data["results"]:
-            row = rows.setdefault(r["config"], {"config": r["config"], "label": r["label"], "gap100": [], "gap130": [], "over_plain": [], "failed": 0})
+            row = rows.setdefault(
+                r["config"],
+                {"config": r["config"], "label": r["label"], "gap100": [], "gap130": [], "over_plain": [], "failed": 0},
+            )
             row["gap100"].append(r["allocation_100"] - data["simulated"]["100"])
             row["gap130"].append(r["allocation_130"] - data["simulated"]["130"])
             plain = by_key.get("dra-none" if r["config"].startswith("dra") else "dp-none")
@@ -42,10 +49,19 @@ def summarise(samples: list[dict]) -> list[dict]:
             row["failed"] += r["failed_admissions"]
     out = []
     for row in rows.values():
-        out.append({"config": row["config"], "label": row["label"], "samples": len(row["gap130"]),
-                    "mean100": sum(row["gap100"]) / len(row["gap100"]), "worst100": min(row["gap100"]),
-                    "mean130": sum(row["gap130"]) / len(row["gap130"]), "worst130": min(row["gap130"]),
-                    "over_plain": min(row["over_plain"]) if row["over_plain"] else None, "failed": row["failed"]})
+        out.append(
+            {
+                "config": row["config"],
+                "label": row["label"],
+                "samples": len(row["gap130"]),
+                "mean100": sum(row["gap100"]) / len(row["gap100"]),
+                "worst100": min(row["gap100"]),
+                "mean130": sum(row["gap130"]) / len(row["gap130"]),
+                "worst130": min(row["gap130"]),
+                "over_plain": min(row["over_plain"]) if row["over_plain"] else None,
+                "failed": row["failed"],
+            }
+        )
     return sorted(out, key=lambda r: -r["worst130"])
 
 
@@ -71,17 +87,37 @@ def main(argv: list[str] | None = None) -> int:
             for seed in seeds:
                 out = Path(work) / f"{len(samples)}.json"
                 extra = ["--trace-dir", args.trace_dir] if args.trace_dir else []
-                kube_scheduler.main(["--trace", trace, "--seed", str(seed), "--nodes", str(nodes), "--configs", configs, "--json", str(out), *extra])
+                kube_scheduler.main(
+                    [
+                        "--trace",
+                        trace,
+                        "--seed",
+                        str(seed),
+                        "--nodes",
+                        str(nodes),
+                        "--configs",
+                        configs,
+                        "--json",
+                        str(out),
+                        *extra,
+                    ]
+                )
                 if not out.exists():  # skipped: no control-plane binaries
                     return 0
                 samples.append(json.loads(out.read_text()))
     summary = summarise(samples)
-    print(f"\nsweep: {len(samples)} samples ({', '.join(traces)} x seeds {', '.join(map(str, seeds))}, {nodes} nodes); points against simulate")
-    print("| configuration | mean at 100 % | worst at 100 % | mean at 130 % | worst at 130 % | worst over the plain scheduler (130 %) | failed admissions |")
+    print(
+        f"\nsweep: {len(samples)} samples ({', '.join(traces)} x seeds {', '.join(map(str, seeds))}, {nodes} nodes); points against simulate"
+    )
+    print(
+        "| configuration | mean at 100 % | worst at 100 % | mean at 130 % | worst at 130 % | worst over the plain scheduler (130 %) | failed admissions |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in summary:
         plain = "–" if r["over_plain"] is None else f"{r['over_plain']:+.2f}"
-        print(f"| {r['label']} | {r['mean100']:+.2f} | {r['worst100']:+.2f} | {r['mean130']:+.2f} | {r['worst130']:+.2f} | {plain} | {r['failed']} |")
+        print(
+            f"| {r['label']} | {r['mean100']:+.2f} | {r['worst100']:+.2f} | {r['mean130']:+.2f} | {r['worst130']:+.2f} | {plain} | {r['failed']} |"
+        )
     if args.json:
         args.json.write_text(json.dumps({"samples": samples, "summary": summary}, indent=2))
     return 0

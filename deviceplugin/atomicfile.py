@@ -18,7 +18,7 @@ def atomic_write(path: Path, content: bytes, durable: bool = True) -> None:
         try:
             view = memoryview(content)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             if durable:
                 os.fsync(fd)
         finally:

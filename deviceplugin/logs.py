@@ -75,7 +75,13 @@ class RepeatLimiter:
     summarised and dropped to make room), so memory stays bounded whatever the keys.
     """
 
-    def __init__(self, logger: logging.Logger, window: float = 60.0, max_keys: int = 256, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        window: float = 60.0,
+        max_keys: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger = logger
         self.window = window
         self.max_keys = max_keys
@@ -108,4 +114,10 @@ class RepeatLimiter:
     def _close(self, key: Hashable) -> None:
         window = self._windows.pop(key)
         if window.repeats:
-            self.logger.log(window.level, "%s (repeated %d times in %.0fs)", window.text, window.repeats, self.clock() - window.started)
+            self.logger.log(
+                window.level,
+                "%s (repeated %d times in %.0fs)",
+                window.text,
+                window.repeats,
+                self.clock() - window.started,
+            )

@@ -90,14 +90,20 @@ class NodeView:
     unhealthy: frozenset[str] = frozenset()  # GPU or MIG UUIDs whose devices are Unhealthy
     reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # each of them -> why
     awaiting_reset: frozenset[str] = frozenset()  # GPU or MIG UUIDs Unhealthy until their GPU is reset
-    xid_counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # GPU UUID -> critical XIDs seen
+    xid_counts: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({})
+    )  # GPU UUID -> critical XIDs seen
     evidence_errors: int = 0  # failed reads and writes of the health monitor's reset evidence file
     quarantined_gpus: frozenset[str] = frozenset()  # GPUs holding a finished tenant's memory (residue guard)
     quarantined_devices: frozenset[str] = frozenset()  # their free device IDs, advertised Unhealthy
     mps_not_ready: frozenset[str] = frozenset()  # MPS pools whose control daemon is not ready: all devices Unhealthy
     observation: Observation | None = None  # the node agent's latest round; None before the first
-    holds: Mapping[str, frozenset[Hold]] = field(default_factory=lambda: MappingProxyType({}))  # source -> devices it holds
-    pending_gpus: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # GPU UUID -> why its new shape waits
+    holds: Mapping[str, frozenset[Hold]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )  # source -> devices it holds
+    pending_gpus: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({})
+    )  # GPU UUID -> why its new shape waits
 
     def all_holds(self) -> frozenset[Hold]:
         """Every hold of every source."""
@@ -196,7 +202,9 @@ class NodeState:
 
     def set_mps_ready(self, pool: str, ready: bool) -> None:
         """Whether an MPS pool's control daemon is ready (False: every device of the pool Unhealthy)."""
-        self._update(lambda v: replace(v, mps_not_ready=v.mps_not_ready - {pool} if ready else v.mps_not_ready | {pool}))
+        self._update(
+            lambda v: replace(v, mps_not_ready=v.mps_not_ready - {pool} if ready else v.mps_not_ready | {pool})
+        )
 
     def set_observation(self, observation: Observation) -> None:
         """The node agent's latest round (usage, GPU stats, per-container memory, residue)."""
@@ -241,6 +249,8 @@ class NodeState:
                         try:
                             callback(view)
                         except Exception:
-                            log.exception("a NodeState subscriber failed on version %d (the others still run)", view.version)
+                            log.exception(
+                                "a NodeState subscriber failed on version %d (the others still run)", view.version
+                            )
             finally:
                 self._delivering.active = False

@@ -56,7 +56,9 @@ def start_plugin(plugin_dir: Path) -> Iterator[Callable[..., PluginManager]]:
     """start_plugin(config=None|dict|Config, node_name="2xT4") -> a started PluginManager."""
     managers: list[PluginManager] = []
 
-    def start(config: dict[str, Any] | Config | None = None, node_name: str = "2xT4", timings: Timings = FAST) -> PluginManager:
+    def start(
+        config: dict[str, Any] | Config | None = None, node_name: str = "2xT4", timings: Timings = FAST
+    ) -> PluginManager:
         resources = resources_of(config, node(node_name))
         manager = PluginManager(resources, plugin_dir, timings)
         manager.start()
@@ -76,7 +78,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return predicate()
-
 
 
 def free_port() -> int:
@@ -104,7 +105,19 @@ def cgroup(pod: Pod, container: str) -> str:
 def start_run(plugin_dir: Path, *extra: str) -> subprocess.Popen:
     """`gpu-share run` as a subprocess on the simulated 2xT4 node, with a short watch interval and no metrics port."""
     return subprocess.Popen(
-        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--watch-interval", "0.05", "--metrics-port", "0", *extra],
+        [
+            *GPU_CLI,
+            "run",
+            "--node",
+            str(EXAMPLES / "nodes" / "2xT4.yaml"),
+            "--plugin-dir",
+            str(plugin_dir),
+            "--watch-interval",
+            "0.05",
+            "--metrics-port",
+            "0",
+            *extra,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -133,7 +146,9 @@ def controlplane() -> Iterator[Any]:
 
     binaries = assets_dir()
     if binaries is None:
-        pytest.skip("needs the control-plane binaries: set KUBEBUILDER_ASSETS to a directory with etcd, kube-apiserver, kube-scheduler")
+        pytest.skip(
+            "needs the control-plane binaries: set KUBEBUILDER_ASSETS to a directory with etcd, kube-apiserver, kube-scheduler"
+        )
     cp = ControlPlane.start(binaries)
     yield cp
     cp.stop()

@@ -58,8 +58,13 @@ def value(scrape: dict, name: str, **labels) -> float:
 
 def _agent(kubelet, manager, inventory, **kw) -> NodeAgent:
     return NodeAgent(
-        inventory, inventory.discover(), manager.state, lambda: manager.resources, PodResourcesClient(kubelet.pod_resources_socket),
-        AgentSettings(interval=0.05, backoff_max=0.4), **kw,
+        inventory,
+        inventory.discover(),
+        manager.state,
+        lambda: manager.resources,
+        PodResourcesClient(kubelet.pod_resources_socket),
+        AgentSettings(interval=0.05, backoff_max=0.4),
+        **kw,
     )
 
 
@@ -104,7 +109,11 @@ def test_agent_backs_off_on_rate_limit(plugin_dir, start_plugin):
         first = agent.sync()
         assert first.observation.last_sync is not None and agent.delay == 0.05
         second = agent.sync()
-        assert agent.rate_limited == 1 and agent.delay == 0.1 and second.observation.last_sync == first.observation.last_sync
+        assert (
+            agent.rate_limited == 1
+            and agent.delay == 0.1
+            and second.observation.last_sync == first.observation.last_sync
+        )
         agent.sync()
         agent.sync()
         agent.sync()
@@ -128,7 +137,10 @@ def daemon(kubelet, plugin_dir, tmp_path, fake_kube):
                 {
                     "version": "v1",
                     "memoryWatchdog": {"policy": policy, "quarantine": quarantine},
-                    "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}],
+                    "pools": [
+                        {"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}},
+                        {"name": "w", "mode": "exclusive"},
+                    ],
                     **extra,
                 }
             )
@@ -147,7 +159,12 @@ def daemon(kubelet, plugin_dir, tmp_path, fake_kube):
             health=HealthSettings(check_interval=0.05),
             agent=AgentSettings(interval=3600),  # the test drives agent.sync()
         )
-        made = build_daemon(inventory, options, NodeClient.connect(api.node_name, str(kubeconfig)), pod_directory=kubelet.pod_directory())
+        made = build_daemon(
+            inventory,
+            options,
+            NodeClient.connect(api.node_name, str(kubeconfig)),
+            pod_directory=kubelet.pod_directory(),
+        )
         made.api = api
         return made
 
@@ -168,7 +185,9 @@ def serving(daemon, kubelet, **kw) -> PluginDaemon:
 def test_every_metric_exists_from_the_start_with_the_node_label(daemon):
     d = daemon()
     d.metrics_server.start()
-    status, text = get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")  # before any sync, Allocate or registration
+    status, text = get(
+        f"http://127.0.0.1:{d.options.metrics_port}/metrics"
+    )  # before any sync, Allocate or registration
     assert status == 200
     m = samples(text)
     assert all(dict(items).get("node") == "2xT4" for _, items in m)  # every series names the node
@@ -181,10 +200,20 @@ def test_every_metric_exists_from_the_start_with_the_node_label(daemon):
         assert value(m, "gpushare_allocate_requests_total", resource=resource, result="refused") == 0
         assert value(m, "gpushare_registrations_total", resource=resource) == 0
         assert value(m, "gpushare_resource_registered", resource=resource) == 0
-    assert value(m, "gpushare_gpu_residue_memory_bytes", gpu="0") == 0 and value(m, "gpushare_gpu_quarantined", gpu="1") == 0
-    assert value(m, "gpushare_gpu_healthy", gpu="0") == 1 and value(m, "gpushare_cdi_devices_missing", resource=SHARE) == 0
-    for counter in ("gpushare_pod_resources_rate_limited_total", "gpushare_memory_violations_total", "gpushare_memory_kills_total",
-                    "gpushare_kubelet_restarts_total", "gpushare_events_dropped_total"):
+    assert (
+        value(m, "gpushare_gpu_residue_memory_bytes", gpu="0") == 0
+        and value(m, "gpushare_gpu_quarantined", gpu="1") == 0
+    )
+    assert (
+        value(m, "gpushare_gpu_healthy", gpu="0") == 1 and value(m, "gpushare_cdi_devices_missing", resource=SHARE) == 0
+    )
+    for counter in (
+        "gpushare_pod_resources_rate_limited_total",
+        "gpushare_memory_violations_total",
+        "gpushare_memory_kills_total",
+        "gpushare_kubelet_restarts_total",
+        "gpushare_events_dropped_total",
+    ):
         assert value(m, counter) == 0
 
 
@@ -236,7 +265,10 @@ def test_metrics_healthz_readyz_and_per_container_use(daemon, kubelet):
     d.events.deliver()  # the watchdog queued its Events; the outbox's thread (not started here) would post them
     events = [e for e in d.api.events if e["reason"] == "GPUMemoryOverLimit"]
     assert len(events) == 1 and events[0]["involvedObject"]["name"] == "big"
-    assert "uses 8500 MiB of GPU memory" in events[0]["message"] and "over the 7680 MiB of its 2 share(s)" in events[0]["message"]
+    assert (
+        "uses 8500 MiB of GPU memory" in events[0]["message"]
+        and "over the 7680 MiB of its 2 share(s)" in events[0]["message"]
+    )
     # After a kubelet restart the count shows it.
     kubelet.restart()
     assert kubelet.wait_for(registered(SHARE, GPU), timeout=2)
@@ -272,10 +304,14 @@ def test_residue_guard_quarantines_free_devices_until_released(daemon, kubelet):
     assert d.agent.sync().observation.residue_mib == {}
     kubelet.delete_pod(gone.uid)  # the pod is gone, its process's memory is not
     first = d.agent.sync()
-    assert first.observation.residue_mib == {U0: 2000} and first.quarantined_gpus == frozenset()  # reported, not yet confirmed
+    assert (
+        first.observation.residue_mib == {U0: 2000} and first.quarantined_gpus == frozenset()
+    )  # reported, not yet confirmed
     snapshot = d.agent.sync()
     assert snapshot.observation.residue_mib == {U0: 2000} and snapshot.quarantined_gpus == {U0}
-    assert snapshot.quarantined_devices == {f"{U0}::{k}" for k in range(4)} - set(kubelet.allocated(holder)["app"][SHARE])
+    assert snapshot.quarantined_devices == {f"{U0}::{k}" for k in range(4)} - set(
+        kubelet.allocated(holder)["app"][SHARE]
+    )
     # The three free shares of GPU 0 are Unhealthy; the one held by `holder` stays Healthy.
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 1, timeout=2)
     assert kubelet.allocated(holder)["app"][SHARE] == kubelet.resources()[SHARE].healthy
@@ -295,15 +331,29 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     labels = d.api.labels
     assert labels["example.com/gpu.product"] == "Tesla-T4" and labels["example.com/gpu.count"] == "2"
     assert labels["example.com/gpu.memory"] == "15360" and labels["example.com/gpu.present"] == "true"
-    assert labels["example.com/cuda.driver-version.major"] == "550" and labels["example.com/cuda.driver-version.minor"] == "54"
-    assert labels["example.com/cuda.driver-version.revision"] == "15" and labels["example.com/cuda.driver-version.full"] == "550.54.15"
-    assert labels["example.com/cuda.runtime-version.major"] == "12" and labels["example.com/cuda.runtime-version.full"] == "12.4"
+    assert (
+        labels["example.com/cuda.driver-version.major"] == "550"
+        and labels["example.com/cuda.driver-version.minor"] == "54"
+    )
+    assert (
+        labels["example.com/cuda.driver-version.revision"] == "15"
+        and labels["example.com/cuda.driver-version.full"] == "550.54.15"
+    )
+    assert (
+        labels["example.com/cuda.runtime-version.major"] == "12"
+        and labels["example.com/cuda.runtime-version.full"] == "12.4"
+    )
     assert not any(".driver." in k or ".runtime." in k for k in labels)  # GFD's deprecated names: only as an option
     assert labels["example.com/gpu.family"] == "turing" and labels["example.com/gpu.compute.major"] == "7"
     assert labels["example.com/gpu.compute.minor"] == "5"
     assert labels["example.com/gpu.sharing-strategy"] == "time-slicing" and labels["example.com/gpu.replicas"] == "4"
-    assert labels["example.com/gpu-share.s.sharing-strategy"] == "time-slicing" and labels["example.com/gpu-share.s.replicas"] == "4"
-    assert labels["example.com/gpu-share.w.sharing-strategy"] == "none" and labels["example.com/gpu-share.w.gpus"] == "1"
+    assert (
+        labels["example.com/gpu-share.s.sharing-strategy"] == "time-slicing"
+        and labels["example.com/gpu-share.s.replicas"] == "4"
+    )
+    assert (
+        labels["example.com/gpu-share.w.sharing-strategy"] == "none" and labels["example.com/gpu-share.w.gpus"] == "1"
+    )
     assert labels["example.com/mig.capable"] == "false" and labels["example.com/mig.strategy"] == "none"
     assert json.loads(d.api.annotations["example.com/gpu-share.labels"]) == sorted(labels)
     annotation = json.loads(d.api.annotations["example.com/gpu-share.inventory"])
@@ -314,10 +364,15 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
     shared = annotation["resources"][SHARE]
     assert shared["pool"] == "s" and shared["allowSpanGPUs"] is False and shared["allocationPolicy"] == "binpack"
     assert shared["units"] == [{"uuid": U0, "gpu": 0, "total": 4, "used": 3, "free": 1, "health": "Healthy"}]
-    assert annotation["resources"][GPU]["units"] == [{"uuid": U1, "gpu": 1, "total": 1, "used": 0, "free": 0, "health": "Unhealthy"}]
+    assert annotation["resources"][GPU]["units"] == [
+        {"uuid": U1, "gpu": 1, "total": 1, "used": 0, "free": 0, "health": "Unhealthy"}
+    ]
     d.metrics_server.start()
     scrape = samples(get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1])
-    assert value(scrape, "gpushare_gpu_reset_required", gpu="1") == 1 and value(scrape, "gpushare_gpu_reset_required", gpu="0") == 0
+    assert (
+        value(scrape, "gpushare_gpu_reset_required", gpu="1") == 1
+        and value(scrape, "gpushare_gpu_reset_required", gpu="0") == 0
+    )
     patches, generation = len(d.api.patches), annotation["generation"]
     d.agent.sync()
     assert not d.publisher.publish_now()
@@ -333,7 +388,9 @@ def test_node_labels_and_inventory_annotation(daemon, kubelet):
 def test_api_errors_do_not_stop_the_agent(daemon, kubelet):
     d = serving(daemon, kubelet)
     d.api.fail_with = 403
-    assert d.agent.sync().observation.last_sync is not None and not d.publisher.publish_now()  # labels fail, the round goes on
+    assert (
+        d.agent.sync().observation.last_sync is not None and not d.publisher.publish_now()
+    )  # labels fail, the round goes on
 
 
 def test_unreadable_pod_directory_never_quarantines(daemon, kubelet):
@@ -385,8 +442,13 @@ def test_watchdog_reports_a_failed_kill_with_the_reason(daemon, kubelet):
     d.agent.sync()
     d.events.deliver()
     (event,) = d.api.events
-    assert event["reason"] == "GPUMemoryOverLimitKillFailed" and "killed" not in event["message"].replace("could not kill", "")
-    assert "could not kill 501 (Operation not permitted: the plugin needs hostPID and root to kill tenants)" in event["message"]
+    assert event["reason"] == "GPUMemoryOverLimitKillFailed" and "killed" not in event["message"].replace(
+        "could not kill", ""
+    )
+    assert (
+        "could not kill 501 (Operation not permitted: the plugin needs hostPID and root to kill tenants)"
+        in event["message"]
+    )
     assert d.agent.watchdog.kills == 0 and d.agent.watchdog.kill_failures == 1
     d.inventory.remove_process(501)
     d.agent.sync()  # the PID is gone from NVML: forgotten
@@ -447,7 +509,11 @@ def test_a_finished_pod_still_in_the_api_is_residue(daemon, kubelet):
     assert d.agent.sync().observation.residue_mib == {}
     kubelet.finish_pod(done.uid)
     snapshot = _quarantine_rounds(d, 2)
-    assert snapshot.observation.residue_mib == {U0: 700} and snapshot.quarantined_gpus == {U0} and snapshot.observation.unattributed_mib == {}
+    assert (
+        snapshot.observation.residue_mib == {U0: 700}
+        and snapshot.quarantined_gpus == {U0}
+        and snapshot.observation.unattributed_mib == {}
+    )
 
 
 def test_missing_device_spec_nodes_warn_at_start_and_make_the_gpu_unhealthy(daemon, kubelet, tmp_path, caplog):
@@ -476,7 +542,13 @@ def test_metering_counts_share_and_memory_seconds_and_survives_a_restart(kubelet
     from deviceplugin.agent.procmap import ProcessMapper
 
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
-    config = {"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]}
+    config = {
+        "version": "v1",
+        "pools": [
+            {"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}},
+            {"name": "w", "mode": "exclusive"},
+        ],
+    }
     resources = resources_of(config, T4)
     clock = ManualClock()
 
@@ -540,12 +612,25 @@ def killing_agent(kubelet, start_plugin, tmp_path, interval: float, killed: list
     from deviceplugin.agent.procmap import ProcessMapper
     from deviceplugin.agent.watchdog import MemoryWatchdog
 
-    manager = start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}]})
+    manager = start_plugin(
+        {
+            "version": "v1",
+            "pools": [
+                {"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}},
+                {"name": "w", "mode": "exclusive"},
+            ],
+        }
+    )
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
     agent = NodeAgent(
-        inventory, inventory.discover(), manager.state, lambda: manager.resources, PodResourcesClient(kubelet.pod_resources_socket),
-        AgentSettings(interval=interval), mapper=ProcessMapper(kubelet.pod_directory(), tmp_path / "proc"),
+        inventory,
+        inventory.discover(),
+        manager.state,
+        lambda: manager.resources,
+        PodResourcesClient(kubelet.pod_resources_socket),
+        AgentSettings(interval=interval),
+        mapper=ProcessMapper(kubelet.pod_directory(), tmp_path / "proc"),
         watchdog=MemoryWatchdog("kill", events=events, kill=killed.append),
     )
     return manager, inventory, agent
@@ -560,7 +645,13 @@ def test_a_hanging_api_call_never_delays_the_watchdog(kubelet, start_plugin, fak
     interval = 0.1
     manager, inventory, agent = killing_agent(kubelet, start_plugin, tmp_path, interval, killed)
     client = NodeClient.connect(api.node_name, str(kubeconfig))
-    publisher = PublishLoop(NodePublisher(client, "example.com", min_interval=0), manager.state, agent.observer.node, lambda: manager.resources, interval)
+    publisher = PublishLoop(
+        NodePublisher(client, "example.com", min_interval=0),
+        manager.state,
+        agent.observer.node,
+        lambda: manager.resources,
+        interval,
+    )
     api.delay = 2.0
     publisher.start()
     agent.start()
@@ -575,14 +666,18 @@ def test_a_hanging_api_call_never_delays_the_watchdog(kubelet, start_plugin, fak
         assert took < 3 * interval + 0.3, took  # an interval or two (and slack for a busy machine), not the API's 2 s
         assert api.in_flight == 1 and not api.patches  # the publisher is still waiting
         api.delay = 0.0
-        assert wait_until(lambda: "example.com/gpu.count" in api.labels, timeout=8)  # and publishes once the API answers
+        assert wait_until(
+            lambda: "example.com/gpu.count" in api.labels, timeout=8
+        )  # and publishes once the API answers
     finally:
         api.delay = 0.0
         agent.stop()
         publisher.stop()
 
 
-def test_a_hanging_api_call_never_delays_the_next_kill_and_the_events_follow(kubelet, start_plugin, fake_kube, tmp_path):
+def test_a_hanging_api_call_never_delays_the_next_kill_and_the_events_follow(
+    kubelet, start_plugin, fake_kube, tmp_path
+):
     """Every API request hangs 2 s: the watchdog's kills in two consecutive rounds each come within an interval or two
     (the Events wait in the outbox), and both Events reach the API once it answers."""
     from deviceplugin.kube.events import EventOutbox
@@ -603,7 +698,10 @@ def test_a_hanging_api_call_never_delays_the_next_kill_and_the_events_follow(kub
             inventory.add_process(pid, U0, 5000, cgroup=cgroup(pod, "app"))  # over its 3840 MiB
             assert wait_until(lambda pid=pid: pid in killed, timeout=1.5)
             took = time.monotonic() - started
-            assert took < 3 * interval + 0.3, (pid, took)  # an interval or two (and slack for a busy machine), not the API's 2 s
+            assert took < 3 * interval + 0.3, (
+                pid,
+                took,
+            )  # an interval or two (and slack for a busy machine), not the API's 2 s
             assert wait_until(lambda: api.in_flight == 1, timeout=1)  # the outbox is stuck posting the first Event
         assert killed == [801, 802] and not api.events and outbox.dropped == 0
         api.delay = 0.0
@@ -656,7 +754,9 @@ def test_a_failing_publish_round_is_logged_and_the_loop_goes_on(daemon, kubelet,
     assert len(failed) == 1 and "resources unavailable" in str(failed[0].exc_info[1])
 
 
-def test_the_publisher_patches_at_once_on_a_health_change_and_makes_no_round_for_an_xid_count_or_same_usage(daemon, kubelet):
+def test_the_publisher_patches_at_once_on_a_health_change_and_makes_no_round_for_an_xid_count_or_same_usage(
+    daemon, kubelet
+):
     d = serving(daemon, kubelet)
     d.publisher.interval = 3600  # only a change of what it publishes wakes it
     rounds = []
@@ -666,7 +766,9 @@ def test_the_publisher_patches_at_once_on_a_health_change_and_makes_no_round_for
     assert wait_until(lambda: "example.com/gpu-share.inventory" in d.api.annotations)
 
     def gpu1_health() -> str:
-        return {g["uuid"]: g["health"] for g in json.loads(d.api.annotations["example.com/gpu-share.inventory"])["gpus"]}[U1]
+        return {
+            g["uuid"]: g["health"] for g in json.loads(d.api.annotations["example.com/gpu-share.inventory"])["gpus"]
+        }[U1]
 
     assert gpu1_health() == "Healthy"
     d.monitor.handle(HealthEvent(gpu_uuid=U1, reason="XID 79", xid=79))
@@ -720,13 +822,20 @@ def test_a_domain_change_removes_the_old_labels_and_publishes_the_new_ones(daemo
 def test_a_reload_reaches_the_watchdog_quarantine_metrics_and_cdi_check(daemon, kubelet):
     d = serving(daemon, kubelet)
     assert d.agent.watchdog.policy == "report" and not d.agent.quarantine and d.cdi.missing == {}
-    pools = [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "t", "mode": "shared", "replicas": 2, "resource": "gpu-share-t", "gpus": {"indexes": [1]}}]
+    pools = [
+        {"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}},
+        {"name": "t", "mode": "shared", "replicas": 2, "resource": "gpu-share-t", "gpus": {"indexes": [1]}},
+    ]
     rewrite(d, memoryWatchdog={"policy": "kill", "quarantine": True}, pools=pools, deviceListStrategy="cdi")
     assert d.agent.watchdog.policy == "kill" and d.agent.quarantine
-    assert set(d.cdi.missing) == {SHARE, "example.com/gpu-share-t"} and len(d.cdi.missing["example.com/gpu-share-t"]) == 1  # no spec dir
+    assert (
+        set(d.cdi.missing) == {SHARE, "example.com/gpu-share-t"} and len(d.cdi.missing["example.com/gpu-share-t"]) == 1
+    )  # no spec dir
     d.metrics_server.start()
     m = samples(get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1])
-    assert value(m, "gpushare_allocate_requests_total", resource="example.com/gpu-share-t", result="ok") == 0  # declared at 0
+    assert (
+        value(m, "gpushare_allocate_requests_total", resource="example.com/gpu-share-t", result="ok") == 0
+    )  # declared at 0
     assert value(m, "gpushare_cdi_devices_missing", resource="example.com/gpu-share-t") == 1
 
 
@@ -753,13 +862,17 @@ def test_a_three_share_container_is_one_series_of_three_shares_and_the_watchdog_
     client = PodResourcesClient(kubelet.pod_resources_socket)
     entries = client.list().pod_resources[0].containers[0].devices
     client.close()
-    assert [(len(e.device_ids), [n.ID for n in e.topology.nodes]) for e in entries] == [(1, [0])] * 3  # as the kubelet lists it
+    assert [(len(e.device_ids), [n.ID for n in e.topology.nodes]) for e in entries] == [
+        (1, [0])
+    ] * 3  # as the kubelet lists it
     unit = kubelet.allocated(pod)["app"][SHARE][0].split("::")[0]
     d.inventory.add_process(501, unit, 3000, cgroup=cgroup(pod, "app"))
     d.agent.sync()
     d.metrics_server.start()
     text = get(f"http://127.0.0.1:{d.options.metrics_port}/metrics")[1]
-    series = [(s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text) for s in f.samples]
+    series = [
+        (s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text) for s in f.samples
+    ]
     assert len(series) == len(set(series))  # no label set twice in the exposition
     m = samples(text)
     held = [items for name, items in m if name == "gpushare_container_shares" and ("pod", "trainer") in items]

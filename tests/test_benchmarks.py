@@ -17,12 +17,36 @@ pytestmark = pytest.mark.benchmark
 
 
 def test_every_benchmark_runs_at_smoke_size(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--smoke", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
-    assert set(results) == {f"{n}-smoke" for n in ("admission", "scale", "recovery", "footprint", "scrape", "kubelet_link", "extender", "hostile", "dra",
-                                                   "dra_slices", "dra_tenants", "dra_start", "dynamic_mig", "stop", "restart_storm")}
+    assert set(results) == {
+        f"{n}-smoke"
+        for n in (
+            "admission",
+            "scale",
+            "recovery",
+            "footprint",
+            "scrape",
+            "kubelet_link",
+            "extender",
+            "hostile",
+            "dra",
+            "dra_slices",
+            "dra_tenants",
+            "dra_start",
+            "dynamic_mig",
+            "stop",
+            "restart_storm",
+        )
+    }
     assert results["admission-smoke"]["allocate"]["n"] == 50 and results["admission-smoke"]["devices"] == 512
     assert "over the 2097152 byte budget" in results["scale-smoke"]["60000_devices_refused_with"]
     assert results["recovery-smoke"]["socket_created_to_register_max_ms"] > 0
@@ -34,9 +58,15 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert results["footprint-smoke"]["rss_after_start_mib"] > 0
     assert results["scrape-smoke"]["containers"] == 20 and results["scrape-smoke"]["body_bytes"] > 0
     assert [r["nodes"] for r in results["extender-smoke"]["filter_prioritize"]] == [50, 200]
-    assert results["extender-smoke"]["annotation"]["mig_instances"] == 56 and results["extender-smoke"]["memory"]["cache_mib"] > 0
+    assert (
+        results["extender-smoke"]["annotation"]["mig_instances"] == 56
+        and results["extender-smoke"]["memory"]["cache_mib"] > 0
+    )
     assert set(results["extender-smoke"]["node_choice_agreement"]) == {"binpack", "spread", "fgdstrand"}
-    assert results["dra-smoke"]["disk"]["prepare_one_claim"]["n"] == 20 and results["dra-smoke"]["claims_prepared_beside"] == 100
+    assert (
+        results["dra-smoke"]["disk"]["prepare_one_claim"]["n"] == 20
+        and results["dra-smoke"]["claims_prepared_beside"] == 100
+    )
     assert results["dra-smoke"]["disk"]["prepare_again_while_a_read_hangs"]["n"] == 20
     tenants = results["dra_tenants-smoke"]
     assert "skipped" in tenants or (tenants["tenant_claims"] == 20 and tenants["with_tenant"]["cached"] == 0)
@@ -48,15 +78,27 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert mig["claims"] == 200 and mig["dynamic"]["nvml_refused"] == 0 and mig["dynamic"]["instances_left"] == 0
     assert mig["dynamic"]["instances_made"] > 0 and 0 <= mig["fixed_mig_mixed"]["slices_used"] <= 1
     start = results["dra_start-smoke"]
-    assert "skipped" in start or (start["claims_prepared"] == 10 and start["rss_with_claims_mib_median"] > 0 and start["exec_to_registered_ms_median"] > 0)
+    assert "skipped" in start or (
+        start["claims_prepared"] == 10
+        and start["rss_with_claims_mib_median"] > 0
+        and start["exec_to_registered_ms_median"] > 0
+    )
     dra = results["dra_slices-smoke"]
-    assert "skipped" in dra or (dra["devices"] == 20 and dra["rounds"] == 3 and dra["xid_to_taint_visible"]["max_ms"] > 0)
+    assert "skipped" in dra or (
+        dra["devices"] == 20 and dra["rounds"] == 3 and dra["xid_to_taint_visible"]["max_ms"] > 0
+    )
     for name in ("admission", "scale", "recovery", "footprint", "scrape", "extender", "hostile"):
         assert proc.stdout.count(f"\n{name}\n") + proc.stdout.startswith(f"{name}\n") == 1
 
 
 def test_the_stop_benchmark_times_every_backend_and_each_exits_0(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--smoke", "--only", "stop", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--smoke", "--only", "stop", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     stops = json.loads((tmp_path / "stop-smoke.json").read_text())["sigterm_to_exit"]
     assert set(stops) == {"simulated", "simulated_api", "nvml"}
@@ -67,11 +109,23 @@ def test_the_stop_benchmark_times_every_backend_and_each_exits_0(tmp_path):
 
 def test_the_restart_storm_command_runs_as_documented(tmp_path):
     """docs/performance.md's `python -m benchmarks.restart_storm` and `--churn`, at a few seconds each."""
-    storm = subprocess.run([sys.executable, "-m", "benchmarks.restart_storm", "--storms", "1", "--restarts", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    storm = subprocess.run(
+        [sys.executable, "-m", "benchmarks.restart_storm", "--storms", "1", "--restarts", "3"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert storm.returncode == 0, storm.stderr
     print(storm.stdout)
     assert json.loads(storm.stdout)["kubelet_starts"] == 3
-    churn = subprocess.run([sys.executable, "-m", "benchmarks.restart_storm", "--churn", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    churn = subprocess.run(
+        [sys.executable, "-m", "benchmarks.restart_storm", "--churn", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert churn.returncode == 0, churn.stderr
     print(churn.stdout)
     assert json.loads(churn.stdout)["plugin"]["channels"] <= json.loads(churn.stdout)["plugin"]["attempts"]

@@ -23,7 +23,13 @@ CDI = {"version": "v1", "deviceListStrategy": "cdi", "pools": [{"name": "s", "mo
 
 def spec(kind: str, *names: str) -> str:
     """A spec as `nvidia-ctk cdi generate --device-name-strategy=uuid` writes it (trimmed)."""
-    return json.dumps({"cdiVersion": "0.6.0", "kind": kind, "devices": [{"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}} for n in names]})
+    return json.dumps(
+        {
+            "cdiVersion": "0.6.0",
+            "kind": kind,
+            "devices": [{"name": n, "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}} for n in names],
+        }
+    )
 
 
 def test_specs_from_both_directories_yaml_and_json(tmp_path):
@@ -57,7 +63,9 @@ def test_missing_devices_are_reported_per_resource(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         missing = check_specs(resources, "nvidia.com/gpu", (str(tmp_path),))
     assert missing == {"example.com/gpu-share": [f"nvidia.com/gpu={U1}"]}
-    assert f"example.com/gpu-share: 1 of 2 CDI devices are in no spec under {tmp_path}: nvidia.com/gpu={U1}" in caplog.text
+    assert (
+        f"example.com/gpu-share: 1 of 2 CDI devices are in no spec under {tmp_path}: nvidia.com/gpu={U1}" in caplog.text
+    )
     other_kind = check_specs(resources, "vendor.example/gpu", (str(tmp_path),))
     assert len(other_kind["example.com/gpu-share"]) == 2  # the kind must match cdiKind too
 
@@ -66,8 +74,13 @@ def test_daemon_in_cdi_mode_warns_and_exports_the_count(tmp_path, plugin_dir, ca
     (tmp_path / "config.yaml").write_text(json.dumps(CDI))
     (tmp_path / "cdi").mkdir()
     (tmp_path / "cdi" / "nvidia.yaml").write_text(spec("nvidia.com/gpu", U0))
-    options = DaemonOptions(config_file=str(tmp_path / "config.yaml"), plugin_dir=plugin_dir, metrics_port=0, timings=FAST,
-                            cdi_spec_dirs=(str(tmp_path / "cdi"),))
+    options = DaemonOptions(
+        config_file=str(tmp_path / "config.yaml"),
+        plugin_dir=plugin_dir,
+        metrics_port=0,
+        timings=FAST,
+        cdi_spec_dirs=(str(tmp_path / "cdi"),),
+    )
     with caplog.at_level(logging.WARNING):
         daemon = build_daemon(SimulatedInventory.from_file(T4), options)
     assert "1 of 2 CDI devices are in no spec" in caplog.text
@@ -77,7 +90,9 @@ def test_daemon_in_cdi_mode_warns_and_exports_the_count(tmp_path, plugin_dir, ca
 
 
 def test_envvar_mode_reads_no_specs(tmp_path, plugin_dir, caplog):
-    options = DaemonOptions(plugin_dir=plugin_dir, metrics_port=0, timings=FAST, cdi_spec_dirs=(str(tmp_path / "none"),))
+    options = DaemonOptions(
+        plugin_dir=plugin_dir, metrics_port=0, timings=FAST, cdi_spec_dirs=(str(tmp_path / "none"),)
+    )
     with caplog.at_level(logging.WARNING):
         daemon = build_daemon(SimulatedInventory.from_file(T4), options)
     assert daemon.cdi.missing == {} and "CDI" not in caplog.text

@@ -74,15 +74,23 @@ def test_node_check_uses_the_default_profile_as_run_would():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "Profile exclusive (defaultProfile) on 8xH100-80GB:"
     assert "Profile inference" not in proc.stdout
-    assert proc.stdout.splitlines()[-1] == f"{EXAMPLES / 'config' / 'profiles.yaml'}: valid on 8xH100-80GB (profile exclusive)"
+    assert (
+        proc.stdout.splitlines()[-1]
+        == f"{EXAMPLES / 'config' / 'profiles.yaml'}: valid on 8xH100-80GB (profile exclusive)"
+    )
 
 
 def test_profile_flag_checks_that_profile():
     proc = check(str(EXAMPLES / "config" / "profiles.yaml"), "--node", A100_MIG, "--profile", "mig")
     assert proc.returncode == 0, proc.stderr
     assert "example.com/mig-3g.40gb (mig): 3 devices" in proc.stdout
-    assert "  warning: GPU 5 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000005) does not have MIG enabled: pool mig (mig) does not advertise it" in proc.stdout
-    assert "  warning: pool shares has no usable GPU on this node; example.com/gpu-share is not advertised" in proc.stdout
+    assert (
+        "  warning: GPU 5 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000005) does not have MIG enabled: pool mig (mig) does not advertise it"
+        in proc.stdout
+    )
+    assert (
+        "  warning: pool shares has no usable GPU on this node; example.com/gpu-share is not advertised" in proc.stdout
+    )
     missing = check(str(EXAMPLES / "config" / "profiles.yaml"), "--profile", "nope")
     assert missing.returncode == 2
     assert "profile 'nope' is not in the config (profiles: exclusive, inference, mig, mps)" in missing.stderr
@@ -91,10 +99,17 @@ def test_profile_flag_checks_that_profile():
 def test_all_profiles_reports_each_profile_then_fails_when_one_does():
     proc = check(str(EXAMPLES / "config" / "profiles.yaml"), "--node", H100, "--all-profiles")
     assert proc.returncode == 2
-    for header in ("Profile exclusive (defaultProfile) on 8xH100-80GB:", "Profile inference on 8xH100-80GB:", "Profile mps on 8xH100-80GB:"):
+    for header in (
+        "Profile exclusive (defaultProfile) on 8xH100-80GB:",
+        "Profile inference on 8xH100-80GB:",
+        "Profile mps on 8xH100-80GB:",
+    ):
         assert header in proc.stdout
     assert "Profile mig on 8xH100-80GB:\n  warning: GPU 0 (" in proc.stdout
-    assert "  FAILED: profile 'mig' advertises no resource on node 8xH100-80GB (no pool has a usable GPU there)" in proc.stdout
+    assert (
+        "  FAILED: profile 'mig' advertises no resource on node 8xH100-80GB (no pool has a usable GPU there)"
+        in proc.stdout
+    )
     assert "profiles.yaml: 1 of 4 profiles fail on 8xH100-80GB: mig" in proc.stderr
     ok = check(str(EXAMPLES / "config" / "profiles.yaml"), "--node", T4, "--all-profiles")
     assert ok.returncode == 0, ok.stdout
@@ -106,8 +121,14 @@ def test_zero_resources_on_the_node_is_an_error(tmp_path):
     config.write_text("version: v1\npools:\n  - {name: m, mode: mig}\n")
     proc = check(str(config), "--node", T4)
     assert proc.returncode == 2
-    assert "warning: GPU 0 (GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000) does not have MIG enabled: pool m (mig) does not advertise it" in proc.stdout
-    assert f"{config}: profile 'default' advertises no resource on node 2xT4 (no pool has a usable GPU there)" in proc.stderr
+    assert (
+        "warning: GPU 0 (GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000) does not have MIG enabled: pool m (mig) does not advertise it"
+        in proc.stdout
+    )
+    assert (
+        f"{config}: profile 'default' advertises no resource on node 2xT4 (no pool has a usable GPU there)"
+        in proc.stderr
+    )
 
 
 def test_discover_json_is_a_node_file_round_trip(tmp_path):
@@ -140,15 +161,25 @@ def test_node_file_with_a_duplicate_key_names_the_line(tmp_path):
     node.write_text("name: n\ngpus:\n  - {index: 0, uuid: GPU-a, model: T4, memoryMiB: 15360, memoryMiB: 16000}\n")
     proc = gpu_share("discover", "--node", str(node))
     assert proc.returncode == 1
-    assert proc.stderr.strip() == f"gpu-share: error: node file {node}: line 3, column 58: duplicate key 'memoryMiB' (first at line 3); YAML would keep only the last"
+    assert (
+        proc.stderr.strip()
+        == f"gpu-share: error: node file {node}: line 3, column 58: duplicate key 'memoryMiB' (first at line 3); YAML would keep only the last"
+    )
 
 
-@pytest.mark.parametrize("pools, warning", [
-    ([{"name": "mig", "mode": "mig", "gpus": {"models": ["*A100*"]}}, {"name": "s", "mode": "shared"}],
-     "pool mig has no usable GPU on this node (no GPU matches its gpus); it advertises nothing"),
-    ([{"name": "s", "mode": "shared", "replicas": 1024}],
-     "pool s: a share of GPU 0 (Tesla T4) is 15 MiB (1024 shares), less than a CUDA context needs (about 256 MiB); lower replicas or use memoryPerShare"),
-])
+@pytest.mark.parametrize(
+    "pools, warning",
+    [
+        (
+            [{"name": "mig", "mode": "mig", "gpus": {"models": ["*A100*"]}}, {"name": "s", "mode": "shared"}],
+            "pool mig has no usable GPU on this node (no GPU matches its gpus); it advertises nothing",
+        ),
+        (
+            [{"name": "s", "mode": "shared", "replicas": 1024}],
+            "pool s: a share of GPU 0 (Tesla T4) is 15 MiB (1024 shares), less than a CUDA context needs (about 256 MiB); lower replicas or use memoryPerShare",
+        ),
+    ],
+)
 def test_config_check_warns_of_pools_that_cannot_work_on_the_node(pools, warning):
     from deviceplugin.alloc.check import check_profile
     from deviceplugin.config.parse import parse_config

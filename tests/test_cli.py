@@ -47,8 +47,14 @@ def test_run_survives_kubelet_restart_as_a_subprocess(kubelet, plugin_dir):
     "config, message",
     [
         ("version: v1\npools:\n  - name: a\n    mode: shared\n    replica: 4\n", "pools[0].replica: unknown key"),
-        ("version: v1\npools:\n  - name: a\n    mode: shared\n    resource: Bad/Name\n", "pools[0].resource: 'Bad/Name' is not a valid extended resource name"),
-        ("version: v1\npools:\n  - name: a\n    mode: exclusive\n    gpus: {indexes: [7]}\n", "pools[0].gpus.indexes: no GPU with index 7"),
+        (
+            "version: v1\npools:\n  - name: a\n    mode: shared\n    resource: Bad/Name\n",
+            "pools[0].resource: 'Bad/Name' is not a valid extended resource name",
+        ),
+        (
+            "version: v1\npools:\n  - name: a\n    mode: exclusive\n    gpus: {indexes: [7]}\n",
+            "pools[0].gpus.indexes: no GPU with index 7",
+        ),
     ],
 )
 def test_bad_config_is_a_clear_startup_error(tmp_path, plugin_dir, config, message):
@@ -65,7 +71,12 @@ def test_bad_config_is_a_clear_startup_error(tmp_path, plugin_dir, config, messa
 def test_bad_node_file_and_bad_flag(tmp_path, plugin_dir):
     node = tmp_path / "node.yaml"
     node.write_text("gpus:\n  - {index: 0, uuid: nope, model: T4, memoryMiB: 1}\n")
-    proc = subprocess.run([*GPU_CLI, "run", "--node", str(node), "--plugin-dir", str(plugin_dir)], capture_output=True, text=True, timeout=15)
+    proc = subprocess.run(
+        [*GPU_CLI, "run", "--node", str(node), "--plugin-dir", str(plugin_dir)],
+        capture_output=True,
+        text=True,
+        timeout=15,
+    )
     assert proc.returncode == 1 and "gpus[0].uuid: must start with 'GPU-', got 'nope'" in proc.stderr
     proc = subprocess.run([*GPU_CLI, "run", "--watch-interval", "-1"], capture_output=True, text=True, timeout=15)
     assert proc.returncode == 2 and "argument --watch-interval: must be > 0, got -1" in proc.stderr
@@ -155,7 +166,10 @@ def test_bad_boolean_flag():
     proc = subprocess.run([*GPU_CLI, "run", "--ignore-xids", "13,x"], capture_output=True, text=True, timeout=15)
     assert proc.returncode == 2 and "must be comma-separated XID numbers, got '13,x'" in proc.stderr
     proc = subprocess.run([*GPU_CLI, "run", "--metrics-port", "99999"], capture_output=True, text=True, timeout=15)
-    assert proc.returncode == 2 and "argument --metrics-port: must be a port number 0-65535 (0 disables), got '99999'" in proc.stderr
+    assert (
+        proc.returncode == 2
+        and "argument --metrics-port: must be a port number 0-65535 (0 disables), got '99999'" in proc.stderr
+    )
 
 
 def test_metrics_port_in_use_is_a_clear_error(plugin_dir):
@@ -166,11 +180,25 @@ def test_metrics_port_in_use_is_a_clear_error(plugin_dir):
         taken.listen()
         port = taken.getsockname()[1]
         proc = subprocess.run(
-            [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--metrics-port", str(port)],
-            capture_output=True, text=True, timeout=30,
+            [
+                *GPU_CLI,
+                "run",
+                "--node",
+                str(EXAMPLES / "nodes" / "2xT4.yaml"),
+                "--plugin-dir",
+                str(plugin_dir),
+                "--metrics-port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
     assert proc.returncode == 1
-    assert f"gpu-share: error: cannot serve metrics on 0.0.0.0:{port}: Address already in use (choose another --metrics-port or --metrics-bind-address)" in proc.stderr
+    assert (
+        f"gpu-share: error: cannot serve metrics on 0.0.0.0:{port}: Address already in use (choose another --metrics-port or --metrics-bind-address)"
+        in proc.stderr
+    )
 
 
 def test_discover_table_and_json():
@@ -183,7 +211,11 @@ def test_discover_table_and_json():
     assert lines[0] == "Node 8xA100-80GB-mig: 8 GPUs, driver 550.90.07, CUDA 12.4"
     assert any(line.startswith("2/1  MIG-") and "3g.40gb" in line for line in lines)
     assert any(line.startswith("GPU5") and "NV12" in line for line in lines)
-    report = json.loads(subprocess.run([*GPU_CLI, "discover", "--node", node_file, "--json"], capture_output=True, text=True, timeout=15).stdout)
+    report = json.loads(
+        subprocess.run(
+            [*GPU_CLI, "discover", "--node", node_file, "--json"], capture_output=True, text=True, timeout=15
+        ).stdout
+    )
     assert len(report["gpus"]) == 8 and report["gpus"][0]["health"] == "Healthy"
     assert [m["profile"] for m in report["gpus"][1]["mig"]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
     assert {"gpus": [5, 6], "nvlinks": 12, "pcie": "numa-node"} in report["links"]
@@ -216,7 +248,14 @@ sys.exit(code)
     "command",
     [
         ["config", "check", str(EXAMPLES / "config" / "profiles.yaml")],
-        ["config", "check", str(EXAMPLES / "config" / "profiles.yaml"), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--all-profiles"],
+        [
+            "config",
+            "check",
+            str(EXAMPLES / "config" / "profiles.yaml"),
+            "--node",
+            str(EXAMPLES / "nodes" / "2xT4.yaml"),
+            "--all-profiles",
+        ],
         ["discover", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--json"],
     ],
 )
@@ -229,7 +268,9 @@ def test_config_check_and_discover_load_no_grpc_protobuf_prometheus_or_kubernete
 def test_the_import_probe_sees_what_the_daemon_loads():
     probe = LOADED.replace("code = main(sys.argv[1:])", "from deviceplugin.runtime import daemon; code = 0")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 0 and proc.stderr.splitlines()[-1] == "['google', 'grpc', 'prometheus_client']", proc.stderr
+    assert proc.returncode == 0 and proc.stderr.splitlines()[-1] == "['google', 'grpc', 'prometheus_client']", (
+        proc.stderr
+    )
 
 
 def test_the_documented_run_defaults_are_the_parser_defaults():
@@ -264,7 +305,9 @@ def test_run_builds_only_its_own_arguments_and_never_loads_the_cluster_package()
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0 and proc.stdout.split() == ["0", "[]"], proc.stdout + proc.stderr
-    full = subprocess.run([sys.executable, "-c", probe.replace("only='run'", "only=None")], capture_output=True, text=True, timeout=30)
+    full = subprocess.run(
+        [sys.executable, "-c", probe.replace("only='run'", "only=None")], capture_output=True, text=True, timeout=30
+    )
     assert full.returncode == 0 and "deviceplugin.cluster.report" in full.stdout, full.stdout + full.stderr
 
 
@@ -272,7 +315,11 @@ def test_run_builds_only_its_own_arguments_and_never_loads_the_cluster_package()
     "flag, value, message",
     [
         ("--reload-interval", "0", "argument --reload-interval: must be > 0, got 0"),
-        ("--profile-label-interval", "abc", "argument --profile-label-interval: must be a number of seconds, got 'abc'"),
+        (
+            "--profile-label-interval",
+            "abc",
+            "argument --profile-label-interval: must be a number of seconds, got 'abc'",
+        ),
     ],
 )
 def test_mps_reload_flags_refuse_bad_values(flag, value, message):

@@ -97,7 +97,10 @@ def test_file_problems_name_the_real_cause(tmp_path):
         ("pools: [" + ",".join(["0"] * 20_000) + "]", f"more than {limits.MAX_YAML_NODES} YAML nodes"),
         ("replicas: " + "9" * 5000, r"a value cannot be read: Exceeds the limit \(4300 digits\)"),
         ("version: 2001-02-30", "a value cannot be read: day is out of range for month"),
-        ("version: [v1\n", r"line 2, column 1: not valid YAML: while parsing a flow sequence (did not find )?expected ',' or '\]'"),
+        (
+            "version: [v1\n",
+            r"line 2, column 1: not valid YAML: while parsing a flow sequence (did not find )?expected ',' or '\]'",
+        ),
         ("a: 1\n---\nb: 2\n", "not valid YAML: expected a single document"),
         ("? [a]\n: 1\n", "not valid YAML: while constructing a mapping found unhashable key"),
     ],
@@ -148,15 +151,45 @@ def test_only_the_first_problems_are_listed():
     "data, message",
     [
         (pools({"name": "a", "mode": "shared", "replicas": 100_000}), "pools[0].replicas: must be <= 1024, got 100000"),
-        (pools({"name": "a", "mode": "shared", "replicas": 10**4000}), "pools[0].replicas: must be <= 1024, got 1" + "0" * 39 + "...(4001 chars)"),
-        (pools({"name": "a", "mode": "shared", "backend": "mps", "replicas": 49}), "pools[0].replicas: must be <= 48 for backend mps (an MPS server takes 48 clients per GPU"),
-        ({"version": "v1", "pools": [{"name": f"p{i}", "mode": "exclusive", "gpus": {"indexes": [i]}} for i in range(65)]}, "pools: at most 64 pools per profile, got 65"),
-        ({"version": "v1", "profiles": {f"p{i}": {"pools": [{"name": "a", "mode": "exclusive"}]} for i in range(65)}}, "profiles: at most 64 profiles, got 65"),
-        (pools({"name": "a", "mode": "shared", "gpus": {"indexes": list(range(300))}}), "pools[0].gpus.indexes: must have at most 256 entries, got 300"),
-        (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [5000]}}), "pools[0].gpus.indexes[0]: must be 0-1023, got 5000"),
-        (pools({"name": "a", "mode": "shared", "gpus": {"models": ["*" * 300]}}), "pools[0].gpus.models[0]: must be at most 256 characters, got 300"),
+        (
+            pools({"name": "a", "mode": "shared", "replicas": 10**4000}),
+            "pools[0].replicas: must be <= 1024, got 1" + "0" * 39 + "...(4001 chars)",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "backend": "mps", "replicas": 49}),
+            "pools[0].replicas: must be <= 48 for backend mps (an MPS server takes 48 clients per GPU",
+        ),
+        (
+            {
+                "version": "v1",
+                "pools": [{"name": f"p{i}", "mode": "exclusive", "gpus": {"indexes": [i]}} for i in range(65)],
+            },
+            "pools: at most 64 pools per profile, got 65",
+        ),
+        (
+            {
+                "version": "v1",
+                "profiles": {f"p{i}": {"pools": [{"name": "a", "mode": "exclusive"}]} for i in range(65)},
+            },
+            "profiles: at most 64 profiles, got 65",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "gpus": {"indexes": list(range(300))}}),
+            "pools[0].gpus.indexes: must have at most 256 entries, got 300",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "gpus": {"indexes": [5000]}}),
+            "pools[0].gpus.indexes[0]: must be 0-1023, got 5000",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "gpus": {"models": ["*" * 300]}}),
+            "pools[0].gpus.models[0]: must be at most 256 characters, got 300",
+        ),
         (pools({"name": "a", "mode": "shared"}, domain="d" * 300), "domain: must be at most 256 characters, got 300"),
-        (pools({"name": "a", "mode": "shared", "k" * 10_000: 1}), "pools[0]." + "k" * 64 + "...(10000 chars): unknown key"),
+        (
+            pools({"name": "a", "mode": "shared", "k" * 10_000: 1}),
+            "pools[0]." + "k" * 64 + "...(10000 chars): unknown key",
+        ),
         (pools({"name": "a", "mode": "shared", "bad\nkey": 1}), "pools[0].bad\\x0akey: unknown key"),
     ],
 )
@@ -167,19 +200,29 @@ def test_every_key_has_an_upper_bound(data, message):
 
 
 def test_huge_replicas_and_tiny_shares_are_refused_in_milliseconds():
-    assert cpu_seconds(lambda: refusal(text="version: v1\npools: [{name: a, mode: shared, replicas: 100000000}]\n")) < 0.1
+    assert (
+        cpu_seconds(lambda: refusal(text="version: v1\npools: [{name: a, mode: shared, replicas: 100000000}]\n")) < 0.1
+    )
     tiny = parse_config(pools({"name": "a", "mode": "shared", "memoryPerShare": "1Mi"}))
-    with pytest.raises(ConfigError, match=r"pools\[0\].memoryPerShare: 1 MiB makes 81559 shares of GPU 0 .* over the limit of 1024 shares"):
+    with pytest.raises(
+        ConfigError,
+        match=r"pools\[0\].memoryPerShare: 1 MiB makes 81559 shares of GPU 0 .* over the limit of 1024 shares",
+    ):
         build_resources(tiny, H100)
     assert cpu_seconds(lambda: pytest.raises(ConfigError, build_resources, tiny, H100)) < 0.1
     mps = parse_config(pools({"name": "a", "mode": "shared", "backend": "mps", "memoryPerShare": "1Gi"}))
-    with pytest.raises(ConfigError, match=r"1024 MiB makes 79 shares .* over the limit of 48 shares per GPU or MIG instance \(an MPS server"):
+    with pytest.raises(
+        ConfigError,
+        match=r"1024 MiB makes 79 shares .* over the limit of 48 shares per GPU or MIG instance \(an MPS server",
+    ):
         build_resources(mps, H100)
 
 
 def test_device_count_is_computed_not_built():
     """64 GPUs x 1024 shares passes every key bound; the ListAndWatch budget refuses it without building 65,536 devices."""
-    big = NodeInfo(gpus=tuple(replace(H100.gpus[0], index=i, uuid=f"{H100.gpus[0].uuid[:-3]}{i:03d}") for i in range(64)))
+    big = NodeInfo(
+        gpus=tuple(replace(H100.gpus[0], index=i, uuid=f"{H100.gpus[0].uuid[:-3]}{i:03d}") for i in range(64))
+    )
     config = parse_config(pools({"name": "a", "mode": "shared", "replicas": 1024}))
     tracemalloc.start()
     try:
@@ -206,7 +249,10 @@ def test_computed_size_is_the_real_worst_case_size(node_info, pool):
     for resource in build_resources(config, node_info):
         size = EncodedDeviceList(resource).response(all_unhealthy=True).ByteSize()
         single = replace(config, profiles={"default": (replace(resource.pool),)})
-        sizes = {r.name: EncodedDeviceList(r).response(all_unhealthy=True).ByteSize() for r in build_resources(single, node_info)}
+        sizes = {
+            r.name: EncodedDeviceList(r).response(all_unhealthy=True).ByteSize()
+            for r in build_resources(single, node_info)
+        }
         assert sizes[resource.name] == size
         assert build_resources(single, node_info, budget_bytes=max(sizes.values()))
         if len(sizes) == 1:
@@ -224,7 +270,10 @@ def test_computed_size_is_the_real_worst_case_size(node_info, pool):
         ("/", None),
         ("run/nvidia", "must be an absolute path, got 'run/nvidia'"),
         ("/run/../etc", "must not contain '..', got '/run/../etc'"),
-        ("/run//nvidia", "must be normalised (no '//', '/./' or trailing '/'): write '/run/nvidia', got '/run//nvidia'"),
+        (
+            "/run//nvidia",
+            "must be normalised (no '//', '/./' or trailing '/'): write '/run/nvidia', got '/run//nvidia'",
+        ),
         ("//run", "must be normalised"),
         ("/run/./nvidia", "must be normalised"),
         ("/run/nvidia/", "must be normalised"),
@@ -256,7 +305,10 @@ def test_path_rules(path, problem):
 def test_mps_root_rules(root, problem):
     if problem is None:
         assert mps_root_problem(root) is None
-        assert parse_config(pools({"name": "a", "mode": "shared", "backend": "mps", "replicas": 2}, mpsRoot=root)).mps_root == root
+        assert (
+            parse_config(pools({"name": "a", "mode": "shared", "backend": "mps", "replicas": 2}, mpsRoot=root)).mps_root
+            == root
+        )
     else:
         assert problem in mps_root_problem(root)
         assert f"mpsRoot: {problem}" in str(refusal(pools({"name": "a", "mode": "shared"}, mpsRoot=root)))
@@ -269,24 +321,65 @@ def test_pool_names_cannot_leave_the_mps_root(name):
     with pytest.raises(ValueError):
         MpsPaths.of("/run/gpu-share/mps", name)
     if name:
-        assert "pools[0].name: must be 1-40 characters of [a-z0-9-]" in str(refusal(pools({"name": name, "mode": "shared"})))
+        assert "pools[0].name: must be 1-40 characters of [a-z0-9-]" in str(
+            refusal(pools({"name": name, "mode": "shared"}))
+        )
     assert str(MpsPaths.of("/run/gpu-share/mps", "dev").shm) == "/run/gpu-share/mps/dev/shm"
 
 
 # --- property-based: nothing but ConfigError, always clear, always quick ---------------------------
 
-KEYS = ["version", "domain", "pools", "profiles", "defaultProfile", "mpsRoot", "deviceRoot", "memoryWatchdog", "name", "mode",
-        "replicas", "memoryPerShare", "backend", "mpsLimits", "gpus", "indexes", "uuids", "models", "resource", "strategy", "<<"]
+KEYS = [
+    "version",
+    "domain",
+    "pools",
+    "profiles",
+    "defaultProfile",
+    "mpsRoot",
+    "deviceRoot",
+    "memoryWatchdog",
+    "name",
+    "mode",
+    "replicas",
+    "memoryPerShare",
+    "backend",
+    "mpsLimits",
+    "gpus",
+    "indexes",
+    "uuids",
+    "models",
+    "resource",
+    "strategy",
+    "<<",
+]
 SCALARS = (
-    st.none() | st.booleans() | st.integers() | st.integers(min_value=10**18, max_value=10**80) | st.floats()
-    | st.text(max_size=20) | st.sampled_from(["v1", "shared", "mps", "mig", "exclusive", "timeSlicing", "1Gi", "1Mi", "0Ki", "/", "..", "/etc", "*"])
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=10**18, max_value=10**80)
+    | st.floats()
+    | st.text(max_size=20)
+    | st.sampled_from(
+        ["v1", "shared", "mps", "mig", "exclusive", "timeSlicing", "1Gi", "1Mi", "0Ki", "/", "..", "/etc", "*"]
+    )
 )
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=8), inner, max_size=4), max_leaves=25)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=25,
+)
 BASE = {
     "version": "v1",
     "mpsRoot": "/run/gpu-share/mps",
     "profiles": {
-        "a": {"pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0, 1]}}, {"name": "m", "mode": "mig"}]},
+        "a": {
+            "pools": [
+                {"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0, 1]}},
+                {"name": "m", "mode": "mig"},
+            ]
+        },
         "b": {"pools": [{"name": "p", "mode": "shared", "backend": "mps", "memoryPerShare": "8Gi"}]},
     },
 }
@@ -361,17 +454,25 @@ def test_mutated_documents(doc):
 @given(st.sampled_from(EXAMPLE_TEXTS), st.data())
 def test_mutated_text(text, data):
     """Example configs with characters inserted, deleted or replaced: YAML syntax, indentation, anchors, unicode."""
-    alphabet = st.sampled_from(list("[]{}:-&*!|>'\"%@`#,? \n\t<") + ["\u00e9", "\u202e", "\U0001f600", "\x00", "9" * 30, "&a ", "*a", "<<: "])
+    alphabet = st.sampled_from(
+        list("[]{}:-&*!|>'\"%@`#,? \n\t<") + ["\u00e9", "\u202e", "\U0001f600", "\x00", "9" * 30, "&a ", "*a", "<<: "]
+    )
     for _ in range(data.draw(st.integers(1, 6))):
         at = data.draw(st.integers(0, len(text)))
         how = data.draw(st.sampled_from(["insert", "delete", "replace"]))
         piece = data.draw(alphabet)
-        text = text[:at] + (piece if how != "delete" else "") + text[at + (how != "insert"):]
+        text = text[:at] + (piece if how != "delete" else "") + text[at + (how != "insert") :]
     outcome(text)
 
 
-@settings(FUZZ, max_examples=30)  # a deep flow collection costs up to 0.25 s: YAML looks 1024 characters ahead for a key
-@given(st.integers(1, 3000), st.sampled_from(["[", "{a: ", "- ", "&x [", "!!seq ["]), st.sampled_from(["pools: ", "", "profiles:\n  p:\n    pools: "]))
+@settings(
+    FUZZ, max_examples=30
+)  # a deep flow collection costs up to 0.25 s: YAML looks 1024 characters ahead for a key
+@given(
+    st.integers(1, 3000),
+    st.sampled_from(["[", "{a: ", "- ", "&x [", "!!seq ["]),
+    st.sampled_from(["pools: ", "", "profiles:\n  p:\n    pools: "]),
+)
 def test_deep_nesting(depth, opener, prefix):
     outcome("version: v1\n" + prefix + opener * depth)
 
@@ -383,17 +484,32 @@ def test_deep_nesting(depth, opener, prefix):
     "command, text, message",
     [
         (["config", "check"], "pools: " + "{a: " * 5000, "line 1, column 129: nested deeper than 32 levels"),
-        (["config", "check", "--node", str(EXAMPLES / "nodes" / "8xH100-80GB.yaml")], "version: v1\npools: [{name: a, mode: shared, memoryPerShare: 1Mi}]\n",
-         "pools[0].memoryPerShare: 1 MiB makes 81559 shares of GPU 0"),
-        (["run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")], "version: v1\npools: [{name: a, mode: shared, replicas: 100000}]\n", "pools[0].replicas: must be <= 1024, got 100000"),
-        (["run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")], "version: v1\nmpsRoot: /\npools: [{name: dev, mode: shared}]\n", "mpsRoot: must not be /: /<pool>/shm is mounted into tenant pods"),
+        (
+            ["config", "check", "--node", str(EXAMPLES / "nodes" / "8xH100-80GB.yaml")],
+            "version: v1\npools: [{name: a, mode: shared, memoryPerShare: 1Mi}]\n",
+            "pools[0].memoryPerShare: 1 MiB makes 81559 shares of GPU 0",
+        ),
+        (
+            ["run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")],
+            "version: v1\npools: [{name: a, mode: shared, replicas: 100000}]\n",
+            "pools[0].replicas: must be <= 1024, got 100000",
+        ),
+        (
+            ["run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")],
+            "version: v1\nmpsRoot: /\npools: [{name: dev, mode: shared}]\n",
+            "mpsRoot: must not be /: /<pool>/shm is mounted into tenant pods",
+        ),
     ],
     ids=["check-nested", "check-on-node", "run-replicas", "run-mps-root"],
 )
 def test_commands_print_one_clear_line(tmp_path, command, text, message):
     path = tmp_path / "config.yaml"
     path.write_text(text)
-    args = [*command[:2], str(path), *command[2:]] if command[0] == "config" else [*command, "--config", str(path), "--plugin-dir", str(tmp_path)]
+    args = (
+        [*command[:2], str(path), *command[2:]]
+        if command[0] == "config"
+        else [*command, "--config", str(path), "--plugin-dir", str(tmp_path)]
+    )
     proc = subprocess.run([*GPU_CLI, *args], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert proc.stderr == f"gpu-share: error: {path}: {message}" + proc.stderr.split(message, 1)[1]

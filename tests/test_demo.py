@@ -37,7 +37,9 @@ def test_demo_runs_on_every_shipped_node_and_config(node, config):
     text = "\n".join(lines)
     if not config_check_passes(node, config):  # the demo agrees with `config check`, and says why
         assert rc == 2, text
-        assert lines[0].startswith("The plugin refuses this config on node") or lines[-1].startswith("Nothing to show"), text
+        assert lines[0].startswith("The plugin refuses this config on node") or lines[-1].startswith(
+            "Nothing to show"
+        ), text
         return
     assert rc == 0, text
     assert lines[-1] == "Done: sockets removed, temporary directory cleaned up."
@@ -46,11 +48,17 @@ def test_demo_runs_on_every_shipped_node_and_config(node, config):
     requested = set(re.findall(r" (\S+/\S+): \d+ ", pods))
     assert requested and requested <= advertised, (requested, advertised)  # only resources the node really has
     assert re.search(r"^  too-big .* REFUSED: ", pods, flags=re.M), pods  # the pod that cannot fit
-    admission = re.search(r"^  too-big \((\d+) shares\) (.*)$", text, flags=re.M)  # the scheduler step, shared resources only
+    admission = re.search(
+        r"^  too-big \((\d+) shares\) (.*)$", text, flags=re.M
+    )  # the scheduler step, shared resources only
     if admission:
-        assert f"more shares ({admission[1]}) than" in pods and "None" not in admission[2], text  # the same pod, a real answer
+        assert f"more shares ({admission[1]}) than" in pods and "None" not in admission[2], (
+            text
+        )  # the same pod, a real answer
     if any(re.search(r"/mig-\d+g\.", r) for r in advertised):  # a mig-mode resource
-        assert re.search(r"^  isolated +one MIG instance .* MIG instance +NVIDIA_VISIBLE_DEVICES=MIG-", pods, flags=re.M), pods
+        assert re.search(
+            r"^  isolated +one MIG instance .* MIG instance +NVIDIA_VISIBLE_DEVICES=MIG-", pods, flags=re.M
+        ), pods
     assert "GPU memory use is simulated" in text
     usage = text.split("USED MiB (simulated)")[1]
     for row in re.findall(r"^  (\S+) +main +\S+ +\d+ +(\d+) +(\d+)(.*)$", usage, flags=re.M):
@@ -87,7 +95,9 @@ def test_demo_shows_the_plugins_warnings():
 
 
 def test_demo_names_the_configs_allocation_policy():
-    rc, lines = demo(EXAMPLES / "nodes" / "2xT4.yaml", EXAMPLES / "config" / "by-model.yaml")  # allocationPolicy: spread
+    rc, lines = demo(
+        EXAMPLES / "nodes" / "2xT4.yaml", EXAMPLES / "config" / "by-model.yaml"
+    )  # allocationPolicy: spread
     assert rc == 0
     assert "Shares in use per GPU (spread puts each container on the emptiest GPU):" in lines
 
@@ -95,21 +105,35 @@ def test_demo_names_the_configs_allocation_policy():
 @pytest.mark.parametrize("limits", ["proportional", "strict"])
 def test_demo_runs_mps_pools_with_a_simulated_control_daemon_and_shows_their_limits(limits, tmp_path):
     config = tmp_path / "mps.yaml"
-    config.write_text(f"version: v1\npools: [{{name: mps, mode: shared, backend: mps, mpsLimits: {limits}, replicas: 4}}]\n")
+    config.write_text(
+        f"version: v1\npools: [{{name: mps, mode: shared, backend: mps, mpsLimits: {limits}, replicas: 4}}]\n"
+    )
     rc, lines = demo(EXAMPLES / "nodes" / "2xT4.yaml", config)
     text = "\n".join(lines)
     assert rc == 0 and lines[-1] == "Done: sockets removed, temporary directory cleaned up.", text
-    header = "  MPS pool mps (example.com/gpu-share, mpsLimits " + limits + "): a simulated control daemon serves GPUs 0, 1; daemon-wide limits: "
+    header = (
+        "  MPS pool mps (example.com/gpu-share, mpsLimits "
+        + limits
+        + "): a simulated control daemon serves GPUs 0, 1; daemon-wide limits: "
+    )
     small = next(line for line in lines if line.startswith("  chat-small"))
     if limits == "strict":  # the daemon holds 1/4 of the threads and of each T4's 15360 MiB
-        assert header + "set_default_active_thread_percentage 25; set_default_device_pinned_mem_limit 0 3840M; set_default_device_pinned_mem_limit 1 3840M" in lines
+        assert (
+            header
+            + "set_default_active_thread_percentage 25; set_default_device_pinned_mem_limit 0 3840M; set_default_device_pinned_mem_limit 1 3840M"
+            in lines
+        )
         assert small.endswith("shares 1/4, 3840 MiB, 25% compute; MPS enforces the daemon-wide limits"), small
         assert "uses MPS with strict limits: one share per container, got 3" in text
     else:  # each client its own, from its shares
         assert header + "none (each client gets its own CUDA_MPS_* limits)" in lines
-        assert small.endswith("MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3840M"), small
+        assert small.endswith(
+            "MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3840M"
+        ), small
         large = next(line for line in lines if line.startswith("  chat-large"))
-        assert large.endswith("MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=11520M"), large
+        assert large.endswith(
+            "MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=11520M"
+        ), large
         assert "asking more memory than they allow: MPS holds them to it" in large
         used = next(line for line in lines if re.match(r"^  chat-large +main ", line)).split()
         assert used[4] == used[5] == "11520" and "OVER LIMIT" not in text  # MPS enforces: used never above the limit
@@ -121,7 +145,9 @@ def test_demo_with_a_node_and_no_config_serves_runs_default():
 
     from .conftest import GPU_CLI
 
-    proc = subprocess.run([*GPU_CLI, "demo", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*GPU_CLI, "demo", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout
     assert "config the default (every GPU shared in 10, as `gpu-share run` without --config)" in text

@@ -40,17 +40,33 @@ def daemon(kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path) -> Itera
 
     def make(policy: str = "report") -> DraDaemon:
         config = tmp_path / "config.yaml"
-        config.write_text(json.dumps({
-            "version": "v1",
-            "memoryWatchdog": {"policy": policy, "quarantine": True},
-            "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}}, {"name": "w", "mode": "exclusive"}],
-        }))
-        options = DaemonOptions(
-            config_file=str(config), node_name="2xT4", pod_resources_socket=kubelet.pod_resources_socket, metrics_port=free_port(),
-            metrics_host="127.0.0.1", proc_root=str(tmp_path / "proc"), reload_interval=60, timings=FAST,
-            health=HealthSettings(check_interval=0.05), agent=AgentSettings(interval=3600),
+        config.write_text(
+            json.dumps(
+                {
+                    "version": "v1",
+                    "memoryWatchdog": {"policy": policy, "quarantine": True},
+                    "pools": [
+                        {"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [0]}},
+                        {"name": "w", "mode": "exclusive"},
+                    ],
+                }
+            )
         )
-        dra = DraOptions(registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi")
+        options = DaemonOptions(
+            config_file=str(config),
+            node_name="2xT4",
+            pod_resources_socket=kubelet.pod_resources_socket,
+            metrics_port=free_port(),
+            metrics_host="127.0.0.1",
+            proc_root=str(tmp_path / "proc"),
+            reload_interval=60,
+            timings=FAST,
+            health=HealthSettings(check_interval=0.05),
+            agent=AgentSettings(interval=3600),
+        )
+        dra = DraOptions(
+            registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi"
+        )
         inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=tmp_path / "proc")
         d = DraDaemon(inventory, options, dra, None, read_config(str(config)), pod_directory=kubelet.pod_directory())
         assert d.metrics_server is not None
@@ -69,8 +85,14 @@ def daemon(kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path) -> Itera
 def _uses(name: str, results: list[dict[str, Any]]) -> pr.DynamicResource:
     """A claim as pod-resources lists it for a container that uses it."""
     return pr.DynamicResource(
-        claim_name=name, claim_namespace="default",
-        claim_resources=[pr.ClaimResource(driver_name=r["driver"], pool_name=r["pool"], device_name=r["device"], share_id=r["shareID"]) for r in results],
+        claim_name=name,
+        claim_namespace="default",
+        claim_resources=[
+            pr.ClaimResource(
+                driver_name=r["driver"], pool_name=r["pool"], device_name=r["device"], share_id=r["shareID"]
+            )
+            for r in results
+        ],
     )
 
 
@@ -87,7 +109,10 @@ def test_prepared_claims_are_metered_and_watched_per_container(daemon: Any, kube
     d.driver.prepare(*claim([result("gpu-1")], name="waiting"))  # prepared, its pod not running yet: not in the map
     solo_claim = [result("gpu-0", shares=2)]
     d.driver.prepare(*claim(solo_claim, name="solo"))
-    trainer = Pod("trainer", [Container("main", {}, claims=[_uses("two", two)]), Container("sidecar", {}, claims=[_uses("two", two)])])
+    trainer = Pod(
+        "trainer",
+        [Container("main", {}, claims=[_uses("two", two)]), Container("sidecar", {}, claims=[_uses("two", two)])],
+    )
     kubelet.admit(trainer)
     kubelet.admit(Pod("solo", [Container("app", {}, claims=[_uses("solo", solo_claim)])]))
     d.inventory.add_process(301, U0, 6000, cgroup=cgroup(trainer, "main"))
@@ -95,10 +120,14 @@ def test_prepared_claims_are_metered_and_watched_per_container(daemon: Any, kube
     d.agent.sync()
     m = _scrape(d)
     assert value(m, "gpushare_container_shares", pod="trainer", container="main", resource=SHARE, uuid=U0) == 2
-    assert value(m, "gpushare_container_memory_limit_bytes", pod="trainer", container="main") == 7680 * MIB  # 2 of 4 shares of 15360 MiB
+    assert (
+        value(m, "gpushare_container_memory_limit_bytes", pod="trainer", container="main") == 7680 * MIB
+    )  # 2 of 4 shares of 15360 MiB
     assert value(m, "gpushare_container_memory_used_bytes", pod="trainer", container="main") == 6000 * MIB
     assert value(m, "gpushare_container_over_limit", pod="trainer", container="main") == 0
-    assert not [labels for name, labels in m if name == "gpushare_container_shares" and ("uuid", U1) in labels]  # the waiting claim
+    assert not [
+        labels for name, labels in m if name == "gpushare_container_shares" and ("uuid", U1) in labels
+    ]  # the waiting claim
     assert value(m, "gpushare_pod_resources_last_sync_timestamp_seconds") > 0
     assert value(m, "gpushare_gpu_seconds_total", pod="trainer", resource=SHARE) == 0  # counted from the next round
     d.agent.sync()
@@ -121,7 +150,9 @@ def test_prepared_claims_are_metered_and_watched_per_container(daemon: Any, kube
     assert value(m, "gpushare_memory_violations_total") == 1
 
 
-def test_the_residue_of_an_ended_claim_holder_quarantines_its_gpu_for_new_claims(daemon: Any, kubelet: KubeletSimulator) -> None:
+def test_the_residue_of_an_ended_claim_holder_quarantines_its_gpu_for_new_claims(
+    daemon: Any, kubelet: KubeletSimulator
+) -> None:
     d = daemon()
     whole = [result("gpu-1")]
     ref, body = claim(whole, name="whole")
@@ -136,12 +167,27 @@ def test_the_residue_of_an_ended_claim_holder_quarantines_its_gpu_for_new_claims
     assert d.agent.sync().quarantined_gpus == frozenset()  # seen once: reported, not yet confirmed
     assert d.agent.sync().quarantined_gpus == {U1}
     m = _scrape(d)
-    assert value(m, "gpushare_gpu_quarantined", gpu="1") == 1 and value(m, "gpushare_gpu_residue_memory_bytes", gpu="1") == 4000 * MIB
-    assert ("gpushare_container_shares", (("container", "app"), ("namespace", "default"), ("node", "2xT4"), ("pod", "gone"), ("resource", GPU), ("uuid", U1))) not in m
+    assert (
+        value(m, "gpushare_gpu_quarantined", gpu="1") == 1
+        and value(m, "gpushare_gpu_residue_memory_bytes", gpu="1") == 4000 * MIB
+    )
+    assert (
+        "gpushare_container_shares",
+        (
+            ("container", "app"),
+            ("namespace", "default"),
+            ("node", "2xT4"),
+            ("pod", "gone"),
+            ("resource", GPU),
+            ("uuid", U1),
+        ),
+    ) not in m
     with pytest.raises(ClaimError, match="quarantined"):
         d.driver.prepare(*claim([result("gpu-1")], name="next"))
     gpu1 = next(x for x in d.driver.devices if x.name == "gpu-1")
-    assert device_taints(gpu1, d.state.snapshot(), DRIVER) == [{"key": taint_key(DRIVER, QUARANTINED), "value": "residue", "effect": "NoSchedule"}]
+    assert device_taints(gpu1, d.state.snapshot(), DRIVER) == [
+        {"key": taint_key(DRIVER, QUARANTINED), "value": "residue", "effect": "NoSchedule"}
+    ]
     d.inventory.remove_process(401)
     assert d.agent.sync().quarantined_gpus == frozenset()
     assert d.driver.prepare(*claim([result("gpu-1")], name="after")).devices[0].device == "gpu-1"

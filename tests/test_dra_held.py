@@ -23,12 +23,25 @@ def _write(path: Path, replicas: int) -> None:
     path.write_text(json.dumps({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": replicas}]}))
 
 
-def test_a_reload_to_8_replicas_keeps_the_gpu_a_claim_holds_2_of_4_of(kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path) -> None:
+def test_a_reload_to_8_replicas_keeps_the_gpu_a_claim_holds_2_of_4_of(
+    kubelet: KubeletSimulator, plugin_dir: Path, tmp_path: Path
+) -> None:
     config = tmp_path / "config.yaml"
     _write(config, 4)
-    options = DaemonOptions(config_file=str(config), node_name="2xT4", pod_resources_socket=kubelet.pod_resources_socket, metrics_port=0, reload_interval=60, timings=FAST)
-    dra = DraOptions(registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi")
-    d = DraDaemon(SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"), options, dra, None, read_config(str(config)))
+    options = DaemonOptions(
+        config_file=str(config),
+        node_name="2xT4",
+        pod_resources_socket=kubelet.pod_resources_socket,
+        metrics_port=0,
+        reload_interval=60,
+        timings=FAST,
+    )
+    dra = DraOptions(
+        registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi"
+    )
+    d = DraDaemon(
+        SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml"), options, dra, None, read_config(str(config))
+    )
     try:
         ref, body = claim([result("gpu-0", shares=2)])
         d.driver.prepare(ref, body)

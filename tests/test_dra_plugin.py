@@ -76,10 +76,14 @@ def started(root: Path):
         plugin.stop()
 
 
-def test_registration_advertises_v1_first_and_an_absolute_endpoint_served_before_the_registration_socket(started) -> None:
+def test_registration_advertises_v1_first_and_an_absolute_endpoint_served_before_the_registration_socket(
+    started,
+) -> None:
     plugin, kubelet, _, paths = started()
     driver = kubelet.wait_registered(DRIVER)
-    assert driver.service == "v1.DRAPlugin" and driver.endpoint == str(paths.dra_socket) == str(paths.plugins_dir / DRIVER / "dra.sock")
+    assert driver.service == "v1.DRAPlugin" and driver.endpoint == str(paths.dra_socket) == str(
+        paths.plugins_dir / DRIVER / "dra.sock"
+    )
     assert paths.registration_socket == paths.registrar_dir / f"{DRIVER}-reg.sock"
     assert plugin.registration.registered.wait(5)
     plugin.stop()
@@ -182,7 +186,9 @@ def test_a_cached_claim_is_prepared_while_another_pods_claim_read_hangs(root: Pa
         source.put(a)
         kubelet.prepare(DRIVER, [(b_ref.namespace, b_ref.name, b_ref.uid)])
         release = source.hang[a_ref.uid] = threading.Event()
-        pod_a = threading.Thread(target=kubelet.prepare_errors, args=(DRIVER, [(a_ref.namespace, a_ref.name, a_ref.uid)]))
+        pod_a = threading.Thread(
+            target=kubelet.prepare_errors, args=(DRIVER, [(a_ref.namespace, a_ref.name, a_ref.uid)])
+        )
         pod_a.start()
         assert wait_until(lambda: a_ref.uid in source.gets, 10)
         (device,) = kubelet.prepare(DRIVER, [(b_ref.namespace, b_ref.name, b_ref.uid)])[b_ref.uid]

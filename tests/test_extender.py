@@ -57,11 +57,13 @@ def serve():
 
 
 def test_filter_and_prioritize_answer_the_captured_scheduler_requests(serve):
-    ext = extender({
-        "smoke-node-a": annotation((4, 3), (4, 3)),  # 1 + 1 free: the 2-share pod does not fit one GPU
-        "smoke-node-b": annotation((4, 0), (4, 0)),  # empty
-        "smoke-node-c": annotation((4, 2), (4, 4)),  # one GPU with exactly 2 free: binpack's favourite
-    })
+    ext = extender(
+        {
+            "smoke-node-a": annotation((4, 3), (4, 3)),  # 1 + 1 free: the 2-share pod does not fit one GPU
+            "smoke-node-b": annotation((4, 0), (4, 0)),  # empty
+            "smoke-node-c": annotation((4, 2), (4, 4)),  # one GPU with exactly 2 free: binpack's favourite
+        }
+    )
     url = serve(ext)
     status, result = post(url + "/filter", (FIXTURES / "extender-filter-request.json").read_bytes())
     assert status == 200
@@ -155,10 +157,14 @@ def raw(url: str, request: bytes) -> bytes:
         return answer
 
 
-@pytest.mark.parametrize("head", [
-    b"POST /filter HTTP/1.1\r\nHost: x\r\nX-Slow: ",  # a head that never ends
-    b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{",  # a body that never ends
-], ids=["head", "body"])
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /filter HTTP/1.1\r\nHost: x\r\nX-Slow: ",  # a head that never ends
+        b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{",  # a body that never ends
+    ],
+    ids=["head", "body"],
+)
 def test_dripping_clients_holding_every_worker_are_cut_off_and_filter_answers_meanwhile(serve, head):
     """A byte every 20 ms never trips a per-read timeout: the deadline is for the whole head, and for the whole body."""
     url = serve(extender({"n": annotation((4, 0))}), workers=2, read_timeout=0.5)
@@ -176,8 +182,13 @@ def test_dripping_clients_holding_every_worker_are_cut_off_and_filter_answers_me
 
 def test_an_oversized_or_unsized_body_is_refused_without_being_read(serve):
     url = serve(extender({"n": annotation((4, 0))}))
-    answer = raw(url, b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n")  # 100 MiB announced, none sent
-    assert answer.startswith(b"HTTP/1.1 413 ") and b"request body of 104857600 bytes is over the 4194304 byte limit" in answer
+    answer = raw(
+        url, b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n"
+    )  # 100 MiB announced, none sent
+    assert (
+        answer.startswith(b"HTTP/1.1 413 ")
+        and b"request body of 104857600 bytes is over the 4194304 byte limit" in answer
+    )
     answer = raw(url, b"POST /filter HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 411 ") and b"Content-Length is required" in answer
     status, text = get(url + "/metrics")
@@ -201,7 +212,11 @@ def cluster(tmp_path):
 def service_for(kubeconfig: Path) -> ExtenderService:
     from deviceplugin.kube.rest import RestClient, load_kubeconfig
 
-    options = ExtenderOptions(port=0, host="127.0.0.1", watch=WatchSettings(watch_timeout=2, request_timeout=5, backoff_initial=0.05, backoff_max=0.2))
+    options = ExtenderOptions(
+        port=0,
+        host="127.0.0.1",
+        watch=WatchSettings(watch_timeout=2, request_timeout=5, backoff_initial=0.05, backoff_max=0.2),
+    )
     return ExtenderService(RestClient(load_kubeconfig(kubeconfig)), options)
 
 
@@ -224,7 +239,10 @@ def test_watches_follow_nodes_and_pods_and_reconnect_after_a_drop(cluster):
         fake.drop_watches()  # the API server cuts every watch
         fake.put("nodes", node_object("n1", annotation((4, 4))))
         fake.put("pods", pod("other", {SHARE: 1}, node="n2"))
-        assert wait_until(lambda: service.cache.node("n1")[1] == {SHARE: [0]} and service.cache.node("n2")[1] == {SHARE: [3]}, timeout=10)
+        assert wait_until(
+            lambda: service.cache.node("n1")[1] == {SHARE: [0]} and service.cache.node("n2")[1] == {SHARE: [3]},
+            timeout=10,
+        )
         assert 'gpushare_extender_watch_restarts_total{kind="nodes"} 0.0' not in get(url + "/metrics")[1]
         # History compacted: the next watch gets 410 Gone and the extender lists again.
         lists = fake.lists
@@ -232,7 +250,9 @@ def test_watches_follow_nodes_and_pods_and_reconnect_after_a_drop(cluster):
         fake.drop_watches()
         fake.delete("nodes", "n2")
         fake.delete("pods", "uid-bound")
-        assert wait_until(lambda: service.cache.node("n2")[0] is None and service.cache.node("n0")[1] == {SHARE: [4]}, timeout=10)
+        assert wait_until(
+            lambda: service.cache.node("n2")[0] is None and service.cache.node("n0")[1] == {SHARE: [4]}, timeout=10
+        )
         assert fake.lists > lists
         status, result = post(url + "/filter", args(pod("p", {SHARE: 4}), "n0", "n1"))
         assert result["NodeNames"] == ["n0"] and "the node has 0 free" in result["FailedNodes"]["n1"]
@@ -242,9 +262,24 @@ def test_watches_follow_nodes_and_pods_and_reconnect_after_a_drop(cluster):
 
 def test_cli_refuses_an_unknown_policy(tmp_path):
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:1"}}],
-                                      "users": [{"name": "x", "user": {}}], "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}], "current-context": "x"}))
-    result = subprocess.run([*GPU_CLI, "extender", "--kubeconfig", str(kubeconfig), "--policy", "nope", "--port", "0"], capture_output=True, text=True, timeout=30)
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "x", "user": {}}],
+                "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    result = subprocess.run(
+        [*GPU_CLI, "extender", "--kubeconfig", str(kubeconfig), "--policy", "nope", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and "--policy: 'nope' is not one of" in result.stderr
 
 
@@ -263,9 +298,17 @@ def test_the_simulator_through_the_extender_packs_as_the_policy_alone():
     from deviceplugin.cluster.traces import load_nodes, load_pods
 
     traces = Path(__file__).parent / "traces"
-    experiment = Experiment(load_nodes(traces / "toy_nodes.csv"), load_pods(traces / "openb_pod_list_toy.csv"), replicas=10)
+    experiment = Experiment(
+        load_nodes(traces / "toy_nodes.csv"), load_pods(traces / "openb_pod_list_toy.csv"), replicas=10
+    )
     for policy in ("binpack", "fgdstrand", "spread"):
         for seed in (1, 2, 3):
             result = replay(experiment, policy, seed)
-            assert result.share_pods > 0 and result.share_agree == result.share_pods and result.whole_agree == result.whole_pods, result
-            assert result.allocation == result.alone, result  # ranked scores: the policy's choice is the extender's top node
+            assert (
+                result.share_pods > 0
+                and result.share_agree == result.share_pods
+                and result.whole_agree == result.whole_pods
+            ), result
+            assert result.allocation == result.alone, (
+                result
+            )  # ranked scores: the policy's choice is the extender's top node

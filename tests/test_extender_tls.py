@@ -47,7 +47,9 @@ def serve():
     servers = []
 
     def start(ext: Extender, tls: TLSSettings, **kw) -> int:
-        server = ExtenderHTTPServer(ext, ext.metrics, lambda: (True, "ready"), port=0, host="127.0.0.1", tls=ServerTLS(tls), **kw)
+        server = ExtenderHTTPServer(
+            ext, ext.metrics, lambda: (True, "ready"), port=0, host="127.0.0.1", tls=ServerTLS(tls), **kw
+        )
         server.start()
         servers.append(server)
         return server.port
@@ -155,7 +157,10 @@ def test_clients_dripping_into_every_worker_are_cut_off_and_the_scheduler_is_ans
         sock = socket.create_connection(("127.0.0.1", port))
         if phase == "handshake":
             return Dripper(sock, client_hello(context))
-        return Dripper(context.wrap_socket(sock, server_hostname=SERVER_NAME), b"POST /filter HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 2000)
+        return Dripper(
+            context.wrap_socket(sock, server_hostname=SERVER_NAME),
+            b"POST /filter HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 2000,
+        )
 
     drippers = [dripper() for _ in range(2)]
     try:
@@ -186,10 +191,15 @@ def test_a_rotated_secret_is_served_to_new_connections_and_a_broken_one_keeps_th
     volume.mkdir()
     secret_volume(volume, pki, "..2026_01")
     ext = extender({"n": annotation((4, 0))})
-    port = serve(ext, TLSSettings(str(volume / "tls.crt"), str(volume / "tls.key"), str(volume / "ca.crt"), frozenset({CLIENT_NAME})))
+    port = serve(
+        ext,
+        TLSSettings(str(volume / "tls.crt"), str(volume / "tls.key"), str(volume / "ca.crt"), frozenset({CLIENT_NAME})),
+    )
     assert call(port, client_context(pki, pki), "GET", "/healthz")[0] == 200
     assert refused(port, client_context(rogue, rogue))
-    secret_volume(volume, rogue, "..2026_02")  # the Secret now holds the other PKI: new server certificate, new client CA
+    secret_volume(
+        volume, rogue, "..2026_02"
+    )  # the Secret now holds the other PKI: new server certificate, new client CA
     assert call(port, client_context(rogue, rogue), "POST", "/filter", args(pod("p", {SHARE: 1}), "n"))[0] == 200
     assert refused(port, client_context(rogue, pki)) and refused(port, client_context(pki, pki))
     broken = tmp_path / "broken"
@@ -202,7 +212,10 @@ def test_a_rotated_secret_is_served_to_new_connections_and_a_broken_one_keeps_th
 def test_bad_tls_files_are_refused_at_start_naming_the_flag(pki, tmp_path):
     with pytest.raises(ValueError, match=r"^--tls-cert-file /nope/tls.crt: No such file or directory$"):
         ServerTLS(TLSSettings("/nope/tls.crt", pki.path("extender.key")))
-    with pytest.raises(ValueError, match=r"^--tls-cert-file .*extender.crt: not a PEM certificate whose key is --tls-private-key-file .*scheduler.key"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--tls-cert-file .*extender.crt: not a PEM certificate whose key is --tls-private-key-file .*scheduler.key",
+    ):
         ServerTLS(TLSSettings(pki.path("extender.crt"), pki.path("scheduler.key")))
     (tmp_path / "ca.crt").write_text("not a certificate\n")
     with pytest.raises(ValueError, match=r"^--client-ca-file .*ca.crt: not PEM CA certificates"):
@@ -211,24 +224,52 @@ def test_bad_tls_files_are_refused_at_start_naming_the_flag(pki, tmp_path):
 
 def kubeconfig(tmp_path: Path) -> Path:
     path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:1"}}],
-                                "users": [{"name": "x", "user": {}}], "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}],
-                                "current-context": "x"}))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:1"}}],
+                "users": [{"name": "x", "user": {}}],
+                "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}],
+                "current-context": "x",
+            }
+        )
+    )
     return path
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--address", "0.0.0.0"], "gpu-share: error: --address 0.0.0.0: serves /filter to the network without client authentication: any pod "
-                               "could reserve every GPU (give --tls-cert-file, --tls-private-key-file and --client-ca-file (docs/security.md), "
-                               "or --allow-unauthenticated where a NetworkPolicy alone admits the scheduler)"),
-    (["--client-ca-file", "ca.crt"], "gpu-share: error: --client-ca-file needs --tls-cert-file and --tls-private-key-file"),
-    (["--tls-cert-file", "extender.crt"], "gpu-share: error: --tls-cert-file and --tls-private-key-file go together"),
-    (["--tls-cert-file", "extender.crt", "--tls-private-key-file", "extender.key", "--client-names", "x"],
-     "gpu-share: error: --client-names needs --client-ca-file"),
-], ids=["unauthenticated-address", "ca-without-tls", "cert-without-key", "names-without-ca"])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--address", "0.0.0.0"],
+            "gpu-share: error: --address 0.0.0.0: serves /filter to the network without client authentication: any pod "
+            "could reserve every GPU (give --tls-cert-file, --tls-private-key-file and --client-ca-file (docs/security.md), "
+            "or --allow-unauthenticated where a NetworkPolicy alone admits the scheduler)",
+        ),
+        (
+            ["--client-ca-file", "ca.crt"],
+            "gpu-share: error: --client-ca-file needs --tls-cert-file and --tls-private-key-file",
+        ),
+        (
+            ["--tls-cert-file", "extender.crt"],
+            "gpu-share: error: --tls-cert-file and --tls-private-key-file go together",
+        ),
+        (
+            ["--tls-cert-file", "extender.crt", "--tls-private-key-file", "extender.key", "--client-names", "x"],
+            "gpu-share: error: --client-names needs --client-ca-file",
+        ),
+    ],
+    ids=["unauthenticated-address", "ca-without-tls", "cert-without-key", "names-without-ca"],
+)
 def test_the_command_refuses_an_unauthenticated_exposure_and_half_set_tls_flags(tmp_path, flags, message):
-    result = subprocess.run([*GPU_CLI, "extender", "--kubeconfig", str(kubeconfig(tmp_path)), "--port", "0", *flags],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [*GPU_CLI, "extender", "--kubeconfig", str(kubeconfig(tmp_path)), "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and result.stderr.startswith(message), result.stderr
 
 

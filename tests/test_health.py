@@ -101,10 +101,13 @@ def test_attributed_xid_marks_only_that_mig_instance(stack, kubelet):
 def test_unattributed_xid_marks_every_mig_device(stack, kubelet):
     inventory, node, _ = stack
     gpu3 = node.gpus[3]  # 4g.40gb + 2g.20gb + 1g.10gb in the mig pool
-    assert kubelet.wait_for(registered("example.com/mig-4g.40gb", "example.com/mig-2g.20gb", "example.com/mig-1g.10gb"), timeout=2)
+    assert kubelet.wait_for(
+        registered("example.com/mig-4g.40gb", "example.com/mig-2g.20gb", "example.com/mig-1g.10gb"), timeout=2
+    )
     inventory.inject_xid(gpu3.uuid, 94)
     assert kubelet.wait_for(
-        lambda st: all(st[f"example.com/mig-{p}"].allocatable == 0 for p in ("4g.40gb", "2g.20gb", "1g.10gb")), timeout=1.0
+        lambda st: all(st[f"example.com/mig-{p}"].allocatable == 0 for p in ("4g.40gb", "2g.20gb", "1g.10gb")),
+        timeout=1.0,
     )
     assert kubelet.resources()[SHARES].allocatable == 10
 
@@ -158,7 +161,9 @@ def test_reset_class_xid_stays_unhealthy_until_the_driver_shows_a_reset(stack, k
     inventory.inject_xid(gpu.uuid, xid)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     skip_quiet_period(monitor, checks, 2)  # the quiet period passes: no recovery
-    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.state.snapshot().awaiting_reset == {gpu.uuid}
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.state.snapshot().awaiting_reset == {
+        gpu.uuid
+    }
     inventory.set_reset_required(gpu.uuid, False)  # the driver says "no reset needed", but it never asked for one
     checks.wait(4)
     assert kubelet.resources()["example.com/gpu"].allocatable == 0
@@ -175,7 +180,10 @@ def test_reset_class_xid_on_a_driver_that_cannot_tell_stays_unhealthy(stack, kub
     inventory.inject_xid(gpu.uuid, 95)  # reset_required() is None: no recovery-action field
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     skip_quiet_period(monitor, checks, 3)
-    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and "XID 95" in monitor.state.snapshot().reasons[gpu.uuid]
+    assert (
+        kubelet.resources()["example.com/gpu"].allocatable == 0
+        and "XID 95" in monitor.state.snapshot().reasons[gpu.uuid]
+    )
 
 
 def test_every_reset_xid_is_documented():
@@ -195,7 +203,9 @@ def test_the_drivers_recovery_action_holds_any_gpu_until_reset(stack, kubelet, c
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 0, timeout=1.0)
     inventory.set_reset_required(gpu.uuid, True)  # ... but this time the driver says "GPU Reset Required"
     skip_quiet_period(monitor, checks, 2)
-    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.state.snapshot().awaiting_reset == {gpu.uuid}
+    assert kubelet.resources()["example.com/gpu"].allocatable == 0 and monitor.state.snapshot().awaiting_reset == {
+        gpu.uuid
+    }
     inventory.set_reset_required(gpu.uuid, False)
     assert kubelet.wait_for(lambda st: st["example.com/gpu"].allocatable == 1, timeout=2)
 

@@ -57,8 +57,13 @@ class Node:
 
     def start(self, settle: bool = True) -> PluginDaemon:
         options = DaemonOptions(
-            config_file=str(self.config), plugin_dir=self.kubelet.plugin_dir, pod_resources_socket=self.kubelet.pod_resources_socket,
-            metrics_port=0, reload_interval=3600, timings=TIMINGS, agent=AgentSettings(interval=3600),
+            config_file=str(self.config),
+            plugin_dir=self.kubelet.plugin_dir,
+            pod_resources_socket=self.kubelet.pod_resources_socket,
+            metrics_port=0,
+            reload_interval=3600,
+            timings=TIMINGS,
+            agent=AgentSettings(interval=3600),
         )
         self.daemon = build_daemon(self.inventory, options, pod_directory=self.kubelet.pod_directory())
         self.daemon.start()
@@ -72,10 +77,18 @@ class Node:
         manager = self.daemon.manager
 
         def listed(st: dict) -> bool:
-            served = {s.resource.name: (len(s.resource.devices), s.socket_path.name if s.socket_path else "") for s in list(manager.servers)}
-            return all(n in st and st[n].registered and (st[n].capacity, st[n].endpoint) == want for n, want in served.items())
+            served = {
+                s.resource.name: (len(s.resource.devices), s.socket_path.name if s.socket_path else "")
+                for s in list(manager.servers)
+            }
+            return all(
+                n in st and st[n].registered and (st[n].capacity, st[n].endpoint) == want for n, want in served.items()
+            )
 
-        assert self.kubelet.wait_for(listed, timeout=10), (self.kubelet.resources(), [(s.resource.name, s.socket_path) for s in manager.servers])
+        assert self.kubelet.wait_for(listed, timeout=10), (
+            self.kubelet.resources(),
+            [(s.resource.name, s.socket_path) for s in manager.servers],
+        )
 
     def stop(self) -> None:
         if self.daemon is not None:
@@ -126,7 +139,12 @@ class Node:
 def plugin(request, tmp_path, kubelet, monkeypatch):
     """The plugin on 2xT4: simulated, or (params=["nvml"]) NVML over the fake pynvml."""
     if request.param == "nvml":
-        fake = FakeNvml([FakeGpu(uuid=f"GPU-t4-{i}", name="Tesla T4", memory_mib=15360, bus_id=f"00000000:{0x3B + i:02X}:00.0") for i in range(2)])
+        fake = FakeNvml(
+            [
+                FakeGpu(uuid=f"GPU-t4-{i}", name="Tesla T4", memory_mib=15360, bus_id=f"00000000:{0x3B + i:02X}:00.0")
+                for i in range(2)
+            ]
+        )
         monkeypatch.setitem(sys.modules, "pynvml", fake)
         inventory: Inventory = NvmlInventory(sysfs_root=tmp_path)
     else:
@@ -134,7 +152,9 @@ def plugin(request, tmp_path, kubelet, monkeypatch):
     made = Node(tmp_path, kubelet, inventory)
     made.write(WHOLE_AND_SHARED)
     made.start()
-    assert kubelet.wait_for(lambda st: st.get(GPU) and st[GPU].allocatable == 1 and st.get(SHARE) and st[SHARE].allocatable == 4, timeout=10)
+    assert kubelet.wait_for(
+        lambda st: st.get(GPU) and st[GPU].allocatable == 1 and st.get(SHARE) and st[SHARE].allocatable == 4, timeout=10
+    )
     yield made
     made.stop()
 
@@ -151,15 +171,31 @@ def test_repool_to_shared_never_puts_shares_on_the_gpu_held_whole_and_switches_o
     assert len(landed) == 2 and {plugin.gpu_of(p) for p in landed} == {gpu1}
     assert list(plugin.pending()) == [gpu0]
     # GPU 1 keeps its shares; GPU 0 keeps its whole device, Unhealthy: no share pod lands beside the tenant.
-    assert kubelet.wait_for(lambda st: st[SHARE].capacity == st[SHARE].allocatable == 4 and st[GPU].capacity == 1 and st[GPU].allocatable == 0, timeout=5)
+    assert kubelet.wait_for(
+        lambda st: (
+            st[SHARE].capacity == st[SHARE].allocatable == 4 and st[GPU].capacity == 1 and st[GPU].allocatable == 0
+        ),
+        timeout=5,
+    )
     with pytest.raises(grpc.RpcError) as refused:  # a request straight to the plugin is refused, with why
-        kubelet.stub(GPU).Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[gpu0])]))
-    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "keep their previous configuration" in refused.value.details()
+        kubelet.stub(GPU).Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[gpu0])])
+        )
+    assert (
+        refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        and "keep their previous configuration" in refused.value.details()
+    )
     text = generate_latest(plugin.daemon.registry).decode()
-    assert "gpushare_config_pending_gpus 1.0" in text and f'gpushare_gpu_config_pending{{gpu="0",model="Tesla T4",uuid="{gpu0}"}} 1.0' in text
+    assert (
+        "gpushare_config_pending_gpus 1.0" in text
+        and f'gpushare_gpu_config_pending{{gpu="0",model="Tesla T4",uuid="{gpu0}"}} 1.0' in text
+    )
     assert plugin.daemon.manager.shapes.deferred == 1
     plugin.release(whole)
-    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8 and not st[GPU].registered, timeout=10), (kubelet.resources(), plugin.pending())
+    assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 8 and not st[GPU].registered, timeout=10), (
+        kubelet.resources(),
+        plugin.pending(),
+    )
     assert wait_until(lambda: plugin.pending() == {})
     assert len(plugin.fill(SHARE, 1, 5)) == 4
     assert overcommitted(kubelet, plugin.node) == []
@@ -173,7 +209,9 @@ def test_repool_to_whole_never_puts_a_whole_gpu_pod_beside_share_tenants(plugin,
     assert plugin.admit(GPU, 1) is None  # GPU 1 is held by four share tenants
     assert overcommitted(kubelet, plugin.node) == []
     assert list(plugin.pending()) == [gpu1]
-    assert kubelet.wait_for(lambda st: st[GPU].allocatable == 1 and st[SHARE].capacity == 4 and st[SHARE].allocatable == 0, timeout=5)
+    assert kubelet.wait_for(
+        lambda st: st[GPU].allocatable == 1 and st[SHARE].capacity == 4 and st[SHARE].allocatable == 0, timeout=5
+    )
 
 
 def test_shrinking_replicas_while_high_shares_are_held_promises_no_more_than_the_gpu(plugin, kubelet):
@@ -185,16 +223,23 @@ def test_shrinking_replicas_while_high_shares_are_held_promises_no_more_than_the
         plugin.release(pod)  # shares 2 and 3 stay held (or any two of them)
     plugin.reload([{"name": "shared", "mode": "shared", "replicas": 2}])
     plugin.fill(SHARE, 1, 4)
-    assert overcommitted(kubelet, plugin.node) == []  # 2 of 4 held + nothing new on that GPU, not 2 x 3,840 + 2 x 7,680 MiB
+    assert (
+        overcommitted(kubelet, plugin.node) == []
+    )  # 2 of 4 held + nothing new on that GPU, not 2 x 3,840 + 2 x 7,680 MiB
     assert list(plugin.pending()) == [held_gpu]
 
 
 def test_profile_switch_with_held_devices_waits_like_a_reload(plugin, kubelet):
     plugin.write([])
-    plugin.config.write_text(yaml.safe_dump({
-        "version": "v1", "defaultProfile": "mixed",
-        "profiles": {"mixed": {"pools": WHOLE_AND_SHARED}, "shared": {"pools": ALL_SHARED}},
-    }))
+    plugin.config.write_text(
+        yaml.safe_dump(
+            {
+                "version": "v1",
+                "defaultProfile": "mixed",
+                "profiles": {"mixed": {"pools": WHOLE_AND_SHARED}, "shared": {"pools": ALL_SHARED}},
+            }
+        )
+    )
     daemon = plugin.daemon
     assert daemon is not None
     daemon.reloader.check()
@@ -244,7 +289,10 @@ def test_random_sequences_of_reloads_restarts_and_pods_never_overcommit(plugin, 
         ALL_SHARED,
         ALL_WHOLE,
         [{"name": "shared", "mode": "shared", "replicas": 2}],
-        [{"name": "shared", "mode": "shared", "replicas": 3, "gpus": {"indexes": [0]}}, {"name": "whole", "mode": "exclusive", "gpus": {"indexes": [1]}}],
+        [
+            {"name": "shared", "mode": "shared", "replicas": 3, "gpus": {"indexes": [0]}},
+            {"name": "whole", "mode": "exclusive", "gpus": {"indexes": [1]}},
+        ],
     ]
     for step in range(40):
         action = rng.choice(["reload", "reload", "admit", "admit", "admit", "delete", "restart", "kubelet"])
@@ -299,7 +347,15 @@ def test_random_sequences_of_profile_label_switches_and_profile_edits_never_over
 
     def write_profiles() -> None:
         order = rng.sample(range(len(layouts)), len(layouts))
-        plugin.config.write_text(yaml.safe_dump({"version": "v1", "defaultProfile": "p0", "profiles": {f"p{i}": {"pools": layouts[j]} for i, j in enumerate(order)}}))
+        plugin.config.write_text(
+            yaml.safe_dump(
+                {
+                    "version": "v1",
+                    "defaultProfile": "p0",
+                    "profiles": {f"p{i}": {"pools": layouts[j]} for i, j in enumerate(order)},
+                }
+            )
+        )
 
     write_profiles()
     daemon.reloader.check()

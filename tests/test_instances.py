@@ -58,7 +58,10 @@ def test_a_second_instance_stands_by_through_a_kubelet_restart_and_takes_over_wh
         assert kubelet.wait_for(registered(SHARE), timeout=20)
         second = start_run(plugin_dir)
         line = wait_for_line(second, "standing by")
-        assert f"the process holding {plugin_dir} (pid {first.pid}: " in line and f"has the instance lock of the plugin directory {plugin_dir}: standing by" in line
+        assert (
+            f"the process holding {plugin_dir} (pid {first.pid}: " in line
+            and f"has the instance lock of the plugin directory {plugin_dir}: standing by" in line
+        )
         assert " run --node " in line  # the holder's command line
         kubelet.restart()  # while both run: only the first registers again
         assert kubelet.wait_for(registered(SHARE), timeout=10)
@@ -82,13 +85,17 @@ def test_a_second_instance_that_stops_leaves_the_first_registered(kubelet, plugi
         assert kubelet.wait_for(registered(SHARE), timeout=20)
         second = start_run(plugin_dir)
         logged = Logged(second)
-        assert wait_until(lambda: endpoints_of(kubelet, second.pid) or logged.line("standing by"), timeout=20)  # started either way
+        assert wait_until(
+            lambda: endpoints_of(kubelet, second.pid) or logged.line("standing by"), timeout=20
+        )  # started either way
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=20) == 0
         assert kubelet.wait_for(registered(SHARE), timeout=5)  # not left at allocatable 0 with the first's sockets
         kubelet.restart()  # the first still follows the kubelet: it was never disturbed
         assert kubelet.wait_for(registered(SHARE), timeout=10)
-        assert kubelet.resources()[SHARE].allocatable == 20 and f"-{first.pid}-" in kubelet.register_requests[-1].endpoint
+        assert (
+            kubelet.resources()[SHARE].allocatable == 20 and f"-{first.pid}-" in kubelet.register_requests[-1].endpoint
+        )
         assert endpoints_of(kubelet, second.pid) == []
     finally:
         stop(first)
@@ -121,7 +128,9 @@ def get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def test_a_stale_lock_holder_makes_the_standby_not_ready_naming_it_and_the_standby_takes_over_when_it_ends(kubelet, plugin_dir):
+def test_a_stale_lock_holder_makes_the_standby_not_ready_naming_it_and_the_standby_takes_over_when_it_ends(
+    kubelet, plugin_dir
+):
     """A process that holds the lock and serves nothing: after --standby-timeout /readyz says so (503) with its PID
     and command line, /healthz stays 200, gpushare_instance_standby is 1; the standby serves once it ends."""
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(plugin_dir)], stdout=subprocess.PIPE, text=True)
@@ -129,7 +138,9 @@ def test_a_stale_lock_holder_makes_the_standby_not_ready_naming_it_and_the_stand
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         port = free_port()
-        second = start_run(plugin_dir, "--metrics-port", str(port), "--metrics-bind-address", "127.0.0.1", "--standby-timeout", "0.2")
+        second = start_run(
+            plugin_dir, "--metrics-port", str(port), "--metrics-bind-address", "127.0.0.1", "--standby-timeout", "0.2"
+        )
         base = f"http://127.0.0.1:{port}"
         assert wait_until(lambda: get(f"{base}/readyz")[0] == 503, timeout=20)
         status, text = get(f"{base}/readyz")
@@ -137,7 +148,9 @@ def test_a_stale_lock_holder_makes_the_standby_not_ready_naming_it_and_the_stand
         assert f"the process holding {plugin_dir} (pid {holder.pid}: {sys.executable} -c import fcntl" in text
         assert get(f"{base}/healthz")[0] == 200
         metrics = get(f"{base}/metrics")[1]
-        assert any(line.startswith("gpushare_instance_standby{") and line.endswith(" 1.0") for line in metrics.splitlines()), metrics
+        assert any(
+            line.startswith("gpushare_instance_standby{") and line.endswith(" 1.0") for line in metrics.splitlines()
+        ), metrics
         assert endpoints_of(kubelet, second.pid) == []
         holder.kill()
         holder.wait(timeout=10)
@@ -162,17 +175,36 @@ REFUSE_FLOCK = textwrap.dedent("""
 """)
 
 
-def test_a_filesystem_refusing_flock_is_one_clear_error_naming_the_directory_and_the_flag(kubelet, plugin_dir, tmp_path):
+def test_a_filesystem_refusing_flock_is_one_clear_error_naming_the_directory_and_the_flag(
+    kubelet, plugin_dir, tmp_path
+):
     (tmp_path / "sitecustomize.py").write_text(REFUSE_FLOCK)
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}", "REFUSE_FLOCK_UNDER": str(plugin_dir)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}",
+        "REFUSE_FLOCK_UNDER": str(plugin_dir),
+    }
     from .conftest import EXAMPLES, GPU_CLI
 
-    command = [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--watch-interval", "0.05", "--metrics-port", "0"]
+    command = [
+        *GPU_CLI,
+        "run",
+        "--node",
+        str(EXAMPLES / "nodes" / "2xT4.yaml"),
+        "--plugin-dir",
+        str(plugin_dir),
+        "--watch-interval",
+        "0.05",
+        "--metrics-port",
+        "0",
+    ]
     refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert f"the filesystem of {plugin_dir} refuses flock (No locks available)" in refused.stderr
     assert "choose a lock path on a local filesystem with --instance-lock PATH" in refused.stderr
-    elsewhere = subprocess.Popen([*command, "--instance-lock", str(tmp_path / "gpu-share.lock")], env=env, stderr=subprocess.PIPE, text=True)
+    elsewhere = subprocess.Popen(
+        [*command, "--instance-lock", str(tmp_path / "gpu-share.lock")], env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert kubelet.wait_for(registered(SHARE), timeout=20)  # a lock on another filesystem: it serves
         assert f"-{elsewhere.pid}-" in kubelet.register_requests[-1].endpoint

@@ -26,10 +26,14 @@ def test_publisher_debounces_and_removes_only_labels_it_wrote(fake_kube):
     assert label_value("NVIDIA A100-SXM4-80GB") == "NVIDIA-A100-SXM4-80GB"
 
 
-
 def test_with_domain_nvidia_com_gfd_labels_are_left_alone(fake_kube):
     api, kubeconfig = fake_kube
-    gfd = {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.machine": "g4dn", "nvidia.com/mig.capable": "false"}
+    gfd = {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "Tesla-T4",
+        "nvidia.com/gpu.machine": "g4dn",
+        "nvidia.com/mig.capable": "false",
+    }
     api.labels = dict(gfd)
     client = NodeClient.connect(api.node_name, str(kubeconfig))
     labels = node_labels("nvidia.com", node("2xT4"), resources_of(default_config(), node("2xT4")))
@@ -45,7 +49,6 @@ def test_with_domain_nvidia_com_gfd_labels_are_left_alone(fake_kube):
     assert json.loads(api.annotations["nvidia.com/gpu-share.labels"]) == ["nvidia.com/gpu.count"]
 
 
-
 def _api_pod(name: str, uid: str, node_name: str, phase: str = "Running", statuses: list | None = None) -> dict:
     return {
         "apiVersion": "v1",
@@ -56,13 +59,19 @@ def _api_pod(name: str, uid: str, node_name: str, phase: str = "Running", status
     }
 
 
-
 def _status(cid: str, *, terminated: bool = False, previous: str | None = None) -> dict:
     state = {"terminated": {"exitCode": 0, "containerID": f"containerd://{cid}"}} if terminated else {"running": {}}
     last = {"terminated": {"exitCode": 1, "containerID": f"containerd://{previous}"}} if previous else {}
-    return {"name": "app", "containerID": f"containerd://{cid}", "ready": True, "restartCount": 0, "image": "x", "imageID": "x",
-            "state": state, "lastState": last}
-
+    return {
+        "name": "app",
+        "containerID": f"containerd://{cid}",
+        "ready": True,
+        "restartCount": 0,
+        "image": "x",
+        "imageID": "x",
+        "state": state,
+        "lastState": last,
+    }
 
 
 def test_pod_listing_reads_the_api_cache_for_this_node_only(fake_kube):
@@ -71,7 +80,13 @@ def test_pod_listing_reads_the_api_cache_for_this_node_only(fake_kube):
     a, b, old = "a" * 64, "b" * 64, "c" * 64
     api.pods = [
         _api_pod("runs", "11111111-1111-1111-1111-111111111111", api.node_name, statuses=[_status(a, previous=old)]),
-        _api_pod("done", "22222222-2222-2222-2222-222222222222", api.node_name, phase="Succeeded", statuses=[_status(b, terminated=True)]),
+        _api_pod(
+            "done",
+            "22222222-2222-2222-2222-222222222222",
+            api.node_name,
+            phase="Succeeded",
+            statuses=[_status(b, terminated=True)],
+        ),
         _api_pod("elsewhere", "33333333-3333-3333-3333-333333333333", "other-node"),
     ]
     client = NodeClient.connect(api.node_name, str(kubeconfig))
@@ -82,15 +97,22 @@ def test_pod_listing_reads_the_api_cache_for_this_node_only(fake_kube):
     assert pods["done"].finished and pods["done"].ended == {b}
 
 
-
 def test_a_domain_change_before_the_first_publish_removes_what_an_earlier_run_owned(fake_kube):
     """The old domain's keys are read from its annotation first, then retired in the same patch as the new labels."""
     api, kubeconfig = fake_kube
     api.labels = {"example.com/gpu.count": "2", "example.com/foreign": "x"}
-    api.annotations = {"example.com/gpu-share.labels": '["example.com/gpu.count"]', "example.com/gpu-share.inventory": "{}"}
+    api.annotations = {
+        "example.com/gpu-share.labels": '["example.com/gpu.count"]',
+        "example.com/gpu-share.inventory": "{}",
+    }
     publisher = NodePublisher(NodeClient.connect(api.node_name, str(kubeconfig)), "example.com", min_interval=0)
-    publisher.on_config(parse_config({"version": "v1", "domain": "acme.io", "pools": [{"name": "w", "mode": "exclusive"}]}), [])
+    publisher.on_config(
+        parse_config({"version": "v1", "domain": "acme.io", "pools": [{"name": "w", "mode": "exclusive"}]}), []
+    )
     assert publisher.publish_node(T4, [], {"version": 2})
     assert len(api.patches) == 1
     assert api.labels["example.com/foreign"] == "x" and "example.com/gpu.count" not in api.labels  # only ours removed
-    assert api.labels["acme.io/gpu.count"] == "2" and set(api.annotations) == {"acme.io/gpu-share.labels", "acme.io/gpu-share.inventory"}
+    assert api.labels["acme.io/gpu.count"] == "2" and set(api.annotations) == {
+        "acme.io/gpu-share.labels",
+        "acme.io/gpu-share.inventory",
+    }

@@ -55,7 +55,11 @@ def test_dropped_streams_cost_nothing_and_never_re_register(kubelet, start_plugi
         device = next(iter(manager.resources[0].devices))
         assert allocate_one(stub, device).container_responses[0].envs["GPU_SHARE_COUNT"] == "1"
         assert stub.GetPreferredAllocation(
-            pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=[device], allocation_size=1)]),
+            pb.PreferredAllocationRequest(
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(available_deviceIDs=[device], allocation_size=1)
+                ]
+            ),
             timeout=2,
         ).container_responses[0].deviceIDs == [device]
     time.sleep(0.2)  # the sleep is the test: in several watch rounds no Register is triggered
@@ -158,7 +162,11 @@ def test_a_socket_another_live_process_serves_is_left_alone(kubelet, start_plugi
     remove_stale_sockets(plugin_dir)
     assert live.exists() and not stale.exists()
     with grpc.insecure_channel(f"unix:{live}") as channel:
-        assert pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=2).get_preferred_allocation_available
+        assert (
+            pb_grpc.DevicePluginStub(channel)
+            .GetDevicePluginOptions(pb.Empty(), timeout=2)
+            .get_preferred_allocation_available
+        )
 
 
 def test_a_socket_path_over_the_kernel_limit_is_a_clear_error(tmp_path):
@@ -234,8 +242,22 @@ def test_sigterm_while_start_up_hangs_still_ends_the_process(plugin_dir, tmp_pat
     fifo = tmp_path / "node.yaml"
     os.mkfifo(fifo)  # reading the node file blocks, as a wedged driver would
     proc = subprocess.Popen(
-        [sys.executable, "-m", "deviceplugin.cli", "run", "--node", str(fifo), "--plugin-dir", str(plugin_dir), "--metrics-port", "0", "--shutdown-grace", "0.5"],
-        stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "deviceplugin.cli",
+            "run",
+            "--node",
+            str(fifo),
+            "--plugin-dir",
+            str(plugin_dir),
+            "--metrics-port",
+            "0",
+            "--shutdown-grace",
+            "0.5",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         # Start-up blocks opening the FIFO, where nothing outside can see it (a writer opening the FIFO would end
@@ -248,4 +270,7 @@ def test_sigterm_while_start_up_hangs_still_ends_the_process(plugin_dir, tmp_pat
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1
-    assert "SIGTERM received, shutting down" in err and "shutdown took longer than 0.5s (--shutdown-grace); exiting now" in err
+    assert (
+        "SIGTERM received, shutting down" in err
+        and "shutdown took longer than 0.5s (--shutdown-grace); exiting now" in err
+    )

@@ -27,7 +27,14 @@ def serve():
     def start(limits: HttpLimits = FAST, registry: CollectorRegistry | None = None) -> MetricsServer:
         registry = registry or CollectorRegistry()
         Counter("gpushare_test_events", "A known sample.", registry=registry).inc(7)
-        server = MetricsServer(registry, lambda: (True, "ok"), lambda: (False, "not ready: testing"), port=0, host="127.0.0.1", limits=limits)
+        server = MetricsServer(
+            registry,
+            lambda: (True, "ok"),
+            lambda: (False, "not ready: testing"),
+            port=0,
+            host="127.0.0.1",
+            limits=limits,
+        )
         server.start()
         servers.append(server)
         return server
@@ -70,13 +77,21 @@ def dropped(server: MetricsServer, reason: str) -> float:
     return server.registry.get_sample_value("gpushare_metrics_connections_dropped_total", {"reason": reason}) or 0
 
 
-@pytest.mark.parametrize("limits", [HttpLimits(max_connections=64, read_timeout=30), HttpLimits(max_connections=300, read_timeout=30)], ids=["evicting", "under-cap"])
+@pytest.mark.parametrize(
+    "limits",
+    [HttpLimits(max_connections=64, read_timeout=30), HttpLimits(max_connections=300, read_timeout=30)],
+    ids=["evicting", "under-cap"],
+)
 def test_a_scrape_answers_under_200_idle_connections_with_bounded_threads(serve, limits):
     server = serve(limits)
     threads = threading.active_count()
-    conns = idle_connections(server, 100) + idle_connections(server, 100, partial=b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    conns = idle_connections(server, 100) + idle_connections(
+        server, 100, partial=b"GET /metrics HTTP/1.1\r\nHost: x\r\n"
+    )
     try:
-        assert wait_until(lambda: server.open_connections == min(200, limits.max_connections) or dropped(server, "evicted") > 0)
+        assert wait_until(
+            lambda: server.open_connections == min(200, limits.max_connections) or dropped(server, "evicted") > 0
+        )
         for _ in range(5):
             status, body, seconds = scrape(server)
             assert status == 200 and "gpushare_test_events_total 7.0" in body
@@ -111,7 +126,9 @@ def test_a_scrape_answers_while_another_client_keeps_opening_connections(serve):
         assert wait_until(lambda: len(opened) > 100)
         for _ in range(20):
             assert scrape(server)[0] == 200
-        assert wait_until(lambda: server.open_connections <= 16 + 1)  # a batch of accepts may overshoot until the evicted close
+        assert wait_until(
+            lambda: server.open_connections <= 16 + 1
+        )  # a batch of accepts may overshoot until the evicted close
     finally:
         stop.set()
         attacker.join()
@@ -162,7 +179,10 @@ def test_odd_requests_get_a_status_and_a_close(serve, request_bytes, status):
 
 def test_keep_alive_head_and_health_endpoints(serve):
     server = serve()
-    answer = raw(server, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nHEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nConnection: close\r\n\r\n")
+    answer = raw(
+        server,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nHEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nConnection: close\r\n\r\n",
+    )
     parts = answer.split(b"HTTP/1.1 ")[1:]
     assert [p[:3] for p in parts] == [b"200", b"200", b"503"]
     assert b"gpushare_test_events_total 7.0" in parts[0]
@@ -205,7 +225,16 @@ def test_bind_address():
         assert server.port and scrape(server, "/healthz")[0] == 200
     finally:
         server.stop()
-    with pytest.raises(MetricsError, match=r"cannot serve metrics on 192.0.2.1:0: Cannot assign requested address \(choose another --metrics-port or --metrics-bind-address\)"):
+    with pytest.raises(
+        MetricsError,
+        match=r"cannot serve metrics on 192.0.2.1:0: Cannot assign requested address \(choose another --metrics-port or --metrics-bind-address\)",
+    ):
         MetricsServer(CollectorRegistry(), lambda: (True, "ok"), lambda: (True, "ok"), port=0, host="192.0.2.1")
-    proc = subprocess.run([*GPU_CLI, "run", "--metrics-bind-address", "localhost"], capture_output=True, text=True, timeout=15)
-    assert proc.returncode == 2 and "argument --metrics-bind-address: must be an IP address such as 0.0.0.0, :: or 10.1.2.3, got 'localhost'" in proc.stderr
+    proc = subprocess.run(
+        [*GPU_CLI, "run", "--metrics-bind-address", "localhost"], capture_output=True, text=True, timeout=15
+    )
+    assert (
+        proc.returncode == 2
+        and "argument --metrics-bind-address: must be an IP address such as 0.0.0.0, :: or 10.1.2.3, got 'localhost'"
+        in proc.stderr
+    )

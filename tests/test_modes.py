@@ -54,7 +54,9 @@ def test_exclusive_mode_multi_gpu_request_prefers_nvlink_then_numa(kubelet, star
     )
     from deviceplugin.discovery.simulated import SimulatedInventory
 
-    resources = resources_of(config({"name": "whole", "mode": "exclusive"}), SimulatedInventory.from_file(node_file).discover())
+    resources = resources_of(
+        config({"name": "whole", "mode": "exclusive"}), SimulatedInventory.from_file(node_file).discover()
+    )
     manager = PluginManager(resources, kubelet.plugin_dir, FAST)
     manager.start()
     try:
@@ -70,8 +72,13 @@ def test_exclusive_mode_multi_gpu_request_prefers_nvlink_then_numa(kubelet, star
 
 
 def test_mig_mode_mixed_strategy_through_the_kubelet(kubelet, start_plugin):
-    start_plugin({"version": "v1", "pools": [{"name": "mig", "mode": "mig", "gpus": {"indexes": [0, 1]}}]}, node_name="8xA100-80GB-mig")
-    assert kubelet.wait_for(registered("example.com/mig-1g.10gb", "example.com/mig-3g.40gb", "example.com/mig-2g.20gb"), timeout=5)
+    start_plugin(
+        {"version": "v1", "pools": [{"name": "mig", "mode": "mig", "gpus": {"indexes": [0, 1]}}]},
+        node_name="8xA100-80GB-mig",
+    )
+    assert kubelet.wait_for(
+        registered("example.com/mig-1g.10gb", "example.com/mig-3g.40gb", "example.com/mig-2g.20gb"), timeout=5
+    )
     assert kubelet.resources()["example.com/mig-1g.10gb"].capacity == 9
     envs = admit(kubelet, "example.com/mig-3g.40gb", 1).envs
     assert envs["NVIDIA_VISIBLE_DEVICES"] == envs["CUDA_VISIBLE_DEVICES"] == A100.gpus[1].mig_devices[0].uuid
@@ -89,7 +96,10 @@ def test_mig_single_strategy_uniform_node_and_refusal():
 
 
 def test_shared_mode_over_mig_instances_through_the_kubelet(kubelet, start_plugin):
-    start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [2]}}]}, node_name="8xA100-80GB-mig")
+    start_plugin(
+        {"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 4, "gpus": {"indexes": [2]}}]},
+        node_name="8xA100-80GB-mig",
+    )
     assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
     envs = admit(kubelet, "example.com/gpu-share", 3).envs
     assert envs["NVIDIA_VISIBLE_DEVICES"] in {m.uuid for m in A100.gpus[2].mig_devices}
@@ -102,13 +112,17 @@ def test_memory_per_share_means_the_same_memory_on_every_model():
     assert {u.replicas for u in resources[0].units} == {81559 // 4096}
     resources = resources_of(config({"name": "s", "mode": "shared", "memoryPerShare": "4Gi"}), mixed_node)
     assert {u.replicas for u in resources[0].units} == {3}
-    with pytest.raises(ConfigError, match=r"pools\[0\].memoryPerShare: 20480 MiB is larger than GPU 0 \(Tesla T4, 15360 MiB\)"):
+    with pytest.raises(
+        ConfigError, match=r"pools\[0\].memoryPerShare: 20480 MiB is larger than GPU 0 \(Tesla T4, 15360 MiB\)"
+    ):
         resources_of(config({"name": "s", "mode": "shared", "memoryPerShare": "20Gi"}), mixed_node)
 
 
 @pytest.mark.parametrize("policy, expected_gpu", [("binpack", 0), ("spread", 1)])
 def test_allocation_policy_through_the_kubelet(kubelet, start_plugin, policy, expected_gpu):
-    start_plugin({"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": 4}]})
+    start_plugin(
+        {"version": "v1", "allocationPolicy": policy, "pools": [{"name": "s", "mode": "shared", "replicas": 4}]}
+    )
     assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=5)
     first = admit(kubelet, "example.com/gpu-share", 1, "first").envs["NVIDIA_VISIBLE_DEVICES"]
     assert first == T4.gpus[0].uuid
@@ -139,20 +153,29 @@ def test_cdi_strategy_and_device_specs(kubelet, start_plugin, tmp_path):
             "cdiKind": "vendor.example/gpu",
             "deviceSpecs": True,
             "deviceRoot": str(tmp_path),
-            "pools": [{"name": "mig", "mode": "mig", "gpus": {"indexes": [2]}}, {"name": "whole", "mode": "exclusive", "gpus": {"indexes": [5]}}],
+            "pools": [
+                {"name": "mig", "mode": "mig", "gpus": {"indexes": [2]}},
+                {"name": "whole", "mode": "exclusive", "gpus": {"indexes": [5]}},
+            ],
         },
         node_name="8xA100-80GB-mig",
     )
     assert kubelet.wait_for(registered("example.com/gpu", "example.com/mig-3g.40gb"), timeout=5)
     whole = admit(kubelet, "example.com/gpu", 1, "whole")
     assert [d.name for d in whole.cdi_devices] == [f"vendor.example/gpu={A100.gpus[5].uuid}"]
-    assert "NVIDIA_VISIBLE_DEVICES" not in whole.envs and "CUDA_VISIBLE_DEVICES" not in whole.envs  # the CDI devices say it
+    assert (
+        "NVIDIA_VISIBLE_DEVICES" not in whole.envs and "CUDA_VISIBLE_DEVICES" not in whole.envs
+    )  # the CDI devices say it
     specs = {d.container_path: (d.host_path, d.permissions) for d in whole.devices}
     assert specs["/dev/nvidia5"] == (f"{tmp_path}/dev/nvidia5", "rw")
     assert {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"} <= specs.keys()
     mig = admit(kubelet, "example.com/mig-3g.40gb", 1, "mig")
     paths = [d.container_path for d in mig.devices]
-    assert "/dev/nvidia2" in paths and "/dev/nvidia-caps/nvidia-cap21" in paths and "/dev/nvidia-caps/nvidia-cap22" in paths
+    assert (
+        "/dev/nvidia2" in paths
+        and "/dev/nvidia-caps/nvidia-cap21" in paths
+        and "/dev/nvidia-caps/nvidia-cap22" in paths
+    )
 
 
 @pytest.mark.parametrize(
@@ -169,7 +192,10 @@ def test_cdi_strategy_and_device_specs(kubelet, start_plugin, tmp_path):
         ({"memoryWatchdog": {"quarantine": "yes"}}, "memoryWatchdog.quarantine: must be a boolean, got string 'yes'"),
         ({"memoryWatchdog": {"mode": 1}}, "memoryWatchdog.mode: unknown key (known keys: policy, quarantine)"),
         ({"memoryWatchdog": []}, "memoryWatchdog: must be a mapping, got a list"),
-        ({"profiles": {"Bad_Name": {"pools": []}}}, "profiles.Bad_Name: profile names must be 1-40 characters of [a-z0-9-]"),
+        (
+            {"profiles": {"Bad_Name": {"pools": []}}},
+            "profiles.Bad_Name: profile names must be 1-40 characters of [a-z0-9-]",
+        ),
         ({"profiles": {"x": {"pool": []}}}, "profiles.x.pool: unknown key; did you mean 'pools'? (known keys: pools)"),
     ],
 )
@@ -223,9 +249,14 @@ def test_profile_errors_name_the_profile():
     with pytest.raises(ConfigError) as err:
         parse_config(PROFILES)
     assert "profiles.bad.pools[0].replicas: must be >= 1, got 0" in str(err.value)
-    assert "profiles.worse.pools[1].gpus: only one pool may omit gpus (profiles.worse.pools[0] already takes the rest)" in str(err.value)
+    assert (
+        "profiles.worse.pools[1].gpus: only one pool may omit gpus (profiles.worse.pools[0] already takes the rest)"
+        in str(err.value)
+    )
     pool = {"name": "s", "mode": "shared"}
-    with pytest.raises(ConfigError, match=r"profiles.default: profile 'default' is already defined by the top-level pools"):
+    with pytest.raises(
+        ConfigError, match=r"profiles.default: profile 'default' is already defined by the top-level pools"
+    ):
         parse_config({"version": "v1", "pools": [pool], "profiles": {"default": {"pools": [pool]}}})
 
 
@@ -248,14 +279,38 @@ def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir,
     api, kubeconfig = fake_kube
     api.labels["example.com/gpu-share.config"] = "training"
     good = {**PROFILES, "profiles": {k: v for k, v in PROFILES["profiles"].items() if k in ("inference", "training")}}
-    good["profiles"]["training"] = {"pools": [{"name": "w", "mode": "exclusive", "gpus": {"indexes": [0]}}, {"name": "s2", "mode": "shared", "replicas": 2}]}
+    good["profiles"]["training"] = {
+        "pools": [
+            {"name": "w", "mode": "exclusive", "gpus": {"indexes": [0]}},
+            {"name": "s2", "mode": "shared", "replicas": 2},
+        ]
+    }
     cfg_file = tmp_path / "config.yaml"
     _write(cfg_file, good)
     proc = subprocess.Popen(
-        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir), "--config", str(cfg_file),
-         "--kubeconfig", str(kubeconfig), "--watch-interval", "0.05", "--metrics-port", "0", "--reload-interval", "0.1",
-         "--profile-label-interval", "0.1"],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "NODE_NAME": api.node_name},
+        [
+            *GPU_CLI,
+            "run",
+            "--node",
+            str(EXAMPLES / "nodes" / "2xT4.yaml"),
+            "--plugin-dir",
+            str(plugin_dir),
+            "--config",
+            str(cfg_file),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--watch-interval",
+            "0.05",
+            "--metrics-port",
+            "0",
+            "--reload-interval",
+            "0.1",
+            "--profile-label-interval",
+            "0.1",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NODE_NAME": api.node_name},
     )
     try:
         assert kubelet.wait_for(registered("example.com/gpu", "example.com/gpu-share"), timeout=15)
@@ -266,7 +321,9 @@ def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir,
         # A valid change to one pool: only that resource registers again.
         good["profiles"]["training"]["pools"][1]["replicas"] = 3
         _write(cfg_file, good)
-        assert kubelet.wait_for(lambda st: st["example.com/gpu-share"].capacity == 3 and st["example.com/gpu-share"].registered, timeout=5)
+        assert kubelet.wait_for(
+            lambda st: st["example.com/gpu-share"].capacity == 3 and st["example.com/gpu-share"].registered, timeout=5
+        )
         counts = {}
         for r in kubelet.register_requests:
             counts[r.resource_name] = counts.get(r.resource_name, 0) + 1
@@ -275,26 +332,47 @@ def test_profile_comes_from_the_node_label_and_hot_reload(fake_kube, plugin_dir,
         # An invalid change: the last good config keeps serving.
         cfg_file.write_text("version: v1\npools: [{name: x, mode: shared, replicas: -1}]\n")
         time.sleep(0.5)  # the sleep is the test: five reload intervals pass and the last good config still serves
-        assert kubelet.resources()["example.com/gpu-share"].capacity == 3 and kubelet.resources()["example.com/gpu"].registered
+        assert (
+            kubelet.resources()["example.com/gpu-share"].capacity == 3
+            and kubelet.resources()["example.com/gpu"].registered
+        )
         # Switching the node label to another profile reloads.
         _write(cfg_file, good)
         api.labels["example.com/gpu-share.config"] = "inference"
-        assert kubelet.wait_for(lambda st: st["example.com/gpu-share"].capacity == 8 and not st["example.com/gpu"].registered, timeout=5)
+        assert kubelet.wait_for(
+            lambda st: st["example.com/gpu-share"].capacity == 8 and not st["example.com/gpu"].registered, timeout=5
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
     assert "serving profile training" in err
-    assert "config change rejected, still serving the last good config" in err and "replicas: must be >= 1, got -1" in err
+    assert (
+        "config change rejected, still serving the last good config" in err and "replicas: must be >= 1, got -1" in err
+    )
     assert "config reloaded (profile inference)" in err
 
 
 def test_without_api_access_the_plugin_says_so_once(plugin_dir, kubelet, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
     proc = subprocess.Popen(
-        [*GPU_CLI, "run", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--plugin-dir", str(plugin_dir),
-         "--watch-interval", "0.05", "--metrics-port", "0", "--reload-interval", "0.05"],
-        stderr=subprocess.PIPE, text=True, env={**env, "NODE_NAME": "n1", "HOME": str(tmp_path)},  # no ~/.kube/config
+        [
+            *GPU_CLI,
+            "run",
+            "--node",
+            str(EXAMPLES / "nodes" / "2xT4.yaml"),
+            "--plugin-dir",
+            str(plugin_dir),
+            "--watch-interval",
+            "0.05",
+            "--metrics-port",
+            "0",
+            "--reload-interval",
+            "0.05",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "NODE_NAME": "n1", "HOME": str(tmp_path)},  # no ~/.kube/config
     )
     try:
         assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=15)
@@ -306,16 +384,33 @@ def test_without_api_access_the_plugin_says_so_once(plugin_dir, kubelet, tmp_pat
 
 
 def test_config_check_command(tmp_path):
-    ok = subprocess.run([*GPU_CLI, "config", "check", str(EXAMPLES / "config" / "mixed.yaml"), "--node", str(EXAMPLES / "nodes" / "8xH100-80GB.yaml")],
-                        capture_output=True, text=True, timeout=30)
+    ok = subprocess.run(
+        [
+            *GPU_CLI,
+            "config",
+            "check",
+            str(EXAMPLES / "config" / "mixed.yaml"),
+            "--node",
+            str(EXAMPLES / "nodes" / "8xH100-80GB.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert ok.returncode == 0, ok.stderr
     assert "example.com/gpu (exclusive): 4 devices" in ok.stdout
     assert "GPU 4 (NVIDIA H100 80GB HBM3): 8 shares of 10194 MiB" in ok.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text("version: v1\npools:\n  - {name: a, mode: shared, replicas: 0, colour: red}\n  - {name: b, mode: mig, resource: x}\n")
+    bad.write_text(
+        "version: v1\npools:\n  - {name: a, mode: shared, replicas: 0, colour: red}\n  - {name: b, mode: mig, resource: x}\n"
+    )
     out = subprocess.run([*GPU_CLI, "config", "check", str(bad)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
-    for line in ("pools[0].colour: unknown key", "pools[0].replicas: must be >= 1, got 0", "pools[1].resource: not used by mode mig"):
+    for line in (
+        "pools[0].colour: unknown key",
+        "pools[0].replicas: must be >= 1, got 0",
+        "pools[1].resource: not used by mode mig",
+    ):
         assert line in out.stderr
 
 
@@ -333,7 +428,14 @@ def fake_mps(tmp_path):
 
 def mps_config(root, limits: str, replicas: int = 4):
     return config(
-        {"name": "mps", "mode": "shared", "backend": "mps", "mpsLimits": limits, "replicas": replicas, "gpus": {"indexes": [1]}},
+        {
+            "name": "mps",
+            "mode": "shared",
+            "backend": "mps",
+            "mpsLimits": limits,
+            "replicas": replicas,
+            "gpus": {"indexes": [1]},
+        },
         {"name": "ts", "mode": "shared", "resource": "ts-share", "gpus": {"indexes": [0]}},
         mpsRoot=str(root),
     )
@@ -400,14 +502,30 @@ def test_mps_proportional_limits_per_container(fake_mps, tmp_path, kubelet, plug
 def test_mps_subcommand_runs_daemons_until_sigterm(fake_mps, tmp_path):
     root = tmp_path / "mps"
     cfg = tmp_path / "mps.yaml"
-    cfg.write_text(textwrap.dedent(f"""\
+    cfg.write_text(
+        textwrap.dedent(f"""\
         version: v1
         mpsRoot: {root}
         pools:
           - {{name: mps, mode: shared, backend: mps, replicas: 2}}
-        """))
-    proc = subprocess.Popen([*GPU_CLI, "mps", "--config", str(cfg), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--profile", "default",
-                             "--mps-control", str(fake_mps)], stderr=subprocess.PIPE, text=True)
+        """)
+    )
+    proc = subprocess.Popen(
+        [
+            *GPU_CLI,
+            "mps",
+            "--config",
+            str(cfg),
+            "--node",
+            str(EXAMPLES / "nodes" / "2xT4.yaml"),
+            "--profile",
+            "default",
+            "--mps-control",
+            str(fake_mps),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     paths = MpsPaths.of(str(root), "mps")
     try:
         assert wait_until(paths.ready.exists, timeout=10)
@@ -426,8 +544,22 @@ def _pid(paths: MpsPaths) -> int:
 def test_mps_supervisor_follows_config_reloads(fake_mps, tmp_path):
     """Added pools start a daemon, removed ones stop theirs, changed limits or mpsRoot restart it; others are untouched."""
     root, other_root = tmp_path / "mps", tmp_path / "mps2"
-    a = {"name": "a", "mode": "shared", "backend": "mps", "mpsLimits": "strict", "replicas": 4, "gpus": {"indexes": [1]}}
-    b = {"name": "b", "mode": "shared", "backend": "mps", "resource": "b-share", "replicas": 2, "gpus": {"indexes": [0]}}
+    a = {
+        "name": "a",
+        "mode": "shared",
+        "backend": "mps",
+        "mpsLimits": "strict",
+        "replicas": 4,
+        "gpus": {"indexes": [1]},
+    }
+    b = {
+        "name": "b",
+        "mode": "shared",
+        "backend": "mps",
+        "resource": "b-share",
+        "replicas": 2,
+        "gpus": {"indexes": [0]},
+    }
     supervisor = MpsSupervisor(str(fake_mps), backoff_max=0.2, backoff_initial=0.05)
 
     def reload(*pools, mps_root=root):
@@ -468,8 +600,24 @@ def test_mps_subcommand_follows_the_config_file(fake_mps, tmp_path):
     a = "{name: a, mode: shared, backend: mps, replicas: 2, gpus: {indexes: [1]}}"
     b = "{name: b, mode: shared, backend: mps, resource: b-share, replicas: 2, gpus: {indexes: [0]}}"
     write(a)
-    proc = subprocess.Popen([*GPU_CLI, "mps", "--config", str(cfg), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--profile", "default",
-                             "--mps-control", str(fake_mps), "--reload-interval", "0.05"], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *GPU_CLI,
+            "mps",
+            "--config",
+            str(cfg),
+            "--node",
+            str(EXAMPLES / "nodes" / "2xT4.yaml"),
+            "--profile",
+            "default",
+            "--mps-control",
+            str(fake_mps),
+            "--reload-interval",
+            "0.05",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     pa, pb = MpsPaths.of(str(root), "a"), MpsPaths.of(str(root), "b")
     try:
         assert wait_until(pa.ready.exists, timeout=10)
@@ -511,7 +659,9 @@ def _alive(pid: int) -> bool:
         command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return "State:\tZ" not in status and b"-f" in command and any(c.endswith(b"nvidia-cuda-mps-control") for c in command)
+    return (
+        "State:\tZ" not in status and b"-f" in command and any(c.endswith(b"nvidia-cuda-mps-control") for c in command)
+    )
 
 
 def _daemons(paths: MpsPaths) -> list[int]:
@@ -525,12 +675,28 @@ def test_mps_stale_marker_of_a_killed_pod_is_unhealthy_within_one_poll(fake_mps,
     caplog.set_level(logging.INFO, logger="deviceplugin.plugin.manager")
     root = tmp_path / "mps"
     cfg = tmp_path / "mps.yaml"
-    cfg.write_text(f"version: v1\nmpsRoot: {root}\npools:\n  - {{name: mps, mode: shared, backend: mps, replicas: 2, gpus: {{indexes: [1]}}}}\n")
+    cfg.write_text(
+        f"version: v1\nmpsRoot: {root}\npools:\n  - {{name: mps, mode: shared, backend: mps, replicas: 2, gpus: {{indexes: [1]}}}}\n"
+    )
     resources = resources_of(yaml.safe_load(cfg.read_text()), T4)
     manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.2, timeout=0.5))
     manager.start()
-    proc = subprocess.Popen([*GPU_CLI, "mps", "--config", str(cfg), "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--profile", "default",
-                             "--mps-control", str(fake_mps)], stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *GPU_CLI,
+            "mps",
+            "--config",
+            str(cfg),
+            "--node",
+            str(EXAMPLES / "nodes" / "2xT4.yaml"),
+            "--profile",
+            "default",
+            "--mps-control",
+            str(fake_mps),
+        ],
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     paths = MpsPaths.of(str(root), "mps")
     try:
         assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=10)
@@ -574,10 +740,17 @@ def test_mps_failed_setup_kills_its_daemon_and_backs_off(fake_mps, tmp_path, mon
     monkeypatch.setenv(hook, "set_default_active_thread_percentage")
     root = tmp_path / "mps"
     resources = resources_of(mps_config(root, "strict"), T4)
-    daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps), start_timeout=0.3,
-                       backoff_initial=0.05, backoff_max=0.2)
+    daemon = MpsDaemon(
+        next(r for r in resources if r.pool.mps),
+        str(root),
+        binary=str(fake_mps),
+        start_timeout=0.3,
+        backoff_initial=0.05,
+        backoff_max=0.2,
+    )
     daemon.start()
     try:
+
         def three_failed_setups() -> bool:
             assert sum(map(_alive, _daemons(daemon.paths))) <= 1  # never two at once, checked while waiting
             return daemon.restarts >= 3

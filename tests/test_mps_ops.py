@@ -61,15 +61,25 @@ def fake_mps(tmp_path):
 
 
 def mps_resource(root, **pool):
-    config = parse_config({"version": "v1", "mpsRoot": str(root), "pools": [{"name": "m", "mode": "shared", "backend": "mps", "replicas": 4, **pool}]})
+    config = parse_config(
+        {
+            "version": "v1",
+            "mpsRoot": str(root),
+            "pools": [{"name": "m", "mode": "shared", "backend": "mps", "replicas": 4, **pool}],
+        }
+    )
     return next(r for r in resources_of(config, T4) if r.pool.mps)
 
 
 def test_exclusive_process_is_set_while_the_daemon_serves_and_restored_on_quit(fake_mps, tmp_path):
     a, b = (g.uuid for g in T4.gpus)
     nvml = ModesNvml({a: DEFAULT, b: EXCLUSIVE})  # GPU 1 was EXCLUSIVE_PROCESS already: left so after quit too
-    daemon = MpsDaemon(mps_resource(tmp_path / "mps", exclusiveProcess=True), str(tmp_path / "mps"), binary=str(fake_mps),
-                       compute_modes=ComputeModes(nvml))
+    daemon = MpsDaemon(
+        mps_resource(tmp_path / "mps", exclusiveProcess=True),
+        str(tmp_path / "mps"),
+        binary=str(fake_mps),
+        compute_modes=ComputeModes(nvml),
+    )
     daemon.start()
     try:
         assert wait_until(daemon.paths.ready.exists)
@@ -81,7 +91,9 @@ def test_exclusive_process_is_set_while_the_daemon_serves_and_restored_on_quit(f
 
 def test_without_exclusive_process_compute_modes_are_not_touched(fake_mps, tmp_path):
     nvml = ModesNvml({g.uuid: DEFAULT for g in T4.gpus})
-    daemon = MpsDaemon(mps_resource(tmp_path / "mps"), str(tmp_path / "mps"), binary=str(fake_mps), compute_modes=ComputeModes(nvml))
+    daemon = MpsDaemon(
+        mps_resource(tmp_path / "mps"), str(tmp_path / "mps"), binary=str(fake_mps), compute_modes=ComputeModes(nvml)
+    )
     daemon.start()
     try:
         assert wait_until(daemon.paths.ready.exists)
@@ -94,7 +106,10 @@ def test_a_gpu_refusing_the_mode_is_an_error_naming_it_and_the_others_are_restor
     a, b = (g.uuid for g in T4.gpus)
     nvml = ModesNvml({a: DEFAULT, b: DEFAULT}, refuse=b)
 
-    with pytest.raises(ComputeModeError, match=f"GPU {b}: cannot set compute mode EXCLUSIVE_PROCESS: .*Insufficient Permissions.* \\(needs root and NVML\\)"):
+    with pytest.raises(
+        ComputeModeError,
+        match=f"GPU {b}: cannot set compute mode EXCLUSIVE_PROCESS: .*Insufficient Permissions.* \\(needs root and NVML\\)",
+    ):
         ComputeModes(nvml).make_exclusive([a, b])
     assert nvml.modes == {a: DEFAULT, b: DEFAULT} and nvml.sessions == 0  # GPU 0 put back at once
 
@@ -106,8 +121,17 @@ def test_exclusive_process_applies_only_to_mps_pools():
 
 def test_supervisor_serves_only_the_pools_it_is_given(fake_mps, tmp_path, caplog):
     root = tmp_path / "mps"
-    pools = [{"name": "a", "mode": "shared", "backend": "mps", "replicas": 4, "gpus": {"indexes": [0]}},
-             {"name": "b", "mode": "shared", "backend": "mps", "resource": "b-share", "replicas": 2, "gpus": {"indexes": [1]}}]
+    pools = [
+        {"name": "a", "mode": "shared", "backend": "mps", "replicas": 4, "gpus": {"indexes": [0]}},
+        {
+            "name": "b",
+            "mode": "shared",
+            "backend": "mps",
+            "resource": "b-share",
+            "replicas": 2,
+            "gpus": {"indexes": [1]},
+        },
+    ]
     config = parse_config({"version": "v1", "mpsRoot": str(root), "pools": pools})
     supervisor = MpsSupervisor(str(fake_mps), backoff_max=0.2, backoff_initial=0.05, pools=frozenset({"b"}))
     try:
@@ -118,6 +142,9 @@ def test_supervisor_serves_only_the_pools_it_is_given(fake_mps, tmp_path, caplog
         with caplog.at_level(logging.WARNING, logger="deviceplugin.mps.supervisor"):
             supervisor.on_config(only_a, resources_of(only_a, T4))
         assert supervisor.daemons == {}
-        assert "the config has no pool with backend mps named b on this node; nothing to run until it has one" in caplog.text
+        assert (
+            "the config has no pool with backend mps named b on this node; nothing to run until it has one"
+            in caplog.text
+        )
     finally:
         supervisor.stop()

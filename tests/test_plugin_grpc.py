@@ -87,7 +87,9 @@ def test_each_resource_sends_a_new_list_only_when_its_own_part_of_the_node_state
     state.set_mps_ready("mps-pool", False)
     state.set_quarantine(frozenset({UUID0}), frozenset({UUID0}))  # GPU 0's free device: GPU's part only
     state.set_health({UUID0: "XID 79"}, xid_counts={UUID0: 1})
-    state.set_quarantine(frozenset({UUID0, UUID1}), frozenset({UUID0, f"{UUID1}::3"}))  # the first change of SHARE's part
+    state.set_quarantine(
+        frozenset({UUID0, UUID1}), frozenset({UUID0, f"{UUID1}::3"})
+    )  # the first change of SHARE's part
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 3 and st[GPU].messages == 3, timeout=2)
     assert kubelet.resources()[SHARE].messages == 2  # the full list, then this one change
     assert kubelet.resources()[GPU].messages == 3  # its health, then its quarantined device (already Unhealthy)
@@ -113,14 +115,18 @@ def test_preferred_allocation_keeps_shares_on_one_gpu(kubelet, start_plugin):
     available = [f"{UUID0}::{k}" for k in (3, 8)] + [f"{UUID1}::{k}" for k in range(3, 10)]
     for size, gpu in ((2, UUID0), (3, UUID1)):
         request = pb.PreferredAllocationRequest(
-            container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)]
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)
+            ]
         )
         ids = stub.GetPreferredAllocation(request, timeout=5).container_responses[0].deviceIDs
         assert len(ids) == size and {i.split("::")[0] for i in ids} == {gpu}
     # must_include is kept and completed on its own GPU.
     request = pb.PreferredAllocationRequest(
         container_requests=[
-            pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, must_include_deviceIDs=[f"{UUID1}::9"], allocation_size=3)
+            pb.ContainerPreferredAllocationRequest(
+                available_deviceIDs=available, must_include_deviceIDs=[f"{UUID1}::9"], allocation_size=3
+            )
         ]
     )
     ids = list(stub.GetPreferredAllocation(request, timeout=5).container_responses[0].deviceIDs)
@@ -156,7 +162,11 @@ def test_allocate_is_deterministic_for_the_same_ids(kubelet, start_plugin):
     "ids, code, message",
     [
         ([], grpc.StatusCode.INVALID_ARGUMENT, "no device IDs in the request for example.com/gpu-share"),
-        (["GPU-nope::1", f"{UUID0}::0"], grpc.StatusCode.INVALID_ARGUMENT, "unknown device IDs for example.com/gpu-share: GPU-nope::1"),
+        (
+            ["GPU-nope::1", f"{UUID0}::0"],
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "unknown device IDs for example.com/gpu-share: GPU-nope::1",
+        ),
         (
             [f"{UUID0}::0", f"{UUID1}::1"],
             grpc.StatusCode.INVALID_ARGUMENT,
@@ -195,7 +205,10 @@ def test_quarantined_devices_are_refused_as_quarantined(kubelet, start_plugin):
     with pytest.raises(grpc.RpcError) as err:
         allocate(kubelet, SHARE, [f"{UUID0}::1"])
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"devices quarantined for {SHARE} (their GPU holds a finished container's memory): {UUID0}::1" in err.value.details()
+    assert (
+        f"devices quarantined for {SHARE} (their GPU holds a finished container's memory): {UUID0}::1"
+        in err.value.details()
+    )
     assert allocate(kubelet, SHARE, [f"{UUID0}::2"]).container_responses  # only the quarantined devices
 
 
@@ -298,12 +311,19 @@ def test_preferred_allocation_tolerates_unknown_ids_and_short_supply(kubelet, st
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     stub = kubelet.stub(SHARE)
     odd = [
-        pb.ContainerPreferredAllocationRequest(available_deviceIDs=["GPU-x::1", "junk"], allocation_size=2),  # unknown IDs
-        pb.ContainerPreferredAllocationRequest(available_deviceIDs=[f"{UUID0}::1"], allocation_size=5),  # more than available
+        pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=["GPU-x::1", "junk"], allocation_size=2
+        ),  # unknown IDs
+        pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=[f"{UUID0}::1"], allocation_size=5
+        ),  # more than available
     ]
     response = stub.GetPreferredAllocation(pb.PreferredAllocationRequest(container_requests=odd), timeout=5)
     assert [list(r.deviceIDs) for r in response.container_responses] == [[], [f"{UUID0}::1"]]
-    assert stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["anything"]), timeout=5) == pb.PreStartContainerResponse()
+    assert (
+        stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["anything"]), timeout=5)
+        == pb.PreStartContainerResponse()
+    )
 
 
 @pytest.mark.parametrize(
@@ -312,10 +332,17 @@ def test_preferred_allocation_tolerates_unknown_ids_and_short_supply(kubelet, st
         ({"available_deviceIDs": [f"{UUID0}::1"], "allocation_size": 0}, "allocation_size must be at least 1, got 0"),
         ({"available_deviceIDs": [f"{UUID0}::1"], "allocation_size": -3}, "allocation_size must be at least 1, got -3"),
         (
-            {"available_deviceIDs": [f"{UUID0}::1", f"{UUID0}::2"], "must_include_deviceIDs": [f"{UUID0}::1", f"{UUID0}::2"], "allocation_size": 1},
+            {
+                "available_deviceIDs": [f"{UUID0}::1", f"{UUID0}::2"],
+                "must_include_deviceIDs": [f"{UUID0}::1", f"{UUID0}::2"],
+                "allocation_size": 1,
+            },
             "must_include_deviceIDs has 2 IDs, more than allocation_size 1",
         ),
-        ({"available_deviceIDs": [f"{UUID0}::1"], "must_include_deviceIDs": [f"{UUID0}::3"], "allocation_size": 1}, "not in available_deviceIDs: GPU-"),
+        (
+            {"available_deviceIDs": [f"{UUID0}::1"], "must_include_deviceIDs": [f"{UUID0}::3"], "allocation_size": 1},
+            "not in available_deviceIDs: GPU-",
+        ),
         ({"available_deviceIDs": ["x" * 10240], "allocation_size": 1}, "a device ID of 10240 characters (at most 256)"),
     ],
 )
@@ -335,18 +362,26 @@ def test_huge_or_crafted_allocate_ids_get_short_escaped_errors(kubelet, start_pl
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     stub = kubelet.stub(SHARE)
     with pytest.raises(grpc.RpcError) as err:
-        stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["y" * 10240])]), timeout=5)
+        stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["y" * 10240])]), timeout=5
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and len(err.value.details()) < 400
     forged = "GPU-x\n2026-01-01 INFO forged line"
     with caplog.at_level("WARNING"), pytest.raises(grpc.RpcError) as err:
-        stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[forged] * 50)]), timeout=5)
+        stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=[forged] * 50)]), timeout=5
+        )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     refused = [r.getMessage() for r in caplog.records if "refused Allocate" in r.getMessage()]
     assert refused and all("\n" not in line and len(line) < 1000 for line in refused)
 
 
-@pytest.mark.parametrize("method", ["GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer"])
-def test_an_undecodable_request_is_refused_as_invalid_with_what_it_should_have_been(kubelet, start_plugin, plugin_dir, method):
+@pytest.mark.parametrize(
+    "method", ["GetDevicePluginOptions", "ListAndWatch", "GetPreferredAllocation", "Allocate", "PreStartContainer"]
+)
+def test_an_undecodable_request_is_refused_as_invalid_with_what_it_should_have_been(
+    kubelet, start_plugin, plugin_dir, method
+):
     start_plugin()
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     sock = next(plugin_dir.glob("gpu-share-*.sock"))
@@ -368,10 +403,14 @@ def test_a_flood_of_large_preferred_allocations_is_placed_one_at_a_time_and_boun
     a lone request (so the loop stays free for every resource's Allocate)."""
     from deviceplugin.plugin.servicer import MAX_PREFERRED_WAITING
 
-    manager = start_plugin({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}, node_name="8xH100-80GB")
+    manager = start_plugin(
+        {"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}, node_name="8xH100-80GB"
+    )
     assert kubelet.wait_for(registered(SHARE), timeout=5)
     ids = list(manager.resources[0].devices)
-    request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=3)])
+    request = pb.PreferredAllocationRequest(
+        container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=ids, allocation_size=3)]
+    )
     stub = kubelet.stub(SHARE)
     alone = stub.GetPreferredAllocation(request, timeout=10).container_responses[0].deviceIDs
     calls = [stub.GetPreferredAllocation.future(request, timeout=30) for _ in range(4 * MAX_PREFERRED_WAITING)]
@@ -382,5 +421,10 @@ def test_a_flood_of_large_preferred_allocations_is_placed_one_at_a_time_and_boun
         except grpc.RpcError as err:
             refused.append((err.code(), err.details()))
     assert answered and all(a == list(alone) for a in answered) and len(alone) == 3
-    assert refused and set(refused) == {(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_PREFERRED_WAITING} GetPreferredAllocation calls of {SHARE} are in flight already")}
+    assert refused and set(refused) == {
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{MAX_PREFERRED_WAITING} GetPreferredAllocation calls of {SHARE} are in flight already",
+        )
+    }
     assert manager.servers[0].preferred_waiting == 0

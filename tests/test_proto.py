@@ -39,7 +39,13 @@ def test_deviceplugin_wire_names_and_numbers():
         "allocation_size": 3,
     }
     assert _fields(dp.ContainerPreferredAllocationResponse) == {"deviceIDs": 1}
-    assert _fields(dp.ContainerAllocateResponse) == {"envs": 1, "mounts": 2, "devices": 3, "annotations": 4, "cdi_devices": 5}
+    assert _fields(dp.ContainerAllocateResponse) == {
+        "envs": 1,
+        "mounts": 2,
+        "devices": 3,
+        "annotations": 4,
+        "cdi_devices": 5,
+    }
     methods = {m.full_name for s in dp.DESCRIPTOR.services_by_name.values() for m in s.methods}
     assert methods == {
         "v1beta1.Registration.Register",
@@ -55,10 +61,22 @@ def test_deviceplugin_wire_names_and_numbers():
 def test_podresources_wire_names_and_numbers():
     assert pr.DESCRIPTOR.package == "v1"
     assert _fields(pr.PodResources) == {"name": 1, "namespace": 2, "containers": 3, "cpu_ids": 4, "memory": 5}
-    assert _fields(pr.ContainerResources) == {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4, "dynamic_resources": 5}
+    assert _fields(pr.ContainerResources) == {
+        "name": 1,
+        "devices": 2,
+        "cpu_ids": 3,
+        "memory": 4,
+        "dynamic_resources": 5,
+    }
     assert _fields(pr.ContainerDevices) == {"resource_name": 1, "device_ids": 2, "topology": 3}
     assert _fields(pr.DynamicResource) == {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4}
-    assert _fields(pr.ClaimResource) == {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4, "share_id": 5}
+    assert _fields(pr.ClaimResource) == {
+        "cdi_devices": 1,
+        "driver_name": 2,
+        "pool_name": 3,
+        "device_name": 4,
+        "share_id": 5,
+    }
     methods = {m.name for m in pr.DESCRIPTOR.services_by_name["PodResourcesLister"].methods}
     assert methods == {"List", "GetAllocatableResources", "Get"}
 
@@ -73,13 +91,25 @@ def test_dra_wire_names_and_numbers():
     assert v1beta1.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1beta1"
     assert health.DESCRIPTOR.package == "v1alpha1"
     assert reg.DESCRIPTOR.package == "pluginregistration"
-    assert _fields(v1.Device) == {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4, "share_id": 5}
+    assert _fields(v1.Device) == {
+        "request_names": 1,
+        "pool_name": 2,
+        "device_name": 3,
+        "cdi_device_ids": 4,
+        "share_id": 5,
+    }
     assert _fields(v1beta1.Device) == {"request_names": 1, "pool_name": 2, "device_name": 3, "cdi_device_ids": 4}
     for api in (v1, v1beta1):
         assert _fields(api.Claim) == {"namespace": 1, "uid": 2, "name": 3}
         assert _fields(api.NodePrepareResourceResponse) == {"devices": 1, "error": 2}
         assert _fields(api.NodeUnprepareResourceResponse) == {"error": 1}
-    assert _fields(health.DeviceHealth) == {"device": 1, "health": 2, "last_updated_time": 3, "health_check_timeout_seconds": 4, "message": 5}
+    assert _fields(health.DeviceHealth) == {
+        "device": 1,
+        "health": 2,
+        "last_updated_time": 3,
+        "health_check_timeout_seconds": 4,
+        "message": 5,
+    }
     assert _fields(reg.PluginInfo) == {"type": 1, "name": 2, "endpoint": 3, "supported_versions": 4}
     assert _fields(reg.RegistrationStatus) == {"plugin_registered": 1, "error": 2}
     methods = {
@@ -97,4 +127,6 @@ def test_dra_wire_names_and_numbers():
         "pluginregistration.Registration.GetInfo",
         "pluginregistration.Registration.NotifyRegistrationStatus",
     }
-    assert health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name["NodeWatchResources"].server_streaming
+    assert (
+        health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name["NodeWatchResources"].server_streaming
+    )

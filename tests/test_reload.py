@@ -101,16 +101,22 @@ def test_reloader_survives_an_injected_exception_and_applies_the_next_change(ser
     assert gauge(reloader, manager, "gpushare_config_in_sync") == 0
     assert kubelet.resources()[RESOURCE].capacity == 4  # the last good config keeps serving
     failures = [r.getMessage() for r in caplog.records if "config reload failed" in r.getMessage()]
-    assert failures == ["config reload failed, still serving the last good config: RuntimeError: injected: the label lookup blew up"]  # repeats summarised
+    assert failures == [
+        "config reload failed, still serving the last good config: RuntimeError: injected: the label lookup blew up"
+    ]  # repeats summarised
     reloader.profiles.broken = False
     write(path, 5)
     assert kubelet.wait_for(lambda st: st[RESOURCE].capacity == 10 and st[RESOURCE].registered, timeout=5)
     assert reloader.wait_for(lambda: reloader.reloads == 1 and reloader.in_sync)
     errors = reloader.errors
-    assert not reloader.check() and reloader.errors == errors and gauge(reloader, manager, "gpushare_config_in_sync") == 1
+    assert (
+        not reloader.check() and reloader.errors == errors and gauge(reloader, manager, "gpushare_config_in_sync") == 1
+    )
 
 
-def test_repeated_failures_are_summarised_once_per_interval_of_the_reloaders_clock(tmp_path, kubelet, start_plugin, caplog):
+def test_repeated_failures_are_summarised_once_per_interval_of_the_reloaders_clock(
+    tmp_path, kubelet, start_plugin, caplog
+):
     clock, profiles = ManualClock(), FlakyProfiles(None, None)
     reloader = _started(tmp_path / "config.yaml", kubelet, start_plugin, profiles, interval=3600, clock=clock)
     try:
@@ -119,11 +125,17 @@ def test_repeated_failures_are_summarised_once_per_interval_of_the_reloaders_clo
             assert not reloader.check()
         clock.advance(3599)  # the summary window: the reload interval, at least a minute
         assert not reloader.check()
-        failed = "config reload failed, still serving the last good config: RuntimeError: injected: the label lookup blew up"
+        failed = (
+            "config reload failed, still serving the last good config: RuntimeError: injected: the label lookup blew up"
+        )
         assert [r.getMessage() for r in caplog.records if "config reload failed" in r.getMessage()] == [failed]
         clock.advance(1)
         assert not reloader.check() and reloader.errors == 5
-        assert [r.getMessage() for r in caplog.records if "config reload failed" in r.getMessage()] == [failed, f"{failed} (repeated 3 times in 3600s)", failed]
+        assert [r.getMessage() for r in caplog.records if "config reload failed" in r.getMessage()] == [
+            failed,
+            f"{failed} (repeated 3 times in 3600s)",
+            failed,
+        ]
     finally:
         reloader.stop()
 
@@ -156,11 +168,20 @@ def test_a_change_is_applied_only_once_it_has_settled(by_hand, kubelet):
     assert "example.com/gpu" not in kubelet.resources()
 
 
-@pytest.mark.parametrize("break_it, cause", [
-    (lambda target, link: target.unlink(), "file: cannot read: no such file (deleted, or not mounted)"),
-    (lambda target, link: (link.unlink(), link.symlink_to(link)), "file: cannot read: symlink loop (too many levels of symbolic links)"),
-    (lambda target, link: target.write_text("pools: " + "{a: " * 5000), "line 1, column 129: nested deeper than 32 levels"),
-])
+@pytest.mark.parametrize(
+    "break_it, cause",
+    [
+        (lambda target, link: target.unlink(), "file: cannot read: no such file (deleted, or not mounted)"),
+        (
+            lambda target, link: (link.unlink(), link.symlink_to(link)),
+            "file: cannot read: symlink loop (too many levels of symbolic links)",
+        ),
+        (
+            lambda target, link: target.write_text("pools: " + "{a: " * 5000),
+            "line 1, column 129: nested deeper than 32 levels",
+        ),
+    ],
+)
 def test_a_broken_file_names_its_cause_and_keeps_serving(tmp_path, kubelet, start_plugin, caplog, break_it, cause):
     target = tmp_path / "real.yaml"
     write(target, 2)

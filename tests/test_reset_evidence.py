@@ -20,10 +20,25 @@ SHARES = "example.com/gpu-share"  # run's default: every GPU in 10 shares
 
 
 def _run(faults: Path, plugin_dir: Path, kubelet: KubeletSimulator, log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "tests.support.fake_nvml_faults", str(faults), "run", "--plugin-dir", str(plugin_dir),
-            "--pod-resources-socket", str(kubelet.pod_resources_socket), "--metrics-port", "0",
-            "--watch-interval", "0.05",
-            "--health-interval", "0.1", "--shutdown-grace", "2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.support.fake_nvml_faults",
+        str(faults),
+        "run",
+        "--plugin-dir",
+        str(plugin_dir),
+        "--pod-resources-socket",
+        str(kubelet.pod_resources_socket),
+        "--metrics-port",
+        "0",
+        "--watch-interval",
+        "0.05",
+        "--health-interval",
+        "0.1",
+        "--shutdown-grace",
+        "2",
+    ]
     with log.open("ab") as out:
         env = {**os.environ, "NODE_NAME": "n-evidence"}
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -80,10 +95,12 @@ def test_a_restarted_dra_driver_publishes_the_xid_79_gpu_tainted(kubelet, plugin
     from deviceplugin.runtime.plan import read_config
     from tests.conftest import EXAMPLES, FAST
 
-    options = DaemonOptions(node_name="2xT4", pod_resources_socket=kubelet.pod_resources_socket, metrics_port=0,
-                            timings=FAST)
-    dra = DraOptions(registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins",
-                     cdi_root=tmp_path / "cdi")
+    options = DaemonOptions(
+        node_name="2xT4", pod_resources_socket=kubelet.pod_resources_socket, metrics_port=0, timings=FAST
+    )
+    dra = DraOptions(
+        registrar_dir=plugin_dir / "registry", plugins_dir=plugin_dir / "plugins", cdi_root=tmp_path / "cdi"
+    )
 
     def driver(inventory: SimulatedInventory) -> DraDaemon:
         return DraDaemon(inventory, options, dra, None, read_config(None))

@@ -16,9 +16,28 @@ from .conftest import ROOT
 
 EXTENDER = ROOT / "daemonset" / "extender"
 ADMISSION = ROOT / "daemonset" / "admission"
-EXTENDER_KEYS = {"urlPrefix", "filterVerb", "prioritizeVerb", "weight", "httpTimeout", "nodeCacheCapable", "ignorable", "managedResources",
-                 "enableHTTPS", "tlsConfig"}
-TLS_CONFIG_KEYS = {"insecure", "serverName", "certFile", "keyFile", "caFile", "certData", "keyData", "caData"}  # kube-scheduler's ExtenderTLSConfig
+EXTENDER_KEYS = {
+    "urlPrefix",
+    "filterVerb",
+    "prioritizeVerb",
+    "weight",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "ignorable",
+    "managedResources",
+    "enableHTTPS",
+    "tlsConfig",
+}
+TLS_CONFIG_KEYS = {
+    "insecure",
+    "serverName",
+    "certFile",
+    "keyFile",
+    "caFile",
+    "certData",
+    "keyData",
+    "caData",
+}  # kube-scheduler's ExtenderTLSConfig
 SCHEDULER_TLS = "/etc/gpu-share-scheduler-tls"
 
 
@@ -38,14 +57,24 @@ def test_scheduler_configs_call_the_extender(config):
     extender, every_pod = config["extenders"]
     assert set(extender) == EXTENDER_KEYS  # kube-scheduler's field names: a typo would be silently ignored
     assert set(every_pod) == EXTENDER_KEYS - {"managedResources"}  # none: kube-scheduler calls it for every pod
-    assert every_pod["urlPrefix"] == extender["urlPrefix"] + "/all" and every_pod["ignorable"] is True and every_pod["weight"] == 20
+    assert (
+        every_pod["urlPrefix"] == extender["urlPrefix"] + "/all"
+        and every_pod["ignorable"] is True
+        and every_pod["weight"] == 20
+    )
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False
     assert extender["filterVerb"] == "filter" and extender["prioritizeVerb"] == "prioritize"
     assert extender["urlPrefix"] == "https://gpu-share-extender.gpu-share.svc:8888"
-    assert extender["enableHTTPS"] is every_pod["enableHTTPS"] is True and extender["tlsConfig"] == every_pod["tlsConfig"]
+    assert (
+        extender["enableHTTPS"] is every_pod["enableHTTPS"] is True and extender["tlsConfig"] == every_pod["tlsConfig"]
+    )
     assert set(extender["tlsConfig"]) <= TLS_CONFIG_KEYS and not extender["tlsConfig"].get("insecure")
-    assert extender["tlsConfig"] == {"serverName": "gpu-share-extender.gpu-share.svc", "certFile": f"{SCHEDULER_TLS}/tls.crt",
-                                     "keyFile": f"{SCHEDULER_TLS}/tls.key", "caFile": f"{SCHEDULER_TLS}/ca.crt"}
+    assert extender["tlsConfig"] == {
+        "serverName": "gpu-share-extender.gpu-share.svc",
+        "certFile": f"{SCHEDULER_TLS}/tls.crt",
+        "keyFile": f"{SCHEDULER_TLS}/tls.key",
+        "caFile": f"{SCHEDULER_TLS}/ca.crt",
+    }
     assert extender["weight"] == 20  # the recommended configuration (docs/scheduler.md)
     names = {r["name"] for r in extender["managedResources"]}
     assert {"example.com/gpu-share", "example.com/gpu"} <= names and all(n.startswith("example.com/") for n in names)
@@ -58,22 +87,31 @@ def test_second_scheduler_is_the_official_image_named_gpu_share():
     (profile,) = scheduler_configs()[1]["profiles"]
     assert profile["schedulerName"] == "gpu-share"
     (fit,) = profile["pluginConfig"]
-    assert fit["name"] == "NodeResourcesFit" and fit["args"]["scoringStrategy"]["type"] == "LeastAllocated"  # docs/scheduler.md (the sweep, issue 34)
+    assert (
+        fit["name"] == "NodeResourcesFit" and fit["args"]["scoringStrategy"]["type"] == "LeastAllocated"
+    )  # docs/scheduler.md (the sweep, issue 34)
 
 
 def test_the_extender_authenticates_the_certificate_the_second_scheduler_mounts():
     """The extender serves its Secret's certificate and accepts the verbs from gpu-share-scheduler only; the second
     scheduler mounts the Secret of that client certificate where its tlsConfig reads; the NetworkPolicy admits it."""
-    extender = next(d for d in documents(EXTENDER / "01-deployment.yaml") if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    extender = next(d for d in documents(EXTENDER / "01-deployment.yaml") if d["kind"] == "Deployment")["spec"][
+        "template"
+    ]["spec"]
     (container,) = extender["containers"]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     secrets = {v["name"]: v["secret"]["secretName"] for v in extender["volumes"]}
     assert secrets == {"tls": "gpu-share-extender-tls"}
     flags = dict(a.split("=", 1) for a in container["args"])
-    assert flags["--tls-cert-file"] == f"{mounts['tls']}/tls.crt" and flags["--tls-private-key-file"] == f"{mounts['tls']}/tls.key"
+    assert (
+        flags["--tls-cert-file"] == f"{mounts['tls']}/tls.crt"
+        and flags["--tls-private-key-file"] == f"{mounts['tls']}/tls.key"
+    )
     assert flags["--client-ca-file"] == f"{mounts['tls']}/ca.crt" and flags["--client-names"] == "gpu-share-scheduler"
     assert {p["httpGet"]["scheme"] for p in (container["readinessProbe"], container["livenessProbe"])} == {"HTTPS"}
-    scheduler = next(d for d in documents(EXTENDER / "scheduler" / "second-scheduler.yaml") if d["kind"] == "Deployment")["spec"]["template"]
+    scheduler = next(
+        d for d in documents(EXTENDER / "scheduler" / "second-scheduler.yaml") if d["kind"] == "Deployment"
+    )["spec"]["template"]
     spec = scheduler["spec"]
     assert {m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] == "tls"} == {SCHEDULER_TLS}
     assert {v["secret"]["secretName"] for v in spec["volumes"] if v["name"] == "tls"} == {"gpu-share-scheduler-tls"}
@@ -86,22 +124,34 @@ def test_the_extender_authenticates_the_certificate_the_second_scheduler_mounts(
 
 
 def extender_labels() -> dict:
-    return next(d for d in documents(EXTENDER / "01-deployment.yaml") if d["kind"] == "Deployment")["spec"]["template"]["metadata"]["labels"]
+    return next(d for d in documents(EXTENDER / "01-deployment.yaml") if d["kind"] == "Deployment")["spec"]["template"][
+        "metadata"
+    ]["labels"]
 
 
 def test_extender_rbac_only_reads():
     role = next(d for d in documents(EXTENDER / "00-rbac.yaml") if d["kind"] == "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
-                             {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates"],
-                              "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices", "resourceclaims", "resourceclaimtemplates"],
+            "verbs": ["get", "list", "watch"],
+        },
+    ]
     deployment = documents(EXTENDER / "01-deployment.yaml")[0]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["gpu-share", "extender"] and container["ports"][0]["containerPort"] == 8888
     args = build_parser().parse_args(["extender", *container["args"]])  # every flag exists
     assert args.port == container["ports"][0]["containerPort"]
     assert container["image"] == "gpu-share"  # the kustomization's images set it
-    assert container["env"] == [{"name": "GPU_SHARE_DOMAIN", "valueFrom": {"configMapKeyRef": {"name": "gpu-share-settings", "key": "domain"}}}]
-    assert {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]} == {"/readyz", "/healthz"}
+    assert container["env"] == [
+        {"name": "GPU_SHARE_DOMAIN", "valueFrom": {"configMapKeyRef": {"name": "gpu-share-settings", "key": "domain"}}}
+    ]
+    assert {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]} == {
+        "/readyz",
+        "/healthz",
+    }
 
 
 # --- the admission policy, evaluated by a CEL interpreter -------------------------------------------
@@ -128,11 +178,15 @@ def admit(pod: dict, domain: str | None = None, limits: dict[str, int] | None = 
     activation = {"object": celpy.json_to_cel(pod)}
     variables = {}
     for variable in policy_variables(domain, limits):
-        variables[celpy.celtypes.StringType(variable["name"])] = env.program(env.compile(variable["expression"])).evaluate(activation)
+        variables[celpy.celtypes.StringType(variable["name"])] = env.program(
+            env.compile(variable["expression"])
+        ).evaluate(activation)
         activation["variables"] = celpy.celtypes.MapType(variables)
     (validation,) = spec["validations"]
     allowed = bool(env.program(env.compile(validation["expression"])).evaluate(activation))
-    return allowed, "" if allowed else str(env.program(env.compile(validation["messageExpression"])).evaluate(activation))
+    return allowed, "" if allowed else str(
+        env.program(env.compile(validation["messageExpression"])).evaluate(activation)
+    )
 
 
 def pod(*containers: dict, init: tuple[dict, ...] = ()) -> dict:
@@ -173,11 +227,18 @@ def test_admission_takes_the_domain_and_limits_from_its_variables():
 
 
 def test_admission_policy_holds_its_limits_and_binds_without_params():
-    docs = {d["kind"]: d for name in ("policy.yaml", "params.yaml", "binding.yaml") for d in documents(ADMISSION / name)}
+    docs = {
+        d["kind"]: d for name in ("policy.yaml", "params.yaml", "binding.yaml") for d in documents(ADMISSION / name)
+    }
     binding = docs["ValidatingAdmissionPolicyBinding"]["spec"]
-    assert binding == {"policyName": docs["ValidatingAdmissionPolicy"]["metadata"]["name"], "validationActions": ["Deny"]}
+    assert binding == {
+        "policyName": docs["ValidatingAdmissionPolicy"]["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
     assert docs["ValidatingAdmissionPolicy"]["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
-    assert docs["ConfigMap"]["metadata"]["annotations"] == {"config.kubernetes.io/local-config": "true"}  # kustomize's only
+    assert docs["ConfigMap"]["metadata"]["annotations"] == {
+        "config.kubernetes.io/local-config": "true"
+    }  # kustomize's only
 
 
 # --- the demo's scheduler step ------------------------------------------------------------------------
@@ -195,7 +256,14 @@ SAMPLES = [
 def test_the_demo_answers_as_the_policy_does(containers):
     from deviceplugin.sim.scheduler import admission_refusal
 
-    body = {"spec": {"containers": [{"name": n, "resources": {"limits": {r: str(c) for r, c in req.items()}}} for n, req in containers.items()]}}
+    body = {
+        "spec": {
+            "containers": [
+                {"name": n, "resources": {"limits": {r: str(c) for r, c in req.items()}}}
+                for n, req in containers.items()
+            ]
+        }
+    }
     allowed, message = admit(body)
     variables = {v["name"]: v["expression"] for v in policy_variables()}
     limits = {k: int(v) for k, v in re.findall(r"'([^']+)': (\d+)", variables["limits"])}
@@ -214,6 +282,12 @@ def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():
     shared = next(r for r in resources if r.pool.shared)
     run_scheduler_step(resources, lines.append, too_big=(shared, 11))
     text = "\n".join(lines)
-    assert "too-big (11 shares) is refused at creation: container server asks for 11 example.com/gpu-share but no GPU has more than 10" in text
-    assert "node-a: skipped: gpu-share: container server asks for 6 shares of example.com/gpu-share on one GPU; the most free on one GPU is 3 (free 3+3 on 2 GPUs)" in text
+    assert (
+        "too-big (11 shares) is refused at creation: container server asks for 11 example.com/gpu-share but no GPU has more than 10"
+        in text
+    )
+    assert (
+        "node-a: skipped: gpu-share: container server asks for 6 shares of example.com/gpu-share on one GPU; the most free on one GPU is 3 (free 3+3 on 2 GPUs)"
+        in text
+    )
     assert "node-b: fits (score 10/10): bound there, its 6 shares land on GPU 1" in text

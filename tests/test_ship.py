@@ -21,7 +21,11 @@ from deviceplugin.config.parse import parse_config_text
 from .conftest import ROOT
 
 VERSIONS = ("1.37.0", "1.36.0")  # the newest two minor versions kubernetes-validate ships
-MANIFESTS = sorted(p for p in (ROOT / "daemonset").rglob("*.yaml") if p.name != "kustomization.yaml" and p.parent.name not in ("config", "transformers"))
+MANIFESTS = sorted(
+    p
+    for p in (ROOT / "daemonset").rglob("*.yaml")
+    if p.name != "kustomization.yaml" and p.parent.name not in ("config", "transformers")
+)
 CONFIG = ROOT / "daemonset" / "config" / "config.yaml"  # the shipped config (the kustomization's and the chart's)
 KUBECTL = shutil.which("kubectl")
 
@@ -56,9 +60,19 @@ def test_kustomization_holds_only_the_plugin_and_the_version_of_the_package():
     top = sorted(p.name for p in (ROOT / "daemonset").glob("*.yaml") if p.name != "kustomization.yaml")
     assert kustomization["resources"] == top
     kinds = {d["kind"] for name in top for d in _documents(ROOT / "daemonset" / name)}
-    assert kinds == {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service",
-                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    assert kustomization["images"] == [{"name": "gpu-share", "newName": "ghcr.io/example/gpu-share", "newTag": __version__}]
+    assert kinds == {
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "Service",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+    assert kustomization["images"] == [
+        {"name": "gpu-share", "newName": "ghcr.io/example/gpu-share", "newTag": __version__}
+    ]
     assert not list((ROOT / "daemonset").glob("*.json"))
 
 
@@ -75,8 +89,12 @@ def _render(tmp_path: Path, edit=lambda text: text) -> list[dict]:
 @pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed")
 def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     def knobs(text: str) -> str:
-        text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace("newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share")
-        text = text.replace('newTag: "0.2.0"', 'newTag: "9.9.9"').replace("- domain=example.com", "- domain=gpu.acme.io")
+        text = text.replace("namespace: gpu-share", "namespace: gpu-system").replace(
+            "newName: ghcr.io/example/gpu-share", "newName: registry.acme.io/gpu-share"
+        )
+        text = text.replace('newTag: "0.2.0"', 'newTag: "9.9.9"').replace(
+            "- domain=example.com", "- domain=gpu.acme.io"
+        )
         every = "[admission, extender, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi, domain]"
         return re.sub(r"^components:\n(?:(?:  |#).*\n)*", f"components: {every}\n", text, flags=re.M)
 
@@ -86,7 +104,13 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     for spec in daemonsets.values():
         assert spec["containers"][0]["image"] == "registry.acme.io/gpu-share:9.9.9"
         assert spec["runtimeClassName"] == "nvidia"
-        keys = {e["key"] for term in spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] for e in term["matchExpressions"]}
+        keys = {
+            e["key"]
+            for term in spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+                "nodeSelectorTerms"
+            ]
+            for e in term["matchExpressions"]
+        }
         assert {k.split("/")[0] for k in keys if "gpu-share." in k} == {"gpu.acme.io"}
     extender = next(d for d in documents if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
     assert extender["image"] == "registry.acme.io/gpu-share:9.9.9"
@@ -95,16 +119,34 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
     assert {"/etc/cdi", "/var/run/cdi"} <= {m["mountPath"] for m in plugin["containers"][0]["volumeMounts"]}
     namespaced = [d for d in documents if "namespace" in d["metadata"]]
     assert {d["metadata"]["namespace"] for d in namespaced} == {"gpu-system"}
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "Namespace"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "Namespace",
+    }
     assert not [d["metadata"] for d in namespaced if d["kind"] in cluster_scoped]
-    assert {s["namespace"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]} == {"gpu-system"}
+    assert {s["namespace"] for d in documents if d["kind"] == "ClusterRoleBinding" for s in d["subjects"]} == {
+        "gpu-system"
+    }
     assert [d["metadata"]["name"] for d in documents if d["kind"] == "Namespace"] == ["gpu-system"]
     settings = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-settings")
     assert settings["data"] == {"domain": "gpu.acme.io"}
-    assert not [d for d in documents if d["metadata"]["name"] == "gpu-share-admission-limits"]  # kustomize's only: never applied
-    policy = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "gpu-share-shares-per-gpu")
+    assert not [
+        d for d in documents if d["metadata"]["name"] == "gpu-share-admission-limits"
+    ]  # kustomize's only: never applied
+    policy = next(
+        d
+        for d in documents
+        if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "gpu-share-shares-per-gpu"
+    )
     assert {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["domain"] == "'gpu.acme.io'"
-    binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["metadata"]["name"] == "gpu-share-shares-per-gpu")
+    binding = next(
+        d
+        for d in documents
+        if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["metadata"]["name"] == "gpu-share-shares-per-gpu"
+    )
     assert "paramRef" not in binding["spec"]  # the same binding in every namespace
     config = next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gpu-share-config")
     assert config["data"]["config.yaml"] == CONFIG.read_text()
@@ -127,16 +169,27 @@ def test_an_overlay_changes_the_domain_in_one_place(tmp_path):
     (overlay / "kustomization.yaml").write_text(
         "resources: [../daemonset]\n"
         "configMapGenerator: [{name: gpu-share-settings, behavior: merge, literals: [domain=acme.io]}]\n"
-        "components: [../daemonset/domain]\n")
+        "components: [../daemonset/domain]\n"
+    )
     proc = subprocess.run([KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     documents = [d for d in yaml.safe_load_all(proc.stdout) if d]
     assert "example.com" not in proc.stdout
-    keys = {e["key"] for d in documents if d["kind"] == "DaemonSet"
-            for t in d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-            for e in t["matchExpressions"]}
+    keys = {
+        e["key"]
+        for d in documents
+        if d["kind"] == "DaemonSet"
+        for t in d["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        for e in t["matchExpressions"]
+    }
     assert {"acme.io/gpu-share.enabled", "acme.io/gpu-share.config"} <= keys
-    policy = next(d for d in documents if d["metadata"]["name"] == "gpu-share-shares-per-gpu" and d["kind"] == "ValidatingAdmissionPolicy")
+    policy = next(
+        d
+        for d in documents
+        if d["metadata"]["name"] == "gpu-share-shares-per-gpu" and d["kind"] == "ValidatingAdmissionPolicy"
+    )
     assert {v["name"]: v["expression"] for v in policy["spec"]["variables"]}["domain"] == "'acme.io'"
 
 
@@ -151,8 +204,16 @@ def test_daemonset_wiring():
     ds = _documents(ROOT / "daemonset" / "03-daemonset.yaml")[0]["spec"]["template"]["spec"]
     container = ds["containers"][0]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert {"/var/lib/kubelet/device-plugins", "/var/lib/kubelet/pod-resources", "/run/gpu-share/mps", "/host/proc"} <= mounts
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz" and container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert {
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+        "/run/gpu-share/mps",
+        "/host/proc",
+    } <= mounts
+    assert (
+        container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        and container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    )
     assert container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert ds["priorityClassName"] == "system-node-critical"
     # Least privilege: no hostPID, no added capability, the runtime's seccomp profile, every volume used.
@@ -162,7 +223,10 @@ def test_daemonset_wiring():
     # Every flag the manifest passes exists.
     from deviceplugin.cli.main import build_parser
 
-    assert container["command"] == ["gpu-share", "run"]  # the image's entrypoint is `gpu-share`, its default command `run`
+    assert container["command"] == [
+        "gpu-share",
+        "run",
+    ]  # the image's entrypoint is `gpu-share`, its default command `run`
     build_parser().parse_args(["run", *container["args"]])
 
 
@@ -177,17 +241,29 @@ def _config_blocks() -> list[tuple[str, str]]:
     return blocks
 
 
-@pytest.mark.parametrize("source, text", _config_blocks(), ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "")
+@pytest.mark.parametrize(
+    "source, text", _config_blocks(), ids=lambda v: v if isinstance(v, str) and len(v) < 40 else ""
+)
 def test_config_examples_pass_config_check(source, text, tmp_path):
     parse_config_text(text, source)
     path = tmp_path / "config.yaml"
     path.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "deviceplugin.cli", "config", "check", str(path)], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [sys.executable, "-m", "deviceplugin.cli", "config", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     # The profile that would run (defaultProfile) serves something on at least one shipped node.
     results = []
     for node in sorted((ROOT / "examples" / "nodes").glob("*.yaml")):
-        proc = subprocess.run([sys.executable, "-m", "deviceplugin.cli", "config", "check", str(path), "--node", str(node)], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [sys.executable, "-m", "deviceplugin.cli", "config", "check", str(path), "--node", str(node)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         results.append(proc.stdout + proc.stderr)
         if proc.returncode == 0:
             break
@@ -201,7 +277,9 @@ def test_docs_hold_config_examples():
 
 def test_dashboard_queries_only_exported_metrics():
     dashboard = json.loads((ROOT / "daemonset" / "grafana" / "gpu-share-dashboard.json").read_text())
-    queried = {m for panel in dashboard["panels"] for t in panel["targets"] for m in re.findall(r"gpushare_[a-z_]+", t["expr"])}
+    queried = {
+        m for panel in dashboard["panels"] for t in panel["targets"] for m in re.findall(r"gpushare_[a-z_]+", t["expr"])
+    }
     queried |= set(re.findall(r"gpushare_[a-z_]+", json.dumps(dashboard["templating"])))
     exported = _exported_sample_names()
     assert queried and queried <= exported, sorted(queried - exported)
@@ -234,12 +312,21 @@ def _exported_sample_names() -> set[str]:
         kubelet = KubeletSimulator(Path(tmp) / "dp")
         kubelet.start()
         inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "2xT4.yaml", proc_root=Path(tmp) / "proc")
-        options = DaemonOptions(plugin_dir=Path(tmp) / "dp", pod_resources_socket=kubelet.pod_resources_socket, metrics_port=free_port(),
-                                metrics_host="127.0.0.1", proc_root=str(Path(tmp) / "proc"), timings=FAST, agent=AgentSettings(interval=3600))
+        options = DaemonOptions(
+            plugin_dir=Path(tmp) / "dp",
+            pod_resources_socket=kubelet.pod_resources_socket,
+            metrics_port=free_port(),
+            metrics_host="127.0.0.1",
+            proc_root=str(Path(tmp) / "proc"),
+            timings=FAST,
+            agent=AgentSettings(interval=3600),
+        )
         daemon = build_daemon(inventory, options, pod_directory=kubelet.pod_directory())
         daemon.start()
         try:
-            kubelet.wait_for(lambda st: "example.com/gpu-share" in st and st["example.com/gpu-share"].allocatable > 0, timeout=5)
+            kubelet.wait_for(
+                lambda st: "example.com/gpu-share" in st and st["example.com/gpu-share"].allocatable > 0, timeout=5
+            )
             pod = Pod("p", [Container("c", {"example.com/gpu-share": 1})])
             kubelet.admit(pod)
             inventory.add_process(7, daemon.node.gpus[0].uuid, 100, cgroup=cgroup(pod, "c"))
@@ -252,7 +339,11 @@ def _exported_sample_names() -> set[str]:
 
 
 def test_rbac_grants_only_what_the_features_use():
-    roles = {d["metadata"]["name"]: d["rules"] for d in _documents(ROOT / "daemonset" / "01-rbac.yaml") if d["kind"] == "ClusterRole"}
+    roles = {
+        d["metadata"]["name"]: d["rules"]
+        for d in _documents(ROOT / "daemonset" / "01-rbac.yaml")
+        if d["kind"] == "ClusterRole"
+    }
     assert roles == {
         "gpu-share-node": [
             {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
@@ -285,5 +376,8 @@ def test_image_installs_from_the_lock_which_pins_every_runtime_dependency():
 
 def test_license_is_the_apache_2_text():
     text = (ROOT / "LICENSE").read_text()
-    assert "Apache License\n                           Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert (
+        "Apache License\n                           Version 2.0, January 2004" in text
+        and "END OF TERMS AND CONDITIONS" in text
+    )
     assert len(text) > 11000

@@ -26,13 +26,30 @@ def test_parallel_runs_match_serial_ones():
     assert [(r.policy, r.seed, r.placements) for r in serial] == [(r.policy, r.seed, r.placements) for r in parallel]
 
 
-
 def test_simulate_command_prints_the_table_and_writes_json(tmp_path: Path):
     out = tmp_path / "runs.json"
     done = subprocess.run(
-        [*GPU_CLI, "simulate", "--trace-dir", str(TRACES), "--nodes", "toy_nodes.csv", "--pods", "toy", "--policy", "fgd,bestfit",
-         "--seeds", "1-3", "--replicas", "4", "--json", str(out)],
-        capture_output=True, text=True, timeout=120,
+        [
+            *GPU_CLI,
+            "simulate",
+            "--trace-dir",
+            str(TRACES),
+            "--nodes",
+            "toy_nodes.csv",
+            "--pods",
+            "toy",
+            "--policy",
+            "fgd,bestfit",
+            "--seeds",
+            "1-3",
+            "--replicas",
+            "4",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert "4 nodes, 9 GPUs; 12 pods" in done.stdout and "requests rounded to 1/4 GPU" in done.stdout
@@ -43,29 +60,73 @@ def test_simulate_command_prints_the_table_and_writes_json(tmp_path: Path):
     assert document["replicas"] == 4 and len(document["runs"]) == 6 and document["gpus"] == 9
 
 
-
 def test_simulate_command_explains_a_missing_trace_directory(tmp_path: Path):
-    done = subprocess.run([*GPU_CLI, "simulate", "--trace-dir", str(tmp_path / "nowhere"), "--seeds", "1"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*GPU_CLI, "simulate", "--trace-dir", str(tmp_path / "nowhere"), "--seeds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "trace directory" in done.stderr and "Traceback" not in done.stderr
-
 
 
 def test_simulate_command_plots(tmp_path: Path):
     pytest.importorskip("matplotlib")
     png = tmp_path / "curve.png"
-    done = subprocess.run([*GPU_CLI, "simulate", "--trace-dir", str(TRACES), "--nodes", "toy_nodes.csv", "--pods", "toy",
-                           "--policy", "fgd,random", "--seeds", "1-2", "--plot", str(png)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            *GPU_CLI,
+            "simulate",
+            "--trace-dir",
+            str(TRACES),
+            "--nodes",
+            "toy_nodes.csv",
+            "--pods",
+            "toy",
+            "--policy",
+            "fgd,random",
+            "--seeds",
+            "1-2",
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-
 def test_packing_benchmark_runs_on_the_toy_trace(tmp_path: Path):
     out = tmp_path / "packing.json"
-    done = subprocess.run([sys.executable, "-m", "benchmarks.packing", "--trace-dir", str(TRACES), "--nodes", "toy_nodes.csv", "--variants", "toy",
-                           "--policies", "fgd,fgdstrand,bestfit", "--seeds", "1-2", "--replicas", "4", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.packing",
+            "--trace-dir",
+            str(TRACES),
+            "--nodes",
+            "toy_nodes.csv",
+            "--variants",
+            "toy",
+            "--policies",
+            "fgd,fgdstrand,bestfit",
+            "--seeds",
+            "1-2",
+            "--replicas",
+            "4",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
-    assert "| trace | fgd | fgdstrand | bestfit |" in done.stdout and "| toy | " in done.stdout and "| 4 | " in done.stdout
+    assert (
+        "| trace | fgd | fgdstrand | bestfit |" in done.stdout and "| toy | " in done.stdout and "| 4 | " in done.stdout
+    )
     assert len(json.loads(out.read_text())["runs"]) == 12

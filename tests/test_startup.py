@@ -33,7 +33,10 @@ def assert_one_line(proc: subprocess.CompletedProcess, message: str, rc: int = 2
 def test_plugin_dir_that_is_a_file(tmp_path):
     path = tmp_path / "file"
     path.write_text("")
-    assert_one_line(run_plugin("--plugin-dir", str(path)), f"--plugin-dir {path}: is not a directory (give the kubelet's device-plugins directory)")
+    assert_one_line(
+        run_plugin("--plugin-dir", str(path)),
+        f"--plugin-dir {path}: is not a directory (give the kubelet's device-plugins directory)",
+    )
 
 
 def test_plugin_dir_under_proc():
@@ -46,11 +49,16 @@ def test_plugin_dir_under_proc():
 def test_missing_plugin_dir_is_an_error_with_a_hint(tmp_path):
     missing = tmp_path / "device-plugins"
     proc = run_plugin("--plugin-dir", str(missing))
-    assert_one_line(proc, f"--plugin-dir {missing}: does not exist (the kubelet creates it when it starts: is the kubelet running, and is the host path mounted here?)")
+    assert_one_line(
+        proc,
+        f"--plugin-dir {missing}: does not exist (the kubelet creates it when it starts: is the kubelet running, and is the host path mounted here?)",
+    )
     assert not missing.exists()
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare for a read-only bind mount")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare for a read-only bind mount"
+)
 def test_plugin_dir_on_a_read_only_mount(tmp_path):
     target = tmp_path / "ro"
     target.mkdir()
@@ -59,7 +67,10 @@ def test_plugin_dir_on_a_read_only_mount(tmp_path):
         pytest.skip("mount namespaces are not allowed here")
     script = f'mount --bind {target} {target} && mount -o remount,ro,bind {target} && exec "$@"'
     proc = run_plugin("--plugin-dir", str(target), prefix=("unshare", "-m", "sh", "-c", script, "sh"))
-    assert_one_line(proc, f"--plugin-dir {target}: is on a read-only file system (the plugin creates its sockets there: mount it read-write and run as root (see docs/security.md))")
+    assert_one_line(
+        proc,
+        f"--plugin-dir {target}: is on a read-only file system (the plugin creates its sockets there: mount it read-write and run as root (see docs/security.md))",
+    )
 
 
 def test_missing_proc_root(tmp_path, plugin_dir):
@@ -72,20 +83,33 @@ def test_missing_proc_root(tmp_path, plugin_dir):
 
 def test_missing_config_and_node_files(tmp_path, plugin_dir):
     missing = tmp_path / "nope.yaml"
-    assert_one_line(run_plugin("--plugin-dir", str(plugin_dir), "--config", str(missing)), f"--config {missing}: No such file or directory")
-    assert_one_line(run("run", "--node", str(missing), "--plugin-dir", str(plugin_dir)), f"--node {missing}: No such file or directory")
+    assert_one_line(
+        run_plugin("--plugin-dir", str(plugin_dir), "--config", str(missing)),
+        f"--config {missing}: No such file or directory",
+    )
+    assert_one_line(
+        run("run", "--node", str(missing), "--plugin-dir", str(plugin_dir)),
+        f"--node {missing}: No such file or directory",
+    )
     assert_one_line(run("config", "check", str(tmp_path)), f"{tmp_path}: file: cannot read: is a directory")
 
 
 def test_explicit_bad_kubeconfig_is_fatal(tmp_path, plugin_dir):
     missing = tmp_path / "kubeconfig"
-    assert_one_line(run_plugin("--plugin-dir", str(plugin_dir), "--kubeconfig", str(missing)), f"--kubeconfig {missing}: No such file or directory")
+    assert_one_line(
+        run_plugin("--plugin-dir", str(plugin_dir), "--kubeconfig", str(missing)),
+        f"--kubeconfig {missing}: No such file or directory",
+    )
     garbage = tmp_path / "garbage"
     garbage.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
-    proc = run_plugin("--plugin-dir", str(plugin_dir), "--kubeconfig", str(garbage), env={**os.environ, "NODE_NAME": "n1"})
+    proc = run_plugin(
+        "--plugin-dir", str(plugin_dir), "--kubeconfig", str(garbage), env={**os.environ, "NODE_NAME": "n1"}
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     # The kubelet link starts before the API client loads; the bad file still ends the plugin, in one line.
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"gpu-share: error: --kubeconfig {garbage}: cannot be used: "), proc.stderr
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith(f"gpu-share: error: --kubeconfig {garbage}: cannot be used: ")
+    ), proc.stderr
 
 
 def test_missing_mps_control_binary(tmp_path):

@@ -23,11 +23,25 @@ WRITES = [
     (
         "health",
         _health,
-        {"version": 1, "unhealthy": frozenset({G0, M0}), "reasons": {G0: "XID 79", M0: "XID 48"}, "awaiting_reset": frozenset({M0}), "xid_counts": {G0: 2}},
+        {
+            "version": 1,
+            "unhealthy": frozenset({G0, M0}),
+            "reasons": {G0: "XID 79", M0: "XID 48"},
+            "awaiting_reset": frozenset({M0}),
+            "xid_counts": {G0: 2},
+        },
     ),
-    ("health without XID counts keeps them", lambda s: (_health(s), s.set_health({})), {"version": 2, "unhealthy": frozenset(), "xid_counts": {G0: 2}}),
+    (
+        "health without XID counts keeps them",
+        lambda s: (_health(s), s.set_health({})),
+        {"version": 2, "unhealthy": frozenset(), "xid_counts": {G0: 2}},
+    ),
     ("the same health twice is one change", lambda s: (_health(s), _health(s)), {"version": 1}),
-    ("quarantine", lambda s: s.set_quarantine(frozenset({G1}), frozenset({"GPU-1::2"})), {"quarantined_gpus": frozenset({G1}), "quarantined_devices": frozenset({"GPU-1::2"})}),
+    (
+        "quarantine",
+        lambda s: s.set_quarantine(frozenset({G1}), frozenset({"GPU-1::2"})),
+        {"quarantined_gpus": frozenset({G1}), "quarantined_devices": frozenset({"GPU-1::2"})},
+    ),
     ("a pool down", lambda s: s.set_mps_ready("mps-a", False), {"version": 1, "mps_not_ready": frozenset({"mps-a"})}),
     (
         "a pool down and back",
@@ -35,8 +49,16 @@ WRITES = [
         {"version": 3, "mps_not_ready": frozenset({"mps-b"})},
     ),
     ("a ready pool that was never down: no change", lambda s: s.set_mps_ready("mps-a", True), {"version": 0}),
-    ("an observation", lambda s: s.set_observation(Observation(last_sync=5.0)), {"version": 1, "observation": Observation(last_sync=5.0)}),
-    ("parts are independent", lambda s: (_health(s), s.set_quarantine(frozenset({G1}), frozenset())), {"unhealthy": frozenset({G0, M0}), "quarantined_gpus": frozenset({G1})}),
+    (
+        "an observation",
+        lambda s: s.set_observation(Observation(last_sync=5.0)),
+        {"version": 1, "observation": Observation(last_sync=5.0)},
+    ),
+    (
+        "parts are independent",
+        lambda s: (_health(s), s.set_quarantine(frozenset({G1}), frozenset())),
+        {"unhealthy": frozenset({G0, M0}), "quarantined_gpus": frozenset({G1})},
+    ),
 ]
 
 
@@ -130,7 +152,9 @@ def test_many_writers_and_readers_lose_nothing():
                 errors.append(AssertionError(f"version went back: {last} -> {view.version}"))
             last = view.version
 
-    threads = [threading.Thread(target=writer, args=(p,)) for p in pools] + [threading.Thread(target=reader) for _ in range(2)]
+    threads = [threading.Thread(target=writer, args=(p,)) for p in pools] + [
+        threading.Thread(target=reader) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -149,7 +173,9 @@ def test_a_resources_health_is_its_own_part_of_the_view():
     from tests.support.resources import one_pool
 
     info = node("2xT4")
-    resource = one_pool(info, {"name": "m", "mode": "shared", "backend": "mps", "replicas": 4, "gpus": {"indexes": [1]}})
+    resource = one_pool(
+        info, {"name": "m", "mode": "shared", "backend": "mps", "replicas": 4, "gpus": {"indexes": [1]}}
+    )
     t0, t1 = (g.uuid for g in info.gpus)
     state = NodeState()
     assert state.snapshot().resource_health(resource) == ResourceHealth()
@@ -157,10 +183,14 @@ def test_a_resources_health_is_its_own_part_of_the_view():
     state.set_quarantine(frozenset({t0, t1}), frozenset({f"{t0}::0", f"{t1}::2"}))
     state.set_pending({t1: "waiting for its holders"})
     state.set_mps_ready("other", False)
-    assert state.snapshot().resource_health(resource) == ResourceHealth(frozenset({t1}), frozenset({f"{t1}::2"}), frozenset({t1}), True)
+    assert state.snapshot().resource_health(resource) == ResourceHealth(
+        frozenset({t1}), frozenset({f"{t1}::2"}), frozenset({t1}), True
+    )
     state.set_health({})
     state.set_mps_ready("m", False)
     view = state.snapshot()
-    assert view.resource_health(resource) == view.resource_health(resource, resource.health_keys()) == ResourceHealth(
-        frozenset({t1}), frozenset({f"{t1}::2"}), frozenset({t1}), mps_ready=False
+    assert (
+        view.resource_health(resource)
+        == view.resource_health(resource, resource.health_keys())
+        == ResourceHealth(frozenset({t1}), frozenset({f"{t1}::2"}), frozenset({t1}), mps_ready=False)
     )

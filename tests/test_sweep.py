@@ -14,7 +14,11 @@ from deviceplugin.cluster import MILLI, PodDemand
 
 def test_shipped_configs_are_read_from_the_shipped_files():
     assert shipped_entry() == {"share": 20, "every": 20, "strategy": "LeastAllocated"}
-    assert settings("dra-shipped")[2] == {"share": 0, "every": 20, "strategy": "LeastAllocated"}  # DRA: the every-pod entry only
+    assert settings("dra-shipped")[2] == {
+        "share": 0,
+        "every": 20,
+        "strategy": "LeastAllocated",
+    }  # DRA: the every-pod entry only
     assert config_keys("shipped,dra-shipped") == ["dp-shipped", "dra-shipped"]
 
 
@@ -24,13 +28,25 @@ def test_unknown_config_is_an_error_naming_it():
 
 
 def _result(config: str, at100: float, at130: float, failed: int = 0) -> dict:
-    return {"config": config, "label": config, "allocation_100": at100, "allocation_130": at130, "failed_admissions": failed}
+    return {
+        "config": config,
+        "label": config,
+        "allocation_100": at100,
+        "allocation_130": at130,
+        "failed_admissions": failed,
+    }
 
 
 def test_summary_reports_mean_and_worst_against_simulate_and_the_plain_scheduler():
     samples = [
-        {"simulated": {"100": 90.0, "130": 91.0}, "results": [_result("dp-none", 85.0, 86.0, 20), _result("dp-shipped", 90.5, 91.5)]},
-        {"simulated": {"100": 92.0, "130": 93.0}, "results": [_result("dp-none", 89.0, 90.0, 30), _result("dp-shipped", 91.0, 92.0)]},
+        {
+            "simulated": {"100": 90.0, "130": 91.0},
+            "results": [_result("dp-none", 85.0, 86.0, 20), _result("dp-shipped", 90.5, 91.5)],
+        },
+        {
+            "simulated": {"100": 92.0, "130": 93.0},
+            "results": [_result("dp-none", 89.0, 90.0, 30), _result("dp-shipped", 91.0, 92.0)],
+        },
     ]
     rows = {r["config"]: r for r in summarise(samples)}
     shipped = rows["dp-shipped"]
@@ -49,7 +65,9 @@ def _default() -> list[PodDemand]:
 
 def _share(pods: list[PodDemand]) -> float:
     gpu = [p for p in pods if p.num_gpu]
-    return sum(p.gpu_milli for p in gpu if p.num_gpu == 1 and p.gpu_milli < MILLI) / sum(p.num_gpu * p.gpu_milli for p in gpu)
+    return sum(p.gpu_milli for p in gpu if p.num_gpu == 1 and p.gpu_milli < MILLI) / sum(
+        p.num_gpu * p.gpu_milli for p in gpu
+    )
 
 
 def test_variants_follow_the_fgd_rules():
@@ -59,7 +77,9 @@ def test_variants_follow_the_fgd_rules():
     assert sum(1 for p in share if not p.num_gpu) == 100  # CPU-only pods kept
     multi = variant(default, "multigpu50", random.Random(0))
     gpu = [p for p in multi if p.num_gpu]
-    assert sum(p.num_gpu * p.gpu_milli for p in gpu if p.num_gpu > 1) / sum(p.num_gpu * p.gpu_milli for p in gpu) == pytest.approx(0.5, abs=0.02)
+    assert sum(p.num_gpu * p.gpu_milli for p in gpu if p.num_gpu > 1) / sum(
+        p.num_gpu * p.gpu_milli for p in gpu
+    ) == pytest.approx(0.5, abs=0.02)
     cpu = variant(default, "cpu200", random.Random(0))
     assert sum(p.cpu_milli for p in cpu if not p.num_gpu) == 2 * 100 * 4000 and sum(1 for p in cpu if p.num_gpu) == 620
     with pytest.raises(SystemExit, match="gpuspec33"):

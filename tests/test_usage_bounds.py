@@ -17,10 +17,18 @@ SHARE = "example.com/gpu-share"
 
 
 def reply(pods: int, ids: list[str]) -> pr.ListPodResourcesResponse:
-    return pr.ListPodResourcesResponse(pod_resources=[
-        pr.PodResources(name=f"p{i}", namespace="ns", containers=[pr.ContainerResources(name="c", devices=[pr.ContainerDevices(resource_name=SHARE, device_ids=ids)])])
-        for i in range(pods)
-    ])
+    return pr.ListPodResourcesResponse(
+        pod_resources=[
+            pr.PodResources(
+                name=f"p{i}",
+                namespace="ns",
+                containers=[
+                    pr.ContainerResources(name="c", devices=[pr.ContainerDevices(resource_name=SHARE, device_ids=ids)])
+                ],
+            )
+            for i in range(pods)
+        ]
+    )
 
 
 def test_duplicate_ids_count_once():

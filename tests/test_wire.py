@@ -69,13 +69,19 @@ def test_a_grant_becomes_the_kubelets_message():
     )
     assert wire.container_response(grant) == pb.ContainerAllocateResponse(
         envs={"CUDA_VISIBLE_DEVICES": "GPU-1", "GPU_SHARE_COUNT": "1"},
-        mounts=[pb.Mount(container_path="/dev/shm", host_path="/run/mps/shm"), pb.Mount(container_path="/ro", host_path="/host/ro", read_only=True)],
+        mounts=[
+            pb.Mount(container_path="/dev/shm", host_path="/run/mps/shm"),
+            pb.Mount(container_path="/ro", host_path="/host/ro", read_only=True),
+        ],
         devices=[pb.DeviceSpec(container_path="/dev/nvidia1", host_path="/host/dev/nvidia1", permissions="rw")],
         cdi_devices=[pb.CDIDevice(name="nvidia.com/gpu=GPU-1")],
     )
 
 
-@pytest.mark.parametrize("refusal, code", [(Refusal.INVALID, grpc.StatusCode.INVALID_ARGUMENT), (Refusal.PRECONDITION, grpc.StatusCode.FAILED_PRECONDITION)])
+@pytest.mark.parametrize(
+    "refusal, code",
+    [(Refusal.INVALID, grpc.StatusCode.INVALID_ARGUMENT), (Refusal.PRECONDITION, grpc.StatusCode.FAILED_PRECONDITION)],
+)
 def test_every_refusal_has_its_status_code(refusal, code):
     assert wire.status_code(refusal) == code
     assert set(wire.STATUS_CODES) == set(Refusal)

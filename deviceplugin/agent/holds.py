@@ -110,12 +110,14 @@ def _entries(file: BinaryIO, path: Path) -> Iterator[object]:
         while True:
             pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]
             if pos < len(text) or not fill():
-                return text[pos:pos + 1]
+                return text[pos : pos + 1]
 
     fill()
     found = _ENTRIES_KEY.search(text)
     if found is None:
-        raise HoldsUnknown(f"the kubelet checkpoint {path} has no PodDeviceEntries in its first {CHUNK} bytes: not read")
+        raise HoldsUnknown(
+            f"the kubelet checkpoint {path} has no PodDeviceEntries in its first {CHUNK} bytes: not read"
+        )
     pos = found.end()
     if skip() == "n" and text.startswith("null", pos):
         return
@@ -131,9 +133,13 @@ def _entries(file: BinaryIO, path: Path) -> Iterator[object]:
                 break
             except ValueError as err:
                 if len(text) - pos > MAX_ENTRY_BYTES:
-                    raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry over {MAX_ENTRY_BYTES} bytes: not read") from err
+                    raise HoldsUnknown(
+                        f"the kubelet checkpoint {path} has an entry over {MAX_ENTRY_BYTES} bytes: not read"
+                    ) from err
                 if not fill():
-                    raise HoldsUnknown(f"the kubelet checkpoint {path} is truncated or does not parse: not read") from err
+                    raise HoldsUnknown(
+                        f"the kubelet checkpoint {path} is truncated or does not parse: not read"
+                    ) from err
         if end - pos > MAX_ENTRY_BYTES:
             raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry over {MAX_ENTRY_BYTES} bytes: not read")
         yield value
@@ -153,12 +159,16 @@ def _entry_holds(entry: object, path: Path) -> list[Hold]:
         raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry without a ResourceName: not read")
     devices = _device_ids(entry.get("DeviceIDs"))
     if devices is None:
-        raise HoldsUnknown(f"the kubelet checkpoint {path} has an entry of {safe_text(entry['ResourceName'], 100)} whose DeviceIDs do not parse: not read")
+        raise HoldsUnknown(
+            f"the kubelet checkpoint {path} has an entry of {safe_text(entry['ResourceName'], 100)} whose DeviceIDs do not parse: not read"
+        )
     resource = entry["ResourceName"]
     holder = f"pod {safe_text(str(entry.get('PodUID', '?')), 40)} container {safe_text(str(entry.get('ContainerName', '?')), 64)}"
     replicas = _granted_replicas(entry.get("AllocResp"))
     uid = entry["PodUID"] if isinstance(entry.get("PodUID"), str) else ""
-    return [Hold(resource, device, replicas if replicas is not None else _whole(device), holder, uid) for device in devices]
+    return [
+        Hold(resource, device, replicas if replicas is not None else _whole(device), holder, uid) for device in devices
+    ]
 
 
 def _device_ids(value: object) -> list[str] | None:
@@ -204,13 +214,17 @@ class ContainerHolds:
     so a holder only the checkpoint names counts while its pod's directory (`<kubelet root>/pods/<UID>`) exists;
     when that directory cannot be listed (not mounted, unreadable), every such holder counts (fail closed)."""
 
-    def __init__(self, client: PodResourcesClient, plugin_dir: Path, ours: Callable[[str], bool], pods_dir: Path | None = None) -> None:
+    def __init__(
+        self, client: PodResourcesClient, plugin_dir: Path, ours: Callable[[str], bool], pods_dir: Path | None = None
+    ) -> None:
         self.client = client
         self.checkpoint = Path(plugin_dir) / CHECKPOINT
         self.ours = ours  # whether a GPU or MIG UUID is on this node
         # the kubelet's layout: <root>/device-plugins beside <root>/pods; elsewhere (tests, odd set-ups) unknown
         kubelet_layout = Path(plugin_dir).name == "device-plugins"
-        self.pods_dir = Path(pods_dir) if pods_dir is not None else Path(plugin_dir).parent / "pods" if kubelet_layout else None
+        self.pods_dir = (
+            Path(pods_dir) if pods_dir is not None else Path(plugin_dir).parent / "pods" if kubelet_layout else None
+        )
 
     def _pods_on_node(self) -> frozenset[str] | None:
         """The UIDs of the pods the kubelet keeps a directory for; None when that cannot be told."""
@@ -239,7 +253,10 @@ class ContainerHolds:
         except grpc.RpcError as err:
             if damaged is not None:
                 raise HoldsUnknown(f"{damaged}, and pod-resources List failed ({err.code().name})") from err
-            log.warning("pod-resources List failed (%s): what containers hold is taken from the kubelet checkpoint alone", err.code().name)
+            log.warning(
+                "pod-resources List failed (%s): what containers hold is taken from the kubelet checkpoint alone",
+                err.code().name,
+            )
             return self._alive(granted.values())
         if damaged is not None:  # who holds what is known; the share counts are not: every held GPU keeps its shape
             log.warning("%s: the holders pod-resources lists are kept in the shape they have", damaged)
@@ -248,7 +265,9 @@ class ContainerHolds:
         return frozenset(listed) | self._alive(h for key, h in granted.items() if key not in seen)
 
 
-def holds_in(response: pr.ListPodResourcesResponse, granted: dict[tuple[str, str], Hold], ours: Callable[[str], bool]) -> list[Hold]:
+def holds_in(
+    response: pr.ListPodResourcesResponse, granted: dict[tuple[str, str], Hold], ours: Callable[[str], bool]
+) -> list[Hold]:
     """The holds a pod-resources List shows, each device once (the kubelet lists one entry per device ID and NUMA
     node), with the share counts the checkpoint knows; HoldsUnknown over MAX_HOLDS."""
     holds: dict[tuple[str, str], Hold] = {}

@@ -52,7 +52,9 @@ class NodeAgent(BackgroundLoop):
         self.meter = meter or Meter(max_gap=max(3 * settings.interval, settings.interval + settings.backoff_max))
         self.quarantine = settings.quarantine  # follows config reloads
         if mapper is None:
-            log.warning("no pod directory (Kubernetes API): per-container memory, the watchdog and the residue guard are off")
+            log.warning(
+                "no pod directory (Kubernetes API): per-container memory, the watchdog and the residue guard are off"
+            )
 
     def on_config(self, config: Config, resources: list[Resource]) -> None:
         """A config reload (runtime.reload): the residue guard quarantines, or not, from the next round on."""
@@ -91,8 +93,12 @@ class NodeAgent(BackgroundLoop):
             self.watchdog.review(list(observation.containers))
         if observation.fresh:
             self.meter.observe(self._holdings(observation.usage, observation.containers))
-        gpus = residue.quarantined_gpus(observation.residue_mib, before.residue_mib, previous.quarantined_gpus, self.quarantine)
-        self.state.set_quarantine(gpus, residue.quarantined_devices(self.resources(), gpus, observation.usage.allocated()))
+        gpus = residue.quarantined_gpus(
+            observation.residue_mib, before.residue_mib, previous.quarantined_gpus, self.quarantine
+        )
+        self.state.set_quarantine(
+            gpus, residue.quarantined_devices(self.resources(), gpus, observation.usage.allocated())
+        )
         self.state.set_observation(observation)
         return self.state.snapshot()
 

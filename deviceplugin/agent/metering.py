@@ -71,7 +71,11 @@ class Meter:
                     totals.memory_byte_seconds += held.memory_bytes * elapsed
             else:
                 self.skipped_seconds += max(0.0, elapsed)
-                log.warning("metering: %.0fs since the last usable round (over %.0fs): that gap is not counted", elapsed, self.max_gap)
+                log.warning(
+                    "metering: %.0fs since the last usable round (over %.0fs): that gap is not counted",
+                    elapsed,
+                    self.max_gap,
+                )
         for key in holdings:
             self._totals.setdefault(key, Totals()).last_held = now
         self._held = dict(holdings)

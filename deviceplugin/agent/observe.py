@@ -32,7 +32,9 @@ class Observation:
     stats: dict[str, GpuStats] = field(default_factory=dict)
     containers: tuple[ContainerMemory, ...] = ()
     residue_mib: dict[str, int] = field(default_factory=dict)  # GPU uuid -> MiB held by processes of ended containers
-    unattributed_mib: dict[str, int] = field(default_factory=dict)  # GPU uuid -> MiB of processes no evidence attributes
+    unattributed_mib: dict[str, int] = field(
+        default_factory=dict
+    )  # GPU uuid -> MiB of processes no evidence attributes
     last_sync: float | None = None  # unix time of the last successful pod-resources List
     fresh: bool = False  # `usage` comes from this round's List (not the previous round's, kept after a failure)
     attributed: bool = False  # `containers` and the residue were measured this round (the pod directory was read)
@@ -110,8 +112,12 @@ class Observer:
         owners = {p.pid: self.mapper.owner(p.pid) for p in processes}
         containers = []
         for share in usage.shares:
-            mine = [p for p in processes if owners[p.pid].key == share.key and (p.mig_uuid or p.gpu_uuid) == share.unit_uuid]
-            containers.append(ContainerMemory(share=share, used_mib=sum(p.used_mib for p in mine), pids=tuple(p.pid for p in mine)))
+            mine = [
+                p for p in processes if owners[p.pid].key == share.key and (p.mig_uuid or p.gpu_uuid) == share.unit_uuid
+            ]
+            containers.append(
+                ContainerMemory(share=share, used_mib=sum(p.used_mib for p in mine), pids=tuple(p.pid for p in mine))
+            )
         leftover: dict[str, int] = {}
         unattributed: dict[str, int] = {}
         why: dict[str, set[str]] = {}  # GPU uuid -> why its unattributed processes are
@@ -122,10 +128,14 @@ class Observer:
             into = leftover if owner.ended else unattributed
             into[process.gpu_uuid] = into.get(process.gpu_uuid, 0) + process.used_mib
             if not owner.ended:
-                why.setdefault(process.gpu_uuid, set()).add(owner.unknown or f"container {'/'.join(owner.key or ())} is not in pod-resources")
+                why.setdefault(process.gpu_uuid, set()).add(
+                    owner.unknown or f"container {'/'.join(owner.key or ())} is not in pod-resources"
+                )
         for uuid in unattributed.keys() - previous.unattributed_mib.keys():  # said once per GPU while it lasts
             log.warning(
                 "GPU %s: %d MiB held by processes not attributed to an active container (%s); reported, not quarantined",
-                uuid, unattributed[uuid], "; ".join(sorted(why[uuid]))[:300],
+                uuid,
+                unattributed[uuid],
+                "; ".join(sorted(why[uuid]))[:300],
             )
         return tuple(containers), leftover, unattributed

@@ -65,5 +65,7 @@ class ProcessMapper:
         if pod.finished or container in pod.ended:
             return Owner(ended=f"container {container[:12]} of pod {pod.namespace}/{pod.name} has ended")
         if container not in pod.containers:
-            return Owner(unknown=f"container {container[:12]} is not (yet) in the status of pod {pod.namespace}/{pod.name}")
+            return Owner(
+                unknown=f"container {container[:12]} is not (yet) in the status of pod {pod.namespace}/{pod.name}"
+            )
         return Owner(key=(pod.namespace, pod.name, pod.containers[container]))

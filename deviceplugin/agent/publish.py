@@ -23,7 +23,14 @@ log = logging.getLogger(__name__)
 
 
 class PublishLoop(BackgroundLoop):
-    def __init__(self, publisher: NodePublisher, state: NodeState, node: NodeInfo, resources: Callable[[], list[Resource]], interval: float) -> None:
+    def __init__(
+        self,
+        publisher: NodePublisher,
+        state: NodeState,
+        node: NodeInfo,
+        resources: Callable[[], list[Resource]],
+        interval: float,
+    ) -> None:
         super().__init__("node-publisher")
         self.publisher = publisher
         self.state = state
@@ -72,7 +79,9 @@ class PublishLoop(BackgroundLoop):
             return False
         resources = self.resources()
         unhealthy = published_unhealthy(view, resources)
-        annotation = self.annotation.build(self.node, resources, view.observation.usage, unhealthy, view.quarantined_gpus)
+        annotation = self.annotation.build(
+            self.node, resources, view.observation.usage, unhealthy, view.quarantined_gpus
+        )
         return self.publisher.publish_node(self.node, resources, annotation)
 
 

@@ -21,11 +21,17 @@ def reportable(found: dict[str, int], previous: dict[str, int], fresh: bool) -> 
     return dict(found) if fresh else {u: mib for u, mib in found.items() if u in previous}
 
 
-def quarantined_gpus(residue: dict[str, int], previous_residue: dict[str, int], was: frozenset[str], enabled: bool) -> frozenset[str]:
+def quarantined_gpus(
+    residue: dict[str, int], previous_residue: dict[str, int], was: frozenset[str], enabled: bool
+) -> frozenset[str]:
     """GPUs whose residue is confirmed (seen in the previous round too), when the guard quarantines; logs changes."""
     confirmed = frozenset(u for u in residue if u in previous_residue) if enabled else frozenset()
     for uuid in sorted(confirmed - was):
-        log.warning("GPU %s holds %d MiB of a finished tenant: its free devices are Unhealthy until released", uuid, residue[uuid])
+        log.warning(
+            "GPU %s holds %d MiB of a finished tenant: its free devices are Unhealthy until released",
+            uuid,
+            residue[uuid],
+        )
     for uuid in sorted(was - confirmed):
         log.info("GPU %s: leftover memory released, quarantine lifted", uuid)
     return confirmed
@@ -33,4 +39,6 @@ def quarantined_gpus(residue: dict[str, int], previous_residue: dict[str, int], 
 
 def quarantined_devices(resources: list[Resource], gpus: frozenset[str], allocated: frozenset[str]) -> frozenset[str]:
     """The free devices on quarantined GPUs."""
-    return frozenset(d.id for r in resources for d in r.devices.values() if d.gpu.uuid in gpus and d.id not in allocated)
+    return frozenset(
+        d.id for r in resources for d in r.devices.values() if d.gpu.uuid in gpus and d.id not in allocated
+    )

@@ -40,7 +40,9 @@ def build_usage(response: pr.ListPodResourcesResponse, resources: list[Resource]
     quarantines it).
     """
     by_name = {r.name: r for r in resources}
-    held: dict[tuple[tuple[str, str, str], str, str], dict[str, None]] = {}  # (container, resource, unit) -> IDs, ordered
+    held: dict[
+        tuple[tuple[str, str, str], str, str], dict[str, None]
+    ] = {}  # (container, resource, unit) -> IDs, ordered
     holder: dict[tuple[str, str], tuple[str, str, str]] = {}  # (resource, ID) -> the container counted for it
     active: set[tuple[str, str, str]] = set()
     for pod in response.pod_resources:
@@ -75,7 +77,8 @@ class PodResourcesClient:
         # No gRPC retries: against a kubelet that is going away they repeat without limit (docs/performance.md
         # #kubelet-restart-storms); a failed read is unknown and the caller reads again.
         self._channel = grpc.insecure_channel(
-            f"unix:{self.socket}", options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)]
+            f"unix:{self.socket}",
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.enable_retries", 0)],
         )
         self._stub = pr_grpc.PodResourcesListerStub(self._channel)
 
@@ -90,7 +93,12 @@ class PodResourcesClient:
 
 
 def container_share(
-    key: tuple[str, str, str], resource: Resource, unit: Unit, devices: list[str], shares: int, memory_limit_mib: int,
+    key: tuple[str, str, str],
+    resource: Resource,
+    unit: Unit,
+    devices: list[str],
+    shares: int,
+    memory_limit_mib: int,
     time_sliced: bool = False,
 ) -> ContainerShare:
     """One container's (namespace, pod, container) holding on one unit: both node APIs' usage maps build it here.

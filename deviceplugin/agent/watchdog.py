@@ -145,7 +145,9 @@ class MemoryWatchdog:
                 killed.append(str(pid))
         self.kills += len(killed)
         self.kill_failures += len(failed)
-        parts = ([f"killed process(es) {', '.join(killed)}"] if killed else []) + ([f"could not kill {'; '.join(failed)}"] if failed else [])
+        parts = ([f"killed process(es) {', '.join(killed)}"] if killed else []) + (
+            [f"could not kill {'; '.join(failed)}"] if failed else []
+        )
         message = f"{what}; {'; '.join(parts)}"
         self._event(share, "GPUMemoryOverLimitKilled" if not failed else "GPUMemoryOverLimitKillFailed", message)
         (log.warning if not failed else log.error)("%s", message)

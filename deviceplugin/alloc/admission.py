@@ -41,7 +41,7 @@ class FleetLimits:
     def in_domain(self) -> dict[str, int]:
         """Each resource of the domain by its name after `<domain>/`, sorted: the policy's `limits`."""
         prefix = self.domain + "/"
-        return {name[len(prefix):]: count for name, count in sorted(self.limits.items()) if name.startswith(prefix)}
+        return {name[len(prefix) :]: count for name, count in sorted(self.limits.items()) if name.startswith(prefix)}
 
     def cel(self) -> str:
         """`in_domain` as the CEL map literal of the policy's `limits` variable, e.g. {'gpu-share': 20}."""
@@ -65,7 +65,9 @@ def fleet_limits(config: Config, nodes: Iterable[NodeInfo]) -> FleetLimits:
                 if mode_of(pool).may_span(pool):
                     continue
                 if pool.memory_per_share_mib is not None:
-                    problems.append(f"{pool.key_path}.memoryPerShare: the share count depends on the GPU's memory: give --node FILE for each GPU model of the fleet")
+                    problems.append(
+                        f"{pool.key_path}.memoryPerShare: the share count depends on the GPU's memory: give --node FILE for each GPU model of the fleet"
+                    )
                 else:
                     limits[pool.resource] = max(limits.get(pool.resource, 0), pool.replicas)
         if problems:
@@ -83,7 +85,11 @@ def fleet_limits(config: Config, nodes: Iterable[NodeInfo]) -> FleetLimits:
         if nodes and not served:
             skipped.append(f"profile {profile}: no given node can serve it (gpu-share config check --node shows why)")
     prefix = config.domain + "/"
-    skipped += [f"{name}: not under the domain {config.domain}, not checked" for name in sorted(limits) if not name.startswith(prefix)]
+    skipped += [
+        f"{name}: not under the domain {config.domain}, not checked"
+        for name in sorted(limits)
+        if not name.startswith(prefix)
+    ]
     return FleetLimits(config.domain, limits, skipped)
 
 

@@ -26,7 +26,9 @@ class Refusal(enum.Enum):
     """Why a request is refused, whatever the transport: the plugin maps each to a gRPC status code."""
 
     INVALID = "invalid"  # the request itself is wrong (unknown IDs, shares spanning units, bad sizes)
-    PRECONDITION = "precondition"  # the request is fine, the devices are not fit for it now (unhealthy, quarantined, pending)
+    PRECONDITION = (
+        "precondition"  # the request is fine, the devices are not fit for it now (unhealthy, quarantined, pending)
+    )
 
 
 class AllocationError(Exception):
@@ -59,7 +61,9 @@ def check_holding(resource: Resource, holdings: Sequence[tuple[Unit, int]]) -> N
     over = [(u, k) for u, k in holdings if k < 1 or k > u.replicas]
     if over:
         unit, k = over[0]
-        raise AllocationError(Refusal.INVALID, f"{resource.name}: {k} devices of {unit.uuid}, which has {unit.replicas}")
+        raise AllocationError(
+            Refusal.INVALID, f"{resource.name}: {k} devices of {unit.uuid}, which has {unit.replicas}"
+        )
     units = [u for u, _ in holdings]
     if len(units) > 1 and not mode.may_span(pool):
         kind = "MIG instances" if units[0].mig else "GPUs"
@@ -79,8 +83,11 @@ def check_holding(resource: Resource, holdings: Sequence[tuple[Unit, int]]) -> N
 
 
 def unit_grant(
-    resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None = None,
-    mode: SharingMode | None = None, limits: ClientLimits | None = None,
+    resource: Resource,
+    holdings: Sequence[tuple[Unit, int]],
+    mps_client_limits: bool | None = None,
+    mode: SharingMode | None = None,
+    limits: ClientLimits | None = None,
 ) -> ContainerGrant:
     """What a container gets for `k` devices (shares, or 1 for a whole unit) of each unit: the one place both node
     APIs (the device plugin's Allocate, the DRA driver's NodePrepareResources) build a grant.
@@ -149,10 +156,15 @@ class ResourceAllocator:
         """Refuse what no kubelet sends before anything is built from it (one call's container requests)."""
         resource = self.resource
         if len(containers) > MAX_CONTAINER_REQUESTS:
-            raise AllocationError(Refusal.INVALID, f"{len(containers)} container requests in one call (at most {MAX_CONTAINER_REQUESTS})")
+            raise AllocationError(
+                Refusal.INVALID, f"{len(containers)} container requests in one call (at most {MAX_CONTAINER_REQUESTS})"
+            )
         for ids in containers:
             if len(ids) > len(resource.devices):
-                raise AllocationError(Refusal.INVALID, f"{len(ids)} device IDs, more than the {len(resource.devices)} devices of {resource.name}")
+                raise AllocationError(
+                    Refusal.INVALID,
+                    f"{len(ids)} device IDs, more than the {len(resource.devices)} devices of {resource.name}",
+                )
 
     def preferred(self, requests: Sequence[PreferredRequest]) -> list[list[str]]:
         """GetPreferredAllocation: the devices to pick for each container request."""
@@ -172,7 +184,9 @@ class ResourceAllocator:
         for ids in containers:
             _check_ids(ids, "devices_ids")
         if not self.health.mps_ready:
-            raise AllocationError(Refusal.PRECONDITION, f"the MPS control daemon of pool {resource.pool.name} is not ready")
+            raise AllocationError(
+                Refusal.PRECONDITION, f"the MPS control daemon of pool {resource.pool.name} is not ready"
+            )
         self._check_pending(containers)
         grants: list[ContainerGrant] = []
         units: set[str] = set()
@@ -192,7 +206,14 @@ class ResourceAllocator:
         if not pending:
             return
         devices = self.resource.devices
-        waiting = sorted({d.gpu.uuid for ids in containers for i in ids if (d := devices.get(i)) is not None and d.gpu.uuid in pending})
+        waiting = sorted(
+            {
+                d.gpu.uuid
+                for ids in containers
+                for i in ids
+                if (d := devices.get(i)) is not None and d.gpu.uuid in pending
+            }
+        )
         if waiting:
             raise AllocationError(
                 Refusal.PRECONDITION,
@@ -211,11 +232,14 @@ class ResourceAllocator:
         devices = [resource.devices[i] for i in ids]
         sick = [d.id for d in devices if d.unit.is_unhealthy(health.unhealthy)] if health.unhealthy else []
         if sick:
-            raise AllocationError(Refusal.PRECONDITION, f"devices on an unhealthy GPU for {resource.name}: {brief(sick, 8)}")
+            raise AllocationError(
+                Refusal.PRECONDITION, f"devices on an unhealthy GPU for {resource.name}: {brief(sick, 8)}"
+            )
         quarantined = [i for i in ids if i in health.quarantined_devices] if health.quarantined_devices else []
         if quarantined:
             raise AllocationError(
-                Refusal.PRECONDITION, f"devices quarantined for {resource.name} (their GPU holds a finished container's memory): {brief(quarantined, 8)}"
+                Refusal.PRECONDITION,
+                f"devices quarantined for {resource.name} (their GPU holds a finished container's memory): {brief(quarantined, 8)}",
             )
         units = _units_of(resource, devices)
         return unit_grant(resource, [(u, sum(1 for d in devices if d.unit is u)) for u in units]), units
@@ -226,7 +250,10 @@ def _check_ids(ids: Sequence[str], what: str) -> None:
     if max(map(len, ids), default=0) <= MAX_DEVICE_ID_BYTES:  # one pass in C: the common case
         return
     device_id = next(i for i in ids if len(i) > MAX_DEVICE_ID_BYTES)
-    raise AllocationError(Refusal.INVALID, f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}")
+    raise AllocationError(
+        Refusal.INVALID,
+        f"{what}: a device ID of {len(device_id)} characters (at most {MAX_DEVICE_ID_BYTES}): {safe_text(device_id)}",
+    )
 
 
 def _check_preferred(request: PreferredRequest) -> None:
@@ -236,10 +263,14 @@ def _check_preferred(request: PreferredRequest) -> None:
         raise AllocationError(Refusal.INVALID, f"allocation_size must be at least 1, got {request.size}")
     must = set(request.must_include)
     if len(must) > request.size:
-        raise AllocationError(Refusal.INVALID, f"must_include_deviceIDs has {len(must)} IDs, more than allocation_size {request.size}")
+        raise AllocationError(
+            Refusal.INVALID, f"must_include_deviceIDs has {len(must)} IDs, more than allocation_size {request.size}"
+        )
     missing = must - set(request.available)
     if missing:
-        raise AllocationError(Refusal.INVALID, f"must_include_deviceIDs not in available_deviceIDs: {brief(sorted(missing))}")
+        raise AllocationError(
+            Refusal.INVALID, f"must_include_deviceIDs not in available_deviceIDs: {brief(sorted(missing))}"
+        )
 
 
 def _units_of(resource: Resource, devices: list[Device]) -> list[Unit]:

@@ -42,10 +42,18 @@ def read_specs(dirs: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
         except YamlProblem as err:
             problems.append(f"{path}: cannot be read: {err}")
             continue
-        if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str) or not isinstance(spec.get("devices", []), list):
+        if (
+            not isinstance(spec, dict)
+            or not isinstance(spec.get("kind"), str)
+            or not isinstance(spec.get("devices", []), list)
+        ):
             problems.append(f"{path}: not a CDI spec (needs `kind` and a `devices` list)")
             continue
-        names.update(f"{spec['kind']}={d['name']}" for d in spec.get("devices", []) if isinstance(d, dict) and isinstance(d.get("name"), str))
+        names.update(
+            f"{spec['kind']}={d['name']}"
+            for d in spec.get("devices", [])
+            if isinstance(d, dict) and isinstance(d.get("name"), str)
+        )
     return frozenset(names), problems
 
 
@@ -64,7 +72,11 @@ def check_specs(resources: list[Resource], kind: str, dirs: tuple[str, ...]) -> 
         if missing:
             log.warning(
                 "%s: %d of %d CDI devices are in no spec under %s: %s (generate one: nvidia-ctk cdi generate --device-name-strategy=uuid)",
-                resource.name, len(missing), len(wanted), ", ".join(dirs), ", ".join(missing),
+                resource.name,
+                len(missing),
+                len(wanted),
+                ", ".join(dirs),
+                ", ".join(missing),
             )
     return missing_by_resource
 
@@ -78,4 +90,6 @@ class CdiCheck:
 
     def on_config(self, config: Config, resources: list[Resource]) -> None:
         """Check the devices of `resources` (at start-up and after each config reload)."""
-        self.missing = check_specs(resources, config.cdi_kind, self.dirs) if config.device_list_strategy == "cdi" else {}
+        self.missing = (
+            check_specs(resources, config.cdi_kind, self.dirs) if config.device_list_strategy == "cdi" else {}
+        )

@@ -36,7 +36,10 @@ def profile_resources(config: Config, node: NodeInfo, profile: str) -> list[Reso
     """The resources `profile` yields on `node`; a profile that yields none is an error (the node would advertise nothing)."""
     resources = build_resources(config, node, profile)
     if not resources:
-        raise ConfigError([f"profile {profile!r} advertises no resource on node {node.name} (no pool has a usable GPU there)"], config.source)
+        raise ConfigError(
+            [f"profile {profile!r} advertises no resource on node {node.name} (no pool has a usable GPU there)"],
+            config.source,
+        )
     return resources
 
 

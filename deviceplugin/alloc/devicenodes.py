@@ -49,7 +49,9 @@ def missing_device_nodes(device_root: str, gpu: Gpu) -> list[str]:
     return [p for p in paths if not Path(p).exists()]
 
 
-_MIG_CAPABILITIES: dict[tuple[str, int, int, int], tuple[str, ...]] = {}  # complete reads only (bounded by MIG instances)
+_MIG_CAPABILITIES: dict[
+    tuple[str, int, int, int], tuple[str, ...]
+] = {}  # complete reads only (bounded by MIG instances)
 
 
 def mig_capability_devices(device_root: str, minor: int, gi: int, ci: int) -> tuple[str, ...]:

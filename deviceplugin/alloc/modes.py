@@ -72,7 +72,10 @@ class SharingMode(ABC):
         return "whole devices", "select fewer GPUs"
 
     def grant_facts(
-        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        self,
+        resource: Resource,
+        holdings: Sequence[tuple[Unit, int]],
+        mps_client_limits: bool | None,
         limits: ClientLimits | None = None,
     ) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """What the grant adds for this mode: environment variables and mounts (`limits`: MPS modes only)."""
@@ -101,7 +104,12 @@ class Exclusive(SharingMode):
     def resources(self, pool: PoolConfig, gpus: list[Gpu]) -> list[PoolResource]:
         for gpu in gpus:
             if gpu.mig_enabled:
-                log.warning("GPU %d (%s) has MIG enabled: pool %s (exclusive) does not advertise it whole; use mode mig", gpu.index, gpu.uuid, pool.name)
+                log.warning(
+                    "GPU %d (%s) has MIG enabled: pool %s (exclusive) does not advertise it whole; use mode mig",
+                    gpu.index,
+                    gpu.uuid,
+                    pool.name,
+                )
         return [(pool.resource, pool.name, [_whole(g) for g in gpus if not g.mig_enabled])]
 
     def enforcement(self, pool: PoolConfig, unit: Unit, watchdog_policy: WatchdogPolicy) -> str:
@@ -118,13 +126,23 @@ class Mig(SharingMode):
         by_profile: dict[str, list[Unit]] = {}
         for gpu in gpus:
             if not gpu.mig_enabled:
-                log.warning("GPU %d (%s) does not have MIG enabled: pool %s (mig) does not advertise it", gpu.index, gpu.uuid, pool.name)
+                log.warning(
+                    "GPU %d (%s) does not have MIG enabled: pool %s (mig) does not advertise it",
+                    gpu.index,
+                    gpu.uuid,
+                    pool.name,
+                )
             for device, unit in zip(gpu.mig_devices, _mig_units(gpu), strict=True):
                 by_profile.setdefault(device.profile, []).append(unit)
         if pool.mig_strategy == "single":
             if len(by_profile) > 1:
-                found = "; ".join(f"{p} on GPU {', '.join(str(i) for i in sorted({u.gpu.index for u in units}))}" for p, units in sorted(by_profile.items()))
-                raise ValueError(f"{pool.key_path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed")
+                found = "; ".join(
+                    f"{p} on GPU {', '.join(str(i) for i in sorted({u.gpu.index for u in units}))}"
+                    for p, units in sorted(by_profile.items())
+                )
+                raise ValueError(
+                    f"{pool.key_path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed"
+                )
             return [(pool.resource, pool.name, [u for units in by_profile.values() for u in units])]
         return [
             (mig_resource_name(pool.domain, profile), f"{pool.name}-{profile.replace('+', '.')}", units)
@@ -153,9 +171,13 @@ class TimeSliced(SharingMode):
         if pool.memory_per_share_mib is None:
             return replace(unit, replicas=pool.replicas)
         replicas = unit.memory_mib // pool.memory_per_share_mib
-        what = f"MIG instance {unit.uuid} ({unit.mig.profile}" if unit.mig else f"GPU {unit.gpu.index} ({unit.gpu.model}"
+        what = (
+            f"MIG instance {unit.uuid} ({unit.mig.profile}" if unit.mig else f"GPU {unit.gpu.index} ({unit.gpu.model}"
+        )
         if replicas < 1:
-            raise ValueError(f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)")
+            raise ValueError(
+                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)"
+            )
         most = max_replicas(pool.backend)
         if replicas > most:
             raise ValueError(
@@ -165,7 +187,11 @@ class TimeSliced(SharingMode):
         return replace(unit, replicas=replicas)
 
     def devices(self, units: Sequence[Unit]) -> dict[str, Device]:
-        return {share_device_id(u.uuid, k): Device(id=share_device_id(u.uuid, k), unit=u, share=k) for u in units for k in range(u.replicas)}
+        return {
+            share_device_id(u.uuid, k): Device(id=share_device_id(u.uuid, k), unit=u, share=k)
+            for u in units
+            for k in range(u.replicas)
+        }
 
     def id_lengths(self, unit: Unit) -> list[tuple[str, int]]:
         shapes = []
@@ -180,10 +206,16 @@ class TimeSliced(SharingMode):
         return pool.allow_span  # shares of one container on one unit, unless allowSpanGPUs
 
     def budget_terms(self, pool: PoolConfig, units: Sequence[Unit]) -> tuple[str, str]:
-        return f"{max(u.replicas for u in units)} shares each", "raise memoryPerShare" if pool.memory_per_share_mib else "lower replicas"
+        return (
+            f"{max(u.replicas for u in units)} shares each",
+            "raise memoryPerShare" if pool.memory_per_share_mib else "lower replicas",
+        )
 
     def grant_facts(
-        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        self,
+        resource: Resource,
+        holdings: Sequence[tuple[Unit, int]],
+        mps_client_limits: bool | None,
         limits: ClientLimits | None = None,
     ) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*: the shares a container holds and what they are worth."""
@@ -197,8 +229,10 @@ class TimeSliced(SharingMode):
 
     def enforcement(self, pool: PoolConfig, unit: Unit, watchdog_policy: WatchdogPolicy) -> str:
         watchdog = "reports" if watchdog_policy == "report" else "kills"
-        return (f"not enforced: compute is time-sliced (turns, not a cap); memory is not capped by the GPU, the memory "
-                f"watchdog {watchdog} a container over it")
+        return (
+            f"not enforced: compute is time-sliced (turns, not a cap); memory is not capped by the GPU, the memory "
+            f"watchdog {watchdog} a container over it"
+        )
 
 
 class Mps(TimeSliced):
@@ -211,14 +245,19 @@ class Mps(TimeSliced):
     def resources(self, pool: PoolConfig, gpus: list[Gpu]) -> list[PoolResource]:
         if any(g.mig_enabled for g in gpus):
             mig = ", ".join(str(g.index) for g in gpus if g.mig_enabled)
-            raise ValueError(f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool")
+            raise ValueError(
+                f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool"
+            )
         return super().resources(pool, gpus)
 
     def most_per_container(self, pool: PoolConfig) -> int | None:
         return 1 if pool.mps_limits == "strict" else None  # strict: every client gets the daemon's one-share defaults
 
     def grant_facts(
-        self, resource: Resource, holdings: Sequence[tuple[Unit, int]], mps_client_limits: bool | None,
+        self,
+        resource: Resource,
+        holdings: Sequence[tuple[Unit, int]],
+        mps_client_limits: bool | None,
         limits: ClientLimits | None = None,
     ) -> tuple[dict[str, str], tuple[Mount, ...]]:
         """GPU_SHARE_*, the MPS pipe and its mounts, and per-client limits: `mps_client_limits`, or when None the
@@ -234,12 +273,17 @@ class Mps(TimeSliced):
             envs[ENV_COMPUTE_PERCENT], envs[ENV_MEMORY_LIMIT] = str(compute), str(memory)
             envs[ENV_MPS_ACTIVE_THREADS] = str(compute)
             envs[ENV_MPS_PINNED_MEMORY] = f"0={memory}M"  # device 0: an MPS client sees its one GPU
-        return envs, (Mount(container_path=str(paths.pipe), host_path=str(paths.pipe)), Mount(container_path="/dev/shm", host_path=str(paths.shm)))
+        return envs, (
+            Mount(container_path=str(paths.pipe), host_path=str(paths.pipe)),
+            Mount(container_path="/dev/shm", host_path=str(paths.shm)),
+        )
 
     def enforcement(self, pool: PoolConfig, unit: Unit, watchdog_policy: WatchdogPolicy) -> str:
         if pool.mps_limits == "strict":
-            return (f"enforced by the MPS daemon for every client (its defaults: active threads {share_compute_percent(unit)} %, pinned memory "
-                    f"{share_memory_mib(unit)} MiB per GPU); one share per container")
+            return (
+                f"enforced by the MPS daemon for every client (its defaults: active threads {share_compute_percent(unit)} %, pinned memory "
+                f"{share_memory_mib(unit)} MiB per GPU); one share per container"
+            )
         return "enforced by MPS from the container's CUDA_MPS_* limits (k shares: k times both)"
 
 

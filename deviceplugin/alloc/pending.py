@@ -38,7 +38,9 @@ class PendingGpu:
         """One line for the log and the reload report."""
         holders = sorted({h.holder or f"{h.resource} {h.device}" for h in self.holds})
         shown = ", ".join(holders[:3]) + (f" and {len(holders) - 3} more" if len(holders) > 3 else "")
-        keeps = f"keeps {', '.join(self.serving)} (Unhealthy for new containers)" if self.serving else "is not advertised"
+        keeps = (
+            f"keeps {', '.join(self.serving)} (Unhealthy for new containers)" if self.serving else "is not advertised"
+        )
         goes = ", ".join(self.wanted) or "no resource"
         return f"GPU {self.index} ({self.uuid}) is held by {len(holders)} holder(s) ({shown}): it {keeps} until released, then switches to {goes}"
 
@@ -64,7 +66,9 @@ def gpu_shapes(resources: Iterable[Resource]) -> dict[str, frozenset[ShapeEntry]
     return {uuid: frozenset(entries) for uuid, entries in shapes.items()}
 
 
-def changing_gpus(served: Iterable[Resource], wanted: Iterable[Resource], before: dict[str, PendingGpu] | None = None) -> frozenset[str]:
+def changing_gpus(
+    served: Iterable[Resource], wanted: Iterable[Resource], before: dict[str, PendingGpu] | None = None
+) -> frozenset[str]:
     """GPUs whose shape differs between what is served and what is wanted (appearing or going counts); `before` as
     in `reconcile`."""
     old, new = gpu_shapes(served), gpu_shapes(wanted)
@@ -72,7 +76,9 @@ def changing_gpus(served: Iterable[Resource], wanted: Iterable[Resource], before
     return frozenset(uuid for uuid in old.keys() | new.keys() if old.get(uuid) != new.get(uuid))
 
 
-def reconcile(served: list[Resource], wanted: list[Resource], holds: Iterable[Hold], before: dict[str, PendingGpu] | None = None) -> Reconciled:
+def reconcile(
+    served: list[Resource], wanted: list[Resource], holds: Iterable[Hold], before: dict[str, PendingGpu] | None = None
+) -> Reconciled:
     """The resources to serve: `wanted`, except that a GPU whose shape would change while something holds one of its
     devices keeps its `served` shape (pending). `served` is empty at start-up: a held GPU is then kept only when
     `wanted` has every held device with the share count it was granted in (else it is left out, pending). `before`:
@@ -125,7 +131,9 @@ def _kept(hold: Hold, served: dict[tuple[str, str], Device], shape: frozenset[Sh
     if replicas is None:
         known = served.get((hold.resource, hold.device))
         replicas = known.unit.replicas if known else (1 if hold.unit_uuid == hold.device else None)
-    return replicas is not None and any(e[0] == hold.resource and e[1] == hold.device and e[2] == replicas for e in shape)
+    return replicas is not None and any(
+        e[0] == hold.resource and e[1] == hold.device and e[2] == replicas for e in shape
+    )
 
 
 def _without(resource: Resource, pending: dict[str, PendingGpu]) -> Resource:
@@ -144,4 +152,6 @@ def _with(resource: Resource, part: Resource) -> Resource:
     """`resource` with the (pending) units and devices of `part` added after its own."""
     if not part.devices:
         return resource
-    return dataclasses.replace(resource, units=resource.units + part.units, devices={**resource.devices, **part.devices})
+    return dataclasses.replace(
+        resource, units=resource.units + part.units, devices={**resource.devices, **part.devices}
+    )

@@ -23,7 +23,9 @@ UNIT_ORDER: dict[str, Callable[[int], int]] = {
 _MAX_COMBINATIONS = 5000
 
 
-def preferred_allocation(resource: Resource, available: Iterable[str], must_include: Iterable[str], size: int) -> list[str]:
+def preferred_allocation(
+    resource: Resource, available: Iterable[str], must_include: Iterable[str], size: int
+) -> list[str]:
     """Pick `size` devices from `available`, keeping `must_include`; all shares on one unit (GPU or MIG) when possible."""
     known = _dedupe(i for i in available if i in resource.devices)
     must = _dedupe(i for i in must_include if i in resource.devices)
@@ -45,7 +47,9 @@ def preferred_allocation(resource: Resource, available: Iterable[str], must_incl
     return chosen
 
 
-def unit_order(resource: Resource, placement: Placement, free: dict[str, list[Device]], must: list[str], wanted: int) -> list[str]:
+def unit_order(
+    resource: Resource, placement: Placement, free: dict[str, list[Device]], must: list[str], wanted: int
+) -> list[str]:
     """Units (their UUIDs, keys of `free`: unit -> its free devices) in the order to take devices from."""
     rank = {u.uuid: i for i, u in enumerate(resource.units)}  # GPU index order, MIG instances in order
     in_order = sorted(free, key=rank.__getitem__)

@@ -17,7 +17,11 @@ log = logging.getLogger(__name__)
 
 
 def build_resources(
-    config: Config, node: NodeInfo, profile: str | None = None, budget_bytes: int = LIST_BUDGET_BYTES, dynamic_mig: bool = False
+    config: Config,
+    node: NodeInfo,
+    profile: str | None = None,
+    budget_bytes: int = LIST_BUDGET_BYTES,
+    dynamic_mig: bool = False,
 ) -> list[Resource]:
     """Assign every GPU to its pool and list each pool's devices; errors name the config key. `dynamic_mig`: the
     caller serves `strategy: dynamic` pools (the DRA driver); otherwise such a pool is refused."""
@@ -37,7 +41,9 @@ def build_resources(
             continue
         for index in pool.gpus.indexes:
             if not any(g.index == index for g in node.gpus):
-                problems.append(f"{pool.key_path}.gpus.indexes: no GPU with index {index} on this node ({_indexes(node)})")
+                problems.append(
+                    f"{pool.key_path}.gpus.indexes: no GPU with index {index} on this node ({_indexes(node)})"
+                )
         for uuid in pool.gpus.uuids:
             if not any(g.uuid == uuid for g in node.gpus):
                 problems.append(f"{pool.key_path}.gpus.uuids: no GPU {uuid} on this node")
@@ -46,7 +52,9 @@ def build_resources(
                 continue
             if gpu.uuid in owner:
                 other = owner[gpu.uuid]
-                problems.append(f"{pool.key_path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.key_path} ({other.name})")
+                problems.append(
+                    f"{pool.key_path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.key_path} ({other.name})"
+                )
                 continue
             owner[gpu.uuid] = pool
             selected[pool.key_path].append(gpu)
@@ -74,15 +82,34 @@ def build_resources(
                 continue
             smallest = min(units, key=share_memory_mib) if pool.shared else None
             if smallest is not None and share_memory_mib(smallest) < MIN_USEFUL_SHARE_MIB:
-                log.warning("pool %s: a share of GPU %d (%s) is %d MiB (%d shares), less than a CUDA context needs (about %d MiB); "
-                            "lower replicas or use memoryPerShare", pool.name, smallest.gpu.index, smallest.gpu.model,
-                            share_memory_mib(smallest), smallest.replicas, MIN_USEFUL_SHARE_MIB)
-            problem = _over_budget(mode, pool, units, budget_bytes) or _too_fine(settings.allocation_policy, pool, units)
+                log.warning(
+                    "pool %s: a share of GPU %d (%s) is %d MiB (%d shares), less than a CUDA context needs (about %d MiB); "
+                    "lower replicas or use memoryPerShare",
+                    pool.name,
+                    smallest.gpu.index,
+                    smallest.gpu.model,
+                    share_memory_mib(smallest),
+                    smallest.replicas,
+                    MIN_USEFUL_SHARE_MIB,
+                )
+            problem = _over_budget(mode, pool, units, budget_bytes) or _too_fine(
+                settings.allocation_policy, pool, units
+            )
             if problem:
                 raise ConfigError([problem], config.source)
-            resource = Resource(pool=pool, name=name, label=label, units=tuple(units), devices=mode.devices(units), settings=settings, links=node.links)
+            resource = Resource(
+                pool=pool,
+                name=name,
+                label=label,
+                units=tuple(units),
+                devices=mode.devices(units),
+                settings=settings,
+                links=node.links,
+            )
             if any(r.name == name for r in resources):
-                raise ConfigError([f"{pool.key_path}: resource {name} is also advertised by another pool"], config.source)
+                raise ConfigError(
+                    [f"{pool.key_path}: resource {name} is also advertised by another pool"], config.source
+                )
             resources.append(resource)
     for gpu in node.gpus:
         if gpu.uuid not in owner:

@@ -26,7 +26,11 @@ def container_preview(resource: Resource, watchdog_policy: WatchdogPolicy) -> Co
     unit = resource.units[0]
     pool = resource.pool
     grant = unit_grant(resource, [(unit, 1)])
-    where = f"GPU {unit.gpu.index} ({unit.gpu.model})" if unit.mig is None else f"MIG {unit.mig.profile} of GPU {unit.gpu.index}"
+    where = (
+        f"GPU {unit.gpu.index} ({unit.gpu.model})"
+        if unit.mig is None
+        else f"MIG {unit.mig.profile} of GPU {unit.gpu.index}"
+    )
     what = f"1 share of {where}" if pool.shared else where
     enforced = mode_of(pool).enforcement(pool, unit, watchdog_policy)
     return ContainerPreview(what, dict(grant.envs), share_memory_mib(unit), share_compute_percent(unit), enforced)

@@ -13,11 +13,19 @@ HELP = "print the admission policy's params (the largest shares per unit of each
 def add_arguments(command: argparse.ArgumentParser) -> None:
     flags.add_logging(command, level="error")
     command.add_argument("file", help="config file")
-    command.add_argument("--node", action="append", default=[], metavar="FILE",
-                         help="a node description or `discover --json` output, once per GPU model of the fleet (repeatable; "
-                              "needed for memoryPerShare pools)")
-    command.add_argument("--chart-values", action="store_true",
-                         help="print the Helm chart's `admission` values (limits and the config's digest) instead of the kustomization's params")
+    command.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a node description or `discover --json` output, once per GPU model of the fleet (repeatable; "
+        "needed for memoryPerShare pools)",
+    )
+    command.add_argument(
+        "--chart-values",
+        action="store_true",
+        help="print the Helm chart's `admission` values (limits and the config's digest) instead of the kustomization's params",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,13 +46,19 @@ def admission_params(file: str, node_files: list[str], chart_values: bool) -> st
     nodes = [SimulatedInventory.from_file(path).discover() for path in node_files]
     fleet = fleet_limits(config, nodes)
     seen = ", ".join(n.name for n in nodes) or "no node (replicas pools only)"
-    header = [f"# gpu-share config admission-params {file}: the largest shares of one GPU or MIG instance per shared resource,",
-              f"# over every profile on: {seen}"] + [f"# left out: {line}" for line in fleet.skipped]
+    header = [
+        f"# gpu-share config admission-params {file}: the largest shares of one GPU or MIG instance per shared resource,",
+        f"# over every profile on: {seen}",
+    ] + [f"# left out: {line}" for line in fleet.skipped]
     body: dict[str, object]
     if chart_values:
         limits = {name: str(count) for name, count in fleet.in_domain().items()}
         body = {"admission": {"configSha256": config_sha256(data.decode()), "limits": limits}}
     else:  # kustomize-only (local-config): daemonset/admission copies `limits` into the policy
-        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": PARAMS_NAME, "annotations": {"config.kubernetes.io/local-config": "true"}},
-                "data": {"limits": fleet.cel()}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": PARAMS_NAME, "annotations": {"config.kubernetes.io/local-config": "true"}},
+            "data": {"limits": fleet.cel()},
+        }
     return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False)

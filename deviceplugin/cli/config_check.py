@@ -25,16 +25,24 @@ def add_arguments(check: argparse.ArgumentParser) -> None:
     check.add_argument("file", help="config file")
     check.add_argument("--node", help="node description file, or `discover --json` output (default: only validate)")
     which = check.add_mutually_exclusive_group()
-    which.add_argument("--profile", help="profile to check on the node (default: defaultProfile, as `run --profile` would serve)")
-    which.add_argument("--all-profiles", action="store_true", help="check every profile on the node and report each one's result")
-    check.add_argument("--labels", action="store_true", help="with --node: also show the node labels the plugin would publish there")
+    which.add_argument(
+        "--profile", help="profile to check on the node (default: defaultProfile, as `run --profile` would serve)"
+    )
+    which.add_argument(
+        "--all-profiles", action="store_true", help="check every profile on the node and report each one's result"
+    )
+    check.add_argument(
+        "--labels", action="store_true", help="with --node: also show the node labels the plugin would publish there"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     return check_config(args.file, args.node, args.profile, args.all_profiles, labels=args.labels)
 
 
-def check_config(file: str, node_file: str | None, profile: str | None, all_profiles: bool, out: Out = print, labels: bool = False) -> int:
+def check_config(
+    file: str, node_file: str | None, profile: str | None, all_profiles: bool, out: Out = print, labels: bool = False
+) -> int:
     """0 when the config is valid (on the node, when given); ConfigError otherwise (with --all-profiles, after every profile's report)."""
     from ..config.parse import load_config
 
@@ -45,8 +53,12 @@ def check_config(file: str, node_file: str | None, profile: str | None, all_prof
     if not node_file:
         for name in names:
             for pool in config.pools(name):
-                out(f"  {name}: {pool.key_path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}")
-        out(f"{file}: valid; profiles {', '.join(names)} (default {config.default_profile}); give --node to check one on a node")
+                out(
+                    f"  {name}: {pool.key_path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}"
+                )
+        out(
+            f"{file}: valid; profiles {', '.join(names)} (default {config.default_profile}); give --node to check one on a node"
+        )
         return 0
     from ..alloc.check import check_profile
     from ..discovery.backend import open_inventory
@@ -68,8 +80,12 @@ def check_config(file: str, node_file: str | None, profile: str | None, all_prof
             if labels:
                 from ..kube.labels import node_labels
 
-                published = node_labels(config.domain, node, result.resources, config.shared_product_suffix, config.deprecated_cuda_labels)
-                out(f"  node labels the plugin would publish ({len(published)}; a label someone else set first is left alone):")
+                published = node_labels(
+                    config.domain, node, result.resources, config.shared_product_suffix, config.deprecated_cuda_labels
+                )
+                out(
+                    f"  node labels the plugin would publish ({len(published)}; a label someone else set first is left alone):"
+                )
                 for key, value in sorted(published.items()):
                     out(f"    {key}={value}")
         elif not all_profiles:
@@ -90,11 +106,15 @@ def _show(resources: list[Resource], watchdog_policy: WatchdogPolicy, out: Out) 
         backend = f", {resource.pool.backend}" if resource.pool.shared else ""
         out(f"  {resource.name} ({resource.pool.mode}{backend}): {len(resource.devices)} devices")
         for unit in resource.units:
-            what = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} ({unit.uuid})" if unit.mig else f" ({unit.gpu.model})")
+            what = f"GPU {unit.gpu.index}" + (
+                f" MIG {unit.mig.profile} ({unit.uuid})" if unit.mig else f" ({unit.gpu.model})"
+            )
             if resource.pool.shared:
                 out(f"    {what}: {unit.replicas} shares of {share_memory_mib(unit)} MiB")
             else:
                 out(f"    {what}: 1 device, {unit.memory_mib} MiB")
         preview = container_preview(resource, watchdog_policy)
-        out(f"    a container of {preview.what} receives: memory {preview.memory_mib} MiB, compute {preview.compute_percent} %; {preview.enforced}")
+        out(
+            f"    a container of {preview.what} receives: memory {preview.memory_mib} MiB, compute {preview.compute_percent} %; {preview.enforced}"
+        )
         out("      env " + " ".join(f"{k}={v}" for k, v in sorted(preview.envs.items())))

@@ -13,8 +13,12 @@ HELP = "show the node's GPUs, MIG instances, topology and health"
 def add_arguments(discover: argparse.ArgumentParser) -> None:
     flags.add_logging(discover, level="warning")
     discover.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
-    discover.add_argument("--json", action="store_true", help="print JSON instead of a table (the node file format: no pools)")
-    discover.add_argument("--config", help="config whose pools the table places each GPU in (default: `run`'s, every GPU shared in 10)")
+    discover.add_argument(
+        "--json", action="store_true", help="print JSON instead of a table (the node file format: no pools)"
+    )
+    discover.add_argument(
+        "--config", help="config whose pools the table places each GPU in (default: `run`'s, every GPU shared in 10)"
+    )
     discover.add_argument("--profile", help="the profile of --config (default: defaultProfile)")
 
 
@@ -54,5 +58,9 @@ def pool_lines(node: NodeInfo, config_file: str | None, profile: str | None) -> 
             what = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} ({unit.uuid})" if unit.mig else "")
             shares = f", {unit.replicas} shares" if resource.pool.shared else ""
             lines.append(f"  {what}: pool {resource.pool.name} ({resource.pool.mode}{shares}) -> {resource.name}")
-    lines += [f"  GPU {g.index}: not advertised (in no pool, or skipped: see the warnings)" for g in node.gpus if g.uuid not in placed]
+    lines += [
+        f"  GPU {g.index}: not advertised (in no pool, or skipped: see the warnings)"
+        for g in node.gpus
+        if g.uuid not in placed
+    ]
     return lines + [f"  warning: {w}" for w in warnings]

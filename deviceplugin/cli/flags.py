@@ -35,7 +35,12 @@ def apply_env_twins(command: argparse.ArgumentParser, environ: Mapping[str, str]
             except (argparse.ArgumentTypeError, ValueError) as err:
                 raise FlagError(name, repr(value), str(err), f"the environment twin of {option}") from None
             if action.choices is not None and converted not in action.choices:
-                raise FlagError(name, repr(value), f"must be one of {', '.join(map(str, action.choices))}", f"the environment twin of {option}")
+                raise FlagError(
+                    name,
+                    repr(value),
+                    f"must be one of {', '.join(map(str, action.choices))}",
+                    f"the environment twin of {option}",
+                )
             action.default = converted
             break
 
@@ -68,7 +73,9 @@ def ip_address(text: str) -> str:
     try:
         return str(ipaddress.ip_address(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an IP address such as 0.0.0.0, :: or 10.1.2.3, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"must be an IP address such as 0.0.0.0, :: or 10.1.2.3, got {text!r}"
+        ) from None
 
 
 def xid_list(text: str) -> frozenset[int]:
@@ -99,10 +106,18 @@ def add_logging(command: argparse.ArgumentParser, level: str = "info") -> None:
 
 def add_plan(command: argparse.ArgumentParser) -> None:
     """What `run` and `mps` plan from: the config, the node, the profile (and the API, for the profile label)."""
-    command.add_argument("--config", "--config-file", dest="config", help="config file (default: every GPU shared, 10 shares each); "
-                         "--config-file is NVIDIA's name for it (a gpu-share config, not NVIDIA's format: docs/migration.md)")
+    command.add_argument(
+        "--config",
+        "--config-file",
+        dest="config",
+        help="config file (default: every GPU shared, 10 shares each); "
+        "--config-file is NVIDIA's name for it (a gpu-share config, not NVIDIA's format: docs/migration.md)",
+    )
     command.add_argument("--node", help="simulated node description file (default: real GPUs through NVML)")
-    command.add_argument("--profile", help="config profile to serve (default: the node label <domain>/gpu-share.config, else defaultProfile)")
+    command.add_argument(
+        "--profile",
+        help="config profile to serve (default: the node label <domain>/gpu-share.config, else defaultProfile)",
+    )
     command.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
 
 

@@ -29,7 +29,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpu-share {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def add(commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, module: ModuleType, top: str | None = None) -> None:
+    def add(
+        commands: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        module: ModuleType,
+        top: str | None = None,
+    ) -> None:
         command = commands.add_parser(name, help=module.HELP)
         if only is None or only == (top or name):
             module.add_arguments(command)
@@ -78,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BrokenPipeError:  # `gpu-share demo | head`: the reader is gone; nothing more to say, and no traceback
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush must not fail again
+        os.dup2(
+            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
+        )  # the interpreter's final flush must not fail again
         return 0
     except (ConfigError, FlagError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)

@@ -18,16 +18,37 @@ HELP = "run and supervise the MPS control daemons of the MPS pools"
 def add_arguments(mps: argparse.ArgumentParser) -> None:
     flags.add_logging(mps)
     flags.add_plan(mps)
-    mps.add_argument("--mps-control", default=defaults.MPS_CONTROL_BINARY, help="the control binary (default %(default)s)")
-    mps.add_argument("--pools", type=flags.name_list, default=frozenset(), metavar="NAMES",
-                     help="comma-separated MPS pools to serve (default: every MPS pool of the node's profile); one container "
-                          "per pool gives each daemon the pool's /dev/shm")
-    mps.add_argument("--backoff-max", type=flags.positive_float, default=defaults.MPS_BACKOFF_MAX,
-                     help="longest wait before restarting a daemon (default %(default)g)")
-    mps.add_argument("--reload-interval", type=flags.positive_float, default=defaults.RELOAD_INTERVAL, metavar="SECONDS",
-                     help="seconds between checks of the config file and the profile label (default %(default)g)")
-    mps.add_argument("--profile-label-interval", type=flags.positive_float, default=defaults.PROFILE_LABEL_INTERVAL, metavar="SECONDS",
-                     help="seconds between reads of the node's profile label (default %(default)g)")
+    mps.add_argument(
+        "--mps-control", default=defaults.MPS_CONTROL_BINARY, help="the control binary (default %(default)s)"
+    )
+    mps.add_argument(
+        "--pools",
+        type=flags.name_list,
+        default=frozenset(),
+        metavar="NAMES",
+        help="comma-separated MPS pools to serve (default: every MPS pool of the node's profile); one container "
+        "per pool gives each daemon the pool's /dev/shm",
+    )
+    mps.add_argument(
+        "--backoff-max",
+        type=flags.positive_float,
+        default=defaults.MPS_BACKOFF_MAX,
+        help="longest wait before restarting a daemon (default %(default)g)",
+    )
+    mps.add_argument(
+        "--reload-interval",
+        type=flags.positive_float,
+        default=defaults.RELOAD_INTERVAL,
+        metavar="SECONDS",
+        help="seconds between checks of the config file and the profile label (default %(default)g)",
+    )
+    mps.add_argument(
+        "--profile-label-interval",
+        type=flags.positive_float,
+        default=defaults.PROFILE_LABEL_INTERVAL,
+        metavar="SECONDS",
+        help="seconds between reads of the node's profile label (default %(default)g)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

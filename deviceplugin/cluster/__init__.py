@@ -24,6 +24,17 @@ from .policies import NEEDS_SHAPES, POLICIES, Choice, Policy, make_policy
 from .shapes import Shape, TaskShapes
 
 __all__ = [
-    "DEFAULT_MAX_PODS", "MILLI", "NEEDS_SHAPES", "POLICIES", "Choice", "Node", "PodDemand", "Policy", "Shape", "TaskShapes",
-    "fits", "make_policy", "place",
+    "DEFAULT_MAX_PODS",
+    "MILLI",
+    "NEEDS_SHAPES",
+    "POLICIES",
+    "Choice",
+    "Node",
+    "PodDemand",
+    "Policy",
+    "Shape",
+    "TaskShapes",
+    "fits",
+    "make_policy",
+    "place",
 ]

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MILLI = 1000
-FINEST_SPLIT = MILLI  # the most shares one GPU splits into in this model (a share is at least one milli-GPU): --replicas' bound
+FINEST_SPLIT = (
+    MILLI  # the most shares one GPU splits into in this model (a share is at least one milli-GPU): --replicas' bound
+)
 DEFAULT_MAX_PODS = 110  # the kubelet's default pod limit per node
 
 
@@ -31,9 +33,13 @@ class PodDemand:
         if self.gpu_milli > MILLI:
             raise ValueError(f"pod {self.name or '?'}: gpu_milli is per GPU, at most {MILLI}, got {self.gpu_milli}")
         if (self.num_gpu == 0) != (self.gpu_milli == 0):
-            raise ValueError(f"pod {self.name or '?'}: num_gpu and gpu_milli must both be 0 or both > 0, got {self.num_gpu} and {self.gpu_milli}")
+            raise ValueError(
+                f"pod {self.name or '?'}: num_gpu and gpu_milli must both be 0 or both > 0, got {self.num_gpu} and {self.gpu_milli}"
+            )
         if self.gpu_milli < MILLI and self.num_gpu > 1:
-            raise ValueError(f"pod {self.name or '?'}: a fractional request (gpu_milli {self.gpu_milli}) is for one GPU, got num_gpu {self.num_gpu}")
+            raise ValueError(
+                f"pod {self.name or '?'}: a fractional request (gpu_milli {self.gpu_milli}) is for one GPU, got num_gpu {self.num_gpu}"
+            )
 
     @property
     def gpu_request(self) -> int:
@@ -71,7 +77,9 @@ class Node:
             raise ValueError(f"node {self.name}: free milli per GPU must be 0-{MILLI}, got {self.gpu_free}")
 
     @classmethod
-    def empty(cls, name: str, cpu_milli: int, memory_mib: int, gpus: int, model: str = "", max_pods: int = DEFAULT_MAX_PODS) -> Node:
+    def empty(
+        cls, name: str, cpu_milli: int, memory_mib: int, gpus: int, model: str = "", max_pods: int = DEFAULT_MAX_PODS
+    ) -> Node:
         return cls(name, cpu_milli, memory_mib, model, [MILLI] * gpus, max_pods=max_pods)
 
     @property
@@ -79,8 +87,17 @@ class Node:
         return sum(self.gpu_free)
 
     def copy(self) -> Node:
-        return Node(self.name, self.cpu_milli, self.memory_mib, self.model, list(self.gpu_free),
-                    self.cpu_free, self.memory_free, self.max_pods, self.pods)
+        return Node(
+            self.name,
+            self.cpu_milli,
+            self.memory_mib,
+            self.model,
+            list(self.gpu_free),
+            self.cpu_free,
+            self.memory_free,
+            self.max_pods,
+            self.pods,
+        )
 
 
 def host_fits(pod: PodDemand, node: Node) -> bool:

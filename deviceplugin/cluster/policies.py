@@ -80,7 +80,10 @@ class BestFitPolicy:
     def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
-        left = 0.5 * (node.cpu_free - pod.cpu_milli) / MAX_SPEC_CPU + 0.5 * (node.gpu_free_total - pod.gpu_request) / MAX_SPEC_GPU
+        left = (
+            0.5 * (node.cpu_free - pod.cpu_milli) / MAX_SPEC_CPU
+            + 0.5 * (node.gpu_free_total - pod.gpu_request) / MAX_SPEC_GPU
+        )
         return Choice(_clamp((1 - left) * MAX_SCORE), best_fit_gpus(pod, node))
 
 
@@ -93,7 +96,9 @@ class DotProductPolicy:
     def score(self, pod: PodDemand, node: Node) -> Choice | None:
         if not fits(pod, node):
             return None
-        dot = (node.cpu_free / MAX_SPEC_CPU) * (pod.cpu_milli / MAX_SPEC_CPU) + (node.gpu_free_total / MAX_SPEC_GPU) * (pod.gpu_request / MAX_SPEC_GPU)
+        dot = (node.cpu_free / MAX_SPEC_CPU) * (pod.cpu_milli / MAX_SPEC_CPU) + (node.gpu_free_total / MAX_SPEC_GPU) * (
+            pod.gpu_request / MAX_SPEC_GPU
+        )
         return Choice(_clamp((1 - dot / 2) * MAX_SCORE), best_fit_gpus(pod, node))
 
 
@@ -252,7 +257,9 @@ def share_unit(policy: str, free: list[int], replicas: int, wanted: int) -> int 
     The node plugin's GetPreferredAllocation and the scheduler extender's assumption both call this.
     """
     node = Node("", 0, 0, "", [f * MILLI // replicas for f in free])
-    choice = make_policy(policy, shapes=share_shapes(replicas)).score(PodDemand(0, 0, 1, wanted * MILLI // replicas), node)
+    choice = make_policy(policy, shapes=share_shapes(replicas)).score(
+        PodDemand(0, 0, 1, wanted * MILLI // replicas), node
+    )
     return choice.gpus[0] if choice else None
 
 
@@ -265,8 +272,13 @@ def make_policy(name: str, shapes: TaskShapes | None = None, rng: random.Random 
     if name in ("fgd", "fgdstrand"):
         assert shapes is not None
         return FgdPolicy(shapes) if name == "fgd" else FgdStrandPolicy(shapes)
-    simple: dict[str, type] = {"bestfit": BestFitPolicy, "dotproduct": DotProductPolicy, "gpupacking": GpuPackingPolicy,
-                               "binpack": BinpackPolicy, "spread": SpreadPolicy}
+    simple: dict[str, type] = {
+        "bestfit": BestFitPolicy,
+        "dotproduct": DotProductPolicy,
+        "gpupacking": GpuPackingPolicy,
+        "binpack": BinpackPolicy,
+        "spread": SpreadPolicy,
+    }
     if name not in simple:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     return simple[name]()

@@ -53,7 +53,9 @@ def parse_policies(text: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICIES]
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown policy {', '.join(unknown) or '(none)'}; choose from {', '.join(POLICIES)}"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -64,16 +66,53 @@ def positive_int(text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace-dir", help="folder with the openb CSVs (default: $GPU_SHARE_TRACE_DIR, else shared/traces/alibaba-gpu-v2023 here or beside the checkout)")
-    parser.add_argument("--nodes", default=DEFAULT_NODES, metavar="CSV", help=f"node list (default {DEFAULT_NODES} in the trace folder)")
-    parser.add_argument("--pods", default="default", metavar="CSV|NAME", help="pod list: a CSV file, or NAME for openb_pod_list_NAME.csv in the trace folder (default: default)")
-    parser.add_argument("--policy", type=parse_policies, default=["fgd"], metavar="LIST", help=f"comma-separated policies: {', '.join(POLICIES)} (default fgd)")
-    parser.add_argument("--seeds", type=parse_seeds, default=list(range(42, 52)), metavar="SEEDS", help="seeds, e.g. 42-51 (the paper's; default) or 1,2,3")
-    parser.add_argument("--inflate", type=float, default=1.3, metavar="X", help="demand as a multiple of GPU capacity, read there (default 1.3)")
-    parser.add_argument("--replicas", type=positive_int, metavar="N", help="round every fractional request up to whole shares of 1/N GPU")
+    parser.add_argument(
+        "--trace-dir",
+        help="folder with the openb CSVs (default: $GPU_SHARE_TRACE_DIR, else shared/traces/alibaba-gpu-v2023 here or beside the checkout)",
+    )
+    parser.add_argument(
+        "--nodes", default=DEFAULT_NODES, metavar="CSV", help=f"node list (default {DEFAULT_NODES} in the trace folder)"
+    )
+    parser.add_argument(
+        "--pods",
+        default="default",
+        metavar="CSV|NAME",
+        help="pod list: a CSV file, or NAME for openb_pod_list_NAME.csv in the trace folder (default: default)",
+    )
+    parser.add_argument(
+        "--policy",
+        type=parse_policies,
+        default=["fgd"],
+        metavar="LIST",
+        help=f"comma-separated policies: {', '.join(POLICIES)} (default fgd)",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default=list(range(42, 52)),
+        metavar="SEEDS",
+        help="seeds, e.g. 42-51 (the paper's; default) or 1,2,3",
+    )
+    parser.add_argument(
+        "--inflate",
+        type=float,
+        default=1.3,
+        metavar="X",
+        help="demand as a multiple of GPU capacity, read there (default 1.3)",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=positive_int,
+        metavar="N",
+        help="round every fractional request up to whole shares of 1/N GPU",
+    )
     parser.add_argument("--jobs", type=positive_int, default=1, metavar="N", help="runs in parallel (default 1)")
     parser.add_argument("--json", metavar="FILE", help="also write every run's figures to this JSON file")
-    parser.add_argument("--plot", metavar="FILE.png", help="draw allocation against arrived demand, one line per policy (needs the [plot] extra)")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw allocation against arrived demand, one line per policy (needs the [plot] extra)",
+    )
 
 
 @dataclass(frozen=True)
@@ -90,9 +129,16 @@ class Summary:
     @classmethod
     def of(cls, runs: list[RunResult]) -> Summary:
         ratios = [100 * r.allocation for r in runs]
-        return cls(runs[0].policy, statistics.fmean(ratios), statistics.stdev(ratios) if len(ratios) > 1 else 0.0, min(ratios), max(ratios),
-                   statistics.fmean(r.unallocated_gpus for r in runs), statistics.fmean(r.failed_pods for r in runs),
-                   statistics.fmean(r.seconds for r in runs))
+        return cls(
+            runs[0].policy,
+            statistics.fmean(ratios),
+            statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+            min(ratios),
+            max(ratios),
+            statistics.fmean(r.unallocated_gpus for r in runs),
+            statistics.fmean(r.failed_pods for r in runs),
+            statistics.fmean(r.seconds for r in runs),
+        )
 
 
 def summarize(results: list[RunResult]) -> list[Summary]:
@@ -107,7 +153,9 @@ def render(summaries: list[Summary], trace: str, published: dict[str, float]) ->
     lines = [head]
     for s in summaries:
         paper = f"{published[s.policy]:6.2f}" if s.policy in published else f"{'-':>6}"
-        lines.append(f"{s.policy:<12} {s.mean:8.2f} {s.stdev:5.2f} {s.low:6.2f} {s.high:6.2f} {paper} {s.unallocated_gpus:12.1f} {_count(s.failed_pods):>11} {s.seconds:6.2f}")
+        lines.append(
+            f"{s.policy:<12} {s.mean:8.2f} {s.stdev:5.2f} {s.low:6.2f} {s.high:6.2f} {paper} {s.unallocated_gpus:12.1f} {_count(s.failed_pods):>11} {s.seconds:6.2f}"
+        )
     if published:
         lines.append(f"paper: the published mean for trace {trace}.")
     lines.append(CITATION)
@@ -128,7 +176,9 @@ class ProgressBar:
         if not self.enabled:
             return
         filled = self.width * self.done // self.total
-        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} runs, {time.monotonic() - self.started:.0f} s")
+        self.stream.write(
+            f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} runs, {time.monotonic() - self.started:.0f} s"
+        )
         if self.done == self.total:
             self.stream.write("\n")
         self.stream.flush()
@@ -139,8 +189,18 @@ def write_json(path: str, results: list[RunResult], summaries: list[Summary], ab
         **about,
         "citation": CITATION,
         "summary": [vars(s) for s in summaries],
-        "runs": [{"policy": r.policy, "seed": r.seed, "allocation_percent": 100 * r.allocation, "unallocated_gpus": r.unallocated_gpus,
-                  "failed_pods": r.failed_pods, "arrived_pods": r.arrived_pods, "seconds": r.seconds} for r in results],
+        "runs": [
+            {
+                "policy": r.policy,
+                "seed": r.seed,
+                "allocation_percent": 100 * r.allocation,
+                "unallocated_gpus": r.unallocated_gpus,
+                "failed_pods": r.failed_pods,
+                "arrived_pods": r.arrived_pods,
+                "seconds": r.seconds,
+            }
+            for r in results
+        ],
     }
     Path(path).write_text(json.dumps(document, indent=2) + "\n")
 
@@ -201,10 +261,21 @@ def run_simulate(args: argparse.Namespace) -> int:
         return 2
     trace = pods_path.stem.removeprefix("openb_pod_list_")
     rounding = f", requests rounded to 1/{args.replicas} GPU" if args.replicas else ""
-    about = {"nodes": str(nodes_path), "pods": str(pods_path), "node_count": len(nodes), "gpus": experiment.gpus, "pod_count": len(pods),
-             "inflate": args.inflate, "replicas": args.replicas, "seeds": args.seeds}
-    print(f"{len(nodes)} nodes, {experiment.gpus} GPUs; {len(pods)} pods ({pods_path.name}); demand {100 * args.inflate:.0f} %{rounding}; "
-          f"seeds {args.seeds[0]}-{args.seeds[-1]} ({len(args.seeds)})", flush=True)
+    about = {
+        "nodes": str(nodes_path),
+        "pods": str(pods_path),
+        "node_count": len(nodes),
+        "gpus": experiment.gpus,
+        "pod_count": len(pods),
+        "inflate": args.inflate,
+        "replicas": args.replicas,
+        "seeds": args.seeds,
+    }
+    print(
+        f"{len(nodes)} nodes, {experiment.gpus} GPUs; {len(pods)} pods ({pods_path.name}); demand {100 * args.inflate:.0f} %{rounding}; "
+        f"seeds {args.seeds[0]}-{args.seeds[-1]} ({len(args.seeds)})",
+        flush=True,
+    )
     bar = ProgressBar(len(args.policy) * len(args.seeds))
     results = run_all(experiment, args.policy, args.seeds, args.jobs, bar.advance)
     summaries = summarize(results)
@@ -213,7 +284,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         if args.json:
             write_json(args.json, results, summaries, about)
         if args.plot:
-            plot(args.plot, results, f"{trace}: {len(nodes)} nodes, {experiment.gpus} GPUs, seeds {args.seeds[0]}-{args.seeds[-1]}{rounding}")
+            plot(
+                args.plot,
+                results,
+                f"{trace}: {len(nodes)} nodes, {experiment.gpus} GPUs, seeds {args.seeds[0]}-{args.seeds[-1]}{rounding}",
+            )
     except (OSError, TraceError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)
         return 1

@@ -39,8 +39,12 @@ def shape_of(pod: PodDemand) -> Shape:
 class TaskShapes:
     """Popular task shapes with their popularity (summing to 1), and the fragmentation they imply."""
 
-    def __init__(self, shapes: Iterable[tuple[Shape, float]], cpu_per_gpu_milli: float | None = None,
-                 memory_per_gpu_milli: float | None = None) -> None:
+    def __init__(
+        self,
+        shapes: Iterable[tuple[Shape, float]],
+        cpu_per_gpu_milli: float | None = None,
+        memory_per_gpu_milli: float | None = None,
+    ) -> None:
         """`cpu_per_gpu_milli`, `memory_per_gpu_milli`: what the pods ask per milli-GPU they ask (default: CPU from
         the shapes, memory unknown)."""
         self.shapes: tuple[tuple[Shape, float], ...] = tuple(shapes)
@@ -74,7 +78,11 @@ class TaskShapes:
         counts = Counter(shape_of(p) for p in pods)
         if not counts:
             raise ValueError("task shapes: no pods to learn shapes from")
-        ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0].cpu_milli, kv[0].gpu_milli, kv[0].num_gpu, sorted(kv[0].gpu_models)), reverse=True)
+        ordered = sorted(
+            counts.items(),
+            key=lambda kv: (kv[1], kv[0].cpu_milli, kv[0].gpu_milli, kv[0].num_gpu, sorted(kv[0].gpu_models)),
+            reverse=True,
+        )
         total, covered, chosen = sum(counts.values()), 0, []
         for shape, n in ordered:
             chosen.append((shape, float(n)))

@@ -37,8 +37,12 @@ class RunResult:
     arrived_pods: int
     gpus: int
     seconds: float
-    curve: tuple[float, ...] = field(repr=False)  # allocation ratio after the last arrival within each integer % of demand
-    placements: tuple[tuple[str, str | None, tuple[int, ...]], ...] = field(repr=False, default=())  # (pod, node or None, GPUs)
+    curve: tuple[float, ...] = field(
+        repr=False
+    )  # allocation ratio after the last arrival within each integer % of demand
+    placements: tuple[tuple[str, str | None, tuple[int, ...]], ...] = field(
+        repr=False, default=()
+    )  # (pod, node or None, GPUs)
 
     @property
     def unallocated_gpus(self) -> float:
@@ -81,7 +85,13 @@ def node_order(count: int, rng: random.Random) -> list[int]:
 class Experiment:
     """One cluster and pod list; `run(policy, seed)` simulates one arrival sequence."""
 
-    def __init__(self, nodes: Sequence[Node], pods: Sequence[PodDemand], inflate: float = DEFAULT_INFLATE, replicas: int | None = None) -> None:
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        pods: Sequence[PodDemand],
+        inflate: float = DEFAULT_INFLATE,
+        replicas: int | None = None,
+    ) -> None:
         if not nodes or not pods:
             raise ValueError("simulate: need at least one node and one pod")
         if not 0 < inflate <= 100:
@@ -126,7 +136,7 @@ class Experiment:
             elif len(changed) - entry[2] >= len(nodes):
                 stale = range(len(nodes))
             else:
-                stale = set(changed[entry[2]:])
+                stale = set(changed[entry[2] :])
             scores, gpus = entry[0], entry[1]
             for i in stale:
                 choice = scorer(want, nodes[i])
@@ -155,8 +165,17 @@ class Experiment:
         allocation = (sum(at_target) / len(at_target) if at_target else allocated) / capacity
         points = tuple(curve.get(p, 0) / capacity for p in range(max(curve) + 1))
         points = tuple(max(points[: k + 1]) for k in range(len(points)))  # demand levels skipped by a large pod
-        return RunResult(policy_name, seed, allocation, failed, len(pods), self.gpus, time.perf_counter() - started, points,
-                         tuple(placements))
+        return RunResult(
+            policy_name,
+            seed,
+            allocation,
+            failed,
+            len(pods),
+            self.gpus,
+            time.perf_counter() - started,
+            points,
+            tuple(placements),
+        )
 
 
 _worker: Experiment | None = None
@@ -172,8 +191,13 @@ def _run_in_worker(policy: str, seed: int) -> RunResult:
     return _worker.run(policy, seed)
 
 
-def run_all(experiment: Experiment, policies: Sequence[str], seeds: Sequence[int], jobs: int = 1,
-            on_result: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+def run_all(
+    experiment: Experiment,
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    jobs: int = 1,
+    on_result: Callable[[RunResult], None] | None = None,
+) -> list[RunResult]:
     """Every (policy, seed) run, `jobs` at a time in worker processes; results in (policy, seed) order."""
     tasks = [(p, s) for p in policies for s in seeds]
     results: list[RunResult] = []
@@ -183,8 +207,12 @@ def run_all(experiment: Experiment, policies: Sequence[str], seeds: Sequence[int
             if on_result:
                 on_result(results[-1])
         return results
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=get_context("spawn"),
-                             initializer=_init_worker, initargs=(experiment,)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(tasks)),
+        mp_context=get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(experiment,),
+    ) as pool:
         futures = [pool.submit(_run_in_worker, p, s) for p, s in tasks]
         for future in as_completed(futures):
             results.append(future.result())

@@ -14,18 +14,24 @@ from pathlib import Path
 from .capacity import MILLI, Node, PodDemand
 
 TRACE_DIR_ENV = "GPU_SHARE_TRACE_DIR"
-TRACE_SUBDIR = Path("shared/traces/alibaba-gpu-v2023")  # a search location for the CSVs (trace_dir_candidates), not a shipped folder
+TRACE_SUBDIR = Path(
+    "shared/traces/alibaba-gpu-v2023"
+)  # a search location for the CSVs (trace_dir_candidates), not a shipped folder
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
 POD_FILE = "openb_pod_list_{}.csv"
 MAX_ROWS = 1_000_000
 MAX_GPUS_PER_NODE = 64
 
-CITATION = ('Trace and protocol: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with '
-            'Fragmentation Gradient Descent", USENIX ATC 2023 (Alibaba openb trace, cluster-trace-gpu-v2023).')
+CITATION = (
+    'Trace and protocol: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with '
+    'Fragmentation Gradient Descent", USENIX ATC 2023 (Alibaba openb trace, cluster-trace-gpu-v2023).'
+)
 
 
-WHERE = ("The CSVs are not shipped: they are the csv/ folder of cluster-trace-gpu-v2023 in "
-         "https://github.com/alibaba/clusterdata (docs/packing.md#getting-the-trace).")
+WHERE = (
+    "The CSVs are not shipped: they are the csv/ folder of cluster-trace-gpu-v2023 in "
+    "https://github.com/alibaba/clusterdata (docs/packing.md#getting-the-trace)."
+)
 
 
 class TraceError(Exception):
@@ -52,8 +58,10 @@ def find_trace_dir(explicit: str | None = None) -> Path:
         if path.is_dir():
             return path
     tried = ", ".join(str(p) for p in dict.fromkeys(candidates))
-    raise TraceError(f"no trace directory found (tried {tried}); pass --trace-dir or set ${TRACE_DIR_ENV} "
-                     f"to the folder holding openb_node_list_*.csv and openb_pod_list_*.csv. {WHERE}")
+    raise TraceError(
+        f"no trace directory found (tried {tried}); pass --trace-dir or set ${TRACE_DIR_ENV} "
+        f"to the folder holding openb_node_list_*.csv and openb_pod_list_*.csv. {WHERE}"
+    )
 
 
 def resolve(name_or_path: str, trace_dir: str | None, template: str) -> Path:
@@ -68,12 +76,16 @@ def resolve(name_or_path: str, trace_dir: str | None, template: str) -> Path:
     path = folder / (name_or_path if name_or_path.endswith(".csv") else template.format(name_or_path))
     if not path.is_file():
         prefix, suffix = template.split("{}")
-        names = sorted(p.name[len(prefix):-len(suffix)] for p in folder.glob(template.format("*")))
+        names = sorted(p.name[len(prefix) : -len(suffix)] for p in folder.glob(template.format("*")))
         if names:  # what the flag takes there
-            raise TraceError(f"trace file {path} does not exist; the names {folder} has for {template.format('<name>')}: {', '.join(names)}")
+            raise TraceError(
+                f"trace file {path} does not exist; the names {folder} has for {template.format('<name>')}: {', '.join(names)}"
+            )
         others = sorted(p.name for p in folder.glob("*.csv"))[:20]
         listed = f" (its CSVs: {', '.join(others)}; give one as a path, e.g. {folder / others[0]})" if others else ""
-        raise TraceError(f"trace file {path} does not exist, and {folder} has no {template.format('<name>')}{listed}. {WHERE}")
+        raise TraceError(
+            f"trace file {path} does not exist, and {folder} has no {template.format('<name>')}{listed}. {WHERE}"
+        )
     return path
 
 
@@ -84,7 +96,9 @@ def _rows(path: Path, required: tuple[str, ...], what: str) -> list[tuple[int, d
             reader = csv.DictReader(handle)
             missing = [c for c in required if c not in (reader.fieldnames or [])]
             if missing:
-                raise TraceError(f"{path}: missing column(s) {', '.join(missing)} (header: {','.join(reader.fieldnames or [])})")
+                raise TraceError(
+                    f"{path}: missing column(s) {', '.join(missing)} (header: {','.join(reader.fieldnames or [])})"
+                )
             rows: list[tuple[int, dict[str, str]]] = []
             for row in reader:
                 if len(rows) >= MAX_ROWS:
@@ -114,7 +128,15 @@ def load_nodes(path: Path) -> list[Node]:
     nodes = []
     for line, row in _rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model"), "nodes"):
         gpus = _int(path, line, row, "gpu", 0, MAX_GPUS_PER_NODE)
-        nodes.append(Node.empty(row["sn"], _int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), gpus, row["model"].strip()))
+        nodes.append(
+            Node.empty(
+                row["sn"],
+                _int(path, line, row, "cpu_milli"),
+                _int(path, line, row, "memory_mib"),
+                gpus,
+                row["model"].strip(),
+            )
+        )
     return nodes
 
 
@@ -126,7 +148,16 @@ def load_pods(path: Path) -> list[PodDemand]:
         gpu_milli = _int(path, line, row, "gpu_milli", 0, MILLI)
         models = frozenset(m.strip() for m in (row.get("gpu_spec") or "").split("|") if m.strip())
         try:
-            pods.append(PodDemand(_int(path, line, row, "cpu_milli"), _int(path, line, row, "memory_mib"), num_gpu, gpu_milli, models, row["name"]))
+            pods.append(
+                PodDemand(
+                    _int(path, line, row, "cpu_milli"),
+                    _int(path, line, row, "memory_mib"),
+                    num_gpu,
+                    gpu_milli,
+                    models,
+                    row["name"],
+                )
+            )
         except ValueError as err:
             raise TraceError(f"{path}:{line}: {err}") from None
     return pods

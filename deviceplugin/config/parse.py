@@ -60,7 +60,10 @@ _TOP_KEYS = {
 }
 _NVIDIA_TOP_KEYS = ("flags", "resources", "sharing")  # the top of NVIDIA's device plugin config (version v1 too)
 # The pool keys only one mode takes (every other key applies to all modes, or to a backend).
-MODE_KEYS: dict[str, tuple[str, ...]] = {"shared": ("replicas", "memoryPerShare", "backend", "allowSpanGPUs"), "mig": ("strategy",)}
+MODE_KEYS: dict[str, tuple[str, ...]] = {
+    "shared": ("replicas", "memoryPerShare", "backend", "allowSpanGPUs"),
+    "mig": ("strategy",),
+}
 _POOL_KEYS = {
     "name": str,
     "mode": str,
@@ -150,7 +153,10 @@ def parse_config(data: Any, source: str = "config") -> Config:
     except SchemaError as err:
         raise ConfigError([str(err)], source) from None
     nvidia = sorted(k for k in _NVIDIA_TOP_KEYS if isinstance(data, dict) and k in data)
-    problems.check(not nvidia, f"{', '.join(nvidia)}: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys")
+    problems.check(
+        not nvidia,
+        f"{', '.join(nvidia)}: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys",
+    )
 
     def choice(key: str, default: Choice, allowed: tuple[Choice, ...]) -> Choice:
         value = problems.attempt(top.get, key, default) or default
@@ -158,14 +164,21 @@ def parse_config(data: Any, source: str = "config") -> Config:
         return one_of(value, allowed, default)
 
     version = problems.attempt(top.get, "version", None, required=True)
-    problems.check(version is None or version in SUPPORTED_VERSIONS, f"version: unsupported version {version!r} (supported: {', '.join(SUPPORTED_VERSIONS)})")
+    problems.check(
+        version is None or version in SUPPORTED_VERSIONS,
+        f"version: unsupported version {version!r} (supported: {', '.join(SUPPORTED_VERSIONS)})",
+    )
     domain = problems.attempt(top.get, "domain", None) or default_domain()
     where = "domain" if top.has("domain") else f"domain (from ${DOMAIN_ENV})"
-    problems.check(resource_name_problem(f"{domain}/x") is None, f"{where}: {domain!r} is not a lowercase DNS subdomain")
+    problems.check(
+        resource_name_problem(f"{domain}/x") is None, f"{where}: {domain!r} is not a lowercase DNS subdomain"
+    )
     policy = choice("allocationPolicy", "binpack", ALLOCATION_POLICIES)
     strategy = choice("deviceListStrategy", "envvar", DEVICE_LIST_STRATEGIES)
     cdi_kind = problems.attempt(top.get, "cdiKind", "nvidia.com/gpu") or "nvidia.com/gpu"
-    problems.check(bool(_CDI_KIND.match(cdi_kind)), f"cdiKind: must be <vendor>/<class> such as nvidia.com/gpu, got {cdi_kind!r}")
+    problems.check(
+        bool(_CDI_KIND.match(cdi_kind)), f"cdiKind: must be <vendor>/<class> such as nvidia.com/gpu, got {cdi_kind!r}"
+    )
     device_specs = problems.attempt(top.get, "deviceSpecs", False) or False
     shared_product_suffix = problems.attempt(top.get, "sharedProductSuffix", False) or False
     deprecated_cuda_labels = problems.attempt(top.get, "deprecatedCudaLabels", False) or False
@@ -174,9 +187,18 @@ def parse_config(data: Any, source: str = "config") -> Config:
     mps_root = problems.attempt(top.get, "mpsRoot", DEFAULT_MPS_ROOT) or DEFAULT_MPS_ROOT
     problems.check(mps_root_problem(mps_root) is None, f"mpsRoot: {mps_root_problem(mps_root)}")
 
-    watchdog = Fields(problems.attempt(top.get, "memoryWatchdog", {}) or {}, "memoryWatchdog", {"policy": str, "quarantine": bool}, problems.items)
+    watchdog = Fields(
+        problems.attempt(top.get, "memoryWatchdog", {}) or {},
+        "memoryWatchdog",
+        {"policy": str, "quarantine": bool},
+        problems.items,
+    )
     given_policy = watchdog.get("policy", "report")
-    watchdog.check(given_policy in WATCHDOG_POLICIES, "policy", f"must be one of {', '.join(WATCHDOG_POLICIES)}, got {given_policy!r}")
+    watchdog.check(
+        given_policy in WATCHDOG_POLICIES,
+        "policy",
+        f"must be one of {', '.join(WATCHDOG_POLICIES)}, got {given_policy!r}",
+    )
     watchdog_policy = one_of(given_policy, WATCHDOG_POLICIES, "report")
     quarantine = watchdog.get("quarantine", False)
 
@@ -203,12 +225,21 @@ def parse_config(data: Any, source: str = "config") -> Config:
         if raw_pools is None:  # already reported
             continue
         problems.check(bool(raw_pools), f"{pools_path}: must list at least one pool")
-        problems.check(len(raw_pools) <= limits.MAX_POOLS, f"{pools_path}: at most {limits.MAX_POOLS} pools per profile, got {len(raw_pools)}")
-        pools = [problems.attempt(_parse_pool, item, f"{pools_path}[{i}]", domain) for i, item in enumerate(raw_pools[: limits.MAX_POOLS])]
+        problems.check(
+            len(raw_pools) <= limits.MAX_POOLS,
+            f"{pools_path}: at most {limits.MAX_POOLS} pools per profile, got {len(raw_pools)}",
+        )
+        pools = [
+            problems.attempt(_parse_pool, item, f"{pools_path}[{i}]", domain)
+            for i, item in enumerate(raw_pools[: limits.MAX_POOLS])
+        ]
         problems.items.extend(_cross_pool_problems(pools))
         profiles[name] = tuple(p for p in pools if p is not None)
     default = problems.attempt(top.get, "defaultProfile", DEFAULT_PROFILE) or DEFAULT_PROFILE
-    problems.check(not raw_profiles or default in raw_profiles, f"defaultProfile: {default!r} is not a profile (profiles: {', '.join(sorted(raw_profiles))})")
+    problems.check(
+        not raw_profiles or default in raw_profiles,
+        f"defaultProfile: {default!r} is not a profile (profiles: {', '.join(sorted(raw_profiles))})",
+    )
     if problems.items:
         raise ConfigError(problems.items, source)
     return Config(
@@ -237,7 +268,9 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     name = fields.get("name", "", required=True)
     fields.check(not name or bool(POOL_NAME.match(name)), "name", f"must be {POOL_NAME_RULE}, got {name!r}")
     given_mode = fields.get("mode", "", required=True)
-    fields.check(not given_mode or given_mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {given_mode!r}")
+    fields.check(
+        not given_mode or given_mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {given_mode!r}"
+    )
     mode = one_of(given_mode, MODES, "shared")
 
     def only_for(key: str, allowed: bool, what: str) -> None:
@@ -247,13 +280,21 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
         for key in keys:
             only_for(key, mode == owner, f"mode {owner}")
     strategy = fields.get("strategy", "mixed")
-    fields.check(strategy in MIG_STRATEGIES, "strategy", f"must be one of {', '.join(MIG_STRATEGIES)}, got {strategy!r}")
+    fields.check(
+        strategy in MIG_STRATEGIES, "strategy", f"must be one of {', '.join(MIG_STRATEGIES)}, got {strategy!r}"
+    )
 
     if mode == "mig" and strategy == "mixed":
-        fields.check(not fields.has("resource"), "resource", "not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>")
+        fields.check(
+            not fields.has("resource"),
+            "resource",
+            "not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>",
+        )
         resource = ""
     else:
-        resource = fields.get("resource", DYNAMIC_MIG_RESOURCE if mode == "mig" and strategy == "dynamic" else DEFAULT_RESOURCE[mode])
+        resource = fields.get(
+            "resource", DYNAMIC_MIG_RESOURCE if mode == "mig" and strategy == "dynamic" else DEFAULT_RESOURCE[mode]
+        )
         if "/" not in resource:
             resource = f"{domain}/{resource}"
         problem = resource_name_problem(resource)
@@ -263,7 +304,11 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     fields.check(backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
     replicas, memory = 1, None
     if mode == "shared":
-        fields.check(not (fields.has("replicas") and fields.has("memoryPerShare")), "memoryPerShare", "give replicas or memoryPerShare, not both")
+        fields.check(
+            not (fields.has("replicas") and fields.has("memoryPerShare")),
+            "memoryPerShare",
+            "give replicas or memoryPerShare, not both",
+        )
         replicas = fields.get("replicas", DEFAULT_REPLICAS)
         shown = safe_text(str(replicas), 40)
         fields.check(replicas >= 1, "replicas", f"must be >= 1, got {shown}")
@@ -275,13 +320,19 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
             except ValueError as err:
                 problems.append(f"{join(path, 'memoryPerShare')}: {err}")
     fields.check(backend == "mps" or not fields.has("mpsLimits"), "mpsLimits", "only applies to backend mps")
-    fields.check(backend == "mps" or not fields.has("exclusiveProcess"), "exclusiveProcess", "only applies to backend mps")
+    fields.check(
+        backend == "mps" or not fields.has("exclusiveProcess"), "exclusiveProcess", "only applies to backend mps"
+    )
     exclusive_process = fields.get("exclusiveProcess", False)
     mps_limits = fields.get("mpsLimits", "strict")
     fields.check(mps_limits in MPS_LIMITS, "mpsLimits", f"must be one of {', '.join(MPS_LIMITS)}, got {mps_limits!r}")
     strategies = _sharing_strategies(fields, backend, exclusive_process, path, problems)
     allow_span = fields.get("allowSpanGPUs", False)
-    fields.check(not (allow_span and backend == "mps"), "allowSpanGPUs", "cannot be used with backend mps (one MPS server per GPU)")
+    fields.check(
+        not (allow_span and backend == "mps"),
+        "allowSpanGPUs",
+        "cannot be used with backend mps (one MPS server per GPU)",
+    )
     selector = GpuSelector()
     if fields.has("gpus"):
         try:
@@ -318,8 +369,12 @@ def _sharing_strategies(
     key = "sharingStrategies"
     given = fields.get(key, [])
     if backend != "mps":
-        fields.check(False, key, "only applies to backend mps (a timeSlicing pool runs no MPS control daemon: "
-                                 "its claims can only time-slice)")
+        fields.check(
+            False,
+            key,
+            "only applies to backend mps (a timeSlicing pool runs no MPS control daemon: "
+            "its claims can only time-slice)",
+        )
         return ()
     if not isinstance(fields.data[key], list):  # reported by get()
         return ()
@@ -333,7 +388,8 @@ def _sharing_strategies(
     fields.check(len(set(given)) == len(given), key, f"lists a strategy twice: {shown}")
     fields.check("mps" in given, key, "must include mps, the pool's backend (a claim without a SharingConfig runs it)")
     fields.check(
-        not (exclusive_process and "timeSlicing" in given), key,
+        not (exclusive_process and "timeSlicing" in given),
+        key,
         "timeSlicing cannot be offered with exclusiveProcess: true "
         "(EXCLUSIVE_PROCESS lets only the MPS server open a context on the GPU)",
     )
@@ -354,7 +410,9 @@ def _parse_selector(data: Any, path: str) -> GpuSelector:
     indexes = list_of(fields.get("indexes", []), join(path, "indexes"), int, most)
     for i, index in enumerate(indexes):
         if not 0 <= index <= limits.MAX_GPU_INDEX:
-            raise SchemaError(f"{join(path, 'indexes')}[{i}]", f"must be 0-{limits.MAX_GPU_INDEX}, got {safe_text(str(index), 40)}")
+            raise SchemaError(
+                f"{join(path, 'indexes')}[{i}]", f"must be 0-{limits.MAX_GPU_INDEX}, got {safe_text(str(index), 40)}"
+            )
     selector = GpuSelector(
         indexes=tuple(indexes),
         uuids=tuple(list_of(fields.get("uuids", []), join(path, "uuids"), str, most)),
@@ -377,10 +435,14 @@ def _cross_pool_problems(pools: list[PoolConfig | None]) -> list[str]:
             problems.append(f"{pool.key_path}.name: {pool.name!r} is already used by {seen_names[pool.name]}")
         seen_names.setdefault(pool.name, pool.key_path)
         if pool.resource and pool.resource in seen_resources:
-            problems.append(f"{pool.key_path}.resource: {pool.resource!r} is already used by {seen_resources[pool.resource]}")
+            problems.append(
+                f"{pool.key_path}.resource: {pool.resource!r} is already used by {seen_resources[pool.resource]}"
+            )
         seen_resources.setdefault(pool.resource, pool.key_path)
         if pool.gpus.selects_rest:
             if rest_pool is not None:
-                problems.append(f"{pool.key_path}.gpus: only one pool may omit gpus ({rest_pool} already takes the rest)")
+                problems.append(
+                    f"{pool.key_path}.gpus: only one pool may omit gpus ({rest_pool} already takes the rest)"
+                )
             rest_pool = rest_pool or pool.key_path
     return problems

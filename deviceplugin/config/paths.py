@@ -17,7 +17,21 @@ POOL_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 POOL_NAME_RULE = "1-40 characters of [a-z0-9-], starting and ending alphanumeric"
 
 # mpsRoot may be none of these, nor inside the first group.
-_SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr", "/var/lib/kubelet")
+_SYSTEM_TREES = (
+    "/bin",
+    "/boot",
+    "/dev",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/proc",
+    "/sbin",
+    "/sys",
+    "/usr",
+    "/var/lib/kubelet",
+)
 _SYSTEM_DIRS = ("/", "/home", "/mnt", "/opt", "/root", "/run", "/srv", "/tmp", "/var", "/var/lib", "/var/run")
 
 

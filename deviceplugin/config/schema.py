@@ -68,7 +68,12 @@ class Fields:
         value = self.data[key]
         expected = self.spec[key]
         if not type_ok(value, expected):
-            self._fail(SchemaError(join(self.path, key), f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(value)}"))
+            self._fail(
+                SchemaError(
+                    join(self.path, key),
+                    f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(value)}",
+                )
+            )
             return default
         problem = _length_problem(value)
         if problem:
@@ -95,7 +100,9 @@ def list_of(items: list[Any], path: str, expected: type, max_items: int | None =
         raise SchemaError(path, f"must have at most {max_items} entries, got {len(items)}")
     for i, item in enumerate(items):
         if not type_ok(item, expected):
-            raise SchemaError(f"{path}[{i}]", f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(item)}")
+            raise SchemaError(
+                f"{path}[{i}]", f"must be {_TYPE_NAMES.get(expected, expected.__name__)}, got {_describe(item)}"
+            )
         problem = _length_problem(item)
         if problem:
             raise SchemaError(f"{path}[{i}]", problem)

@@ -52,7 +52,11 @@ ALLOCATION_POLICIES: tuple[AllocationPolicy, ...] = get_args(AllocationPolicy)
 DEVICE_LIST_STRATEGIES: tuple[DeviceListStrategy, ...] = get_args(DeviceListStrategy)
 WATCHDOG_POLICIES: tuple[WatchdogPolicy, ...] = get_args(WatchdogPolicy)
 DYNAMIC_MIG_RESOURCE = "mig-dynamic"  # the resource name of a strategy dynamic pool (DRA publishes no resource names)
-DEFAULT_RESOURCE: dict[Mode, str] = {"exclusive": "gpu", "shared": "gpu-share", "mig": "gpu"}  # mig: only with strategy single
+DEFAULT_RESOURCE: dict[Mode, str] = {
+    "exclusive": "gpu",
+    "shared": "gpu-share",
+    "mig": "gpu",
+}  # mig: only with strategy single
 Choice = TypeVar("Choice", bound=str)
 
 
@@ -103,7 +107,9 @@ class PoolConfig:
     backend: Backend = "timeSlicing"
     mps_limits: MpsLimits = "strict"
     allow_span: bool = False
-    exclusive_process: bool = False  # backend mps: `gpu-share mps` puts the pool's GPUs in EXCLUSIVE_PROCESS while it serves
+    exclusive_process: bool = (
+        False  # backend mps: `gpu-share mps` puts the pool's GPUs in EXCLUSIVE_PROCESS while it serves
+    )
     sharing_strategies: tuple[Backend, ...] = ()  # backend mps: what a DRA claim may choose; () = the backend alone
     mig_strategy: MigStrategy = "mixed"
     gpus: GpuSelector = field(default_factory=GpuSelector)
@@ -164,7 +170,9 @@ class Config:
         """The pools of `profile` (the default profile when None or empty)."""
         name = profile or self.default_profile
         if name not in self.profiles:
-            raise ConfigError([f"profile {name!r} is not in the config (profiles: {', '.join(sorted(self.profiles))})"], self.source)
+            raise ConfigError(
+                [f"profile {name!r} is not in the config (profiles: {', '.join(sorted(self.profiles))})"], self.source
+            )
         return self.profiles[name]
 
     def allocation_settings(self) -> AllocationSettings:
@@ -181,7 +189,9 @@ class Config:
 def default_config() -> Config:
     """Every GPU in one shared pool with 10 shares per GPU."""
     domain = default_domain()
-    pool = PoolConfig(name="default", mode="shared", resource=f"{domain}/gpu-share", domain=domain, replicas=DEFAULT_REPLICAS)
+    pool = PoolConfig(
+        name="default", mode="shared", resource=f"{domain}/gpu-share", domain=domain, replicas=DEFAULT_REPLICAS
+    )
     return Config(domain=domain, profiles={DEFAULT_PROFILE: (pool,)})
 
 
@@ -190,7 +200,9 @@ def default_domain() -> str:
     return os.environ.get(DOMAIN_ENV) or DEFAULT_DOMAIN
 
 
-MPS_LIMIT_REASON = f"an MPS server takes {limits.MPS_MAX_CLIENTS} clients per GPU, and each needs at least 1 % of its threads"
+MPS_LIMIT_REASON = (
+    f"an MPS server takes {limits.MPS_MAX_CLIENTS} clients per GPU, and each needs at least 1 % of its threads"
+)
 
 
 def max_replicas(backend: str) -> int:

@@ -142,14 +142,18 @@ class BoundedLoader(Composer, _Events, SafeConstructor, Resolver):
     def _count(self, nodes: int, mark: Any) -> None:
         self._nodes += nodes
         if self._nodes > MAX_YAML_NODES:
-            raise YamlProblem(f"{_where(mark)}: more than {MAX_YAML_NODES} YAML nodes (values, lists, mappings and merged keys)")
+            raise YamlProblem(
+                f"{_where(mark)}: more than {MAX_YAML_NODES} YAML nodes (values, lists, mappings and merged keys)"
+            )
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         mark = event.start_mark  # type: ignore[union-attr]  # the composer only asks while events remain
         if isinstance(event, AliasEvent):
             if event.anchor in self._open:
-                raise YamlProblem(f"{_where(mark)}: the anchor {safe_text(str(event.anchor), 40)!r} is used inside itself (a recursive alias)")
+                raise YamlProblem(
+                    f"{_where(mark)}: the anchor {safe_text(str(event.anchor), 40)!r} is used inside itself (a recursive alias)"
+                )
             if event.anchor in self.anchors:
                 self._count(self._expanded(self.anchors[event.anchor], mark), mark)  # an alias is the tree it names
             return super().compose_node(parent, index)
@@ -218,7 +222,9 @@ def load_yaml_lines(text: str) -> tuple[Any, list[str], dict[str, int]]:
         reason = " ".join(p for p in (err.context, err.problem) if p)
         raise YamlProblem(f"{_where(mark) if mark else 'file'}: not valid YAML: {safe_text(reason, 200)}") from None
     except yaml.reader.ReaderError as err:
-        raise YamlProblem(f"file: not valid YAML: character #x{err.character:04x} at offset {err.position}: {err.reason}") from None
+        raise YamlProblem(
+            f"file: not valid YAML: character #x{err.character:04x} at offset {err.position}: {err.reason}"
+        ) from None
     except yaml.YAMLError as err:
         raise YamlProblem(f"file: not valid YAML: {safe_text(' '.join(str(err).split()), 200)}") from None
     except RecursionError:

@@ -38,20 +38,86 @@ _SHAPES = {
     0: (7, 8, 1, (0,)),
 }
 # Engines per profile ID: (copy engines, decoders, JPEG, OFA); no profile of these GPUs has an encoder.
-_AMPERE_ENGINES = {19: (1, 0, 0, 0), 20: (1, 1, 1, 1), 15: (1, 1, 0, 0), 14: (2, 1, 0, 0), 9: (3, 2, 0, 0), 5: (4, 2, 0, 0), 0: (7, 5, 1, 1)}
-_HOPPER_ENGINES = {19: (1, 1, 1, 0), 20: (1, 1, 1, 1), 15: (1, 1, 1, 0), 14: (2, 2, 2, 0), 9: (3, 3, 3, 0), 5: (4, 4, 4, 0), 0: (8, 7, 7, 1)}
+_AMPERE_ENGINES = {
+    19: (1, 0, 0, 0),
+    20: (1, 1, 1, 1),
+    15: (1, 1, 0, 0),
+    14: (2, 1, 0, 0),
+    9: (3, 2, 0, 0),
+    5: (4, 2, 0, 0),
+    0: (7, 5, 1, 1),
+}
+_HOPPER_ENGINES = {
+    19: (1, 1, 1, 0),
+    20: (1, 1, 1, 1),
+    15: (1, 1, 1, 0),
+    14: (2, 2, 2, 0),
+    9: (3, 3, 3, 0),
+    5: (4, 4, 4, 0),
+    0: (8, 7, 7, 1),
+}
 # Per model: profile ID -> (name, memory MiB as the fake reports it).
 _MODELS: dict[str, tuple[dict[int, tuple[str, int]], dict[int, tuple[int, int, int, int]]]] = {
-    "A100-40GB": ({19: ("1g.5gb", 4864), 20: ("1g.5gb+me", 4864), 15: ("1g.10gb", 9856), 14: ("2g.10gb", 9856),
-                   9: ("3g.20gb", 19968), 5: ("4g.20gb", 19968), 0: ("7g.40gb", 40192)}, _AMPERE_ENGINES),
-    "A100-80GB": ({19: ("1g.10gb", 9984), 20: ("1g.10gb+me", 9984), 15: ("1g.20gb", 19968), 14: ("2g.20gb", 19968),
-                   9: ("3g.40gb", 40192), 5: ("4g.40gb", 40192), 0: ("7g.80gb", 80896)}, _AMPERE_ENGINES),
-    "H100-80GB": ({19: ("1g.10gb", 9856), 20: ("1g.10gb+me", 9856), 15: ("1g.20gb", 19968), 14: ("2g.20gb", 19968),
-                   9: ("3g.40gb", 40192), 5: ("4g.40gb", 40192), 0: ("7g.80gb", 80896)}, _HOPPER_ENGINES),
-    "H200-141GB": ({19: ("1g.18gb", 17152), 20: ("1g.18gb+me", 17152), 15: ("1g.35gb", 34560), 14: ("2g.35gb", 34560),
-                    9: ("3g.71gb", 69760), 5: ("4g.71gb", 69760), 0: ("7g.141gb", 140544)}, _HOPPER_ENGINES),
-    "B200-180GB": ({19: ("1g.23gb", 22784), 20: ("1g.23gb+me", 22784), 15: ("1g.45gb", 45312), 14: ("2g.45gb", 45312),
-                    9: ("3g.90gb", 90880), 5: ("4g.90gb", 90880), 0: ("7g.180gb", 182784)}, _HOPPER_ENGINES),
+    "A100-40GB": (
+        {
+            19: ("1g.5gb", 4864),
+            20: ("1g.5gb+me", 4864),
+            15: ("1g.10gb", 9856),
+            14: ("2g.10gb", 9856),
+            9: ("3g.20gb", 19968),
+            5: ("4g.20gb", 19968),
+            0: ("7g.40gb", 40192),
+        },
+        _AMPERE_ENGINES,
+    ),
+    "A100-80GB": (
+        {
+            19: ("1g.10gb", 9984),
+            20: ("1g.10gb+me", 9984),
+            15: ("1g.20gb", 19968),
+            14: ("2g.20gb", 19968),
+            9: ("3g.40gb", 40192),
+            5: ("4g.40gb", 40192),
+            0: ("7g.80gb", 80896),
+        },
+        _AMPERE_ENGINES,
+    ),
+    "H100-80GB": (
+        {
+            19: ("1g.10gb", 9856),
+            20: ("1g.10gb+me", 9856),
+            15: ("1g.20gb", 19968),
+            14: ("2g.20gb", 19968),
+            9: ("3g.40gb", 40192),
+            5: ("4g.40gb", 40192),
+            0: ("7g.80gb", 80896),
+        },
+        _HOPPER_ENGINES,
+    ),
+    "H200-141GB": (
+        {
+            19: ("1g.18gb", 17152),
+            20: ("1g.18gb+me", 17152),
+            15: ("1g.35gb", 34560),
+            14: ("2g.35gb", 34560),
+            9: ("3g.71gb", 69760),
+            5: ("4g.71gb", 69760),
+            0: ("7g.141gb", 140544),
+        },
+        _HOPPER_ENGINES,
+    ),
+    "B200-180GB": (
+        {
+            19: ("1g.23gb", 22784),
+            20: ("1g.23gb+me", 22784),
+            15: ("1g.45gb", 45312),
+            14: ("2g.45gb", 45312),
+            9: ("3g.90gb", 90880),
+            5: ("4g.90gb", 90880),
+            0: ("7g.180gb", 182784),
+        },
+        _HOPPER_ENGINES,
+    ),
 }
 _GIB = 1024
 
@@ -77,10 +143,21 @@ def model_profiles(key: str) -> tuple[MigProfile, ...]:
     for profile_id, (name, memory) in names.items():
         compute, slices, count, placements = _SHAPES[profile_id]
         copy, decoders, jpegs, ofas = engines[profile_id]
-        profiles.append(MigProfile(
-            id=profile_id, name=name, compute_slices=compute, memory_slices=slices, memory_mib=memory, instance_count=count,
-            placements=placements, copy_engines=copy, decoders=decoders, jpeg_engines=jpegs, ofa_engines=ofas,
-        ))
+        profiles.append(
+            MigProfile(
+                id=profile_id,
+                name=name,
+                compute_slices=compute,
+                memory_slices=slices,
+                memory_mib=memory,
+                instance_count=count,
+                placements=placements,
+                copy_engines=copy,
+                decoders=decoders,
+                jpeg_engines=jpegs,
+                ofa_engines=ofas,
+            )
+        )
     return tuple(profiles)
 
 
@@ -96,7 +173,9 @@ class _Instance:
 class SimulatedMig:
     """One simulated GPU's MIG state. Thread-safe. `in_use(mig_uuid)`: a process runs on that MIG device."""
 
-    def __init__(self, gpu_uuid: str, name: str, memory_mib: int, enabled: bool, in_use: Callable[[str], bool] = lambda _: False) -> None:
+    def __init__(
+        self, gpu_uuid: str, name: str, memory_mib: int, enabled: bool, in_use: Callable[[str], bool] = lambda _: False
+    ) -> None:
         self.gpu_uuid = gpu_uuid
         self.enabled = enabled
         key = model_key(name, memory_mib)
@@ -127,7 +206,14 @@ class SimulatedMig:
 
     @staticmethod
     def _public(i: _Instance) -> MigInstance:
-        return MigInstance(gi_id=i.gi_id, profile_id=i.profile.id, start=i.start, size=i.profile.memory_slices, ci_id=i.ci_id, uuid=i.uuid)
+        return MigInstance(
+            gi_id=i.gi_id,
+            profile_id=i.profile.id,
+            start=i.start,
+            size=i.profile.memory_slices,
+            ci_id=i.ci_id,
+            uuid=i.uuid,
+        )
 
     # --- creation ---------------------------------------------------------------------------------
     def create_gpu_instance(self, profile_id: int, start: int) -> int:
@@ -135,7 +221,9 @@ class SimulatedMig:
             raise MigError(f"GPU {self.gpu_uuid}: MIG mode is off", NOT_SUPPORTED)
         profile = self._profile(profile_id)
         if start not in profile.placements:
-            raise MigError(f"GPU {self.gpu_uuid}: profile {profile.name} cannot start at memory slice {start}", INVALID_ARGUMENT)
+            raise MigError(
+                f"GPU {self.gpu_uuid}: profile {profile.name} cannot start at memory slice {start}", INVALID_ARGUMENT
+            )
         with self._lock:
             self._check_room(profile, start)
             gi_id = next(i for i in range(1, len(self._instances) + 2) if i not in self._instances)
@@ -148,7 +236,10 @@ class SimulatedMig:
             if instance is None:
                 raise MigError(f"GPU {self.gpu_uuid}: no GPU instance {gi_id}", NOT_FOUND)
             if instance.ci_id is not None:
-                raise MigError(f"GPU {self.gpu_uuid}: GPU instance {gi_id} has no room for another compute instance", INSUFFICIENT_RESOURCES)
+                raise MigError(
+                    f"GPU {self.gpu_uuid}: GPU instance {gi_id} has no room for another compute instance",
+                    INSUFFICIENT_RESOURCES,
+                )
             self._made += 1
             made = uuid.uuid5(uuid.NAMESPACE_URL, f"gpu-share/mig/{self.gpu_uuid}/{gi_id}/{self._made}")
             instance = self._instances[gi_id] = replace(instance, ci_id=0, uuid=f"MIG-{made}")
@@ -178,7 +269,9 @@ class SimulatedMig:
                 self._check_room(profile, start)
             except MigError:
                 continue
-            self._instances[device.gi_id] = _Instance(gi_id=device.gi_id, profile=profile, start=start, ci_id=device.ci_id, uuid=device.uuid)
+            self._instances[device.gi_id] = _Instance(
+                gi_id=device.gi_id, profile=profile, start=start, ci_id=device.ci_id, uuid=device.uuid
+            )
             if self._place(rest, by_name):
                 return True
             del self._instances[device.gi_id]
@@ -200,7 +293,9 @@ class SimulatedMig:
             if instance is None:
                 raise MigError(f"GPU {self.gpu_uuid}: no GPU instance {gi_id}", NOT_FOUND)
             if instance.ci_id is not None:
-                raise MigError(f"GPU {self.gpu_uuid}: GPU instance {gi_id} still has compute instance {instance.ci_id}", IN_USE)
+                raise MigError(
+                    f"GPU {self.gpu_uuid}: GPU instance {gi_id} still has compute instance {instance.ci_id}", IN_USE
+                )
             del self._instances[gi_id]
 
     # --- inside -----------------------------------------------------------------------------------
@@ -218,7 +313,10 @@ class SimulatedMig:
             why = f"placement {start} of {profile.name} overlaps memory slices {overlap} of another instance"
             raise MigError(f"GPU {self.gpu_uuid}: {why}", INSUFFICIENT_RESOURCES)
         if sum(1 for i in self._instances.values() if i.profile.id == profile.id) >= profile.instance_count:
-            raise MigError(f"GPU {self.gpu_uuid}: {profile.name} has at most {profile.instance_count} instances", INSUFFICIENT_RESOURCES)
+            raise MigError(
+                f"GPU {self.gpu_uuid}: {profile.name} has at most {profile.instance_count} instances",
+                INSUFFICIENT_RESOURCES,
+            )
         whole = full_profile(self.table)
         if whole is None:
             return

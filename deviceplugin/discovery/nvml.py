@@ -94,7 +94,9 @@ class NvmlInventory:
         self.recheck_interval = recheck_interval
         self._next_recheck: dict[str, float] = {}  # check -> the monotonic time it may run again (`_due`)
         self._node: NodeInfo | None = None
-        self._made: dict[tuple[str, int, int], str] = {}  # (GPU, GI, CI) -> MIG UUID of instances made or listed since discovery
+        self._made: dict[
+            tuple[str, int, int], str
+        ] = {}  # (GPU, GI, CI) -> MIG UUID of instances made or listed since discovery
 
     # --- calls -----------------------------------------------------------------------------
     def _call(self, name: str, *args: Any, gpu: str = "") -> Any:
@@ -221,7 +223,9 @@ class NvmlInventory:
             except self.nvml.NVMLError_NotFound:
                 continue  # indices can have gaps
             except self.nvml.NVMLError as err:
-                raise InventoryError(f"NVML nvmlDeviceGetMigDeviceHandleByIndex({index}) failed on GPU {label}: {err}") from err
+                raise InventoryError(
+                    f"NVML nvmlDeviceGetMigDeviceHandleByIndex({index}) failed on GPU {label}: {err}"
+                ) from err
             name = _text(self._call("nvmlDeviceGetName", mig, gpu=label))
             match = _MIG_PROFILE.search(name)
             if not match:
@@ -262,7 +266,12 @@ class NvmlInventory:
         for i, a in enumerate(gpus):
             for b in gpus[i + 1 :]:
                 try:
-                    level = self._optional("nvmlDeviceGetTopologyCommonAncestor", handles[a.uuid], handles[b.uuid], gpu=f"{a.index}/{b.index}")
+                    level = self._optional(
+                        "nvmlDeviceGetTopologyCommonAncestor",
+                        handles[a.uuid],
+                        handles[b.uuid],
+                        gpu=f"{a.index}/{b.index}",
+                    )
                 except InventoryError as err:  # a link that cannot be read is unknown, never a failed node
                     log.warning("%s; the link is unknown", err)
                     level = None
@@ -344,7 +353,11 @@ class NvmlInventory:
                 gpus = self._node.gpus if self._node and self._due("lost") else ()
                 lost = self._unwatched | {g.uuid for g in gpus if g.uuid not in self._unwatched and self.check(g.uuid)}
                 if lost - self._unwatched:
-                    log.error("NVML nvmlEventSetWait_v2 failed (%s): watching events without lost GPU(s) %s", err, ", ".join(sorted(lost)))
+                    log.error(
+                        "NVML nvmlEventSetWait_v2 failed (%s): watching events without lost GPU(s) %s",
+                        err,
+                        ", ".join(sorted(lost)),
+                    )
                     self._register_events(skip=lost)
                     continue
                 self._event_failures += 1
@@ -363,7 +376,9 @@ class NvmlInventory:
         else:
             xid, reason = None, "double-bit ECC error"
         mig = self._mig_of(uuid, data.gpuInstanceId, data.computeInstanceId)
-        return HealthEvent(gpu_uuid=uuid, reason=reason, xid=xid, mig_uuid=mig, reset_required=xid is None)  # DBE: reset-class
+        return HealthEvent(
+            gpu_uuid=uuid, reason=reason, xid=xid, mig_uuid=mig, reset_required=xid is None
+        )  # DBE: reset-class
 
     def _mig_of(self, gpu_uuid: str, gi: int, ci: int) -> str | None:
         if gi == NO_INSTANCE or self._node is None:
@@ -445,7 +460,11 @@ class NvmlInventory:
                 continue
             for entry in entries:
                 used = (entry.usedGpuMemory or 0) // MIB  # None when the driver cannot tell
-                mig = self._mig_of(gpu_uuid, getattr(entry, "gpuInstanceId", NO_INSTANCE), getattr(entry, "computeInstanceId", NO_INSTANCE))
+                mig = self._mig_of(
+                    gpu_uuid,
+                    getattr(entry, "gpuInstanceId", NO_INSTANCE),
+                    getattr(entry, "computeInstanceId", NO_INSTANCE),
+                )
                 found[entry.pid] = GpuProcess(pid=entry.pid, gpu_uuid=gpu_uuid, used_mib=used, mig_uuid=mig)
         return list(found.values())
 
@@ -478,21 +497,38 @@ class NvmlInventory:
             match = _MIG_PROFILE.search(_text(info.name))
             placements = self._placements(handle, info.id, gpu_uuid)
             if not match or not placements:
-                log.warning("GPU %s: MIG profile %d (%r) has no profile name or no placement; skipped", gpu_uuid, info.id, _text(info.name))
+                log.warning(
+                    "GPU %s: MIG profile %d (%r) has no profile name or no placement; skipped",
+                    gpu_uuid,
+                    info.id,
+                    _text(info.name),
+                )
                 continue
-            profiles.append(MigProfile(
-                id=info.id, name=match.group(1), compute_slices=info.sliceCount, memory_slices=placements[0][1],
-                memory_mib=info.memorySizeMB, instance_count=info.instanceCount, placements=tuple(start for start, _ in placements),
-                copy_engines=info.copyEngineCount, decoders=info.decoderCount, encoders=info.encoderCount,
-                jpeg_engines=info.jpegCount, ofa_engines=info.ofaCount,
-            ))
+            profiles.append(
+                MigProfile(
+                    id=info.id,
+                    name=match.group(1),
+                    compute_slices=info.sliceCount,
+                    memory_slices=placements[0][1],
+                    memory_mib=info.memorySizeMB,
+                    instance_count=info.instanceCount,
+                    placements=tuple(start for start, _ in placements),
+                    copy_engines=info.copyEngineCount,
+                    decoders=info.decoderCount,
+                    encoders=info.encoderCount,
+                    jpeg_engines=info.jpegCount,
+                    ofa_engines=info.ofaCount,
+                )
+            )
         return tuple(profiles)
 
     def _placements(self, handle: Any, profile_id: int, gpu: str) -> list[tuple[int, int]]:
         """(start, size) of every possible placement of the profile (nvmlDeviceGetGpuInstancePossiblePlacements_v2)."""
         found = (self.nvml.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
         count = ctypes.c_uint(MAX_PLACEMENTS)
-        self._mig_call("nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, found, ctypes.byref(count), gpu=gpu)
+        self._mig_call(
+            "nvmlDeviceGetGpuInstancePossiblePlacements", handle, profile_id, found, ctypes.byref(count), gpu=gpu
+        )
         return [(found[i].start, found[i].size) for i in range(min(count.value, MAX_PLACEMENTS))]
 
     def mig_instances(self, gpu_uuid: str) -> tuple[MigInstance, ...]:
@@ -508,10 +544,16 @@ class NvmlInventory:
                 raise _mig_error(f"nvmlDeviceGetGpuInstanceById({gi_id})", err, gpu_uuid) from err
             info = self._mig_call("nvmlGpuInstanceGetInfo", gi, gpu=gpu_uuid)
             ci_id = self._compute_instance_id(gi, gpu_uuid)
-            instances.append(MigInstance(
-                gi_id=info.id, profile_id=info.profileId, start=info.placement.start, size=info.placement.size,
-                ci_id=ci_id, uuid=uuids.get((info.id, ci_id), "") if ci_id is not None else "",
-            ))
+            instances.append(
+                MigInstance(
+                    gi_id=info.id,
+                    profile_id=info.profileId,
+                    start=info.placement.start,
+                    size=info.placement.size,
+                    ci_id=ci_id,
+                    uuid=uuids.get((info.id, ci_id), "") if ci_id is not None else "",
+                )
+            )
         self._remember(gpu_uuid, instances, replace_all=True)
         return tuple(instances)
 
@@ -536,7 +578,10 @@ class NvmlInventory:
                 continue  # indices can have gaps
             except self.nvml.NVMLError as err:
                 raise _mig_error(f"nvmlDeviceGetMigDeviceHandleByIndex({index})", err, gpu) from err
-            key = (self._mig_call("nvmlDeviceGetGpuInstanceId", mig, gpu=gpu), self._mig_call("nvmlDeviceGetComputeInstanceId", mig, gpu=gpu))
+            key = (
+                self._mig_call("nvmlDeviceGetGpuInstanceId", mig, gpu=gpu),
+                self._mig_call("nvmlDeviceGetComputeInstanceId", mig, gpu=gpu),
+            )
             found[key] = _text(self._mig_call("nvmlDeviceGetUUID", mig, gpu=gpu))
         return found
 
@@ -544,10 +589,15 @@ class NvmlInventory:
         handle = self._mig_handle(gpu_uuid)
         sizes = dict(self._placements(handle, profile_id, gpu_uuid))
         if start not in sizes:
-            raise MigError(f"GPU {gpu_uuid}: MIG profile {profile_id} has no placement starting at memory slice {start}", INVALID_ARGUMENT)
+            raise MigError(
+                f"GPU {gpu_uuid}: MIG profile {profile_id} has no placement starting at memory slice {start}",
+                INVALID_ARGUMENT,
+            )
         placement = self.nvml.c_nvmlGpuInstancePlacement_t()
         placement.start, placement.size = start, sizes[start]
-        gi = self._mig_call("nvmlDeviceCreateGpuInstanceWithPlacement", handle, profile_id, ctypes.byref(placement), gpu=gpu_uuid)
+        gi = self._mig_call(
+            "nvmlDeviceCreateGpuInstanceWithPlacement", handle, profile_id, ctypes.byref(placement), gpu=gpu_uuid
+        )
         return int(self._mig_call("nvmlGpuInstanceGetInfo", gi, gpu=gpu_uuid).id)
 
     def create_compute_instance(self, gpu_uuid: str, gi_id: int) -> MigInstance:
@@ -557,7 +607,9 @@ class NvmlInventory:
         whole = None  # the compute-instance profile that takes the whole GPU instance: the most slices
         for index in range(self.nvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
-                ci_profile = self.nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, index, self.nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+                ci_profile = self.nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(
+                    gi, index, self.nvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
+                )
             except (self.nvml.NVMLError_NotSupported, self.nvml.NVMLError_InvalidArgument):
                 continue
             except self.nvml.NVMLError as err:
@@ -569,7 +621,14 @@ class NvmlInventory:
         ci = self._mig_call("nvmlGpuInstanceCreateComputeInstance", gi, whole.id, gpu=gpu_uuid)
         ci_id = int(self._mig_call("nvmlComputeInstanceGetInfo", ci, gpu=gpu_uuid).id)
         uuid = self._mig_uuids(handle, gpu_uuid).get((gi_id, ci_id), "")
-        made = MigInstance(gi_id=gi_id, profile_id=info.profileId, start=info.placement.start, size=info.placement.size, ci_id=ci_id, uuid=uuid)
+        made = MigInstance(
+            gi_id=gi_id,
+            profile_id=info.profileId,
+            start=info.placement.start,
+            size=info.placement.size,
+            ci_id=ci_id,
+            uuid=uuid,
+        )
         self._remember(gpu_uuid, [made])
         return made
 
@@ -602,4 +661,3 @@ class NvmlInventory:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError as err:
             log.warning("NVML nvmlShutdown failed: %s", err)
-

@@ -77,7 +77,14 @@ def parse_node(data: Any, source: str = "node file") -> tuple[NodeInfo, list[Sch
         top = Fields(
             data,
             "",
-            {"name": str, "driverVersion": str, "cudaDriverVersion": str, "gpus": list, "links": list, "failures": list},
+            {
+                "name": str,
+                "driverVersion": str,
+                "cudaDriverVersion": str,
+                "gpus": list,
+                "links": list,
+                "failures": list,
+            },
         )
         items = top.get("gpus", [], required=True)
         gpus = [_parse_gpu(item, f"gpus[{i}]") for i, item in enumerate(items)]
@@ -86,7 +93,11 @@ def parse_node(data: Any, source: str = "node file") -> tuple[NodeInfo, list[Sch
         links = dict(_parse_link(item, f"links[{i}]", by_index) for i, item in enumerate(top.get("links", [])))
         failures = [_parse_failure(item, f"failures[{i}]", by_index) for i, item in enumerate(top.get("failures", []))]
         # A GPU that `discover --json` saw unhealthy fails its queries from the start.
-        failures += [ScheduledFailure(g.uuid, 0, None, True, item["health"]) for g, item in zip(gpus, items, strict=True) if item.get("health", HEALTHY) != HEALTHY]
+        failures += [
+            ScheduledFailure(g.uuid, 0, None, True, item["health"])
+            for g, item in zip(gpus, items, strict=True)
+            if item.get("health", HEALTHY) != HEALTHY
+        ]
     except SchemaError as err:
         raise InventoryError(f"{source}: {err}") from None
     node = NodeInfo(
@@ -133,7 +144,14 @@ def _parse_mig(item: Any, path: str, index: int, gpu_memory: int) -> MigDevice:
     fields.check(uuid.startswith("MIG-"), "uuid", f"must start with 'MIG-', got {uuid!r}")
     fields.check(bool(_PROFILE.match(profile)), "profile", f"must look like 1g.10gb or 1g.10gb+me, got {profile!r}")
     fields.check(0 < memory <= gpu_memory, "memoryMiB", f"must be between 1 and the GPU's {gpu_memory}, got {memory}")
-    return MigDevice(uuid=uuid, profile=profile, memory_mib=memory, gi_id=fields.get("giId", index), ci_id=fields.get("ciId", 0), index=index)
+    return MigDevice(
+        uuid=uuid,
+        profile=profile,
+        memory_mib=memory,
+        gi_id=fields.get("giId", index),
+        ci_id=fields.get("ciId", 0),
+        index=index,
+    )
 
 
 def _gpu_ref(fields: Fields, key: str, value: int, by_index: dict[int, Gpu]) -> Gpu:
@@ -144,7 +162,11 @@ def _gpu_ref(fields: Fields, key: str, value: int, by_index: dict[int, Gpu]) -> 
 def _parse_link(item: Any, path: str, by_index: dict[int, Gpu]) -> tuple[tuple[str, str], Link]:
     fields = Fields(item, path, {"gpus": list, "nvlinks": int, "pcie": str})
     pair = fields.get("gpus", required=True)
-    fields.check(len(pair) == 2 and all(isinstance(i, int) for i in pair) and pair[0] != pair[1], "gpus", f"must be two different GPU indexes, got {pair}")
+    fields.check(
+        len(pair) == 2 and all(isinstance(i, int) for i in pair) and pair[0] != pair[1],
+        "gpus",
+        f"must be two different GPU indexes, got {pair}",
+    )
     a, b = sorted((_gpu_ref(fields, "gpus", i, by_index) for i in pair), key=lambda g: g.index)
     nvlinks = fields.get("nvlinks", 0)
     fields.check(nvlinks >= 0, "nvlinks", f"must be >= 0, got {nvlinks}")
@@ -176,7 +198,9 @@ def _check_unique(gpus: list[Gpu]) -> None:
 class SimulatedInventory:
     """Inventory backend over a node description, with faults injected by tests or scheduled in the file."""
 
-    def __init__(self, node: NodeInfo, failures: list[ScheduledFailure] | None = None, proc_root: str | Path | None = None) -> None:
+    def __init__(
+        self, node: NodeInfo, failures: list[ScheduledFailure] | None = None, proc_root: str | Path | None = None
+    ) -> None:
         self._node = node
         self.proc_root = Path(proc_root) if proc_root else None  # where add_process writes /proc/<pid>/cgroup
         self._processes: dict[int, GpuProcess] = {}
@@ -187,9 +211,14 @@ class SimulatedInventory:
         self._lock = threading.Lock()
         started = time.monotonic()
         self._schedule = sorted(((started + f.after, f) for f in failures or []), key=lambda p: p[0])
-        self._failing.update({f.gpu_uuid: f.reason for f in failures or [] if f.lost and f.after == 0})  # lost from the start
+        self._failing.update(
+            {f.gpu_uuid: f.reason for f in failures or [] if f.lost and f.after == 0}
+        )  # lost from the start
         self._mig = {g.uuid: self._simulated_mig(g) for g in node.gpus if g.mig_capable}
-        gpus = tuple(replace(g, mig_profiles=self._mig[g.uuid].table) if g.mig_enabled and g.uuid in self._mig else g for g in node.gpus)
+        gpus = tuple(
+            replace(g, mig_profiles=self._mig[g.uuid].table) if g.mig_enabled and g.uuid in self._mig else g
+            for g in node.gpus
+        )
         self._node = replace(node, gpus=gpus)
 
     def _simulated_mig(self, gpu: Gpu) -> SimulatedMig:
@@ -284,7 +313,12 @@ class SimulatedInventory:
         with self._lock:
             used = sum(p.used_mib for p in self._processes.values() if p.gpu_uuid == gpu_uuid)
         busy = self._utilization.get(gpu_uuid, 0.0)
-        return GpuStats(memory_used_mib=used, utilization_percent=busy, temperature_celsius=35 + busy * 0.4, power_watts=60 + busy * 2.4)
+        return GpuStats(
+            memory_used_mib=used,
+            utilization_percent=busy,
+            temperature_celsius=35 + busy * 0.4,
+            power_watts=60 + busy * 2.4,
+        )
 
     def processes(self, gpu_uuid: str) -> list[GpuProcess]:
         with self._lock:

@@ -44,10 +44,18 @@ def container_edits(grant: ContainerGrant) -> dict[str, Any]:
     edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in sorted(grant.envs.items())]}
     if grant.mounts:
         edits["mounts"] = [
-            {"hostPath": m.host_path, "containerPath": m.container_path, "options": ["rbind", "ro" if m.read_only else "rw"]} for m in grant.mounts
+            {
+                "hostPath": m.host_path,
+                "containerPath": m.container_path,
+                "options": ["rbind", "ro" if m.read_only else "rw"],
+            }
+            for m in grant.mounts
         ]
     if grant.device_specs:
-        edits["deviceNodes"] = [{"path": d.container_path, "hostPath": d.host_path, "permissions": d.permissions} for d in grant.device_specs]
+        edits["deviceNodes"] = [
+            {"path": d.container_path, "hostPath": d.host_path, "permissions": d.permissions}
+            for d in grant.device_specs
+        ]
     return edits
 
 
@@ -66,7 +74,10 @@ class CdiWriter:
         return {
             "cdiVersion": CDI_VERSION,
             "kind": self.kind,
-            "devices": [{"name": cdi_device_name(claim_uid, i), "containerEdits": container_edits(g)} for i, g in enumerate(grants)],
+            "devices": [
+                {"name": cdi_device_name(claim_uid, i), "containerEdits": container_edits(g)}
+                for i, g in enumerate(grants)
+            ],
         }
 
     def write(self, claim_uid: str, grants: Sequence[ContainerGrant]) -> Path:

@@ -65,15 +65,28 @@ class MigRecord:
     uuid: str = ""  # the MIG device's UUID
 
     def to_json(self) -> dict[str, Any]:
-        return {"gpu": self.gpu, "profileID": self.profile_id, "start": self.start, "giID": self.gi_id, "ciID": self.ci_id, "uuid": self.uuid}
+        return {
+            "gpu": self.gpu,
+            "profileID": self.profile_id,
+            "start": self.start,
+            "giID": self.gi_id,
+            "ciID": self.ci_id,
+            "uuid": self.uuid,
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MigRecord:
         def number(key: str) -> int | None:
             return None if data.get(key) is None else int(data[key])
 
-        return cls(gpu=str(data["gpu"]), profile_id=int(data["profileID"]), start=int(data["start"]), gi_id=number("giID"),
-                   ci_id=number("ciID"), uuid=str(data.get("uuid") or ""))
+        return cls(
+            gpu=str(data["gpu"]),
+            profile_id=int(data["profileID"]),
+            start=int(data["start"]),
+            gi_id=number("giID"),
+            ci_id=number("ciID"),
+            uuid=str(data.get("uuid") or ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -92,8 +105,13 @@ class PreparedDevice:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "request": self.request, "pool": self.pool, "device": self.device, "cdiIDs": list(self.cdi_ids),
-            "shareID": self.share_id, "shares": self.shares, "memoryMiB": self.memory_mib,
+            "request": self.request,
+            "pool": self.pool,
+            "device": self.device,
+            "cdiIDs": list(self.cdi_ids),
+            "shareID": self.share_id,
+            "shares": self.shares,
+            "memoryMiB": self.memory_mib,
         }
         if self.mig:
             out["mig"] = self.mig.to_json()
@@ -104,9 +122,14 @@ class PreparedDevice:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedDevice:
         return cls(
-            request=str(data["request"]), pool=str(data["pool"]), device=str(data["device"]),
-            cdi_ids=tuple(str(i) for i in data["cdiIDs"]), share_id=None if data.get("shareID") is None else str(data["shareID"]),
-            shares=int(data["shares"]), memory_mib=int(data["memoryMiB"]), mig=MigRecord.from_json(data["mig"]) if data.get("mig") else None,
+            request=str(data["request"]),
+            pool=str(data["pool"]),
+            device=str(data["device"]),
+            cdi_ids=tuple(str(i) for i in data["cdiIDs"]),
+            share_id=None if data.get("shareID") is None else str(data["shareID"]),
+            shares=int(data["shares"]),
+            memory_mib=int(data["memoryMiB"]),
+            mig=MigRecord.from_json(data["mig"]) if data.get("mig") else None,
             strategy=str(data.get("strategy") or "")[:16],
         )
 
@@ -123,7 +146,11 @@ class PreparedClaim:
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "uid": self.uid, "namespace": self.namespace, "name": self.name, "cdiSpec": self.cdi_spec, "devices": [d.to_json() for d in self.devices],
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "name": self.name,
+            "cdiSpec": self.cdi_spec,
+            "devices": [d.to_json() for d in self.devices],
         }
         if self.allocation:
             data["allocation"] = self.allocation
@@ -132,8 +159,12 @@ class PreparedClaim:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreparedClaim:
         return cls(
-            uid=str(data["uid"]), namespace=str(data["namespace"]), name=str(data["name"]), cdi_spec=str(data["cdiSpec"]),
-            devices=tuple(PreparedDevice.from_json(d) for d in data["devices"]), allocation=str(data.get("allocation") or ""),
+            uid=str(data["uid"]),
+            namespace=str(data["namespace"]),
+            name=str(data["name"]),
+            cdi_spec=str(data["cdiSpec"]),
+            devices=tuple(PreparedDevice.from_json(d) for d in data["devices"]),
+            allocation=str(data.get("allocation") or ""),
             pending=bool(data.get("pending", False)),
         )
 
@@ -210,7 +241,11 @@ class Checkpoint:
         read or written here, or `uid`'s record is on disk but not in memory (or the reverse). True if read again."""
         stat = self._dir_stat()
         generation = self._read_generation()
-        if generation == self._generation and stat == self._stat and (uid is None or (uid in self._claims) == self._path(uid).exists()):
+        if (
+            generation == self._generation
+            and stat == self._stat
+            and (uid is None or (uid in self._claims) == self._path(uid).exists())
+        ):
             return False
         self._claims, self.damaged = self._load()
         self._stat = self._dir_stat()
@@ -272,7 +307,11 @@ class Checkpoint:
                 self.quarantined += 1
                 log.error(
                     "DRA checkpoint record %s cannot be read (%s); quarantined as %s: the devices of claim %s stay fenced until the kubelet "
-                    "unprepares it or the API shows it gone", path, err, aside, uid,
+                    "unprepares it or the API shows it gone",
+                    path,
+                    err,
+                    aside,
+                    uid,
                 )
                 try:
                     os.replace(path, aside)
@@ -281,8 +320,6 @@ class Checkpoint:
                 if valid_uid(uid):
                     damaged[uid] = aside
         return claims, damaged
-
-
 
 
 def sweep_tmp(directory: Path, prefix: str) -> int:

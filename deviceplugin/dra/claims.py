@@ -43,7 +43,9 @@ MAX_PAGE_BYTES = 32 * 1024 * 1024
 
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 MAX_CLAIM_BYTES = 4 * 1024 * 1024  # one claim's GET (a claim is at most ~1.5 MiB in etcd)
-GET_TIMEOUT = 10.0  # seconds for one claim's GET (the kubelet plugin stops beginning claims this long before its deadline)
+GET_TIMEOUT = (
+    10.0  # seconds for one claim's GET (the kubelet plugin stops beginning claims this long before its deadline)
+)
 
 
 class ApiClaims:
@@ -92,7 +94,11 @@ class ApiClaims:
             return None
         with self._lock:
             cached = self._cache.get((ref.namespace, ref.name))
-        if cached is not None and cached["metadata"].get("uid") == ref.uid and (cached.get("status") or {}).get("allocation"):
+        if (
+            cached is not None
+            and cached["metadata"].get("uid") == ref.uid
+            and (cached.get("status") or {}).get("allocation")
+        ):
             return cached
         return None
 
@@ -134,7 +140,9 @@ class ApiClaims:
     # --- the cache -------------------------------------------------------------------------------
     def _ours(self, claim: Mapping[str, Any]) -> bool:
         results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ()
-        return any(isinstance(r, dict) and r.get("driver") == self.driver and r.get("pool") == self.pool for r in results)
+        return any(
+            isinstance(r, dict) and r.get("driver") == self.driver and r.get("pool") == self.pool for r in results
+        )
 
     def _replace(self, claims: list[Mapping[str, Any]]) -> None:
         fresh: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -175,7 +183,11 @@ def _slim(claim: Mapping[str, Any], driver: str) -> dict[str, Any]:
         allocation = {
             "devices": {
                 "results": [r for r in results if isinstance(r, dict) and r.get("driver") == driver],
-                "config": [c for c in configs if isinstance(c, dict) and isinstance(c.get("opaque"), dict) and c["opaque"].get("driver") == driver],
+                "config": [
+                    c
+                    for c in configs
+                    if isinstance(c, dict) and isinstance(c.get("opaque"), dict) and c["opaque"].get("driver") == driver
+                ],
             },
             **{k: allocation[k] for k in ("nodeSelector", "allocationTimestamp") if k in allocation},
         }
@@ -228,13 +240,21 @@ class _ClaimWatch(BackgroundLoop):
                 version = ""
             except Silent:
                 self.live.clear()
-                log.info("ResourceClaim watch silent for %.0fs (no event or bookmark); listing again", self.claims.silence)
+                log.info(
+                    "ResourceClaim watch silent for %.0fs (no event or bookmark); listing again", self.claims.silence
+                )
                 version = ""
             except Exception as err:  # API errors, bad JSON, a silent watch, a bug: log (one line), back off, go on
                 self.live.clear()
                 if self._stop.is_set():
                     return
-                self._failures.log(logging.WARNING, (type(err), str(err)[:100]), "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs", error_line(err), delay)
+                self._failures.log(
+                    logging.WARNING,
+                    (type(err), str(err)[:100]),
+                    "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs",
+                    error_line(err),
+                    delay,
+                )
                 self._failures.flush()
                 version = ""
                 self._wake.wait(delay)
@@ -244,11 +264,17 @@ class _ClaimWatch(BackgroundLoop):
         assert self.claims.api is not None
         items: list[Mapping[str, Any]] = []
         version = ""
-        for page in self.claims.api.pages(CLAIMS, limit=LIST_PAGE, timeout=self.claims.timeout, max_bytes=MAX_PAGE_BYTES):
+        for page in self.claims.api.pages(
+            CLAIMS, limit=LIST_PAGE, timeout=self.claims.timeout, max_bytes=MAX_PAGE_BYTES
+        ):
             # Only this node's claims are kept, slimmed, page by page: the cluster's claims never sit in memory together.
-            items.extend(_slim(c, self.claims.driver) for c in page.get("items") or () if isinstance(c, dict) and self.claims._ours(c))
+            items.extend(
+                _slim(c, self.claims.driver)
+                for c in page.get("items") or ()
+                if isinstance(c, dict) and self.claims._ours(c)
+            )
             page["items"] = None
-            del items[self.claims.max_cached:]
+            del items[self.claims.max_cached :]
             version = str((page.get("metadata") or {}).get("resourceVersion") or "")
         self.claims._replace(items)
         return version
@@ -256,7 +282,9 @@ class _ClaimWatch(BackgroundLoop):
     def _watch(self, version: str) -> str:
         assert self.claims.api is not None
         try:
-            response = self.claims.api.watch(CLAIMS, version, seconds=WATCH_SECONDS, silence=self.claims.silence)  # a silent socket ends the watch
+            response = self.claims.api.watch(
+                CLAIMS, version, seconds=WATCH_SECONDS, silence=self.claims.silence
+            )  # a silent socket ends the watch
         except ApiError as err:
             if err.status == 410:
                 raise Gone() from None

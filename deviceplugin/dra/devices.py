@@ -120,16 +120,21 @@ class DraDevice:
             n, one = self.shares, self.share_memory_bytes
             device["allowMultipleAllocations"] = True
             device["capacity"] = {
-                CAPACITY_SHARES: {"value": str(n), "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(n), "step": "1"}}},
+                CAPACITY_SHARES: {
+                    "value": str(n),
+                    "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(n), "step": "1"}},
+                },
                 CAPACITY_MEMORY: {
                     "value": str(n * one),
-                    "requestPolicy": {"default": str(one), "validRange": {"min": str(one), "max": str(n * one), "step": str(one)}},
+                    "requestPolicy": {
+                        "default": str(one),
+                        "validRange": {"min": str(one), "max": str(n * one), "step": str(one)},
+                    },
                 },
             }
         else:
             device["capacity"] = {CAPACITY_MEMORY: {"value": str(memory)}}
         return device
-
 
     def _mode(self) -> str:
         """The sharing mode's name; a GPU with MIG mode off in a dynamic MIG pool is published as an exclusive GPU."""
@@ -159,10 +164,15 @@ def dra_devices(resources: Iterable[Resource]) -> list[DraDevice]:
     for resource in resources:
         for unit in resource.units:
             if resource.pool.dynamic_mig and unit.gpu.mig_enabled:
-                devices += [DraDevice(name=partition_name(p), unit=unit, resource=resource, partition=p) for p in partitions(unit.gpu)]
+                devices += [
+                    DraDevice(name=partition_name(p), unit=unit, resource=resource, partition=p)
+                    for p in partitions(unit.gpu)
+                ]
             else:
                 devices.append(DraDevice(name=device_name(unit), unit=unit, resource=resource))
-    devices.sort(key=lambda d: (d.unit.gpu.index, d.unit.mig.index if d.unit.mig else -1))  # stable: partitions keep their order
+    devices.sort(
+        key=lambda d: (d.unit.gpu.index, d.unit.mig.index if d.unit.mig else -1)
+    )  # stable: partitions keep their order
     names = [d.name for d in devices]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:  # one unit in two resources: the plan never builds that, so this is a programming error
@@ -198,7 +208,9 @@ def request_grant(
     `mode`, `limits`: the request's SharingConfig, as `ClaimShare.grant` takes them."""
     resources = {s.device.resource.name for s in shares}
     if len(resources) > 1 and any(s.device.shared for s in shares):
-        raise ClaimError(f"one request holds shared devices of {len(resources)} pools ({', '.join(sorted(resources))}); ask for each in a request of its own")
+        raise ClaimError(
+            f"one request holds shared devices of {len(resources)} pools ({', '.join(sorted(resources))}); ask for each in a request of its own"
+        )
     if len(shares) == 1:
         return shares[0].grant(mode, limits)
     holdings = [(s.device.unit, s.shares) for s in shares]

@@ -102,7 +102,12 @@ class KubeletPlugin:
         self.paths.registrar_dir.mkdir(parents=True, exist_ok=True)
         self._loop.run(self._start())
         self.started = True
-        log.info("DRA driver %s serving on %s, registration socket %s", self.driver.driver, self.paths.dra_socket, self.paths.registration_socket)
+        log.info(
+            "DRA driver %s serving on %s, registration socket %s",
+            self.driver.driver,
+            self.paths.dra_socket,
+            self.paths.registration_socket,
+        )
 
     def stop(self) -> None:
         self._unsubscribe()
@@ -156,7 +161,12 @@ class KubeletPlugin:
         deadline = None if time_remaining is None else time.monotonic() + time_remaining - DEADLINE_MARGIN
         outcomes = await prepare_claims(self.driver, self.claims, refs, deadline, GET_TIMEOUT, self._reads, self._pool)
         if self.metrics:
-            self.metrics.called("prepare", time.perf_counter() - started, sum(1 for o in outcomes.values() if not o.error), sum(1 for o in outcomes.values() if o.error))
+            self.metrics.called(
+                "prepare",
+                time.perf_counter() - started,
+                sum(1 for o in outcomes.values() if not o.error),
+                sum(1 for o in outcomes.values() if o.error),
+            )
         for outcome in outcomes.values():
             if outcome.error:
                 log.warning("prepare: %s", outcome.error)
@@ -172,7 +182,12 @@ class KubeletPlugin:
         started = time.perf_counter()
         errors = await asyncio.get_running_loop().run_in_executor(self._pool, unprepare_claims, self.driver, refs)
         if self.metrics:
-            self.metrics.called("unprepare", time.perf_counter() - started, sum(1 for e in errors.values() if not e), sum(1 for e in errors.values() if e))
+            self.metrics.called(
+                "unprepare",
+                time.perf_counter() - started,
+                sum(1 for e in errors.values() if not e),
+                sum(1 for e in errors.values() if e),
+            )
         for error in errors.values():
             if error:
                 log.warning("unprepare: %s", error)
@@ -202,9 +217,13 @@ class KubeletPlugin:
             ]
         )
 
-    async def watch_health(self, context: grpc.aio.ServicerContext) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
+    async def watch_health(
+        self, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
         if len(self._streams) >= MAX_HEALTH_STREAMS:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_HEALTH_STREAMS} health streams at once")
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, f"at most {MAX_HEALTH_STREAMS} health streams at once"
+            )
         changed = asyncio.Event()
         self._streams.add(changed)
         try:
@@ -218,7 +237,9 @@ class KubeletPlugin:
                     last, sent_at = key, time.monotonic()
                 changed.clear()
                 try:
-                    await asyncio.wait_for(changed.wait(), max(0.0, self.settings.health_interval - (time.monotonic() - sent_at)))
+                    await asyncio.wait_for(
+                        changed.wait(), max(0.0, self.settings.health_interval - (time.monotonic() - sent_at))
+                    )
                 except TimeoutError:
                     pass
         finally:
@@ -246,7 +267,10 @@ class _DraService:
                 continue
             for device in outcome.claim.devices:
                 fields: dict[str, Any] = dict(
-                    request_names=[device.request] if device.request else [], pool_name=device.pool, device_name=device.device, cdi_device_ids=list(device.cdi_ids)
+                    request_names=[device.request] if device.request else [],
+                    pool_name=device.pool,
+                    device_name=device.device,
+                    cdi_device_ids=list(device.cdi_ids),
                 )
                 if self.share_ids and device.share_id:
                     fields["share_id"] = device.share_id
@@ -263,7 +287,10 @@ class _DraService:
 
     async def _refs(self, request: Any, context: grpc.aio.ServicerContext) -> list[ClaimRef]:
         if len(request.claims) > MAX_CLAIMS_PER_CALL:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{len(request.claims)} claims in one call, at most {MAX_CLAIMS_PER_CALL}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.claims)} claims in one call, at most {MAX_CLAIMS_PER_CALL}",
+            )
         return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
@@ -271,7 +298,9 @@ class _HealthService(health_grpc.DRAResourceHealthServicer):
     def __init__(self, plugin: KubeletPlugin) -> None:
         self.plugin = plugin
 
-    async def NodeWatchResources(self, request: Any, context: Any) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:  # type: ignore[override]
+    async def NodeWatchResources(
+        self, request: Any, context: Any
+    ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:  # type: ignore[override]
         async for message in self.plugin.watch_health(context):  # an async generator function: grpc.aio streams it
             yield message
 

@@ -69,7 +69,10 @@ class MigInstances:
         try:
             if adopt is not None:
                 for found in control.mig_instances(gpu.uuid):
-                    if (found.profile_id, found.start) == (partition.profile.id, partition.start) and (gpu.uuid, found.gi_id) not in taken:
+                    if (found.profile_id, found.start) == (partition.profile.id, partition.start) and (
+                        gpu.uuid,
+                        found.gi_id,
+                    ) not in taken:
                         if found.ci_id is None:
                             found = control.create_compute_instance(gpu.uuid, found.gi_id)
                         log.info("MIG instance %s (%s) adopted from an interrupted prepare", where, found.uuid)
@@ -81,12 +84,16 @@ class MigInstances:
                 self._quietly_destroy(gpu.uuid, gi_id)
                 raise
         except MigError as err:
-            raise ClaimError(f"cannot make MIG instance {where}: NVML {err.code_name}: {safe_text(str(err), 300)}") from None
+            raise ClaimError(
+                f"cannot make MIG instance {where}: NVML {err.code_name}: {safe_text(str(err), 300)}"
+            ) from None
         if not made.uuid:
             self._quietly_destroy(gpu.uuid, gi_id, made.ci_id)
             raise ClaimError(f"MIG instance {where} was made but NVML shows no MIG device for it; destroyed")
         self.made += 1
-        log.info("MIG instance %s made: %s (GPU instance %d, compute instance %s)", where, made.uuid, made.gi_id, made.ci_id)
+        log.info(
+            "MIG instance %s made: %s (GPU instance %d, compute instance %s)", where, made.uuid, made.gi_id, made.ci_id
+        )
         return made
 
     def destroy(self, record: MigRecord) -> None:
@@ -123,18 +130,36 @@ class MigInstances:
             except MigError as err:
                 log.warning("GPU %d (%s): its MIG instances cannot be listed, none swept: %s", gpu.index, gpu.uuid, err)
                 continue
-            stray = [i for i in instances if (gpu.uuid, i.gi_id) not in named and (gpu.uuid, i.profile_id, i.start) not in intents]
+            stray = [
+                i
+                for i in instances
+                if (gpu.uuid, i.gi_id) not in named and (gpu.uuid, i.profile_id, i.start) not in intents
+            ]
             if not stray:
                 continue
-            busy = "a checkpoint record is damaged" if damaged else ("the GPU runs processes" if self.processes(gpu.uuid) else "")
+            busy = (
+                "a checkpoint record is damaged"
+                if damaged
+                else ("the GPU runs processes" if self.processes(gpu.uuid) else "")
+            )
             for instance in stray:
                 if busy:
                     kept.append(Unclaimed(gpu.uuid, instance.gi_id, instance.profile_id, instance.start, busy))
-                    log.warning("GPU %d (%s): MIG instance %s (GPU instance %d) belongs to no claim; kept because %s",
-                                gpu.index, gpu.uuid, instance.uuid or "-", instance.gi_id, busy)
+                    log.warning(
+                        "GPU %d (%s): MIG instance %s (GPU instance %d) belongs to no claim; kept because %s",
+                        gpu.index,
+                        gpu.uuid,
+                        instance.uuid or "-",
+                        instance.gi_id,
+                        busy,
+                    )
                     continue
                 try:
-                    self.destroy(MigRecord(gpu.uuid, instance.profile_id, instance.start, instance.gi_id, instance.ci_id, instance.uuid))
+                    self.destroy(
+                        MigRecord(
+                            gpu.uuid, instance.profile_id, instance.start, instance.gi_id, instance.ci_id, instance.uuid
+                        )
+                    )
                 except ClaimError as err:
                     kept.append(Unclaimed(gpu.uuid, instance.gi_id, instance.profile_id, instance.start, str(err)))
                     log.warning("GPU %d: MIG instance of no claim kept: %s", gpu.index, err)
@@ -164,11 +189,18 @@ class MigInstances:
                     continue
                 known = before.get((gpu.uuid, i.gi_id))
                 if known is None:
-                    log.warning("GPU %d (%s): MIG instance %s (GPU instance %d) was made outside the driver; its "
-                                "placements are withdrawn until it is gone", gpu.index, gpu.uuid, i.uuid or "-", i.gi_id)
+                    log.warning(
+                        "GPU %d (%s): MIG instance %s (GPU instance %d) was made outside the driver; its "
+                        "placements are withdrawn until it is gone",
+                        gpu.index,
+                        gpu.uuid,
+                        i.uuid or "-",
+                        i.gi_id,
+                    )
                 found.append(known or Unclaimed(gpu.uuid, i.gi_id, i.profile_id, i.start, "made outside the driver"))
         changed = {(u.gpu, u.gi_id, u.profile_id, u.start) for u in found} != {
-            (u.gpu, u.gi_id, u.profile_id, u.start) for u in self.unclaimed}
+            (u.gpu, u.gi_id, u.profile_id, u.start) for u in self.unclaimed
+        }
         self.unclaimed = tuple(found)
         return changed
 

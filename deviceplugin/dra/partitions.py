@@ -98,8 +98,13 @@ def partitions(gpu: Gpu) -> list[Partition]:
     none when the GPU's counters would exceed the API's limit."""
     counters = gpu_counters(gpu)
     if len(counters) > MAX_COUNTERS_PER_SET:
-        log.error("GPU %d (%s): its MIG profiles make %d counters, over the API's %d per set; no dynamic MIG on it",
-                  gpu.index, gpu.uuid, len(counters), MAX_COUNTERS_PER_SET)
+        log.error(
+            "GPU %d (%s): its MIG profiles make %d counters, over the API's %d per set; no dynamic MIG on it",
+            gpu.index,
+            gpu.uuid,
+            len(counters),
+            MAX_COUNTERS_PER_SET,
+        )
         return []
     found = []
     for profile in sorted(gpu.mig_profiles, key=lambda p: (p.memory_slices, p.compute_slices, p.name)):
@@ -113,11 +118,16 @@ def counters_slices(counters: dict[str, int]) -> int:
     return sum(1 for name in counters if name.startswith("memory-slice-"))
 
 
-def counter_sets(gpus: Sequence[Gpu], kept: Mapping[str, Sequence[tuple[int, int]]] | None = None) -> list[dict[str, Any]]:
+def counter_sets(
+    gpus: Sequence[Gpu], kept: Mapping[str, Sequence[tuple[int, int]]] | None = None
+) -> list[dict[str, Any]]:
     """resource.k8s.io/v1 CounterSets of these GPUs, in index order; `kept`: GPU UUID -> instances of no claim that
     stay (`gpu_counters`)."""
     kept = kept or {}
     return [
-        {"name": counter_set_name(g), "counters": {k: {"value": str(v)} for k, v in gpu_counters(g, kept.get(g.uuid, ())).items()}}
+        {
+            "name": counter_set_name(g),
+            "counters": {k: {"value": str(v)} for k, v in gpu_counters(g, kept.get(g.uuid, ())).items()},
+        }
         for g in sorted(gpus, key=lambda g: g.index)
     ]

@@ -125,7 +125,10 @@ class Pool:
     writer: str = ""  # this instance, as `writer_key`'s annotation names it on every slice it writes
 
     def specs(self, generation: int) -> dict[str, dict[str, Any]]:
-        counters = [list(self.counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE]) for i in range(0, len(self.counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
+        counters = [
+            list(self.counter_sets[i : i + MAX_COUNTER_SETS_PER_SLICE])
+            for i in range(0, len(self.counter_sets), MAX_COUNTER_SETS_PER_SLICE)
+        ]
         parts: list[tuple[str, list[dict[str, Any]]]] = [("sharedCounters", c) for c in counters]
         if self.devices or not counters:
             parts += [("devices", d) for d in chunks(self.devices)]

@@ -86,7 +86,14 @@ class Driver:
     """See the module docstring. Thread-safe."""
 
     def __init__(
-        self, driver: str, pool: str, checkpoint: Checkpoint, cdi: CdiWriter, state: NodeState, lock: SerialLock, mig: MigInstances | None = None
+        self,
+        driver: str,
+        pool: str,
+        checkpoint: Checkpoint,
+        cdi: CdiWriter,
+        state: NodeState,
+        lock: SerialLock,
+        mig: MigInstances | None = None,
     ) -> None:
         """`mig`: makes and destroys the instances of dynamic-MIG devices (without it such a claim is refused)."""
         self.driver = driver
@@ -122,7 +129,9 @@ class Driver:
         uid = str(_get(claim, "metadata", "uid") or "")
         refused = Unconfirmed if not current else ClaimError
         if uid != ref.uid:
-            raise refused(f"claim {ref} got replaced: the API has UID {safe_text(uid)}, the kubelet asked for {safe_text(ref.uid)}")
+            raise refused(
+                f"claim {ref} got replaced: the API has UID {safe_text(uid)}, the kubelet asked for {safe_text(ref.uid)}"
+            )
         allocation = _get(claim, "status", "allocation")
         if not allocation:
             raise refused(f"claim {ref} is not allocated")
@@ -134,7 +143,11 @@ class Driver:
                 self._ensure_spec(known, ref, allocation)
                 return known
             if not current:
-                why = "its MIG instances were being made" if known and known.pending else "the cache shows another allocation than the record"
+                why = (
+                    "its MIG instances were being made"
+                    if known and known.pending
+                    else "the cache shows another allocation than the record"
+                )
                 raise Unconfirmed(f"claim {ref}: " + ("first prepare" if known is None else why))
             fenced = self._fenced(ref.uid)
             if known is not None and known.mig and not known.pending:
@@ -142,7 +155,9 @@ class Driver:
             if known is not None:
                 self._add(known, -1)  # replaced below: the new allocation is checked without the old one's shares
             try:
-                prepared = self._prepare_new(ref, allocation, digest, fenced, known if known is not None and known.pending else None)
+                prepared = self._prepare_new(
+                    ref, allocation, digest, fenced, known if known is not None and known.pending else None
+                )
             except BaseException:
                 if known is not None and ref.uid in self.checkpoint:
                     self._add(known, 1)
@@ -151,12 +166,19 @@ class Driver:
                 self.reallocated += 1
                 log.warning(
                     "claim %s was re-allocated (devices %s -> %s): prepared from its new allocation, its record replaced",
-                    ref, brief(sorted(d.device for d in known.devices), 4), brief(sorted(d.device for d in prepared.devices), 4),
+                    ref,
+                    brief(sorted(d.device for d in known.devices), 4),
+                    brief(sorted(d.device for d in prepared.devices), 4),
                 )
             return prepared
 
     def _prepare_new(
-        self, ref: ClaimRef, allocation: Mapping[str, Any], digest: str, fenced: Mapping[str, str], interrupted: PreparedClaim | None
+        self,
+        ref: ClaimRef,
+        allocation: Mapping[str, Any],
+        digest: str,
+        fenced: Mapping[str, str],
+        interrupted: PreparedClaim | None,
     ) -> PreparedClaim:
         """Check, make the dynamic-MIG instances, write the CDI spec and the record, count it in the ledger (under the
         lock). `interrupted`: this claim's intent record, left by a prepare that did not finish."""
@@ -167,7 +189,9 @@ class Driver:
                     f"claim {ref}: device {share.device.name} is fenced: the checkpoint record of claim {fenced[share.device.name]} is damaged "
                     "(quarantined) and that claim may still use it, until the kubelet unprepares it or the API shows it gone"
                 )
-        _sharings(ref, holdings, configs)  # a config the pool does not offer refuses the claim before any instance is made
+        _sharings(
+            ref, holdings, configs
+        )  # a config the pool does not offer refuses the claim before any instance is made
         holdings, made = self._make_instances(ref, digest, holdings, interrupted)
         try:
             return self._record(ref, digest, holdings, configs, made)
@@ -192,7 +216,9 @@ class Driver:
                 request=_base_request(result),
                 pool=self.pool,
                 device=share.device.name,
-                cdi_ids=(cdi_id(self.cdi.kind, cdi_device_name(ref.uid, first[i])), *grants[first[i]].cdi_devices) if i in first else (),
+                cdi_ids=(cdi_id(self.cdi.kind, cdi_device_name(ref.uid, first[i])), *grants[first[i]].cdi_devices)
+                if i in first
+                else (),
                 share_id=share.share_id,
                 shares=0 if result.get("adminAccess") else share.shares,
                 memory_mib=share.memory_mib,
@@ -201,7 +227,9 @@ class Driver:
             )
             for i, (result, share) in enumerate(holdings)
         )
-        prepared = PreparedClaim(uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=devices, cdi_spec=spec, allocation=digest)
+        prepared = PreparedClaim(
+            uid=ref.uid, namespace=ref.namespace, name=ref.name, devices=devices, cdi_spec=spec, allocation=digest
+        )
         try:
             self.checkpoint.put(prepared)
         except BaseException:
@@ -221,7 +249,9 @@ class Driver:
                 if ref.uid in self.checkpoint.damaged:  # its record is damaged: its spec is where this driver writes it
                     self.cdi.remove(str(self.cdi.spec_path(ref.uid)))
                     self.checkpoint.release(ref.uid)
-                    log.warning("claim %s (damaged record) unprepared: its CDI spec removed, its devices no longer fenced", ref)
+                    log.warning(
+                        "claim %s (damaged record) unprepared: its CDI spec removed, its devices no longer fenced", ref
+                    )
                 return
             self.cdi.remove(known.cdi_spec)
             self.checkpoint.remove(ref.uid)
@@ -246,7 +276,11 @@ class Driver:
 
     # --- dynamic MIG -----------------------------------------------------------------------------
     def _make_instances(
-        self, ref: ClaimRef, digest: str, holdings: list[tuple[Mapping[str, Any], ClaimShare]], interrupted: PreparedClaim | None
+        self,
+        ref: ClaimRef,
+        digest: str,
+        holdings: list[tuple[Mapping[str, Any], ClaimShare]],
+        interrupted: PreparedClaim | None,
     ) -> tuple[list[tuple[Mapping[str, Any], ClaimShare]], dict[int, MigRecord]]:
         """The holdings with each dynamic-MIG device's instance made (its MIG device as the unit), and the records by
         holding index; the intent is written first. ClaimError when one cannot be made (those made are destroyed)."""
@@ -254,18 +288,35 @@ class Driver:
         if not partitioned:
             return holdings, {}
         if any(result.get("adminAccess") for _, result, _ in partitioned):
-            raise ClaimError(f"claim {ref}: admin access to a dynamic MIG device is not supported (its instance exists only while a claim holds it)")
+            raise ClaimError(
+                f"claim {ref}: admin access to a dynamic MIG device is not supported (its instance exists only while a claim holds it)"
+            )
         intent = PreparedClaim(
-            uid=ref.uid, namespace=ref.namespace, name=ref.name, cdi_spec="", allocation=digest, pending=True,
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            cdi_spec="",
+            allocation=digest,
+            pending=True,
             devices=tuple(
-                PreparedDevice(request=_base_request(result), pool=self.pool, device=share.device.name, cdi_ids=(), share_id=share.share_id,
-                               shares=share.shares, memory_mib=share.memory_mib, mig=_intent(share))
+                PreparedDevice(
+                    request=_base_request(result),
+                    pool=self.pool,
+                    device=share.device.name,
+                    cdi_ids=(),
+                    share_id=share.share_id,
+                    shares=share.shares,
+                    memory_mib=share.memory_mib,
+                    mig=_intent(share),
+                )
                 for _, result, share in partitioned
             ),
         )
         self.checkpoint.put(intent)
         adoptable = {(r.gpu, r.profile_id, r.start): r for r in interrupted.mig} if interrupted else {}
-        taken = {(r.gpu, r.gi_id) for c in self.checkpoint.claims() if c.uid != ref.uid for r in c.mig if r.gi_id is not None}
+        taken = {
+            (r.gpu, r.gi_id) for c in self.checkpoint.claims() if c.uid != ref.uid for r in c.mig if r.gi_id is not None
+        }
         made: dict[int, MigRecord] = {}
         out = list(holdings)
         try:
@@ -273,10 +324,14 @@ class Driver:
                 wanted, partition = _intent(share), share.device.partition
                 assert partition is not None
                 try:
-                    instance = self.mig.make(partition, adoptable.get((wanted.gpu, wanted.profile_id, wanted.start)), taken)
+                    instance = self.mig.make(
+                        partition, adoptable.get((wanted.gpu, wanted.profile_id, wanted.start)), taken
+                    )
                 except ClaimError as err:
                     raise ClaimError(f"claim {ref}: device {share.device.name}: {err}") from None
-                made[i] = MigRecord(wanted.gpu, wanted.profile_id, wanted.start, instance.gi_id, instance.ci_id, instance.uuid)
+                made[i] = MigRecord(
+                    wanted.gpu, wanted.profile_id, wanted.start, instance.gi_id, instance.ci_id, instance.uuid
+                )
                 out[i] = (result, instance_share(share, made[i]))
         except BaseException:
             self._undo_instances(ref, made.values())
@@ -290,7 +345,9 @@ class Driver:
             try:
                 self.mig.destroy(record)
             except ClaimError as err:
-                log.warning("claim %s: a MIG instance made for a prepare that failed could not be destroyed: %s", ref, err)
+                log.warning(
+                    "claim %s: a MIG instance made for a prepare that failed could not be destroyed: %s", ref, err
+                )
         known = self.checkpoint.get(ref.uid)
         if known is not None and known.pending:
             self.checkpoint.remove(ref.uid)
@@ -323,16 +380,24 @@ class Driver:
         """This driver's results with the shares each holds, checked against health and the ledger, and this
         driver's configs (parsed: a malformed one refuses the claim)."""
         devices_part = allocation.get("devices") or {}
-        results = [r for r in _list(devices_part.get("results"), "results", ref) if isinstance(r, Mapping) and r.get("driver") == self.driver]
+        results = [
+            r
+            for r in _list(devices_part.get("results"), "results", ref)
+            if isinstance(r, Mapping) and r.get("driver") == self.driver
+        ]
         if len(results) > MAX_RESULTS_PER_CLAIM:
-            raise ClaimError(f"claim {ref} has {len(results)} results for {self.driver}, more than {MAX_RESULTS_PER_CLAIM}")
+            raise ClaimError(
+                f"claim {ref} has {len(results)} results for {self.driver}, more than {MAX_RESULTS_PER_CLAIM}"
+            )
         configs = _list(devices_part.get("config"), "config", ref)
         if len(configs) > MAX_CONFIGS_PER_CLAIM:
             raise ClaimError(f"claim {ref} has {len(configs)} device configs, more than {MAX_CONFIGS_PER_CLAIM}")
         ours = _driver_configs(ref, configs, self.driver)
         foreign = sorted({str(r.get("pool")) for r in results if r.get("pool") != self.pool})
         if foreign:
-            raise ClaimError(f"claim {ref} is allocated on pool {brief(foreign, 3)} of {self.driver}, not on this node's pool {self.pool}")
+            raise ClaimError(
+                f"claim {ref} is allocated on pool {brief(foreign, 3)} of {self.driver}, not on this node's pool {self.pool}"
+            )
         view = self.state.snapshot()
         devices = self._devices
         holdings: list[tuple[Mapping[str, Any], ClaimShare]] = []
@@ -342,7 +407,9 @@ class Driver:
             name = str(result.get("device") or "")
             device = devices.get(name)
             if device is None:
-                raise ClaimError(f"claim {ref}: device {safe_text(name, 63)} is not published by this node (did the config change since allocation?)")
+                raise ClaimError(
+                    f"claim {ref}: device {safe_text(name, 63)} is not published by this node (did the config change since allocation?)"
+                )
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
             verdict = view.verdict(device.unit, device.resource.pool)  # a shape that waits is refused too (dra.shapes)
             if not verdict.ok:
@@ -362,7 +429,9 @@ class Driver:
                     "(a claim naming only one of the capacities shares and memory is granted the larger)"
                 )
             held_mib, unit_mib = self._ledger_mib.get(name, 0), device.unit.memory_mib
-            if device.shared and held_mib + wanted_mib[name] > unit_mib:  # shares prepared before a reload are not these shares
+            if (
+                device.shared and held_mib + wanted_mib[name] > unit_mib
+            ):  # shares prepared before a reload are not these shares
                 raise ClaimError(
                     f"claim {ref}: device {name} has {unit_mib} MiB; prepared claims hold {held_mib} MiB and this claim needs "
                     f"{wanted_mib[name]} MiB (shares of its shape before a reload count by the memory they were granted)"
@@ -385,7 +454,9 @@ class Driver:
         for result in results[:MAX_RESULTS_PER_CLAIM]:
             device = devices.get(str(result.get("device") or ""))
             if device is None:
-                raise ClaimError(f"claim {ref} is prepared but its CDI spec is gone and device {safe_text(str(result.get('device')), 63)} is no longer published")
+                raise ClaimError(
+                    f"claim {ref} is prepared but its CDI spec is gone and device {safe_text(str(result.get('device')), 63)} is no longer published"
+                )
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
             record = instances.get(device.name)
             holdings.append((result, instance_share(share, record) if device.partition and record else share))
@@ -403,11 +474,18 @@ class Driver:
             if found == GONE:
                 self.cdi.remove(str(self.cdi.spec_path(other)))
                 self.checkpoint.release(other)
-                log.warning("claim %s (damaged record) is gone from the API: its CDI spec removed, its devices no longer fenced", other)
+                log.warning(
+                    "claim %s (damaged record) is gone from the API: its CDI spec removed, its devices no longer fenced",
+                    other,
+                )
                 continue
             if isinstance(found, Mapping):
                 results = (_get(found, "status", "allocation", "devices", "results") or ())[:MAX_RESULTS_PER_CLAIM]
-                names = {str(r.get("device")) for r in results if isinstance(r, Mapping) and r.get("driver") == self.driver and r.get("pool") == self.pool}
+                names = {
+                    str(r.get("device"))
+                    for r in results
+                    if isinstance(r, Mapping) and r.get("driver") == self.driver and r.get("pool") == self.pool
+                }
             else:
                 names = set(self._devices)
             for name in names:
@@ -452,22 +530,28 @@ def allocation_digest(driver: str, allocation: Mapping[str, Any]) -> str:
     ours: Any = [r for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver]
     ours = ours[: MAX_RESULTS_PER_CLAIM + 1]
     configured = [
-        c for c in (configs if isinstance(configs, list) else ())[: MAX_CONFIGS_PER_CLAIM + 1]
+        c
+        for c in (configs if isinstance(configs, list) else ())[: MAX_CONFIGS_PER_CLAIM + 1]
         if isinstance(c, Mapping) and _get(c, "opaque", "driver") == driver
     ]
     if configured:
         ours = {"results": ours, "config": configured}
-    return hashlib.sha256(json.dumps(ours, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()[:32]
+    return hashlib.sha256(json.dumps(ours, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()[
+        :32
+    ]
 
 
 def _same_allocation(known: PreparedClaim, digest: str, driver: str, allocation: Mapping[str, Any]) -> bool:
     """The record was prepared from this allocation (records of older versions: the same devices and share IDs)."""
     if known.allocation:
         return known.allocation == digest
-    results = (allocation.get("devices") or {}).get("results") if isinstance(allocation.get("devices"), Mapping) else None
+    results = (
+        (allocation.get("devices") or {}).get("results") if isinstance(allocation.get("devices"), Mapping) else None
+    )
     wanted = sorted(
         (_base_request(r), str(r.get("pool")), str(r.get("device")), r.get("shareID") and str(r.get("shareID")))
-        for r in results or () if isinstance(r, Mapping) and r.get("driver") == driver
+        for r in results or ()
+        if isinstance(r, Mapping) and r.get("driver") == driver
     )
     return wanted == sorted((d.request, d.pool, d.device, d.share_id) for d in known.devices)
 
@@ -500,7 +584,12 @@ def _sharings(
     sharings = []
     for request, group in zip(groups, indexes, strict=True):
         try:
-            sharings.append(resolve(config_for(configs, str(holdings[group[0]][0].get("request") or "")), [holdings[i][1] for i in group]))
+            sharings.append(
+                resolve(
+                    config_for(configs, str(holdings[group[0]][0].get("request") or "")),
+                    [holdings[i][1] for i in group],
+                )
+            )
         except ClaimError as err:
             raise ClaimError(f"claim {ref}: request {safe_text(request, 63)}: {err}") from None
     return indexes, sharings
@@ -563,8 +652,13 @@ def check_ref(ref: ClaimRef) -> None:
 
 
 async def prepare_claims(
-    driver: Driver, source: ClaimSource, refs: Sequence[ClaimRef], deadline: float | None = None, read_timeout: float = 10.0,
-    reads: Executor | None = None, writes: Executor | None = None,
+    driver: Driver,
+    source: ClaimSource,
+    refs: Sequence[ClaimRef],
+    deadline: float | None = None,
+    read_timeout: float = 10.0,
+    reads: Executor | None = None,
+    writes: Executor | None = None,
 ) -> dict[str, Outcome]:
     """NodePrepareResources for a batch: one outcome per distinct UID, each claim on its own (a claim's read or
     failure never delays or affects another's). A cached, current claim is prepared at once (in `writes`); any other
@@ -572,12 +666,20 @@ async def prepare_claims(
     (time.monotonic()), and fails with its own message when that runs out, so the call answers before the kubelet
     gives up."""
     unique = list({ref.uid: ref for ref in refs}.values())
-    answers = await asyncio.gather(*(prepare_one(driver, source, ref, deadline, read_timeout, reads, writes) for ref in unique))
+    answers = await asyncio.gather(
+        *(prepare_one(driver, source, ref, deadline, read_timeout, reads, writes) for ref in unique)
+    )
     return {ref.uid: outcome for ref, outcome in zip(unique, answers, strict=True)}
 
 
 async def prepare_one(
-    driver: Driver, source: ClaimSource, ref: ClaimRef, deadline: float | None, read_timeout: float, reads: Executor | None, writes: Executor | None
+    driver: Driver,
+    source: ClaimSource,
+    ref: ClaimRef,
+    deadline: float | None,
+    read_timeout: float,
+    reads: Executor | None,
+    writes: Executor | None,
 ) -> Outcome:
     loop = asyncio.get_running_loop()
     try:
@@ -594,7 +696,10 @@ async def prepare_one(
         try:
             claim = await asyncio.wait_for(loop.run_in_executor(reads, source.get, ref, budget), budget + 0.5)
         except TimeoutError:
-            return Outcome(None, f"claim {ref}: not prepared, reading it from the API took over {budget:.1f}s (the kubelet asks again)")
+            return Outcome(
+                None,
+                f"claim {ref}: not prepared, reading it from the API took over {budget:.1f}s (the kubelet asks again)",
+            )
         if deadline is not None and time.monotonic() > deadline:
             return Outcome(None, f"claim {ref}: not prepared, the call's deadline was near (the kubelet asks again)")
         return Outcome(await loop.run_in_executor(writes, driver.prepare, ref, claim, True))

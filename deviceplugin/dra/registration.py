@@ -45,7 +45,9 @@ class PluginPaths:
 
     @property
     def registration_socket(self) -> Path:
-        return self.registrar_dir / (f"{self.driver}-{self.instance}-reg.sock" if self.instance else f"{self.driver}-reg.sock")
+        return self.registrar_dir / (
+            f"{self.driver}-{self.instance}-reg.sock" if self.instance else f"{self.driver}-reg.sock"
+        )
 
     @property
     def checkpoint(self) -> Path:
@@ -57,7 +59,9 @@ class PluginPaths:
             if not path.is_absolute():
                 raise StartupError(f"DRA socket path {path} is not absolute")
             if len(str(path).encode()) > MAX_SOCKET_PATH:
-                raise StartupError(f"DRA socket path {path} is longer than {MAX_SOCKET_PATH} bytes: use shorter kubelet directories")
+                raise StartupError(
+                    f"DRA socket path {path} is longer than {MAX_SOCKET_PATH} bytes: use shorter kubelet directories"
+                )
 
 
 class Registration(reg_grpc.RegistrationServicer):
@@ -70,9 +74,13 @@ class Registration(reg_grpc.RegistrationServicer):
         self.last_error = ""
 
     async def GetInfo(self, request: reg_pb.InfoRequest, context: object) -> reg_pb.PluginInfo:
-        return reg_pb.PluginInfo(type=PLUGIN_TYPE, name=self.driver, endpoint=str(self.endpoint), supported_versions=list(SUPPORTED_VERSIONS))
+        return reg_pb.PluginInfo(
+            type=PLUGIN_TYPE, name=self.driver, endpoint=str(self.endpoint), supported_versions=list(SUPPORTED_VERSIONS)
+        )
 
-    async def NotifyRegistrationStatus(self, request: reg_pb.RegistrationStatus, context: object) -> reg_pb.RegistrationStatusResponse:
+    async def NotifyRegistrationStatus(
+        self, request: reg_pb.RegistrationStatus, context: object
+    ) -> reg_pb.RegistrationStatusResponse:
         if request.plugin_registered:
             if not self.registered.is_set():
                 log.info("registered with the kubelet as DRA driver %s", self.driver)

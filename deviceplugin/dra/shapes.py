@@ -31,7 +31,14 @@ class HeldShapes:
     """A ConfigConsumer in front of `consumers`. `served` starts as the start-up plan: a restart does not know the
     shape a claim was prepared in, so it is the one the config gives (the prepare ledger still refuses by memory)."""
 
-    def __init__(self, driver: Driver, state: NodeState, consumers: Sequence[ConfigConsumer], config: Config, resources: list[Resource]) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        state: NodeState,
+        consumers: Sequence[ConfigConsumer],
+        config: Config,
+        resources: list[Resource],
+    ) -> None:
         self.driver, self.state, self.consumers = driver, state, list(consumers)
         self.config, self.wanted, self.served = config, list(resources), list(resources)
         self.guard = ShapeGuard()  # the core's, shared with the device plugin
@@ -43,7 +50,9 @@ class HeldShapes:
         by_name = {d.name: d for d in self.driver.devices}
         if self.driver.checkpoint.damaged:
             damaged = ", ".join(sorted(self.driver.checkpoint.damaged)[:3])
-            return frozenset(Hold(d.resource.name, d.unit.uuid, None, f"damaged claim record(s) {damaged}") for d in by_name.values())
+            return frozenset(
+                Hold(d.resource.name, d.unit.uuid, None, f"damaged claim record(s) {damaged}") for d in by_name.values()
+            )
         return frozenset(
             Hold(d.resource.name, d.unit.uuid, d.unit.replicas, f"claim {c.namespace}/{c.name}")
             for c in self.driver.prepared()

@@ -82,9 +82,16 @@ class SliceApi:
 
     def list(self) -> tuple[list[Stored], str]:
         """One page of this driver's slices on this node, and the list's resourceVersion."""
-        found = self._api.list(RESOURCE_SLICES, field_selector=self.selector, limit=LIST_PAGE, timeout=self.timeout,
-                               max_bytes=MAX_RESPONSE_BYTES)
-        return [Stored.from_api(item) for item in found.get("items") or []], str(found["metadata"].get("resourceVersion", ""))
+        found = self._api.list(
+            RESOURCE_SLICES,
+            field_selector=self.selector,
+            limit=LIST_PAGE,
+            timeout=self.timeout,
+            max_bytes=MAX_RESPONSE_BYTES,
+        )
+        return [Stored.from_api(item) for item in found.get("items") or []], str(
+            found["metadata"].get("resourceVersion", "")
+        )
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         return self._api.create(RESOURCE_SLICES, obj, timeout=self.timeout)
@@ -94,7 +101,11 @@ class SliceApi:
 
     def delete(self, stored: Stored) -> None:
         """Delete with the UID and resourceVersion read as preconditions; gone already is fine."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": stored.uid, "resourceVersion": stored.resource_version}}
+        body = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {"uid": stored.uid, "resourceVersion": stored.resource_version},
+        }
         try:
             self._api.delete(f"{RESOURCE_SLICES}/{stored.name}", body, timeout=self.timeout)
         except ApiError as err:
@@ -103,8 +114,13 @@ class SliceApi:
 
     def watch(self, resource_version: str, seconds: int) -> Any:
         """The open watch response (events as JSON lines); the server ends it after `seconds`."""
-        return self._api.watch(RESOURCE_SLICES, resource_version, field_selector=self.selector, seconds=seconds,
-                               silence=seconds + self.timeout)
+        return self._api.watch(
+            RESOURCE_SLICES,
+            resource_version,
+            field_selector=self.selector,
+            seconds=seconds,
+            silence=seconds + self.timeout,
+        )
 
 
 @dataclass
@@ -164,7 +180,9 @@ class SlicePublisher(BackgroundLoop):
         self.max_conflicts = max_conflicts
         self.budget = WriteBudget(write_burst, write_rate)
         self.api = SliceApi(api, node_name, driver, request_timeout)
-        self.kept_mig: Callable[[], Mapping[str, Sequence[tuple[int, int]]]] = dict  # MIG instances of no claim (dra.migdynamic)
+        self.kept_mig: Callable[[], Mapping[str, Sequence[tuple[int, int]]]] = (
+            dict  # MIG instances of no claim (dra.migdynamic)
+        )
         self.stats = PublisherStats()
         self._devices: list[DraDevice] | None = None
         self._owner: dict[str, Any] | None = None
@@ -275,7 +293,12 @@ class SlicePublisher(BackgroundLoop):
         if deferred:
             self.stats.deferred += 1
             limiter = self._errors["publish"]
-            limiter.log(logging.WARNING, "rate", "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)", self.budget.burst)
+            limiter.log(
+                logging.WARNING,
+                "rate",
+                "DRA slices: writes rate-limited (more than %d rounds in a burst: another writer disagrees?)",
+                self.budget.burst,
+            )
             limiter.flush()
             return deferred
         with self._changes:
@@ -293,7 +316,13 @@ class SlicePublisher(BackgroundLoop):
         self.stats.errors[loop] += 1
         self.stats.last_error = text
         limiter = self._errors[loop]
-        limiter.log(logging.WARNING, (type(err), getattr(err, "status", None)), "DRA slices (%s) failed, retrying with backoff: %s", loop, text)
+        limiter.log(
+            logging.WARNING,
+            (type(err), getattr(err, "status", None)),
+            "DRA slices (%s) failed, retrying with backoff: %s",
+            loop,
+            text,
+        )
         limiter.flush()
 
     def _publish(self, devices: list[DraDevice]) -> float:
@@ -310,7 +339,14 @@ class SlicePublisher(BackgroundLoop):
                 body["taints"] = taints
             rendered.append(body)
         gpus = {d.unit.gpu.uuid: d.unit.gpu for d in devices if d.partition}
-        pool = Pool(self.node_name, self.driver, owner, rendered, counter_sets(list(gpus.values()), self.kept_mig()), writer=self.writer)
+        pool = Pool(
+            self.node_name,
+            self.driver,
+            owner,
+            rendered,
+            counter_sets(list(gpus.values()), self.kept_mig()),
+            writer=self.writer,
+        )
         conflicts = 0
         while True:
             stored = self._stored()
@@ -347,12 +383,18 @@ class SlicePublisher(BackgroundLoop):
             return True
         if self._started is None:
             return False
-        newer = [s.writer for s in stored if (started := writer_started(s.writer)) is not None and started > self._started]
+        newer = [
+            s.writer for s in stored if (started := writer_started(s.writer)) is not None and started > self._started
+        ]
         if not newer:
             return False
         self.stats.superseded_by = newer[0]
-        log.warning("a newer instance of %s (%s) publishes node %s's ResourceSlices: this one stops writing them",
-                    self.driver, safe_text(newer[0]), self.node_name)
+        log.warning(
+            "a newer instance of %s (%s) publishes node %s's ResourceSlices: this one stops writing them",
+            self.driver,
+            safe_text(newer[0]),
+            self.node_name,
+        )
         return True
 
     def _stored(self) -> list[Stored]:
@@ -384,8 +426,15 @@ class SlicePublisher(BackgroundLoop):
             written[obj["metadata"]["name"]] = self._adopt(obj, self.api.create(obj))
             self.stats.writes["create"] += 1
         if plan.writes:
-            log.info("DRA slices of node %s: generation %d, %d slices (%d deleted, %d replaced, %d created)",
-                     self.node_name, plan.generation, len(plan.desired), len(plan.deletes), len(plan.updates), len(plan.creates))
+            log.info(
+                "DRA slices of node %s: generation %d, %d slices (%d deleted, %d replaced, %d created)",
+                self.node_name,
+                plan.generation,
+                len(plan.desired),
+                len(plan.deletes),
+                len(plan.updates),
+                len(plan.creates),
+            )
         return written
 
     def _adopt(self, sent: dict[str, Any], stored: Mapping[str, Any]) -> Stored:
@@ -396,8 +445,11 @@ class SlicePublisher(BackgroundLoop):
             self._adopted.pop(name, None)
         else:
             if name not in self._adopted:
-                log.warning("the API server changed ResourceSlice %s on write (a DRA feature gate off, e.g. DRAConsumableCapacity or DRADeviceTaints?): "
-                            "publishing what it keeps", safe_text(name))
+                log.warning(
+                    "the API server changed ResourceSlice %s on write (a DRA feature gate off, e.g. DRAConsumableCapacity or DRADeviceTaints?): "
+                    "publishing what it keeps",
+                    safe_text(name),
+                )
             self._adopted[name] = kept
         return Stored.from_api(stored)
 
@@ -441,7 +493,6 @@ class SlicePublisher(BackgroundLoop):
                 self._watch_response = None
             response.release_conn()
 
-
     def _as_wanted(self, kind: str, obj: Mapping[str, Any]) -> bool:
         """The event leaves the slices as the last plan wants them: a wanted slice as wanted (recorded as known), or
         an unwanted one deleted."""
@@ -465,19 +516,52 @@ class _SliceCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self.publisher.stats
-        writes = CounterMetricFamily("gpushare_dra_slice_writes", "ResourceSlice writes by operation (create, update, delete).", labels=["operation"])
+        writes = CounterMetricFamily(
+            "gpushare_dra_slice_writes",
+            "ResourceSlice writes by operation (create, update, delete).",
+            labels=["operation"],
+        )
         for operation, count in stats.writes.items():
             writes.add_metric([operation], count)
-        errors = CounterMetricFamily("gpushare_dra_slice_errors", "Failed publish rounds and watch streams (each retried with backoff).", labels=["loop"])
+        errors = CounterMetricFamily(
+            "gpushare_dra_slice_errors",
+            "Failed publish rounds and watch streams (each retried with backoff).",
+            labels=["loop"],
+        )
         for loop, count in stats.errors.items():
             errors.add_metric([loop], count)
         yield writes
         yield errors
-        yield CounterMetricFamily("gpushare_dra_slice_conflicts", "409 conflicts on ResourceSlice writes (read again and retried).", value=stats.conflicts)
-        yield CounterMetricFamily("gpushare_dra_slice_deferred", "Publish rounds whose writes waited for the write rate limit.", value=stats.deferred)
-        yield GaugeMetricFamily("gpushare_dra_slices", "ResourceSlices of the node's pool after the last successful round.", value=stats.slices)
-        yield GaugeMetricFamily("gpushare_dra_pool_generation", "The pool's generation after the last successful round.", value=stats.generation)
-        yield GaugeMetricFamily("gpushare_dra_tainted_devices", "Published devices with at least one taint.", value=stats.tainted)
-        yield GaugeMetricFamily("gpushare_dra_slices_in_sync", "1 when the last round succeeded and nothing changed since.", value=int(stats.in_sync))
-        yield GaugeMetricFamily("gpushare_dra_slices_superseded", "1 when a newer instance of the driver (a rolling update) publishes the node's slices and this one stopped writing them.",
-                                value=int(bool(stats.superseded_by)))
+        yield CounterMetricFamily(
+            "gpushare_dra_slice_conflicts",
+            "409 conflicts on ResourceSlice writes (read again and retried).",
+            value=stats.conflicts,
+        )
+        yield CounterMetricFamily(
+            "gpushare_dra_slice_deferred",
+            "Publish rounds whose writes waited for the write rate limit.",
+            value=stats.deferred,
+        )
+        yield GaugeMetricFamily(
+            "gpushare_dra_slices",
+            "ResourceSlices of the node's pool after the last successful round.",
+            value=stats.slices,
+        )
+        yield GaugeMetricFamily(
+            "gpushare_dra_pool_generation",
+            "The pool's generation after the last successful round.",
+            value=stats.generation,
+        )
+        yield GaugeMetricFamily(
+            "gpushare_dra_tainted_devices", "Published devices with at least one taint.", value=stats.tainted
+        )
+        yield GaugeMetricFamily(
+            "gpushare_dra_slices_in_sync",
+            "1 when the last round succeeded and nothing changed since.",
+            value=int(stats.in_sync),
+        )
+        yield GaugeMetricFamily(
+            "gpushare_dra_slices_superseded",
+            "1 when a newer instance of the driver (a rolling update) publishes the node's slices and this one stopped writing them.",
+            value=int(bool(stats.superseded_by)),
+        )

@@ -29,7 +29,11 @@ MAX_SHARES = 65_536  # container shares in one map; pod-resources lists far fewe
 
 
 def claim_usage(
-    response: pr.ListPodResourcesResponse, prepared: Iterable[PreparedClaim], devices: Mapping[str, DraDevice], driver: str, pool: str
+    response: pr.ListPodResourcesResponse,
+    prepared: Iterable[PreparedClaim],
+    devices: Mapping[str, DraDevice],
+    driver: str,
+    pool: str,
 ) -> Usage:
     """The usage map of one pod-resources List against the prepared claims; `devices` are the driver's, by name."""
     records: dict[tuple[str, str], list[PreparedClaim]] = {}
@@ -44,21 +48,31 @@ def claim_usage(
             key = (pod.namespace, pod.name, container.name)
             active.add(key)
             for dynamic in container.dynamic_resources:
-                for claim, device in _reported(records.get((dynamic.claim_namespace, dynamic.claim_name), []), dynamic, driver, pool):
+                for claim, device in _reported(
+                    records.get((dynamic.claim_namespace, dynamic.claim_name), []), dynamic, driver, pool
+                ):
                     known = devices.get(device.device)
                     if known is None or device.shares <= 0:  # admin access holds no share
                         continue
-                    if known.partition and device.mig and device.mig.uuid:  # dynamic MIG: the instance made for the claim
+                    if (
+                        known.partition and device.mig and device.mig.uuid
+                    ):  # dynamic MIG: the instance made for the claim
                         known = instance_device(known, device.mig)
                     if (key, known.unit.uuid) not in held and len(held) >= MAX_SHARES:
-                        log.warning("pod-resources lists more than %d DRA container shares; the rest are not watched or metered", MAX_SHARES)
+                        log.warning(
+                            "pod-resources lists more than %d DRA container shares; the rest are not watched or metered",
+                            MAX_SHARES,
+                        )
                         return _usage(held, active)
-                    held.setdefault((key, known.unit.uuid), {}).setdefault(f"{claim.uid}/{device.device}/{device.share_id or ''}", (device, known))
+                    held.setdefault((key, known.unit.uuid), {}).setdefault(
+                        f"{claim.uid}/{device.device}/{device.share_id or ''}", (device, known)
+                    )
     return _usage(held, active)
 
 
 def _usage(
-    held: dict[tuple[tuple[str, str, str], str], dict[str, tuple[PreparedDevice, DraDevice]]], active: set[tuple[str, str, str]]
+    held: dict[tuple[tuple[str, str, str], str], dict[str, tuple[PreparedDevice, DraDevice]]],
+    active: set[tuple[str, str, str]],
 ) -> Usage:
     shares: list[ContainerShare] = []
     for (key, _), items in held.items():
@@ -67,7 +81,12 @@ def _usage(
         devices = [d for d, _ in items.values()]
         shares.append(
             container_share(
-                key, resource, unit, list(items), sum(d.shares for d in devices), sum(d.memory_mib for d in devices),
+                key,
+                resource,
+                unit,
+                list(items),
+                sum(d.shares for d in devices),
+                sum(d.memory_mib for d in devices),
                 time_sliced=any(d.strategy == "timeSlicing" for d in devices),  # a SharingConfig's, on an MPS pool
             )
         )
@@ -85,11 +104,15 @@ def _reported(
     }
     names = {name for name, _ in wanted}
     seen: set[tuple[str, str | None]] = set()
-    for claim in claims:  # two records of one name: a replaced claim whose old pod still ends; share IDs tell them apart
+    for (
+        claim
+    ) in claims:  # two records of one name: a replaced claim whose old pod still ends; share IDs tell them apart
         for device in claim.devices:
             key = (device.device, device.share_id)
             # a device held whole has no share ID; a kubelet that reports none matches on the device name
-            matches = device.device in names and (device.share_id is None or key in wanted or (device.device, None) in wanted)
+            matches = device.device in names and (
+                device.share_id is None or key in wanted or (device.device, None) in wanted
+            )
             if matches and key not in seen:
                 seen.add(key)
                 yield claim, device
@@ -98,7 +121,13 @@ def _reported(
 class ClaimUsage:
     """The node agent's usage builder in DRA mode (agent.observe): pod-resources against the driver's checkpoint."""
 
-    def __init__(self, prepared: Callable[[], Iterable[PreparedClaim]], devices: Callable[[], Iterable[DraDevice]], driver: str, pool: str) -> None:
+    def __init__(
+        self,
+        prepared: Callable[[], Iterable[PreparedClaim]],
+        devices: Callable[[], Iterable[DraDevice]],
+        driver: str,
+        pool: str,
+    ) -> None:
         self.prepared = prepared
         self.devices = devices
         self.driver = driver

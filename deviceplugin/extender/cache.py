@@ -27,7 +27,17 @@ from ..cluster import MILLI, PodDemand
 from ..kube.annotation import HEALTHY, pod_digest
 from .dra import FIRST_FIT, MAX_POD_CLAIMS, ClaimInfo, SliceInfo, shares_of
 from .fit import FreeShares, free_shares, place
-from .inputs import ContainerRequest, HostCapacity, InputError, InventoryUnit, NodeInventory, NodeResource, PodRequest, parse_annotation, pod_demand
+from .inputs import (
+    ContainerRequest,
+    HostCapacity,
+    InputError,
+    InventoryUnit,
+    NodeInventory,
+    NodeResource,
+    PodRequest,
+    parse_annotation,
+    pod_demand,
+)
 
 
 @dataclass(frozen=True)
@@ -52,8 +62,13 @@ class CandidateNode:
     __slots__ = ("name", "inventory", "free", "error", "room", "scores", "host", "host_free")
 
     def __init__(
-        self, name: str, inventory: NodeInventory | None, free: FreeShares, error: str = "",
-        host: HostCapacity = HostCapacity(), host_free: tuple[int, int, int] | None = None,
+        self,
+        name: str,
+        inventory: NodeInventory | None,
+        free: FreeShares,
+        error: str = "",
+        host: HostCapacity = HostCapacity(),
+        host_free: tuple[int, int, int] | None = None,
     ) -> None:
         self.name = name
         self.inventory = inventory
@@ -85,8 +100,13 @@ class _Reservation:
 
 class ClusterCache:
     def __init__(
-        self, reservation_ttl: float = defaults.RESERVATION_TTL, max_reservations: int = 256, max_reservation_nodes: int = 256,
-        clock: Callable[[], float] = time.monotonic, driver: str = "", classes: frozenset[str] = frozenset(),
+        self,
+        reservation_ttl: float = defaults.RESERVATION_TTL,
+        max_reservations: int = 256,
+        max_reservation_nodes: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+        driver: str = "",
+        classes: frozenset[str] = frozenset(),
     ) -> None:
         """`driver`, `classes`: the gpu-share DRA driver and the DeviceClasses whose claims ask it for shares ("": no DRA)."""
         self.driver = driver
@@ -106,7 +126,9 @@ class ClusterCache:
         self._slices: dict[str, SliceInfo] = {}  # slice name -> slice
         self._claims: dict[tuple[str, str], ClaimInfo] = {}  # (namespace, name) -> claim
         self._templates: dict[tuple[str, str], tuple[tuple[int, int, int], ...]] = {}  # (namespace, name) -> requests
-        self._results: dict[tuple[str, str], dict[tuple[str, str], tuple[tuple[int, int], ...]]] = {}  # (pool, device) -> claim -> (shares, memory)
+        self._results: dict[
+            tuple[str, str], dict[tuple[str, str], tuple[tuple[int, int], ...]]
+        ] = {}  # (pool, device) -> claim -> (shares, memory)
         self._pool_node: dict[str, str] = {}
         self._dra: dict[str, NodeResource] = {}  # node -> its devices
         self._share_bytes = 0  # one share's memory on some device (a claim naming only memory)
@@ -115,7 +137,11 @@ class ClusterCache:
     def set_node(self, name: str, annotation: str | None, host: HostCapacity = HostCapacity()) -> None:
         """A node's annotation and allocatable (unlimited where the Node does not say)."""
         if annotation is None:
-            entry = _Node(None, "node has no gpu-share inventory annotation (no gpu-share plugin, or it has not published yet)", host)
+            entry = _Node(
+                None,
+                "node has no gpu-share inventory annotation (no gpu-share plugin, or it has not published yet)",
+                host,
+            )
         else:
             try:
                 inventory = parse_annotation(name, annotation)
@@ -222,7 +248,11 @@ class ClusterCache:
         if not self.driver or not isinstance(entries, list):
             return ()
         namespace = str((pod.get("metadata") or {}).get("namespace", ""))
-        generated = {str(s.get("name")): s.get("resourceClaimName") for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or []) if isinstance(s, dict)}
+        generated = {
+            str(s.get("name")): s.get("resourceClaimName")
+            for s in ((pod.get("status") or {}).get("resourceClaimStatuses") or [])
+            if isinstance(s, dict)
+        }
         out: list[ContainerRequest] = []
         with self._lock:
             for entry in entries[:MAX_POD_CLAIMS]:
@@ -240,7 +270,9 @@ class ClusterCache:
                     continue
                 for i, (count, shares, memory) in enumerate(requests):
                     wanted = shares_of(shares, memory, self._share_bytes)
-                    out += [ContainerRequest(f"claim {entry.get('name')} request {i}", ((self.driver, wanted),))] * count
+                    out += [
+                        ContainerRequest(f"claim {entry.get('name')} request {i}", ((self.driver, wanted),))
+                    ] * count
         return tuple(out)
 
     # --- read by the HTTP handlers ------------------------------------------------------------
@@ -263,7 +295,11 @@ class ClusterCache:
                 entry = nodes.get(name)
                 view = entry.view if entry is not None else None
                 reserved = reserved_on.get(name)
-                if view is None or (reserved and reserved != only_own) or (exclude and exclude in pods_on.get(name, ())):
+                if (
+                    view is None
+                    or (reserved and reserved != only_own)
+                    or (exclude and exclude in pods_on.get(name, ()))
+                ):
                     view = self._view(name, exclude)
                 out.append(view)
         return out
@@ -280,7 +316,9 @@ class ClusterCache:
                 self._drop_reservation(next(iter(self._reservations)))
             self._seq += 1
             kept = tuple(nodes[: self.max_reservation_nodes])
-            self._reservations[request.uid] = _Reservation(request, kept, self.clock() + self.reservation_ttl, self._seq)
+            self._reservations[request.uid] = _Reservation(
+                request, kept, self.clock() + self.reservation_ttl, self._seq
+            )
             for name in kept:
                 self._reserved_on.setdefault(name, set()).add(request.uid)
 
@@ -356,7 +394,9 @@ class ClusterCache:
         for uid, pod in self._pods_on.get(name, {}).items():
             if uid != exclude:
                 cpu, memory, slots = cpu - pod.request.cpu_milli, memory - pod.request.memory_mib, slots - 1
-        return CandidateNode(name, entry.inventory, self._free(name, entry.inventory, exclude), host=host, host_free=(cpu, memory, slots))
+        return CandidateNode(
+            name, entry.inventory, self._free(name, entry.inventory, exclude), host=host, host_free=(cpu, memory, slots)
+        )
 
     def _counted(self, pod: PodState) -> bool:
         entry = self._nodes.get(pod.node)
@@ -378,7 +418,9 @@ class ClusterCache:
         now = self.clock()
         for uid in [u for u in uids if self._reservations[u].expires <= now]:
             self._drop_reservation(uid)
-        live = sorted((self._reservations[u] for u in self._reserved_on.get(name, ()) if u != exclude), key=lambda r: r.seq)
+        live = sorted(
+            (self._reservations[u] for u in self._reserved_on.get(name, ()) if u != exclude), key=lambda r: r.seq
+        )
         return [r.request for r in live]
 
     def _claimed_shares(self) -> dict[str, list[tuple[int, int]]]:
@@ -393,7 +435,9 @@ class ClusterCache:
             for pool, device, shares, memory in info.consumed:
                 total = totals.get((pool, device))
                 if total:
-                    held.append((total if shares < 0 else min(total, shares_of(shares, memory, self._share_bytes)), total))
+                    held.append(
+                        (total if shares < 0 else min(total, shares_of(shares, memory, self._share_bytes)), total)
+                    )
             for uid in info.reserved_for:
                 out.setdefault(uid, []).extend(held)
         return out
@@ -438,9 +482,15 @@ class ClusterCache:
                     if device.share_bytes:
                         self._share_bytes = self._share_bytes or device.share_bytes
                     held = self._results.get((info.pool, device.name), {})
-                    used = sum(device.shares if s < 0 else shares_of(s, m, device.share_bytes) for results in held.values() for s, m in results)
+                    used = sum(
+                        device.shares if s < 0 else shares_of(s, m, device.share_bytes)
+                        for results in held.values()
+                        for s, m in results
+                    )
                     used = min(used, device.shares)
-                    units.append(InventoryUnit(device.name, device.index, "", device.shares, used, device.shares - used, HEALTHY))
+                    units.append(
+                        InventoryUnit(device.name, device.index, "", device.shares, used, device.shares - used, HEALTHY)
+                    )
             if units:
                 self._dra[node] = NodeResource(self.driver, node, False, FIRST_FIT, tuple(units))
             else:
@@ -482,7 +532,10 @@ def _claimed_pod(held: list[tuple[int, int]], request: PodRequest) -> PodDemand:
     if len(held) > 1 and all(shares == total for shares, total in held):
         return PodDemand(request.cpu_milli, request.memory_mib, num_gpu=len(held), gpu_milli=MILLI)
     shares, total = max(held, key=lambda st: st[0] / st[1])
-    return pod_demand(PodRequest("", "", "", (ContainerRequest("", (("", shares),)),), (), request.cpu_milli, request.memory_mib), total)
+    return pod_demand(
+        PodRequest("", "", "", (ContainerRequest("", (("", shares),)),), (), request.cpu_milli, request.memory_mib),
+        total,
+    )
 
 
 def pod_state(pod: dict, request: PodRequest) -> PodState | None:
@@ -493,4 +546,6 @@ def pod_state(pod: dict, request: PodRequest) -> PodState | None:
     node = (pod.get("spec") or {}).get("nodeName") or status.get("nominatedNodeName")
     if not node or not request.uid:
         return None
-    return PodState(request.uid, str(node), request, "" if request.empty else pod_digest(request.namespace, request.name))
+    return PodState(
+        request.uid, str(node), request, "" if request.empty else pod_digest(request.namespace, request.name)
+    )

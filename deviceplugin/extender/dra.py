@@ -66,7 +66,14 @@ def slice_info(obj: dict, driver: str) -> SliceInfo | None:
         memory = _capacity(capacity, CAPACITY_MEMORY)
         index = ((device.get("attributes") or {}).get("index") or {}).get("int", i)
         count = shares if shares > 0 and device.get("allowMultipleAllocations") else 1
-        devices.append(SliceDevice(str(device["name"]), int(index) if isinstance(index, int) else i, count, memory // count if memory else 0))
+        devices.append(
+            SliceDevice(
+                str(device["name"]),
+                int(index) if isinstance(index, int) else i,
+                count,
+                memory // count if memory else 0,
+            )
+        )
     return SliceInfo(str(spec["nodeName"]), str((spec.get("pool") or {}).get("name", spec["nodeName"])), tuple(devices))
 
 
@@ -77,13 +84,20 @@ def claim_info(obj: dict, driver: str, classes: frozenset[str]) -> ClaimInfo:
     allocation = status.get("allocation")
     consumed = []
     if isinstance(allocation, dict):
-        for result in ((allocation.get("devices") or {}).get("results") or [])[:MAX_REQUESTS * MAX_COUNT]:
+        for result in ((allocation.get("devices") or {}).get("results") or [])[: MAX_REQUESTS * MAX_COUNT]:
             if not isinstance(result, dict) or result.get("driver") != driver or result.get("adminAccess"):
                 continue
             used = result.get("consumedCapacity") or {}
             shared = bool(result.get("shareID"))
             shares = _quantity(used.get(CAPACITY_SHARES)) if shared else -1  # -1: the whole device
-            consumed.append((str(result.get("pool", "")), str(result.get("device", "")), shares, _quantity(used.get(CAPACITY_MEMORY)) if shared else 0))
+            consumed.append(
+                (
+                    str(result.get("pool", "")),
+                    str(result.get("device", "")),
+                    shares,
+                    _quantity(used.get(CAPACITY_MEMORY)) if shared else 0,
+                )
+            )
     reserved = tuple(str(r.get("uid", "")) for r in (status.get("reservedFor") or [])[:256] if isinstance(r, dict))
     uid = str((obj.get("metadata") or {}).get("uid", ""))
     return ClaimInfo(uid, claim_requests(spec, classes), isinstance(allocation, dict), tuple(consumed), reserved)

@@ -67,7 +67,9 @@ def place(request: PodRequest, node: NodeInventory, free: FreeShares) -> Fit:
             if failure:
                 return failure
             units = touched.setdefault(resource, list(free[resource]))
-            placements += [Placement(container.name, resource, i, n) for i, n in _take(node.resources[resource], units, count)]
+            placements += [
+                Placement(container.name, resource, i, n) for i, n in _take(node.resources[resource], units, count)
+            ]
     free.update(touched)
     return Fit(placements=tuple(placements))
 
@@ -75,7 +77,9 @@ def place(request: PodRequest, node: NodeInventory, free: FreeShares) -> Fit:
 def _check(node: NodeInventory, free: FreeShares, resource: str, count: int, container: str) -> Fit | None:
     info = node.resources.get(resource)
     if info is None or not info.units:
-        return Fit(category=NO_RESOURCE, reason=f"node has no {resource} (not in its gpu-share inventory)", unresolvable=True)
+        return Fit(
+            category=NO_RESOURCE, reason=f"node has no {resource} (not in its gpu-share inventory)", unresolvable=True
+        )
     units = free[resource]
     if (sum(units) if info.allow_span else max(units)) >= count:
         return None
@@ -112,7 +116,10 @@ def _why(info: NodeResource, free: list[int], count: int, container: str) -> Fit
         return Fit(
             category=TOO_LARGE, reason=f"{asks}; each {kind} of this node has at most {largest}", unresolvable=True
         )
-    for health, category, why in ((UNHEALTHY, UNHEALTHY_UNIT, "is Unhealthy"), (QUARANTINED, QUARANTINED_UNIT, "is quarantined (a finished tenant's memory is still on it)")):
+    for health, category, why in (
+        (UNHEALTHY, UNHEALTHY_UNIT, "is Unhealthy"),
+        (QUARANTINED, QUARANTINED_UNIT, "is quarantined (a finished tenant's memory is still on it)"),
+    ):
         blocked = [u for u in units if u.health == health and u.total - u.used >= count]
         if blocked:
             where = ", ".join(_name(u) for u in blocked[:4])
@@ -120,7 +127,10 @@ def _why(info: NodeResource, free: list[int], count: int, container: str) -> Fit
     pieces = sorted((n for n in free if n), reverse=True)
     if sum(free) >= count:
         split = "+".join(str(n) for n in pieces[:8]) + ("+..." if len(pieces) > 8 else "")
-        return Fit(category=SPLIT, reason=f"{asks} on one {kind}; the most free on one {kind} is {pieces[0]} (free {split} on {len(pieces)} {kind}s)")
+        return Fit(
+            category=SPLIT,
+            reason=f"{asks} on one {kind}; the most free on one {kind} is {pieces[0]} (free {split} on {len(pieces)} {kind}s)",
+        )
     return Fit(category=INSUFFICIENT, reason=f"{asks}; the node has {sum(free)} free")
 
 

@@ -115,7 +115,8 @@ class ExtenderHTTPServer:
         budget = _Budget(max(max_in_flight, max_body))
         crowded = lambda: self.httpd.crowded()  # noqa: E731
         verbs: dict[str, tuple[str, Callable[[dict], object]]] = {
-            "/filter": ("filter", extender.filter), "/prioritize": ("prioritize", extender.prioritize),
+            "/filter": ("filter", extender.filter),
+            "/prioritize": ("prioritize", extender.prioritize),
             "/all/filter": ("all-filter", lambda args: extender.filter(args, every_pod=True)),
             "/all/prioritize": ("all-prioritize", lambda args: extender.prioritize(args, every_pod=True)),
         }
@@ -187,7 +188,9 @@ class ExtenderHTTPServer:
                 if not budget.take(length, read_timeout):
                     self.close_connection = True
                     metrics.requests.labels(verb, "error").inc()
-                    return self._text(503, f"busy: other request bodies hold the {budget.limit} bytes served at once; retry")
+                    return self._text(
+                        503, f"busy: other request bodies hold the {budget.limit} bytes served at once; retry"
+                    )
                 try:
                     answer = handle(json.loads(self.rfile.read(length)))
                 except (ValueError, InputError) as err:  # JSON errors are ValueErrors too
@@ -202,12 +205,18 @@ class ExtenderHTTPServer:
 
         handshake = None
         if tls is not None:
+
             def handshake(sock: socket.socket) -> socket.socket:
                 try:
-                    return tls.handshake(sock, read_timeout, lambda waited: waited >= EVICT_AFTER and self.httpd.crowded())
+                    return tls.handshake(
+                        sock, read_timeout, lambda waited: waited >= EVICT_AFTER and self.httpd.crowded()
+                    )
                 except ssl.SSLError:
-                    metrics.unauthenticated.labels("handshake").inc()  # not TLS, or a certificate the client CA did not sign
+                    metrics.unauthenticated.labels(
+                        "handshake"
+                    ).inc()  # not TLS, or a certificate the client CA did not sign
                     raise
+
         self.tls = tls
         self.httpd: _PooledHTTPServer = _PooledHTTPServer((host, port), Handler, workers, backlog, handshake)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="extender-http", daemon=True)
@@ -219,8 +228,17 @@ class ExtenderHTTPServer:
     def start(self) -> None:
         self.httpd.start_workers()
         self._thread.start()
-        how = "HTTP" if self.tls is None else "HTTPS, " + ("client certificates" if self.tls.settings.authenticates else "no client authentication")
-        log.info("extender on %s:%d, %s (POST /filter, /prioritize; GET /metrics, /healthz, /readyz)", self.httpd.server_address[0], self.port, how)
+        how = (
+            "HTTP"
+            if self.tls is None
+            else "HTTPS, " + ("client certificates" if self.tls.settings.authenticates else "no client authentication")
+        )
+        log.info(
+            "extender on %s:%d, %s (POST /filter, /prioritize; GET /metrics, /healthz, /readyz)",
+            self.httpd.server_address[0],
+            self.port,
+            how,
+        )
 
     def stop(self) -> None:
         if self._thread.is_alive():
@@ -233,8 +251,14 @@ class _PooledHTTPServer(HTTPServer):
     """An HTTPServer whose connections are served by a fixed pool of threads; a full queue refuses with 503.
     `handshake`: what a worker does first with each connection (TLS), in place of the plain socket."""
 
-    def __init__(self, address, handler, workers: int, backlog: int,
-                 handshake: Callable[[socket.socket], socket.socket] | None = None) -> None:
+    def __init__(
+        self,
+        address,
+        handler,
+        workers: int,
+        backlog: int,
+        handshake: Callable[[socket.socket], socket.socket] | None = None,
+    ) -> None:
         super().__init__(address, handler)
         self.handshake = handshake
         self.workers = workers
@@ -263,7 +287,9 @@ class _PooledHTTPServer(HTTPServer):
         except queue.Full:
             if self.handshake is None:  # with TLS, plain text would be garbage to the client: the close says it all
                 try:
-                    request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    request.sendall(
+                        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
                 except OSError:
                     pass
             self.shutdown_request(request)

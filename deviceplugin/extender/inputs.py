@@ -81,7 +81,9 @@ def parse_annotation(node: str, text: str) -> NodeInventory:
     if not isinstance(data, dict):
         raise InputError("annotation must be a JSON object")
     if data.get("version") != VERSION:
-        raise InputError(f"annotation version {data.get('version')!r}: this extender reads version {VERSION} (upgrade the node plugin)")
+        raise InputError(
+            f"annotation version {data.get('version')!r}: this extender reads version {VERSION} (upgrade the node plugin)"
+        )
     resources = {}
     count = 0
     for name, entry in _field(data, "resources", dict).items():
@@ -93,12 +95,26 @@ def parse_annotation(node: str, text: str) -> NodeInventory:
             if health not in HEALTH_VALUES:
                 raise InputError(f"{at}.health: {health!r} is not one of {', '.join(HEALTH_VALUES)}")
             total, used, free = (_count(raw, key, at) for key in ("total", "used", "free"))
-            units.append(InventoryUnit(_field(raw, "uuid", str, at), _count(raw, "gpu", at), str(raw.get("profile", "")), total, used, free, health))
+            units.append(
+                InventoryUnit(
+                    _field(raw, "uuid", str, at),
+                    _count(raw, "gpu", at),
+                    str(raw.get("profile", "")),
+                    total,
+                    used,
+                    free,
+                    health,
+                )
+            )
         count += len(units)
         if count > MAX_UNITS:
             raise InputError(f"annotation lists more than {MAX_UNITS} units")
         resources[name] = NodeResource(
-            name, str(entry.get("pool", "")), entry.get("allowSpanGPUs") is True, str(entry.get("allocationPolicy", "binpack")), tuple(units)
+            name,
+            str(entry.get("pool", "")),
+            entry.get("allowSpanGPUs") is True,
+            str(entry.get("allocationPolicy", "binpack")),
+            tuple(units),
         )
     pods = _field(data, "pods", list)
     return NodeInventory(node, _count(data, "generation"), resources, frozenset(str(p) for p in pods))
@@ -185,7 +201,13 @@ def pod_request(pod: object, managed) -> PodRequest:
             sidecar = field == "initContainers" and container.get("restartPolicy") == "Always"
             (alone if field == "initContainers" and not sidecar else together).append(request)
     return PodRequest(
-        str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")), tuple(together), tuple(alone), cpu, memory
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(meta.get("uid", "")),
+        tuple(together),
+        tuple(alone),
+        cpu,
+        memory,
     )
 
 

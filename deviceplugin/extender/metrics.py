@@ -17,7 +17,10 @@ class ExtenderMetrics:
     def __init__(self, registry: CollectorRegistry, counts: Callable[[], dict[str, int]]) -> None:
         self.registry = registry
         self.requests = Counter(
-            "gpushare_extender_requests", "Extender calls by verb and outcome (ok, error: a bad request)", ["verb", "outcome"], registry=registry
+            "gpushare_extender_requests",
+            "Extender calls by verb and outcome (ok, error: a bad request)",
+            ["verb", "outcome"],
+            registry=registry,
         )
         self.latency = Histogram(
             "gpushare_extender_request_duration_seconds",
@@ -30,12 +33,17 @@ class ExtenderMetrics:
             "gpushare_extender_filtered_out_nodes", "Nodes the filter refused, by reason", ["reason"], registry=registry
         )
         self.watch_restarts = Counter(
-            "gpushare_extender_watch_restarts", "Watches of the API server restarted after an error or a dropped stream", ["kind"], registry=registry
+            "gpushare_extender_watch_restarts",
+            "Watches of the API server restarted after an error or a dropped stream",
+            ["kind"],
+            registry=registry,
         )
         self.unauthenticated = Counter(
-            "gpushare_extender_unauthenticated", "Connections and calls refused for want of a client certificate the client CA signed "
+            "gpushare_extender_unauthenticated",
+            "Connections and calls refused for want of a client certificate the client CA signed "
             "(handshake: a TLS handshake that failed; no-certificate: a POST without one, 401; name: a name not allowed, 403)",
-            ["reason"], registry=registry,
+            ["reason"],
+            registry=registry,
         )
         for reason in UNAUTHENTICATED:
             self.unauthenticated.labels(reason)

@@ -123,7 +123,9 @@ class Scorer:
         for view in views:
             score = view.scores.get(key)
             if score is None:
-                resources = [r for r in view.inventory.resources.values() if r.units] if view.inventory is not None else []
+                resources = (
+                    [r for r in view.inventory.resources.values() if r.units] if view.inventory is not None else []
+                )
                 info = max(resources, key=lambda r: len(r.units), default=None)
                 totals, free = (info.totals, tuple(view.free[info.name])) if info is not None else ((), ())
                 score = self._score(policy, pod, totals, free, view.host, view.host_free)  # type: ignore[arg-type]
@@ -138,8 +140,14 @@ class Scorer:
         return ranked(self.raw_scores(request, views))
 
     @staticmethod
-    def _compute(policy: Policy, pod: PodDemand, totals: tuple[int, ...], free: tuple[int, ...], host: HostCapacity,
-                 host_free: tuple[int, int, int]) -> int:
+    def _compute(
+        policy: Policy,
+        pod: PodDemand,
+        totals: tuple[int, ...],
+        free: tuple[int, ...],
+        host: HostCapacity,
+        host_free: tuple[int, int, int],
+    ) -> int:
         gpu_free = [min(MILLI, f * MILLI // max(t, 1)) for t, f in zip(totals, free, strict=True)]
         cpu, memory, slots = (max(0, v) for v in host_free)
         node = Node("", host.cpu_milli, host.memory_mib, "", gpu_free, cpu, memory, host.pods, host.pods - slots)

@@ -28,12 +28,16 @@ from .watch import ClusterWatch, WatchSettings
 class ExtenderOptions:
     domain: str = DEFAULT_DOMAIN  # resources <domain>/* are managed; the annotation is <domain>/gpu-share.inventory
     port: int = defaults.EXTENDER_PORT
-    host: str = "127.0.0.1"  # anything but loopback needs tls with a client CA, or allow_unauthenticated (check_exposure)
+    host: str = (
+        "127.0.0.1"  # anything but loopback needs tls with a client CA, or allow_unauthenticated (check_exposure)
+    )
     policy: str = defaults.EXTENDER_POLICY
     workers: int = 8
     read_timeout: float = READ_TIMEOUT  # for a request head, and again for its body
     reservation_ttl: float = defaults.RESERVATION_TTL
-    dra_classes: tuple[str, ...] = ()  # DeviceClasses whose claims ask the DRA driver gpu-share.<domain> for shares; (): no DRA
+    dra_classes: tuple[
+        str, ...
+    ] = ()  # DeviceClasses whose claims ask the DRA driver gpu-share.<domain> for shares; (): no DRA
     watch: WatchSettings = field(default_factory=WatchSettings)
     tls: TLSSettings | None = None  # None: plain HTTP
     allow_unauthenticated: bool = False
@@ -45,9 +49,13 @@ def check_exposure(options: ExtenderOptions) -> None:
     authenticated = options.tls is not None and options.tls.authenticates
     if authenticated or options.allow_unauthenticated or ipaddress.ip_address(options.host).is_loopback:
         return
-    raise FlagError("--address", options.host, "serves /filter to the network without client authentication: any pod could reserve "
-                    "every GPU", "give --tls-cert-file, --tls-private-key-file and --client-ca-file (docs/security.md), "
-                    "or --allow-unauthenticated where a NetworkPolicy alone admits the scheduler")
+    raise FlagError(
+        "--address",
+        options.host,
+        "serves /filter to the network without client authentication: any pod could reserve every GPU",
+        "give --tls-cert-file, --tls-private-key-file and --client-ca-file (docs/security.md), "
+        "or --allow-unauthenticated where a NetworkPolicy alone admits the scheduler",
+    )
 
 
 class ExtenderService:
@@ -58,15 +66,30 @@ class ExtenderService:
         prefix = options.domain + "/"
         managed = lambda name: name.startswith(prefix)  # noqa: E731
         driver = driver_name(options.domain) if options.dra_classes else ""
-        self.cache = ClusterCache(reservation_ttl=options.reservation_ttl, driver=driver, classes=frozenset(options.dra_classes))
+        self.cache = ClusterCache(
+            reservation_ttl=options.reservation_ttl, driver=driver, classes=frozenset(options.dra_classes)
+        )
         self.registry = CollectorRegistry()
         self.metrics = ExtenderMetrics(self.registry, self.cache.counts)
         self.watch = ClusterWatch(
-            api, self.cache, f"{options.domain}/{ANNOTATION}", managed, options.watch, lambda kind: self.metrics.watch_restarts.labels(kind).inc(),
+            api,
+            self.cache,
+            f"{options.domain}/{ANNOTATION}",
+            managed,
+            options.watch,
+            lambda kind: self.metrics.watch_restarts.labels(kind).inc(),
         )
-        self.extender = Extender(self.cache, Scorer(options.policy, workload=self.cache.workload), managed, self.metrics)
+        self.extender = Extender(
+            self.cache, Scorer(options.policy, workload=self.cache.workload), managed, self.metrics
+        )
         self.server = ExtenderHTTPServer(
-            self.extender, self.metrics, self.watch.ready, options.port, options.host, options.workers, read_timeout=options.read_timeout,
+            self.extender,
+            self.metrics,
+            self.watch.ready,
+            options.port,
+            options.host,
+            options.workers,
+            read_timeout=options.read_timeout,
             tls=tls,
         )
 
@@ -84,12 +107,16 @@ def tls_settings(args) -> TLSSettings | None:
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         raise ValueError("--tls-cert-file and --tls-private-key-file go together")
     if args.client_ca_file and not args.tls_cert_file:
-        raise ValueError("--client-ca-file needs --tls-cert-file and --tls-private-key-file (client certificates come with TLS)")
+        raise ValueError(
+            "--client-ca-file needs --tls-cert-file and --tls-private-key-file (client certificates come with TLS)"
+        )
     if args.client_names and not args.client_ca_file:
         raise ValueError("--client-names needs --client-ca-file (the names are checked on certificates that CA signed)")
     if not args.tls_cert_file:
         return None
-    return TLSSettings(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file or "", args.client_names or frozenset())
+    return TLSSettings(
+        args.tls_cert_file, args.tls_private_key_file, args.client_ca_file or "", args.client_names or frozenset()
+    )
 
 
 def run_extender(args, wait: Callable[[], None]) -> int:
@@ -104,8 +131,16 @@ def run_extender(args, wait: Callable[[], None]) -> int:
     try:
         tls = tls_settings(args)
         host = args.address or ("0.0.0.0" if tls is not None and tls.authenticates else "127.0.0.1")
-        options = ExtenderOptions(domain=args.domain, port=args.port, host=host, policy=args.policy, reservation_ttl=args.reservation_ttl,
-                                  dra_classes=tuple(args.dra_class or ()), tls=tls, allow_unauthenticated=args.allow_unauthenticated)
+        options = ExtenderOptions(
+            domain=args.domain,
+            port=args.port,
+            host=host,
+            policy=args.policy,
+            reservation_ttl=args.reservation_ttl,
+            dra_classes=tuple(args.dra_class or ()),
+            tls=tls,
+            allow_unauthenticated=args.allow_unauthenticated,
+        )
         service = ExtenderService(api, options)
     except ValueError as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)

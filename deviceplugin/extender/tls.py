@@ -30,7 +30,9 @@ class TLSSettings:
     cert_file: str  # PEM, the certificate (and its chain) the extender serves
     key_file: str
     client_ca_file: str = ""  # "": no client certificates asked for, the verbs are not authenticated
-    client_names: frozenset[str] = frozenset()  # a verified client's subject CN or a DNS/URI SAN must be one; empty: any
+    client_names: frozenset[str] = (
+        frozenset()
+    )  # a verified client's subject CN or a DNS/URI SAN must be one; empty: any
 
     @property
     def authenticates(self) -> bool:
@@ -123,14 +125,19 @@ class ServerTLS:
         try:
             context.load_cert_chain(s.cert_file, s.key_file)
         except OSError as err:  # ssl.SSLError, or a file gone since (a rotation under way)
-            raise FlagError("--tls-cert-file", s.cert_file, f"not a PEM certificate whose key is --tls-private-key-file {s.key_file} "
-                            f"({_why(err)})") from None
+            raise FlagError(
+                "--tls-cert-file",
+                s.cert_file,
+                f"not a PEM certificate whose key is --tls-private-key-file {s.key_file} ({_why(err)})",
+            ) from None
         if s.client_ca_file:
             check_readable_file("--client-ca-file", s.client_ca_file)
             try:
                 context.load_verify_locations(cafile=s.client_ca_file)
             except OSError as err:
-                raise FlagError("--client-ca-file", s.client_ca_file, f"not PEM CA certificates ({_why(err)})") from None
+                raise FlagError(
+                    "--client-ca-file", s.client_ca_file, f"not PEM CA certificates ({_why(err)})"
+                ) from None
             context.verify_mode = ssl.CERT_OPTIONAL
         return context
 

@@ -27,7 +27,13 @@ MAX_NODE_NAMES = 50_000
 
 
 class Extender:
-    def __init__(self, cache: ClusterCache, scorer: Scorer, managed: Callable[[str], bool], metrics: ExtenderMetrics | None = None) -> None:
+    def __init__(
+        self,
+        cache: ClusterCache,
+        scorer: Scorer,
+        managed: Callable[[str], bool],
+        metrics: ExtenderMetrics | None = None,
+    ) -> None:
         self.cache = cache
         self.scorer = scorer
         self.managed = managed
@@ -75,7 +81,10 @@ class Extender:
         raw = self.scorer.raw_scores(request, views)
         if not request.empty:  # a CPU-only pod fits wherever kube-scheduler's own filters let it
             resource, count = _single(request) or ("", 0)
-            raw = [s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM for view, s in zip(views, raw, strict=True)]
+            raw = [
+                s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM
+                for view, s in zip(views, raw, strict=True)
+            ]
         return [{"Host": view.name, "Score": score} for view, score in zip(views, ranked(raw), strict=True)]
 
     def _args(self, args: dict, every_pod: bool) -> tuple[PodRequest, list[str]]:
@@ -92,7 +101,11 @@ class Extender:
             return request, names
         if not request.empty:
             return NOTHING, names  # a share pod: the share entry's business
-        claims = self.cache.dra_request(pod) if isinstance(pod, dict) and (pod.get("spec") or {}).get("resourceClaims") else ()
+        claims = (
+            self.cache.dra_request(pod)
+            if isinstance(pod, dict) and (pod.get("spec") or {}).get("resourceClaims")
+            else ()
+        )
         return replace(request, together=claims), names  # no claims of ours: a CPU-only pod
 
 

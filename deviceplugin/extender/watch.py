@@ -51,8 +51,17 @@ class WatchSettings:
 class ResourceWatch(BackgroundLoop):
     """One kind (nodes or pods): list into the cache, then apply watch events."""
 
-    def __init__(self, kind: str, api: RestClient, path: str, apply_list: Callable[[list[dict]], None], apply_event: Callable[[str, dict], None],
-                 settings: WatchSettings = WatchSettings(), on_restart: Callable[[], None] = lambda: None, field_selector: str = "") -> None:
+    def __init__(
+        self,
+        kind: str,
+        api: RestClient,
+        path: str,
+        apply_list: Callable[[list[dict]], None],
+        apply_event: Callable[[str, dict], None],
+        settings: WatchSettings = WatchSettings(),
+        on_restart: Callable[[], None] = lambda: None,
+        field_selector: str = "",
+    ) -> None:
         super().__init__(f"watch-{kind}")
         self.kind = kind
         self.api, self.path = api, path
@@ -104,8 +113,14 @@ class ResourceWatch(BackgroundLoop):
         limit = PAGE
         while True:
             try:
-                page = self.api.list(self.path, field_selector=self.field_selector or None, limit=limit, continue_=token,
-                                     timeout=self.settings.request_timeout, max_bytes=MAX_PAGE_BYTES)
+                page = self.api.list(
+                    self.path,
+                    field_selector=self.field_selector or None,
+                    limit=limit,
+                    continue_=token,
+                    timeout=self.settings.request_timeout,
+                    max_bytes=MAX_PAGE_BYTES,
+                )
             except ResponseTooLarge:
                 if limit == 1:
                     raise
@@ -122,9 +137,13 @@ class ResourceWatch(BackgroundLoop):
     def _watch(self, version: str) -> str:
         """Apply events until the server ends the watch; returns the last resourceVersion seen."""
         try:
-            response = self.api.watch(self.path, version, field_selector=self.field_selector or None,
-                                      seconds=self.settings.watch_timeout,
-                                      silence=self.settings.watch_timeout + self.settings.request_timeout)
+            response = self.api.watch(
+                self.path,
+                version,
+                field_selector=self.field_selector or None,
+                seconds=self.settings.watch_timeout,
+                silence=self.settings.watch_timeout + self.settings.request_timeout,
+            )
         except ApiError as err:
             if err.status == 410:
                 raise Gone() from None
@@ -149,24 +168,55 @@ class ClusterWatch:
     """The watches that keep the cache current: Nodes (their annotation and allocatable) and Pods (bound or
     nominated, every pod: all of them take CPU, memory and a pod slot); with DRA (the cache's driver set) also the driver's ResourceSlices, every ResourceClaim and ResourceClaimTemplate."""
 
-    def __init__(self, api: RestClient, cache: ClusterCache, annotation_key: str, managed: Callable[[str], bool],
-                 settings: WatchSettings = WatchSettings(), on_restart: Callable[[str], None] = lambda kind: None) -> None:
+    def __init__(
+        self,
+        api: RestClient,
+        cache: ClusterCache,
+        annotation_key: str,
+        managed: Callable[[str], bool],
+        settings: WatchSettings = WatchSettings(),
+        on_restart: Callable[[str], None] = lambda kind: None,
+    ) -> None:
         self.cache = cache
         self.annotation_key = annotation_key
         self.managed = managed
-        self.nodes = ResourceWatch("nodes", api, "/api/v1/nodes", self._nodes, self._node_event, settings, lambda: on_restart("nodes"))
+        self.nodes = ResourceWatch(
+            "nodes", api, "/api/v1/nodes", self._nodes, self._node_event, settings, lambda: on_restart("nodes")
+        )
         self.pods = ResourceWatch(
             "pods", api, "/api/v1/pods", self._pods, self._pod_event, settings, lambda: on_restart("pods"), POD_SELECTOR
         )
         self.watches = [self.nodes, self.pods]
         if cache.driver:
             self.watches += [
-                ResourceWatch("resourceslices", api, f"{RESOURCE}/resourceslices", self._slices, self._slice_event, settings,
-                              lambda: on_restart("resourceslices"), f"spec.driver={cache.driver}"),
-                ResourceWatch("resourceclaims", api, f"{RESOURCE}/resourceclaims", self._claims, self._claim_event, settings,
-                              lambda: on_restart("resourceclaims")),
-                ResourceWatch("resourceclaimtemplates", api, f"{RESOURCE}/resourceclaimtemplates", self._templates,
-                              self._template_event, settings, lambda: on_restart("resourceclaimtemplates")),
+                ResourceWatch(
+                    "resourceslices",
+                    api,
+                    f"{RESOURCE}/resourceslices",
+                    self._slices,
+                    self._slice_event,
+                    settings,
+                    lambda: on_restart("resourceslices"),
+                    f"spec.driver={cache.driver}",
+                ),
+                ResourceWatch(
+                    "resourceclaims",
+                    api,
+                    f"{RESOURCE}/resourceclaims",
+                    self._claims,
+                    self._claim_event,
+                    settings,
+                    lambda: on_restart("resourceclaims"),
+                ),
+                ResourceWatch(
+                    "resourceclaimtemplates",
+                    api,
+                    f"{RESOURCE}/resourceclaimtemplates",
+                    self._templates,
+                    self._template_event,
+                    settings,
+                    lambda: on_restart("resourceclaimtemplates"),
+                ),
             ]
 
     def start(self) -> None:
@@ -179,7 +229,10 @@ class ClusterWatch:
 
     def ready(self) -> tuple[bool, str]:
         waiting = [w.kind + (f" ({w.last_error})" if w.last_error else "") for w in self.watches if not w.synced]
-        return (not waiting, "ready" if not waiting else f"not ready: waiting for the first list of {', '.join(waiting)}")
+        return (
+            not waiting,
+            "ready" if not waiting else f"not ready: waiting for the first list of {', '.join(waiting)}",
+        )
 
     def _annotation(self, node: dict) -> str | None:
         return ((node.get("metadata") or {}).get("annotations") or {}).get(self.annotation_key)
@@ -220,19 +273,27 @@ class ClusterWatch:
         self.cache.replace_slices({k: v for k, v in infos.items() if v is not None})
 
     def _slice_event(self, kind: str, obj: dict) -> None:
-        self.cache.set_slice(str(obj["metadata"]["name"]), None if kind == "DELETED" else slice_info(obj, self.cache.driver))
+        self.cache.set_slice(
+            str(obj["metadata"]["name"]), None if kind == "DELETED" else slice_info(obj, self.cache.driver)
+        )
 
     def _claims(self, items: list[dict]) -> None:
         self.cache.replace_claims({_key(o): claim_info(o, self.cache.driver, self.cache.classes) for o in items})
 
     def _claim_event(self, kind: str, obj: dict) -> None:
-        self.cache.set_claim(_key(obj), None if kind == "DELETED" else claim_info(obj, self.cache.driver, self.cache.classes))
+        self.cache.set_claim(
+            _key(obj), None if kind == "DELETED" else claim_info(obj, self.cache.driver, self.cache.classes)
+        )
 
     def _templates(self, items: list[dict]) -> None:
-        self.cache.replace_templates({_key(o): claim_requests((o.get("spec") or {}).get("spec") or {}, self.cache.classes) for o in items})
+        self.cache.replace_templates(
+            {_key(o): claim_requests((o.get("spec") or {}).get("spec") or {}, self.cache.classes) for o in items}
+        )
 
     def _template_event(self, kind: str, obj: dict) -> None:
-        requests = None if kind == "DELETED" else claim_requests((obj.get("spec") or {}).get("spec") or {}, self.cache.classes)
+        requests = (
+            None if kind == "DELETED" else claim_requests((obj.get("spec") or {}).get("spec") or {}, self.cache.classes)
+        )
         self.cache.set_template(_key(obj), requests)
 
 

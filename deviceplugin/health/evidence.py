@@ -86,8 +86,12 @@ class EvidenceFile:
         now = self.boot_id()
         if booted and now and booted != now:
             if entries:
-                log.info("reset evidence of %d GPU(s) in %s is from an earlier boot: the reboot reset them, "
-                         "so it is dropped", len(entries), self.path)
+                log.info(
+                    "reset evidence of %d GPU(s) in %s is from an earlier boot: the reboot reset them, "
+                    "so it is dropped",
+                    len(entries),
+                    self.path,
+                )
             return Loaded()
         return Loaded(entries)
 

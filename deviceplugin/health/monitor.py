@@ -87,7 +87,9 @@ class HealthMonitor(BackgroundLoop):
         self.state = state
         self.settings = settings
         self.clock = clock
-        self.node_check = node_check  # beyond NVML, GPU or MIG UUID -> problem: e.g. the device nodes deviceSpecs hands out
+        self.node_check = (
+            node_check  # beyond NVML, GPU or MIG UUID -> problem: e.g. the device nodes deviceSpecs hands out
+        )
         self._xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
@@ -109,8 +111,11 @@ class HealthMonitor(BackgroundLoop):
         now = self.clock()
         if loaded.problem:
             self._evidence_errors += 1
-            log.error("%s: every GPU is held for a reset until the driver shows it was reset "
-                      "(docs/operations.md#reset-evidence-across-restarts)", loaded.problem)
+            log.error(
+                "%s: every GPU is held for a reset until the driver shows it was reset "
+                "(docs/operations.md#reset-evidence-across-restarts)",
+                loaded.problem,
+            )
             for gpu in self.node.gpus:
                 self._reset_waits[gpu.uuid] = _ResetWait(gpu.uuid, "reset evidence unreadable")
                 self._mark(gpu.uuid, "reset evidence unreadable", now)
@@ -122,8 +127,12 @@ class HealthMonitor(BackgroundLoop):
                 self._carried[uuid] = evidence
                 continue
             self._reset_waits[uuid] = _ResetWait(evidence.gpu_uuid, evidence.reason, evidence.required_seen)
-            log.warning("%s needed a GPU reset before this process started (%s): its devices stay Unhealthy until the "
-                        "driver shows it was reset", uuid, evidence.reason)
+            log.warning(
+                "%s needed a GPU reset before this process started (%s): its devices stay Unhealthy until the "
+                "driver shows it was reset",
+                uuid,
+                evidence.reason,
+            )
             self._mark(uuid, evidence.reason, now)
 
     def first_pass(self) -> None:
@@ -161,13 +170,23 @@ class HealthMonitor(BackgroundLoop):
         """Apply one event (and write the verdict); True when the unhealthy set changed."""
         if event.xid is not None:
             if event.xid in self.settings.ignored_xids:
-                self._ignored.log(logging.INFO, (event.xid, event.gpu_uuid), "ignoring application XID %d on GPU %s", event.xid, event.gpu_uuid)
+                self._ignored.log(
+                    logging.INFO,
+                    (event.xid, event.gpu_uuid),
+                    "ignoring application XID %d on GPU %s",
+                    event.xid,
+                    event.gpu_uuid,
+                )
                 return False
             self._xid_counts[event.gpu_uuid] = self._xid_counts.get(event.gpu_uuid, 0) + 1
         target = event.mig_uuid or event.gpu_uuid
         if (event.reset_required or event.xid in self.settings.reset_xids) and target not in self._reset_waits:
             self._reset_waits[target] = _ResetWait(event.gpu_uuid, event.reason)
-            log.warning("%s needs a GPU reset (%s): its devices stay Unhealthy until the driver shows it was reset", target, event.reason)
+            log.warning(
+                "%s needs a GPU reset (%s): its devices stay Unhealthy until the driver shows it was reset",
+                target,
+                event.reason,
+            )
         changed = self._mark(target, event.reason, self.clock())
         self._publish()
         return changed
@@ -194,8 +213,13 @@ class HealthMonitor(BackgroundLoop):
             self._evidence.save(wanted)
         except OSError as err:
             self._evidence_errors += 1
-            self._write_errors.log(logging.ERROR, "write", "cannot write the reset evidence %s: %s (a restart would "
-                                   "forget it)", self._evidence.path, err)
+            self._write_errors.log(
+                logging.ERROR,
+                "write",
+                "cannot write the reset evidence %s: %s (a restart would forget it)",
+                self._evidence.path,
+                err,
+            )
             return
         self._saved = wanted
 
@@ -227,7 +251,12 @@ class HealthMonitor(BackgroundLoop):
         for uuid, last in list(self._last_bad.items()):
             if uuid not in self._reset_waits and now - last >= self.settings.recovery_period:
                 del self._last_bad[uuid]
-                log.info("%s is healthy again after %.0fs without errors (was: %s)", uuid, now - last, self._reasons.pop(uuid))
+                log.info(
+                    "%s is healthy again after %.0fs without errors (was: %s)",
+                    uuid,
+                    now - last,
+                    self._reasons.pop(uuid),
+                )
                 changed = True
         return changed
 
@@ -244,7 +273,11 @@ class HealthMonitor(BackgroundLoop):
             elif said is False and wait.required_seen and wait.gpu_uuid not in failing:
                 del self._reset_waits[uuid]
                 self._last_bad.pop(uuid, None)
-                log.info("%s was reset (the driver's recovery action asked for a reset and now reads none): its devices are Healthy again (was: %s)", uuid, self._reasons.pop(uuid, "?"))
+                log.info(
+                    "%s was reset (the driver's recovery action asked for a reset and now reads none): its devices are Healthy again (was: %s)",
+                    uuid,
+                    self._reasons.pop(uuid, "?"),
+                )
                 changed = True
         return changed
 

@@ -40,7 +40,9 @@ class NodeClient:
         except ApiAccessError as err:
             if kubeconfig:
                 raise FlagError("--kubeconfig", kubeconfig, f"cannot be used: {err}") from None
-            log.warning("no Kubernetes API access (%s): node labels, the profile label and node annotations are off", err)
+            log.warning(
+                "no Kubernetes API access (%s): node labels, the profile label and node annotations are off", err
+            )
             return None
         return cls(api, node_name)
 

@@ -14,7 +14,9 @@ def error_line(err: BaseException) -> str:
     if isinstance(err, ApiError):
         return safe_text(str(err), 300)
     status = getattr(err, "status", None)
-    if status is not None and hasattr(err, "reason") and hasattr(err, "body"):  # kubernetes.client.exceptions.ApiException
+    if (
+        status is not None and hasattr(err, "reason") and hasattr(err, "body")
+    ):  # kubernetes.client.exceptions.ApiException
         message = ""
         try:
             body = json.loads(err.body or b"{}")

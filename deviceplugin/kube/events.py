@@ -46,7 +46,13 @@ class EventOutbox(BackgroundLoop):
             if len(self._queue) >= self._capacity:
                 dropped = self._queue.popleft()
                 self.dropped += 1
-                log.warning("event outbox full (%d): dropped %s on %s/%s", self._capacity, dropped.reason, dropped.namespace, dropped.pod)
+                log.warning(
+                    "event outbox full (%d): dropped %s on %s/%s",
+                    self._capacity,
+                    dropped.reason,
+                    dropped.namespace,
+                    dropped.pod,
+                )
             self._queue.append(PodEvent(namespace, pod, reason, message))
         self.nudge()
 

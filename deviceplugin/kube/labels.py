@@ -36,8 +36,13 @@ def label_value(text: str) -> str:
     return _LABEL_VALUE.sub("-", text)[:63].strip("-_.")
 
 
-def node_labels(domain: str, node: NodeInfo, resources: list[Resource], shared_product_suffix: bool = False,
-                deprecated_cuda_labels: bool = False) -> dict[str, str]:
+def node_labels(
+    domain: str,
+    node: NodeInfo,
+    resources: list[Resource],
+    shared_product_suffix: bool = False,
+    deprecated_cuda_labels: bool = False,
+) -> dict[str, str]:
     """GPU feature discovery's labels where the concept is the same (names and meanings), per-pool details as
     `<domain>/gpu-share.<pool>.*`. Every key is documented in docs/operations.md."""
     labels = {"gpu.count": str(len(node.gpus)), "gpu.present": str(bool(node.gpus)).lower()}
@@ -68,7 +73,9 @@ def node_labels(domain: str, node: NodeInfo, resources: list[Resource], shared_p
         labels[f"gpu-share.{resource.label}.sharing-strategy"] = mode_of(resource.pool).strategy
         labels[f"gpu-share.{resource.label}.replicas"] = str(max(u.replicas for u in resource.units))
         labels[f"gpu-share.{resource.label}.gpus"] = str(len(resource.gpus))
-    return {f"{domain}/{key}": value for key, value in labels.items() if len(key) <= 63}  # the API's limit on a key's name
+    return {
+        f"{domain}/{key}": value for key, value in labels.items() if len(key) <= 63
+    }  # the API's limit on a key's name
 
 
 def _compute_labels(capability: str) -> dict[str, str]:
@@ -91,7 +98,11 @@ def _version_labels(prefix: str, version: str, parts: tuple[str, ...]) -> dict[s
 
 
 def inventory(
-    node: NodeInfo, resources: list[Resource], usage: Usage, unhealthy: frozenset[str], quarantined: frozenset[str] = frozenset()
+    node: NodeInfo,
+    resources: list[Resource],
+    usage: Usage,
+    unhealthy: frozenset[str],
+    quarantined: frozenset[str] = frozenset(),
 ) -> dict:
     """The annotation's content (version 2, without the generation): per GPU, per resource and unit, the pods.
 
@@ -118,7 +129,14 @@ def inventory(
     return {
         "version": VERSION,
         "gpus": [
-            {"index": g.index, "uuid": g.uuid, "model": g.model, "memoryMiB": g.memory_mib, "health": gpu_health(g.uuid)} for g in node.gpus
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memoryMiB": g.memory_mib,
+                "health": gpu_health(g.uuid),
+            }
+            for g in node.gpus
         ],
         "resources": {
             r.name: {
@@ -145,14 +163,21 @@ class InventoryAnnotation:
         self._content: dict | None = None
 
     def build(
-        self, node: NodeInfo, resources: list[Resource], usage: Usage, unhealthy: frozenset[str], quarantined: frozenset[str] = frozenset()
+        self,
+        node: NodeInfo,
+        resources: list[Resource],
+        usage: Usage,
+        unhealthy: frozenset[str],
+        quarantined: frozenset[str] = frozenset(),
     ) -> dict:
         content = inventory(node, resources, usage, unhealthy, quarantined)
         if content != self._content:
             if self._content is not None:
                 self.generation += 1
             self._content = content
-        return {"version": VERSION, "generation": self.generation} | {k: v for k, v in content.items() if k != "version"}
+        return {"version": VERSION, "generation": self.generation} | {
+            k: v for k, v in content.items() if k != "version"
+        }
 
 
 class NodePublisher:
@@ -167,8 +192,14 @@ class NodePublisher:
     one, in one request (retried with the next round while it fails).
     """
 
-    def __init__(self, client: NodeClient, domain: str, min_interval: float = defaults.LABEL_INTERVAL, shared_product_suffix: bool = False,
-                 deprecated_cuda_labels: bool = False) -> None:
+    def __init__(
+        self,
+        client: NodeClient,
+        domain: str,
+        min_interval: float = defaults.LABEL_INTERVAL,
+        shared_product_suffix: bool = False,
+        deprecated_cuda_labels: bool = False,
+    ) -> None:
         self.client = client
         self.domain = domain
         self.shared_product_suffix = shared_product_suffix  # gpu.product gets GFD's -SHARED when a pool shares GPUs
@@ -176,7 +207,11 @@ class NodePublisher:
         self.min_interval = min_interval
         self._lock = threading.Lock()  # one publish at a time
         self._wanted_lock = threading.Lock()  # held only to hand over `_wanted`: a reload never waits on the API
-        self._wanted = (domain, shared_product_suffix, deprecated_cuda_labels)  # from the latest config; adopted by the next publish
+        self._wanted = (
+            domain,
+            shared_product_suffix,
+            deprecated_cuda_labels,
+        )  # from the latest config; adopted by the next publish
         self._retired_labels: dict[str, None] = {}  # keys owned under earlier domains, to remove
         self._retired_annotations: dict[str, None] = {}
         self._labels: dict[str, str] | None = None  # ours, as last published

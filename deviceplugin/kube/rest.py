@@ -50,8 +50,14 @@ PATCH_TYPES = {
     "json": "application/json-patch+json",
 }
 USER_FIELDS = {"token", "tokenFile", "client-certificate", "client-certificate-data", "client-key", "client-key-data"}
-CLUSTER_FIELDS = {"server", "certificate-authority", "certificate-authority-data", "insecure-skip-tls-verify",
-                  "tls-server-name", "extensions"}
+CLUSTER_FIELDS = {
+    "server",
+    "certificate-authority",
+    "certificate-authority-data",
+    "insecure-skip-tls-verify",
+    "tls-server-name",
+    "extensions",
+}
 
 
 class ApiAccessError(RuntimeError):
@@ -120,8 +126,10 @@ def load_kubeconfig(path: str | os.PathLike[str]) -> Connection:
     for fields, entry, what in ((CLUSTER_FIELDS, cluster, "cluster"), (USER_FIELDS, user, "user")):
         unknown = sorted(set(entry) - fields)
         if unknown:
-            raise ApiAccessError(f"kubeconfig {where}: {what} field {unknown[0]!r} is not supported "
-                                 f"(supported: {', '.join(sorted(fields))})")
+            raise ApiAccessError(
+                f"kubeconfig {where}: {what} field {unknown[0]!r} is not supported "
+                f"(supported: {', '.join(sorted(fields))})"
+            )
     server = cluster.get("server")
     if not isinstance(server, str) or urlsplit(server).scheme not in ("https", "http"):
         raise ApiAccessError(f"kubeconfig {where}: cluster.server must be an https:// URL, not {server!r}")
@@ -202,7 +210,9 @@ class RestClient:
             if not connection.verify:  # asked for (insecure-skip-tls-verify): said once here, not on every call
                 kw["assert_hostname"] = False
                 warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
-                log.warning("%s: the server's certificate is not verified (insecure-skip-tls-verify)", connection.server)
+                log.warning(
+                    "%s: the server's certificate is not verified (insecure-skip-tls-verify)", connection.server
+                )
         self._pool = urllib3.connection_from_url(f"{split.scheme}://{split.netloc}", **kw)
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -230,16 +240,35 @@ class RestClient:
             return self._token
 
     # --- the calls -------------------------------------------------------------------------------
-    def get(self, path: str, query: Mapping[str, Any] | None = None, timeout: float | None = None,
-            max_bytes: int | None = None) -> dict[str, Any]:
+    def get(
+        self,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
+    ) -> dict[str, Any]:
         return self.request("GET", path, query, timeout=timeout, max_bytes=max_bytes)
 
-    def list(self, path: str, *, field_selector: str | None = None, label_selector: str | None = None,
-             limit: int | None = None, continue_: str | None = None, resource_version: str | None = None,
-             timeout: float | None = None, max_bytes: int | None = None) -> dict[str, Any]:
+    def list(
+        self,
+        path: str,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        limit: int | None = None,
+        continue_: str | None = None,
+        resource_version: str | None = None,
+        timeout: float | None = None,
+        max_bytes: int | None = None,
+    ) -> dict[str, Any]:
         """One page of a list (`metadata.continue` names the next one)."""
-        query = {"fieldSelector": field_selector, "labelSelector": label_selector, "limit": limit,
-                 "continue": continue_, "resourceVersion": resource_version}
+        query = {
+            "fieldSelector": field_selector,
+            "labelSelector": label_selector,
+            "limit": limit,
+            "continue": continue_,
+            "resourceVersion": resource_version,
+        }
         return self.get(path, query, timeout, max_bytes)
 
     def pages(self, path: str, *, limit: int, **kw: Any) -> Iterator[dict[str, Any]]:
@@ -258,8 +287,16 @@ class RestClient:
     def replace(self, path: str, body: Mapping[str, Any], timeout: float | None = None) -> dict[str, Any]:
         return self.request("PUT", path, body=body, timeout=timeout)
 
-    def patch(self, path: str, body: Any, kind: str = "merge", *, field_manager: str | None = None,
-              force: bool = False, timeout: float | None = None) -> dict[str, Any]:
+    def patch(
+        self,
+        path: str,
+        body: Any,
+        kind: str = "merge",
+        *,
+        field_manager: str | None = None,
+        force: bool = False,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
         """A patch of `kind` merge, strategic, apply (server-side apply: `field_manager` required) or json."""
         if kind not in PATCH_TYPES:
             raise ValueError(f"patch kind {kind!r}: one of {', '.join(PATCH_TYPES)}")
@@ -269,22 +306,44 @@ class RestClient:
     def delete(self, path: str, body: Mapping[str, Any] | None = None, timeout: float | None = None) -> dict[str, Any]:
         return self.request("DELETE", path, body=body, timeout=timeout)
 
-    def watch(self, path: str, resource_version: str, *, field_selector: str | None = None,
-              label_selector: str | None = None, seconds: int = 300, silence: float | None = None) -> Any:
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        *,
+        field_selector: str | None = None,
+        label_selector: str | None = None,
+        seconds: int = 300,
+        silence: float | None = None,
+    ) -> Any:
         """The open watch response (read it with `kube.watch.watch_events`, then `release_conn()`), bookmarks on; the
         server ends it after `seconds`. A read waits at most `silence` seconds (default: the server's end, plus the
         timeout), connecting at most the client's timeout."""
-        query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": seconds, "fieldSelector": field_selector, "labelSelector": label_selector}
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": seconds,
+            "fieldSelector": field_selector,
+            "labelSelector": label_selector,
+        }
         read = silence if silence is not None else seconds + self.timeout
-        response = self._open("GET", path, query, None, None, urllib3.Timeout(connect=self.timeout, read=read),
-                              self.timeout)
+        response = self._open(
+            "GET", path, query, None, None, urllib3.Timeout(connect=self.timeout, read=read), self.timeout
+        )
         self._raise_for_status(response, "GET", path, time.monotonic() + self.timeout, self.timeout)
         return response
 
-    def request(self, method: str, path: str, query: Mapping[str, Any] | None = None, body: Any = None,
-                content_type: str = "application/json", timeout: float | None = None,
-                max_bytes: int | None = None) -> dict[str, Any]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+        max_bytes: int | None = None,
+    ) -> dict[str, Any]:
         """One call; its JSON answer (a 2xx's body; {} when empty). ApiError for any other answer, ApiTimeout past
         `timeout`, ResponseTooLarge over `max_bytes`."""
         budget = self.timeout if timeout is None else timeout
@@ -292,8 +351,9 @@ class RestClient:
         response = self._open(method, path, query, body, content_type, urllib3.Timeout(total=budget), budget)
         try:
             self._raise_for_status(response, method, path, deadline, budget)
-            data = self._read(response, self.max_bytes if max_bytes is None else max_bytes, deadline, budget,
-                              f"{method} {path}")
+            data = self._read(
+                response, self.max_bytes if max_bytes is None else max_bytes, deadline, budget, f"{method} {path}"
+            )
         except BaseException:
             response.close()  # a body left unread: the connection is not reused
             raise
@@ -310,8 +370,16 @@ class RestClient:
         return found
 
     # --- the wire --------------------------------------------------------------------------------
-    def _open(self, method: str, path: str, query: Mapping[str, Any] | None, body: Any, content_type: str | None,
-              timeout: urllib3.Timeout, budget: float) -> Any:
+    def _open(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str | None,
+        timeout: urllib3.Timeout,
+        budget: float,
+    ) -> Any:
         params = {k: v for k, v in (query or {}).items() if v is not None and v != ""}
         url = self._base + path + (f"?{urlencode(params)}" if params else "")
         headers = {"Accept": "application/json", "User-Agent": "gpu-share"}
@@ -323,8 +391,16 @@ class RestClient:
             payload = body if isinstance(body, (bytes, str)) else json.dumps(body)
             headers["Content-Type"] = content_type or "application/json"
         try:
-            return self._pool.urlopen(method, url, body=payload, headers=headers, timeout=timeout, retries=False,
-                                      redirect=False, preload_content=False)
+            return self._pool.urlopen(
+                method,
+                url,
+                body=payload,
+                headers=headers,
+                timeout=timeout,
+                retries=False,
+                redirect=False,
+                preload_content=False,
+            )
         except (urllib3.exceptions.TimeoutError, TimeoutError):
             raise ApiTimeout(f"{method} {path}", budget) from None
         except urllib3.exceptions.HTTPError as err:
@@ -348,7 +424,9 @@ class RestClient:
         raise ApiError(response.status, reason, safe_text(message, 300))
 
     @staticmethod
-    def _read(response: Any, max_bytes: int, deadline: float, budget: float, what: str, truncate: bool = False) -> bytes:
+    def _read(
+        response: Any, max_bytes: int, deadline: float, budget: float, what: str, truncate: bool = False
+    ) -> bytes:
         """The body up to `max_bytes`, each read waiting at most for what is left of the call's time."""
         parts: list[bytes] = []
         size = 0

@@ -22,7 +22,9 @@ class MigProfile:
     memory_slices: int  # the placements' size: memory slices one instance takes
     memory_mib: int  # info.memorySizeMB
     instance_count: int  # info.instanceCount: the most instances of this profile on the GPU
-    placements: tuple[int, ...]  # start memory slices an instance may take (nvmlDeviceGetGpuInstancePossiblePlacements_v2)
+    placements: tuple[
+        int, ...
+    ]  # start memory slices an instance may take (nvmlDeviceGetGpuInstancePossiblePlacements_v2)
     copy_engines: int = 0
     decoders: int = 0
     encoders: int = 0

@@ -111,4 +111,13 @@ def gpu_family(major: int, minor: int) -> str:
         return "volta" if minor < 5 else "turing"
     if major == 8:
         return "ampere" if minor < 9 else "ada-lovelace"
-    return {1: "tesla", 2: "fermi", 3: "kepler", 5: "maxwell", 6: "pascal", 9: "hopper", 10: "blackwell", 12: "blackwell"}.get(major, "undefined")
+    return {
+        1: "tesla",
+        2: "fermi",
+        3: "kepler",
+        5: "maxwell",
+        6: "pascal",
+        9: "hopper",
+        10: "blackwell",
+        12: "blackwell",
+    }.get(major, "undefined")

@@ -42,7 +42,9 @@ class ComputeModes:
                         log.info("GPU %s: compute mode EXCLUSIVE_PROCESS (was %s)", uuid, _name(nvml, mode))
             except nvml.NVMLError as err:
                 self._set(handle, before)
-                raise ComputeModeError(f"GPU {uuid}: cannot set compute mode EXCLUSIVE_PROCESS: {err} (needs root and NVML)") from None
+                raise ComputeModeError(
+                    f"GPU {uuid}: cannot set compute mode EXCLUSIVE_PROCESS: {err} (needs root and NVML)"
+                ) from None
         return before
 
     def restore(self, before: dict[str, int]) -> None:
@@ -82,6 +84,9 @@ class _Session:
 
 
 def _name(nvml: ModuleType, mode: int) -> str:
-    names = {nvml.NVML_COMPUTEMODE_DEFAULT: "DEFAULT", nvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "EXCLUSIVE_PROCESS",
-             nvml.NVML_COMPUTEMODE_PROHIBITED: "PROHIBITED"}
+    names = {
+        nvml.NVML_COMPUTEMODE_DEFAULT: "DEFAULT",
+        nvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "EXCLUSIVE_PROCESS",
+        nvml.NVML_COMPUTEMODE_PROHIBITED: "PROHIBITED",
+    }
     return names.get(mode, str(mode))

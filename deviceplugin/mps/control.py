@@ -33,17 +33,29 @@ class MpsError(RuntimeError):
     """The control daemon could not be started or configured."""
 
 
-def control(binary: str, paths: MpsPaths, commands: list[str], timeout: float, env: dict[str, str] | None = None) -> str:
+def control(
+    binary: str, paths: MpsPaths, commands: list[str], timeout: float, env: dict[str, str] | None = None
+) -> str:
     """Run the control client with these commands on stdin, against the pool's pipe directory; its output."""
     env = {**(env or os.environ), "CUDA_MPS_PIPE_DIRECTORY": str(paths.pipe), "CUDA_MPS_LOG_DIRECTORY": str(paths.log)}
     try:
-        result = subprocess.run([binary], input="\n".join(commands) + "\n", env=env, capture_output=True, text=True, timeout=timeout, preexec_fn=child_signal_mask)
+        result = subprocess.run(
+            [binary],
+            input="\n".join(commands) + "\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=child_signal_mask,
+        )
     except subprocess.TimeoutExpired:
         raise MpsError(f"{binary} {commands[0]!r}: no answer within {timeout}s") from None
     except OSError as err:
         raise MpsError(f"{binary}: {err}") from None
     if result.returncode != 0:
-        raise MpsError(f"{binary} {commands[0]!r} failed ({result.returncode}): {result.stderr.strip() or result.stdout.strip()}")
+        raise MpsError(
+            f"{binary} {commands[0]!r} failed ({result.returncode}): {result.stderr.strip() or result.stdout.strip()}"
+        )
     return result.stdout
 
 
@@ -75,7 +87,9 @@ class MpsLiveness:
             if start:
                 self._probing.add(paths)
         if start:
-            threading.Thread(target=self._probe, args=(paths,), name=f"mps-probe-{paths.root.name}", daemon=True).start()
+            threading.Thread(
+                target=self._probe, args=(paths,), name=f"mps-probe-{paths.root.name}", daemon=True
+            ).start()
         return known is not None and known[0]
 
     def _probe(self, paths: MpsPaths) -> bool:
@@ -87,7 +101,11 @@ class MpsLiveness:
             with self._lock:
                 was = self._alive.get(paths, (True, 0.0))[0]
             if was:
-                log.warning("MPS pool %s: its ready marker exists but the control daemon does not answer (%s)", paths.root.name, err)
+                log.warning(
+                    "MPS pool %s: its ready marker exists but the control daemon does not answer (%s)",
+                    paths.root.name,
+                    err,
+                )
         with self._lock:
             self._alive[paths] = (alive, time.monotonic())
             self._probing.discard(paths)
@@ -110,7 +128,9 @@ class MpsDaemon:
     ) -> None:
         self.resource = resource
         self.compute_modes = compute_modes or ComputeModes()  # used only for a pool with exclusiveProcess
-        self._modes_before: dict[str, int] | None = None  # GPU uuid -> the mode it had, while this daemon set EXCLUSIVE_PROCESS
+        self._modes_before: dict[str, int] | None = (
+            None  # GPU uuid -> the mode it had, while this daemon set EXCLUSIVE_PROCESS
+        )
         self.paths = MpsPaths.of(mps_root, resource.pool.name)
         self.binary = binary
         self.start_timeout = start_timeout
@@ -197,7 +217,9 @@ class MpsDaemon:
             if time.monotonic() - started > self.backoff_max:
                 delay = self.backoff_initial  # it ran a good while: restart promptly
             self.restarts += 1
-            log.warning("MPS daemon of pool %s is down; restart %d in %.1fs", self.resource.pool.name, self.restarts, delay)
+            log.warning(
+                "MPS daemon of pool %s is down; restart %d in %.1fs", self.resource.pool.name, self.restarts, delay
+            )
             self._stop.wait(delay)
             delay = min(delay * 2, self.backoff_max)
 
@@ -205,15 +227,21 @@ class MpsDaemon:
         """Start the daemon, set its limits, mark it ready and wait for it to exit; a failed setup kills it."""
         control_pipe = self.paths.pipe / "control"
         if control_pipe.exists() and self._answers():
-            raise MpsError(f"another control daemon already answers on {control_pipe} (a second gpu-share mps?): not starting one more")
+            raise MpsError(
+                f"another control daemon already answers on {control_pipe} (a second gpu-share mps?): not starting one more"
+            )
         control_pipe.unlink(missing_ok=True)  # a killed daemon leaves its pipe behind; a client would hang on it
-        if self.resource.pool.exclusive_process and self._modes_before is None:  # kept across restarts, restored by stop()
+        if (
+            self.resource.pool.exclusive_process and self._modes_before is None
+        ):  # kept across restarts, restored by stop()
             try:
                 self._modes_before = self.compute_modes.make_exclusive(self.gpus.split(","))
             except ComputeModeError as err:
                 raise MpsError(str(err)) from None
         try:
-            self._process = subprocess.Popen([self.binary, "-f"], env=self.env, stdin=subprocess.DEVNULL, preexec_fn=child_signal_mask)
+            self._process = subprocess.Popen(
+                [self.binary, "-f"], env=self.env, stdin=subprocess.DEVNULL, preexec_fn=child_signal_mask
+            )
         except OSError as err:
             raise MpsError(f"cannot start {self.binary}: {err}") from None
         try:
@@ -222,7 +250,12 @@ class MpsDaemon:
             self._kill()  # never leave a daemon behind: the next attempt starts a new one
             raise
         self._mark()
-        log.info("MPS daemon of pool %s ready (pid %d, GPUs %s)", self.resource.pool.name, self._process.pid, self.env["CUDA_VISIBLE_DEVICES"])
+        log.info(
+            "MPS daemon of pool %s ready (pid %d, GPUs %s)",
+            self.resource.pool.name,
+            self._process.pid,
+            self.env["CUDA_VISIBLE_DEVICES"],
+        )
         self._watch()
 
     def _watch(self) -> None:
@@ -240,7 +273,12 @@ class MpsDaemon:
                 self.send(["get_server_list"], timeout=self.probe_interval)
             except MpsError as err:
                 if self._marked:
-                    log.error("MPS daemon of pool %s (pid %d) does not answer (%s): not ready", self.resource.pool.name, self._process.pid, err)
+                    log.error(
+                        "MPS daemon of pool %s (pid %d) does not answer (%s): not ready",
+                        self.resource.pool.name,
+                        self._process.pid,
+                        err,
+                    )
                     self._unmark()
                 continue
             if not self._marked and not self._stop.is_set():

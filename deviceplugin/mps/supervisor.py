@@ -19,10 +19,17 @@ log = logging.getLogger(__name__)
 
 
 class MpsSupervisor:
-    def __init__(self, binary: str = DEFAULT_CONTROL_BINARY, backoff_max: float = defaults.MPS_BACKOFF_MAX, backoff_initial: float = 1.0,
-                 pools: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        binary: str = DEFAULT_CONTROL_BINARY,
+        backoff_max: float = defaults.MPS_BACKOFF_MAX,
+        backoff_initial: float = 1.0,
+        pools: frozenset[str] = frozenset(),
+    ) -> None:
         self.binary = binary
-        self.pools = pools  # serve only these MPS pools (one DaemonSet per pool, each with its /dev/shm); empty: every one
+        self.pools = (
+            pools  # serve only these MPS pools (one DaemonSet per pool, each with its /dev/shm); empty: every one
+        )
         self.backoff_max = backoff_max
         self.backoff_initial = backoff_initial
         self.daemons: dict[str, MpsDaemon] = {}  # pool name -> its running daemon
@@ -35,7 +42,13 @@ class MpsSupervisor:
             if self._stopped:
                 return
             wanted = {
-                r.pool.name: MpsDaemon(r, r.settings.mps_root, binary=self.binary, backoff_initial=self.backoff_initial, backoff_max=self.backoff_max)
+                r.pool.name: MpsDaemon(
+                    r,
+                    r.settings.mps_root,
+                    binary=self.binary,
+                    backoff_initial=self.backoff_initial,
+                    backoff_max=self.backoff_max,
+                )
                 for r in resources
                 if r.pool.mps and (not self.pools or r.pool.name in self.pools)
             }
@@ -50,7 +63,9 @@ class MpsSupervisor:
                     self.daemons[name] = daemon
             if not self.daemons:
                 which = f" named {', '.join(sorted(self.pools))}" if self.pools else ""
-                log.warning("the config has no pool with backend mps%s on this node; nothing to run until it has one", which)
+                log.warning(
+                    "the config has no pool with backend mps%s on this node; nothing to run until it has one", which
+                )
 
     def stop(self) -> None:
         """Stop every daemon; later reloads start none."""

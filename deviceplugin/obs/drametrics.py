@@ -23,18 +23,24 @@ class DraMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.claims = Counter(
-            "gpushare_dra_claims", "Claims in NodePrepareResources / NodeUnprepareResources calls, by operation and result (ok, error).",
-            ["operation", "result"], registry=registry,
+            "gpushare_dra_claims",
+            "Claims in NodePrepareResources / NodeUnprepareResources calls, by operation and result (ok, error).",
+            ["operation", "result"],
+            registry=registry,
         )
         self.seconds = Histogram(
-            "gpushare_dra_request_duration_seconds", "Time to answer one NodePrepareResources / NodeUnprepareResources call.", ["operation"],
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0, 5.0, 45.0), registry=registry,
+            "gpushare_dra_request_duration_seconds",
+            "Time to answer one NodePrepareResources / NodeUnprepareResources call.",
+            ["operation"],
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0, 5.0, 45.0),
+            registry=registry,
         )
         self.status_writes = Counter(
             "gpushare_dra_claim_status_writes",
             "Writes of prepared claims' status.devices, by result: ok, retried (an attempt failed, another follows),"
             " failed (given up), gone (the claim was deleted), dropped (the queue was full).",
-            ["result"], registry=registry,
+            ["result"],
+            registry=registry,
         )
         for result in STATUS_RESULTS:
             self.status_writes.labels(result)
@@ -61,11 +67,25 @@ class DraCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         self.driver.reread()  # a twin's prepares and unprepares, on every scrape
         claims = self.driver.prepared()
-        yield GaugeMetricFamily("gpushare_dra_prepared_claims", "ResourceClaims prepared on this node (the driver's checkpoint).", value=len(claims))
+        yield GaugeMetricFamily(
+            "gpushare_dra_prepared_claims",
+            "ResourceClaims prepared on this node (the driver's checkpoint).",
+            value=len(claims),
+        )
         labels = ["device", "gpu", "uuid"]
-        total = GaugeMetricFamily("gpushare_dra_device_shares", "Shares a published device has (1 for a whole GPU or MIG instance).", labels=labels)
-        held = GaugeMetricFamily("gpushare_dra_shares_prepared", "Shares of the device that prepared claims hold.", labels=labels)
-        memory = GaugeMetricFamily("gpushare_dra_memory_prepared_bytes", "GPU memory of the device that prepared claims' shares give.", labels=labels)
+        total = GaugeMetricFamily(
+            "gpushare_dra_device_shares",
+            "Shares a published device has (1 for a whole GPU or MIG instance).",
+            labels=labels,
+        )
+        held = GaugeMetricFamily(
+            "gpushare_dra_shares_prepared", "Shares of the device that prepared claims hold.", labels=labels
+        )
+        memory = GaugeMetricFamily(
+            "gpushare_dra_memory_prepared_bytes",
+            "GPU memory of the device that prepared claims' shares give.",
+            labels=labels,
+        )
         held_memory: dict[str, int] = {}
         for claim in claims:
             for prepared in claim.devices:
@@ -78,14 +98,34 @@ class DraCollector(Collector):
             held.add_metric(values, ledger.get(device.name, 0))
             memory.add_metric(values, held_memory.get(device.name, 0) * MIB)
         yield from (total, held, memory)
-        yield GaugeMetricFamily("gpushare_dra_registered", "1 while the kubelet has registered the DRA driver.", value=1 if self.registered() else 0)
+        yield GaugeMetricFamily(
+            "gpushare_dra_registered",
+            "1 while the kubelet has registered the DRA driver.",
+            value=1 if self.registered() else 0,
+        )
         checkpoint = self.driver.checkpoint
-        yield GaugeMetricFamily("gpushare_dra_damaged_records", "Claims whose checkpoint record is damaged (quarantined); their devices are fenced.", value=len(checkpoint.damaged))
-        yield CounterMetricFamily("gpushare_dra_records_quarantined", "Checkpoint records this process found damaged and quarantined.", value=checkpoint.quarantined)
-        yield CounterMetricFamily("gpushare_dra_reallocated_claims", "Prepared claims re-allocated under the same UID, prepared again from the new allocation.", value=self.driver.reallocated)
+        yield GaugeMetricFamily(
+            "gpushare_dra_damaged_records",
+            "Claims whose checkpoint record is damaged (quarantined); their devices are fenced.",
+            value=len(checkpoint.damaged),
+        )
+        yield CounterMetricFamily(
+            "gpushare_dra_records_quarantined",
+            "Checkpoint records this process found damaged and quarantined.",
+            value=checkpoint.quarantined,
+        )
+        yield CounterMetricFamily(
+            "gpushare_dra_reallocated_claims",
+            "Prepared claims re-allocated under the same UID, prepared again from the new allocation.",
+            value=self.driver.reallocated,
+        )
         mig = self.driver.mig
-        yield CounterMetricFamily("gpushare_dra_mig_instances_made", "Dynamic-MIG instances this process made at prepare.", value=mig.made)
+        yield CounterMetricFamily(
+            "gpushare_dra_mig_instances_made", "Dynamic-MIG instances this process made at prepare.", value=mig.made
+        )
         destroyed = "Dynamic-MIG instances this process destroyed (unprepare, start-up sweep)."
         yield CounterMetricFamily("gpushare_dra_mig_instances_destroyed", destroyed, value=mig.destroyed)
-        unclaimed = "MIG instances on dynamic-MIG GPUs that no claim holds: kept at start-up, or made behind the driver's back."
+        unclaimed = (
+            "MIG instances on dynamic-MIG GPUs that no claim holds: kept at start-up, or made behind the driver's back."
+        )
         yield GaugeMetricFamily("gpushare_dra_mig_unclaimed_instances", unclaimed, value=len(mig.unclaimed))

@@ -31,7 +31,15 @@ log = logging.getLogger(__name__)
 
 TEXT = "text/plain; charset=utf-8"
 DROP_REASONS = ("busy", "evicted", "timeout", "too_large", "bad_request")
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 413: "Content Too Large", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
 
 
 class MetricsError(StartupError):
@@ -168,7 +176,9 @@ class MetricsServer:
         writer.write_eof()
         deadline = time.monotonic() + min(1.0, self.limits.read_timeout)
         try:
-            while await asyncio.wait_for(reader.read(self.limits.max_head_bytes), max(0.0, deadline - time.monotonic())):
+            while await asyncio.wait_for(
+                reader.read(self.limits.max_head_bytes), max(0.0, deadline - time.monotonic())
+            ):
                 pass
         except TimeoutError:
             pass
@@ -263,10 +273,14 @@ def _encode(answer: _Answer) -> bytes:
 def _listen(host: str, port: int) -> socket.socket:
     """A listening, non-blocking socket on host:port; MetricsError with the reason when it cannot be had."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         sock = socket.socket(family, kind, proto)
     except OSError as err:
-        raise MetricsError(f"cannot serve metrics on {host}:{port}: {err.strerror or err} (check --metrics-bind-address)") from None
+        raise MetricsError(
+            f"cannot serve metrics on {host}:{port}: {err.strerror or err} (check --metrics-bind-address)"
+        ) from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
@@ -274,5 +288,7 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.setblocking(False)
     except OSError as err:
         sock.close()
-        raise MetricsError(f"cannot serve metrics on {host}:{port}: {err.strerror} (choose another --metrics-port or --metrics-bind-address)") from None
+        raise MetricsError(
+            f"cannot serve metrics on {host}:{port}: {err.strerror} (choose another --metrics-port or --metrics-bind-address)"
+        ) from None
     return sock

@@ -32,7 +32,10 @@ class PluginMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.allocations = Counter(
-            "gpushare_allocate_requests", "Allocate calls by resource and result (ok, refused).", ["resource", "result"], registry=registry
+            "gpushare_allocate_requests",
+            "Allocate calls by resource and result (ok, refused).",
+            ["resource", "result"],
+            registry=registry,
         )
         self.allocate_seconds = Histogram(
             "gpushare_allocate_duration_seconds",
@@ -41,7 +44,9 @@ class PluginMetrics:
             buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25, 1.0),
             registry=registry,
         )
-        self.registrations = Counter("gpushare_registrations", "Successful registrations with the kubelet.", ["resource"], registry=registry)
+        self.registrations = Counter(
+            "gpushare_registrations", "Successful registrations with the kubelet.", ["resource"], registry=registry
+        )
 
     def declare(self, resources: Iterable[str]) -> None:
         """Create every child series of these resources at 0, so they exist before the first Allocate."""
@@ -78,22 +83,46 @@ class StateCollector(Collector):
         gpu_labels = ["gpu", "uuid", "model"]
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "memory_used": GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=gpu_labels),
-            "memory_total": GaugeMetricFamily("gpushare_gpu_memory_total_bytes", "GPU memory in all.", labels=gpu_labels),
-            "utilization": GaugeMetricFamily("gpushare_gpu_utilization_ratio", "GPU busy time over the last sample period (0-1).", labels=gpu_labels),
+            "memory_total": GaugeMetricFamily(
+                "gpushare_gpu_memory_total_bytes", "GPU memory in all.", labels=gpu_labels
+            ),
+            "utilization": GaugeMetricFamily(
+                "gpushare_gpu_utilization_ratio", "GPU busy time over the last sample period (0-1).", labels=gpu_labels
+            ),
             "temperature": GaugeMetricFamily("gpushare_gpu_temperature_celsius", "GPU temperature.", labels=gpu_labels),
             "power": GaugeMetricFamily("gpushare_gpu_power_watts", "GPU power draw.", labels=gpu_labels),
-            "healthy": GaugeMetricFamily("gpushare_gpu_healthy", "1 when the GPU is Healthy, 0 when its devices are advertised Unhealthy.", labels=gpu_labels),
+            "healthy": GaugeMetricFamily(
+                "gpushare_gpu_healthy",
+                "1 when the GPU is Healthy, 0 when its devices are advertised Unhealthy.",
+                labels=gpu_labels,
+            ),
             "reset": GaugeMetricFamily(
-                "gpushare_gpu_reset_required", "1 while a reset-class fault keeps the GPU (or a MIG instance on it) Unhealthy until a GPU reset.", labels=gpu_labels
+                "gpushare_gpu_reset_required",
+                "1 while a reset-class fault keeps the GPU (or a MIG instance on it) Unhealthy until a GPU reset.",
+                labels=gpu_labels,
             ),
-            "xid": CounterMetricFamily("gpushare_gpu_xid_errors", "Critical XID errors seen (ignored XIDs excluded).", labels=gpu_labels),
-            "residue": GaugeMetricFamily("gpushare_gpu_residue_memory_bytes", "GPU memory held by processes of containers known to have ended.", labels=gpu_labels),
+            "xid": CounterMetricFamily(
+                "gpushare_gpu_xid_errors", "Critical XID errors seen (ignored XIDs excluded).", labels=gpu_labels
+            ),
+            "residue": GaugeMetricFamily(
+                "gpushare_gpu_residue_memory_bytes",
+                "GPU memory held by processes of containers known to have ended.",
+                labels=gpu_labels,
+            ),
             "unattributed": GaugeMetricFamily(
-                "gpushare_gpu_unattributed_memory_bytes", "GPU memory of processes not attributed to an active container (reported, never quarantined).", labels=gpu_labels
+                "gpushare_gpu_unattributed_memory_bytes",
+                "GPU memory of processes not attributed to an active container (reported, never quarantined).",
+                labels=gpu_labels,
             ),
-            "quarantined": GaugeMetricFamily("gpushare_gpu_quarantined", "1 while the residue guard holds the GPU's free devices back.", labels=gpu_labels),
+            "quarantined": GaugeMetricFamily(
+                "gpushare_gpu_quarantined",
+                "1 while the residue guard holds the GPU's free devices back.",
+                labels=gpu_labels,
+            ),
             "pending": GaugeMetricFamily(
-                "gpushare_gpu_config_pending", "1 while a reload waits for the GPU's holders to leave before changing its shape.", labels=gpu_labels
+                "gpushare_gpu_config_pending",
+                "1 while a reload waits for the GPU's holders to leave before changing its shape.",
+                labels=gpu_labels,
             ),
         }
         for gpu in node.gpus:
@@ -109,17 +138,29 @@ class StateCollector(Collector):
             if stats and stats.power_watts is not None:
                 families["power"].add_metric(labels, stats.power_watts)
             families["healthy"].add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
-            families["reset"].add_metric(labels, 1 if {gpu.uuid, *(m.uuid for m in gpu.mig_devices)} & awaiting_reset else 0)
+            families["reset"].add_metric(
+                labels, 1 if {gpu.uuid, *(m.uuid for m in gpu.mig_devices)} & awaiting_reset else 0
+            )
             families["xid"].add_metric(labels, view.xid_counts.get(gpu.uuid, 0))
             # 0 before the first agent round, like every other state series
             families["residue"].add_metric(labels, snapshot.residue_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
-            families["unattributed"].add_metric(labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB if snapshot else 0)
+            families["unattributed"].add_metric(
+                labels, snapshot.unattributed_mib.get(gpu.uuid, 0) * MIB if snapshot else 0
+            )
             families["quarantined"].add_metric(labels, 1 if gpu.uuid in view.quarantined_gpus else 0)
             families["pending"].add_metric(labels, 1 if gpu.uuid in view.pending_gpus else 0)
         yield from families.values()
 
-        total = GaugeMetricFamily("gpushare_shares", "Devices (shares, whole GPUs or MIG instances) advertised, per resource and GPU.", labels=["resource", "pool", "gpu", "uuid"])
-        allocated = GaugeMetricFamily("gpushare_shares_allocated", "Devices held by active containers (from pod-resources).", labels=["resource", "pool", "gpu", "uuid"])
+        total = GaugeMetricFamily(
+            "gpushare_shares",
+            "Devices (shares, whole GPUs or MIG instances) advertised, per resource and GPU.",
+            labels=["resource", "pool", "gpu", "uuid"],
+        )
+        allocated = GaugeMetricFamily(
+            "gpushare_shares_allocated",
+            "Devices held by active containers (from pod-resources).",
+            labels=["resource", "pool", "gpu", "uuid"],
+        )
         held: dict[tuple[str, str], int] = {}
         for share in snapshot.usage.shares if snapshot else ():
             held[(share.resource, share.gpu_uuid)] = held.get((share.resource, share.gpu_uuid), 0) + share.shares
@@ -135,20 +176,38 @@ class StateCollector(Collector):
         yield allocated
 
         container_labels = ["namespace", "pod", "container", "resource", "uuid"]
-        shares = GaugeMetricFamily("gpushare_container_shares", "Devices a container holds on one GPU or MIG instance.", labels=container_labels)
-        limit = GaugeMetricFamily("gpushare_container_memory_limit_bytes", "GPU memory a container's shares allow.", labels=container_labels)
-        used = GaugeMetricFamily("gpushare_container_memory_used_bytes", "GPU memory a container's processes really use (NVML).", labels=container_labels)
-        over = GaugeMetricFamily("gpushare_container_over_limit", "1 when a time-sliced container uses more GPU memory than its shares allow.", labels=container_labels)
+        shares = GaugeMetricFamily(
+            "gpushare_container_shares",
+            "Devices a container holds on one GPU or MIG instance.",
+            labels=container_labels,
+        )
+        limit = GaugeMetricFamily(
+            "gpushare_container_memory_limit_bytes", "GPU memory a container's shares allow.", labels=container_labels
+        )
+        used = GaugeMetricFamily(
+            "gpushare_container_memory_used_bytes",
+            "GPU memory a container's processes really use (NVML).",
+            labels=container_labels,
+        )
+        over = GaugeMetricFamily(
+            "gpushare_container_over_limit",
+            "1 when a time-sliced container uses more GPU memory than its shares allow.",
+            labels=container_labels,
+        )
         # one series per label set: records that share one (a usage map that did not merge them) add up
         held_by: dict[tuple[str, ...], list[int]] = {}  # labels -> [shares, limit MiB]
         for share in snapshot.usage.shares if snapshot else ():
-            totals = held_by.setdefault((share.namespace, share.pod, share.container, share.resource, share.unit_uuid), [0, 0])
+            totals = held_by.setdefault(
+                (share.namespace, share.pod, share.container, share.resource, share.unit_uuid), [0, 0]
+            )
             totals[0] += share.shares
             totals[1] += share.memory_limit_mib
         measured: dict[tuple[str, ...], list[int]] = {}  # labels -> [used MiB, over limit]
         for item in snapshot.containers if snapshot else ():
             share = item.share
-            values = measured.setdefault((share.namespace, share.pod, share.container, share.resource, share.unit_uuid), [0, 0])
+            values = measured.setdefault(
+                (share.namespace, share.pod, share.container, share.resource, share.unit_uuid), [0, 0]
+            )
             values[0] = max(values[0], item.used_mib)  # the same processes, measured for each record
             values[1] |= item.over_limit
         for series, (count, limit_mib) in held_by.items():
@@ -159,7 +218,9 @@ class StateCollector(Collector):
                 over.add_metric(list(series), measured[series][1])
         yield from (shares, limit, used, over)
 
-        yield CounterMetricFamily("gpushare_kubelet_restarts", "Kubelet restarts seen (kubelet.sock recreated).", value=s.kubelet_restarts())
+        yield CounterMetricFamily(
+            "gpushare_kubelet_restarts", "Kubelet restarts seen (kubelet.sock recreated).", value=s.kubelet_restarts()
+        )
         reloads = CounterMetricFamily("gpushare_config_reloads", "Config reloads by result.", labels=["result"])
         ok, failed = s.reloads()
         reloads.add_metric(["success"], ok)
@@ -168,46 +229,94 @@ class StateCollector(Collector):
         agent = s.agent
         if agent:
             yield from _metering(agent.meter)
-        yield CounterMetricFamily("gpushare_pod_resources_rate_limited", "pod-resources calls refused by the kubelet's rate limit.", value=agent.rate_limited if agent else 0)
-        yield CounterMetricFamily("gpushare_memory_violations", "Time-sliced containers found over their GPU memory (once per episode).", value=agent.watchdog.violations if agent else 0)
-        yield CounterMetricFamily("gpushare_memory_kills", "Processes killed by the memory watchdog.", value=agent.watchdog.kills if agent else 0)
-        yield CounterMetricFamily("gpushare_memory_kill_failures", "Processes the memory watchdog failed to kill (once per PID).", value=agent.watchdog.kill_failures if agent else 0)
+        yield CounterMetricFamily(
+            "gpushare_pod_resources_rate_limited",
+            "pod-resources calls refused by the kubelet's rate limit.",
+            value=agent.rate_limited if agent else 0,
+        )
+        yield CounterMetricFamily(
+            "gpushare_memory_violations",
+            "Time-sliced containers found over their GPU memory (once per episode).",
+            value=agent.watchdog.violations if agent else 0,
+        )
+        yield CounterMetricFamily(
+            "gpushare_memory_kills",
+            "Processes killed by the memory watchdog.",
+            value=agent.watchdog.kills if agent else 0,
+        )
+        yield CounterMetricFamily(
+            "gpushare_memory_kill_failures",
+            "Processes the memory watchdog failed to kill (once per PID).",
+            value=agent.watchdog.kill_failures if agent else 0,
+        )
         yield CounterMetricFamily(
             "gpushare_reset_evidence_errors",
             "Failed reads (every GPU then held for a reset) and writes of the reset evidence file.",
             value=view.evidence_errors,
         )
-        yield CounterMetricFamily("gpushare_events_dropped", "Pod Events dropped, oldest first, because the outbox to the API was full.", value=s.events_dropped())
+        yield CounterMetricFamily(
+            "gpushare_events_dropped",
+            "Pod Events dropped, oldest first, because the outbox to the API was full.",
+            value=s.events_dropped(),
+        )
         last_sync = snapshot.last_sync if snapshot and snapshot.last_sync is not None else 0
-        yield GaugeMetricFamily("gpushare_pod_resources_last_sync_timestamp_seconds", "Unix time of the last successful pod-resources List; 0 before the first.", value=last_sync)
         yield GaugeMetricFamily(
-            "gpushare_gpus_skipped", "GPUs discovery could not describe at start-up: left out, the others are served (log: GPU N is not usable).", value=len(node.skipped)
+            "gpushare_pod_resources_last_sync_timestamp_seconds",
+            "Unix time of the last successful pod-resources List; 0 before the first.",
+            value=last_sync,
         )
         yield GaugeMetricFamily(
-            "gpushare_instance_standby", "1 while this process stands by for the instance lock another process holds, serving nothing.", value=1 if s.standby else 0
+            "gpushare_gpus_skipped",
+            "GPUs discovery could not describe at start-up: left out, the others are served (log: GPU N is not usable).",
+            value=len(node.skipped),
         )
-        yield GaugeMetricFamily("gpushare_nvml_up", "1 when the GPUs were discovered (NVML loaded); 0 while the plugin runs without devices.", value=1 if s.nvml_up else 0)
-        info = GaugeMetricFamily("gpushare_build_info", "Always 1; the labels say which gpu-share runs.", labels=["version", "python"])
+        yield GaugeMetricFamily(
+            "gpushare_instance_standby",
+            "1 while this process stands by for the instance lock another process holds, serving nothing.",
+            value=1 if s.standby else 0,
+        )
+        yield GaugeMetricFamily(
+            "gpushare_nvml_up",
+            "1 when the GPUs were discovered (NVML loaded); 0 while the plugin runs without devices.",
+            value=1 if s.nvml_up else 0,
+        )
+        info = GaugeMetricFamily(
+            "gpushare_build_info", "Always 1; the labels say which gpu-share runs.", labels=["version", "python"]
+        )
         info.add_metric([__version__, platform.python_version()], 1)
         yield info
-        cdi = GaugeMetricFamily("gpushare_cdi_devices_missing", "Advertised devices no CDI spec on the node names (CDI mode).", labels=["resource"])
+        cdi = GaugeMetricFamily(
+            "gpushare_cdi_devices_missing",
+            "Advertised devices no CDI spec on the node names (CDI mode).",
+            labels=["resource"],
+        )
         missing: dict[str, list[str]] = s.cdi_missing()
         for resource in s.resources():
             cdi.add_metric([resource.name], len(missing.get(resource.name, ())))
         yield cdi
-        yield GaugeMetricFamily("gpushare_config_in_sync", "1 when the running config is the config file's current content.", value=1 if s.config_in_sync() else 0)
         yield GaugeMetricFamily(
-            "gpushare_config_pending_gpus", "GPUs kept in their previous shape until what holds them is released (a reload waits for them).", value=len(view.pending_gpus)
+            "gpushare_config_in_sync",
+            "1 when the running config is the config file's current content.",
+            value=1 if s.config_in_sync() else 0,
+        )
+        yield GaugeMetricFamily(
+            "gpushare_config_pending_gpus",
+            "GPUs kept in their previous shape until what holds them is released (a reload waits for them).",
+            value=len(view.pending_gpus),
         )
         yield CounterMetricFamily(
-            "gpushare_config_deferred_switches", "Times a GPU's change of shape had to wait for its holders (once per GPU and wait).", value=s.deferred_switches()
+            "gpushare_config_deferred_switches",
+            "Times a GPU's change of shape had to wait for its holders (once per GPU and wait).",
+            value=s.deferred_switches(),
         )
         yield CounterMetricFamily(
             "gpushare_holds_unreadable",
             "Reads of what containers hold (pod-resources, the kubelet checkpoint) that failed; no GPU changed shape after them.",
             value=s.unreadable_holds(),
         )
-        registered = GaugeMetricFamily("gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"])
+        registered = GaugeMetricFamily(
+            "gpushare_resource_registered", "1 while the resource is registered with the kubelet.", labels=["resource"]
+        )
         for name, is_registered in s.registration():
             registered.add_metric([name], 1 if is_registered else 0)
         yield registered
@@ -217,10 +326,26 @@ def _metering(meter) -> Iterator[Metric]:
     """The meter's totals as counters (no `_created` series: they would double the per-pod series)."""
     labels = ["namespace", "pod", "resource"]
     families = [
-        (CounterMetricFamily("gpushare_share_seconds", "Devices (shares, whole GPUs, MIG instances) held x seconds, per pod.", labels=labels), "share_seconds"),
-        (CounterMetricFamily("gpushare_gpu_seconds", "GPU-equivalents held x seconds (a share of a 4-way GPU is 0.25), per pod.", labels=labels), "gpu_seconds"),
         (
-            CounterMetricFamily("gpushare_memory_used_byte_seconds", "GPU memory really used (NVML) x seconds, per pod.", labels=labels),
+            CounterMetricFamily(
+                "gpushare_share_seconds",
+                "Devices (shares, whole GPUs, MIG instances) held x seconds, per pod.",
+                labels=labels,
+            ),
+            "share_seconds",
+        ),
+        (
+            CounterMetricFamily(
+                "gpushare_gpu_seconds",
+                "GPU-equivalents held x seconds (a share of a 4-way GPU is 0.25), per pod.",
+                labels=labels,
+            ),
+            "gpu_seconds",
+        ),
+        (
+            CounterMetricFamily(
+                "gpushare_memory_used_byte_seconds", "GPU memory really used (NVML) x seconds, per pod.", labels=labels
+            ),
             "memory_byte_seconds",
         ),
     ]
@@ -263,7 +388,9 @@ class Exposition(Collector):
         self.duplicates += 1
         if name not in self._logged and len(self._logged) < 256:
             self._logged.add(name)
-            log.warning("metrics: a second %s series with labels %s was left out (a bug: please report it)", name, labels)
+            log.warning(
+                "metrics: a second %s series with labels %s was left out (a bug: please report it)", name, labels
+            )
 
 
 def exposed_registry(inner: CollectorRegistry, node: str | None) -> CollectorRegistry:

@@ -56,7 +56,9 @@ class DirectoryWatch:
             return None
         mask = IN_CREATE | IN_DELETE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE_SELF
         if libc.inotify_add_watch(fd, os.fsencode(directory), mask) < 0:
-            log.warning("cannot watch %s with inotify (%s); polling instead", directory, os.strerror(ctypes.get_errno()))
+            log.warning(
+                "cannot watch %s with inotify (%s); polling instead", directory, os.strerror(ctypes.get_errno())
+            )
             os.close(fd)
             return None
         return cls(fd)

@@ -43,7 +43,13 @@ PROBE_TIMEOUT = 0.5
 
 def signature(resource: Resource) -> tuple:
     """What decides a resource's devices and Allocate answers: equal signatures need no restart on reload."""
-    return (resource.name, dataclasses.replace(resource.pool, key_path=""), resource.units, tuple(resource.devices), resource.settings)
+    return (
+        resource.name,
+        dataclasses.replace(resource.pool, key_path=""),
+        resource.units,
+        tuple(resource.devices),
+        resource.settings,
+    )
 
 
 def socket_is_live(path: Path) -> bool:
@@ -105,7 +111,9 @@ class PluginManager:
         self._loop = loop or shared_loop()
         self.kubelet_channel = RegistrationChannel(self.plugin_dir / KUBELET_SOCKET)  # every server's, one per kubelet
         self.servers = [self._new_server(r) for r in resources]
-        self.mps_pools = MpsReadiness(self.state, mps or MpsLiveness(), resources, timings.watch_interval)  # checked by _poll
+        self.mps_pools = MpsReadiness(
+            self.state, mps or MpsLiveness(), resources, timings.watch_interval
+        )  # checked by _poll
         self._lifecycle = asyncio.Lock()  # serialises start/stop/apply/check on the loop
         self._nudge = asyncio.Event()  # set by inotify: check now
         self._kubelet: tuple[int, int] | None = None
@@ -155,7 +163,8 @@ class PluginManager:
         broken = [
             s.resource.name
             for s in self.servers
-            if (s.socket_path is None and not self._waits_for_mps(s)) or (s.socket_path is not None and not s.socket_path.exists())
+            if (s.socket_path is None and not self._waits_for_mps(s))
+            or (s.socket_path is not None and not s.socket_path.exists())
         ]
         return (not broken, "ok" if not broken else f"not serving: {', '.join(broken)}")
 
@@ -250,7 +259,12 @@ class PluginManager:
         """What Allocate granted within `grant_window`: held, though the kubelet may not have recorded it yet."""
         since = time.monotonic() - self.timings.grant_window
         return frozenset(
-            Hold(s.resource.name, i, d.unit.replicas if (d := s.resource.devices.get(i)) else None, "a container granted just now")
+            Hold(
+                s.resource.name,
+                i,
+                d.unit.replicas if (d := s.resource.devices.get(i)) else None,
+                "a container granted just now",
+            )
             for s in self.servers
             for at, ids in list(s.recent_grants)
             if at >= since
@@ -288,16 +302,29 @@ class PluginManager:
         is logged and left to the next check, which tries again; without, it is raised (start-up)."""
         if self._waits_for_mps(server):
             paths = self.mps_pools.paths(server.resource.pool.name)
-            log.info("%s: waiting for the control daemon of MPS pool %s (%s)", server.resource.name, server.resource.pool.name, paths.root if paths else "?")
+            log.info(
+                "%s: waiting for the control daemon of MPS pool %s (%s)",
+                server.resource.name,
+                server.resource.pool.name,
+                paths.root if paths else "?",
+            )
             return
         try:
             await server.serve()
         except (OSError, RuntimeError) as err:  # grpc raises RuntimeError("Failed to bind ...")
             if not retry:
                 raise
-            failures = self._serve_failures[server.resource.name] = self._serve_failures.get(server.resource.name, 0) + 1
+            failures = self._serve_failures[server.resource.name] = (
+                self._serve_failures.get(server.resource.name, 0) + 1
+            )
             if failures == 1 or failures % 50 == 0:
-                log.error("cannot serve %s (%s); retrying every %.1fs (failure %d)", server.resource.name, err, self.timings.watch_interval, failures)
+                log.error(
+                    "cannot serve %s (%s); retrying every %.1fs (failure %d)",
+                    server.resource.name,
+                    err,
+                    self.timings.watch_interval,
+                    failures,
+                )
         else:
             self._serve_failures.pop(server.resource.name, None)
 

@@ -64,7 +64,10 @@ class RegistrationChannel:
         """The channel for this kubelet instance: the open one, or a new one when kubelet.sock changed (the old one is
         closed, cancelling its calls)."""
         if self._channel is None or self._identity != identity:
-            old, self._channel = self._channel, grpc.aio.insecure_channel(f"unix:{self.socket}", options=CHANNEL_OPTIONS)
+            old, self._channel = (
+                self._channel,
+                grpc.aio.insecure_channel(f"unix:{self.socket}", options=CHANNEL_OPTIONS),
+            )
             self._identity = identity
             self.opened += 1
             if old is not None:

@@ -203,7 +203,9 @@ class DevicePluginServer:
             self._unsubscribe = self.state.subscribe(self._follow)
             self._follow(self.state.snapshot())
         instance = Instance(socket_path_for(self.plugin_dir, self.resource))
-        instance.server = grpc.aio.server(options=[("grpc.max_receive_message_length", max_message_bytes(self.resource))])
+        instance.server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", max_message_bytes(self.resource))]
+        )
         add_servicer(Servicer(self, instance), instance.server)
         instance.server.add_insecure_port(f"unix:{instance.socket_path}")
         await instance.server.start()
@@ -239,7 +241,9 @@ class DevicePluginServer:
             instance.pending = True
             instance.wake.set()
             return
-        instance.register_task = asyncio.get_running_loop().create_task(self._register_loop(instance), name=f"register-{self.resource.label}")
+        instance.register_task = asyncio.get_running_loop().create_task(
+            self._register_loop(instance), name=f"register-{self.resource.label}"
+        )
 
     def wake(self) -> None:
         """Cut a registration backoff short (kubelet.sock just appeared)."""
@@ -290,7 +294,9 @@ class DevicePluginServer:
                         self.registered.set()
                     if self.metrics:
                         self.metrics.registered(self.resource.name)
-                    log.info("registered %s with the kubelet (endpoint %s)", self.resource.name, instance.socket_path.name)
+                    log.info(
+                        "registered %s with the kubelet (endpoint %s)", self.resource.name, instance.socket_path.name
+                    )
                     return
                 finally:
                     instance.registering = False
@@ -298,7 +304,13 @@ class DevicePluginServer:
             self.register_failures += 1
             # The first failure and then every tenth: a kubelet that stays away does not flood the log.
             if failures == 1 or failures % 10 == 0:
-                log.warning("cannot register %s (%s); retrying in %.1fs (attempt %d)", self.resource.name, reason, delay, failures)
+                log.warning(
+                    "cannot register %s (%s); retrying in %.1fs (attempt %d)",
+                    self.resource.name,
+                    reason,
+                    delay,
+                    failures,
+                )
             try:
                 await asyncio.wait_for(instance.wake.wait(), delay)
                 delay = self.timings.backoff_initial

@@ -38,7 +38,9 @@ class _Undecodable:
     """A request whose bytes are not the message its method takes (the handler refuses it with INVALID_ARGUMENT)."""
 
     def __init__(self, kind: type[Message], size: int) -> None:
-        self.message = f"the request is not a valid {kind.DESCRIPTOR.full_name} ({size} bytes that do not decode as one)"
+        self.message = (
+            f"the request is not a valid {kind.DESCRIPTOR.full_name} ({size} bytes that do not decode as one)"
+        )
 
 
 def _decoder(kind: type[Message]) -> Callable[[bytes], object]:
@@ -57,18 +59,31 @@ def add_servicer(servicer: Servicer, server: grpc.aio.Server) -> None:
     gRPC's UNKNOWN naming a Python exception."""
     unary, stream = grpc.unary_unary_rpc_method_handler, grpc.unary_stream_rpc_method_handler
     handlers = {
-        "GetDevicePluginOptions": unary(servicer.GetDevicePluginOptions, _decoder(pb.Empty), pb.DevicePluginOptions.SerializeToString),
+        "GetDevicePluginOptions": unary(
+            servicer.GetDevicePluginOptions, _decoder(pb.Empty), pb.DevicePluginOptions.SerializeToString
+        ),
         "ListAndWatch": stream(servicer.ListAndWatch, _decoder(pb.Empty), pb.ListAndWatchResponse.SerializeToString),
-        "GetPreferredAllocation": unary(servicer.GetPreferredAllocation, _decoder(pb.PreferredAllocationRequest), pb.PreferredAllocationResponse.SerializeToString),
+        "GetPreferredAllocation": unary(
+            servicer.GetPreferredAllocation,
+            _decoder(pb.PreferredAllocationRequest),
+            pb.PreferredAllocationResponse.SerializeToString,
+        ),
         "Allocate": unary(servicer.Allocate, _decoder(pb.AllocateRequest), pb.AllocateResponse.SerializeToString),
-        "PreStartContainer": unary(servicer.PreStartContainer, _decoder(pb.PreStartContainerRequest), pb.PreStartContainerResponse.SerializeToString),
+        "PreStartContainer": unary(
+            servicer.PreStartContainer,
+            _decoder(pb.PreStartContainerRequest),
+            pb.PreStartContainerResponse.SerializeToString,
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
     server.add_registered_method_handlers("v1beta1.DevicePlugin", handlers)
 
 
 def _preferred_requests(request: pb.PreferredAllocationRequest) -> list[PreferredRequest]:
-    return [PreferredRequest(r.available_deviceIDs, r.must_include_deviceIDs, r.allocation_size) for r in request.container_requests]
+    return [
+        PreferredRequest(r.available_deviceIDs, r.must_include_deviceIDs, r.allocation_size)
+        for r in request.container_requests
+    ]
 
 
 class Servicer(pb_grpc.DevicePluginServicer):
@@ -86,13 +101,17 @@ class Servicer(pb_grpc.DevicePluginServicer):
     async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
         await context.abort(code, message if len(message) <= MAX_ERROR_CHARS else message[:MAX_ERROR_CHARS] + "...")
 
-    async def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> pb.DevicePluginOptions:
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> pb.DevicePluginOptions:
         await self._refuse_undecodable(request, context)
         if self.instance.registering:
             self.instance.expect_kubelet_stream = True
         return wire.OPTIONS
 
-    async def ListAndWatch(self, request: pb.Empty, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def ListAndWatch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
         await self._refuse_undecodable(request, context)
         plugin, instance = self.plugin, self.instance
         from_kubelet, instance.expect_kubelet_stream = instance.expect_kubelet_stream, False
@@ -101,7 +120,11 @@ class Servicer(pb_grpc.DevicePluginServicer):
             instance.kubelet_stream = token
         else:
             if instance.other_streams >= MAX_OTHER_STREAMS:
-                await self._abort(context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_OTHER_STREAMS} ListAndWatch streams of {self.resource.name} are open already")
+                await self._abort(
+                    context,
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{MAX_OTHER_STREAMS} ListAndWatch streams of {self.resource.name} are open already",
+                )
             instance.other_streams += 1
         sent = None
         try:
@@ -110,8 +133,17 @@ class Servicer(pb_grpc.DevicePluginServicer):
                 if version != sent:
                     sent = version
                     health = allocator.health
-                    yield plugin.device_list.response(health.unhealthy, all_unhealthy=not health.mps_ready, quarantined_devices=health.quarantined_devices)
-                    log.debug("sent %d devices of %s (%d GPUs unhealthy)", len(self.resource.devices), self.resource.name, len(health.unhealthy))
+                    yield plugin.device_list.response(
+                        health.unhealthy,
+                        all_unhealthy=not health.mps_ready,
+                        quarantined_devices=health.quarantined_devices,
+                    )
+                    log.debug(
+                        "sent %d devices of %s (%d GPUs unhealthy)",
+                        len(self.resource.devices),
+                        self.resource.name,
+                        len(health.unhealthy),
+                    )
                 else:
                     await plugin.health_changed(version)
         finally:
@@ -121,7 +153,9 @@ class Servicer(pb_grpc.DevicePluginServicer):
             else:
                 instance.other_streams -= 1
 
-    async def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext) -> pb.PreferredAllocationResponse:
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
         await self._refuse_undecodable(request, context)
         plugin, requests = self.plugin, _preferred_requests(request)
         allocator = plugin.current()[1]
@@ -136,7 +170,9 @@ class Servicer(pb_grpc.DevicePluginServicer):
         # at a time).
         if plugin.preferred_waiting >= MAX_PREFERRED_WAITING:
             await self._abort(
-                context, grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_PREFERRED_WAITING} GetPreferredAllocation calls of {self.resource.name} are in flight already"
+                context,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{MAX_PREFERRED_WAITING} GetPreferredAllocation calls of {self.resource.name} are in flight already",
             )
         if plugin.preferred_turn is None:
             plugin.preferred_turn = asyncio.Semaphore(1)
@@ -168,7 +204,9 @@ class Servicer(pb_grpc.DevicePluginServicer):
         grants.append((now, allocation.device_ids))
         self._count(True, started)
         if log.isEnabledFor(logging.INFO):  # one line per call, whatever it holds
-            log.info("allocated %s: %s -> %s", self.resource.name, brief(allocation.device_ids), brief(allocation.units, 3))
+            log.info(
+                "allocated %s: %s -> %s", self.resource.name, brief(allocation.device_ids), brief(allocation.units, 3)
+            )
         return response
 
     def _count(self, ok: bool, started: float) -> None:
@@ -176,7 +214,8 @@ class Servicer(pb_grpc.DevicePluginServicer):
         if metrics:
             metrics.allocated(self.resource.name, ok, time.perf_counter() - started)
 
-    async def PreStartContainer(self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext) -> pb.PreStartContainerResponse:
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreStartContainerResponse:
         await self._refuse_undecodable(request, context)
         return pb.PreStartContainerResponse()
-

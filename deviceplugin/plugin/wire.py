@@ -14,8 +14,13 @@ from ..alloc.allocator import Allocation, ContainerGrant, Refusal
 from ..api import deviceplugin_pb2 as pb
 from ..model.devices import HEALTHY, UNHEALTHY, Resource
 
-OPTIONS = pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)  # Register's and GetDevicePluginOptions' answer
-STATUS_CODES = {Refusal.INVALID: grpc.StatusCode.INVALID_ARGUMENT, Refusal.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION}
+OPTIONS = pb.DevicePluginOptions(
+    pre_start_required=False, get_preferred_allocation_available=True
+)  # Register's and GetDevicePluginOptions' answer
+STATUS_CODES = {
+    Refusal.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    Refusal.PRECONDITION: grpc.StatusCode.FAILED_PRECONDITION,
+}
 
 
 def status_code(refusal: Refusal) -> grpc.StatusCode:
@@ -31,7 +36,10 @@ class EncodedDeviceList:
         self.resource = resource
 
     def response(
-        self, unhealthy: frozenset[str] = frozenset(), all_unhealthy: bool = False, quarantined_devices: frozenset[str] = frozenset()
+        self,
+        unhealthy: frozenset[str] = frozenset(),
+        all_unhealthy: bool = False,
+        quarantined_devices: frozenset[str] = frozenset(),
     ) -> pb.ListAndWatchResponse:
         """The full device list; a device is unhealthy when its unit or GPU is in `unhealthy`, or its ID in `quarantined_devices`."""
         healthy = self._healthy
@@ -81,4 +89,6 @@ def allocate_response(allocation: Allocation) -> pb.AllocateResponse:
 
 
 def preferred_response(answers: list[list[str]]) -> pb.PreferredAllocationResponse:
-    return pb.PreferredAllocationResponse(container_responses=[pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in answers])
+    return pb.PreferredAllocationResponse(
+        container_responses=[pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in answers]
+    )

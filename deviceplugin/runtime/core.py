@@ -79,7 +79,14 @@ class DeviceNodeCheck:
 class NodeCore:
     """See the module docstring. Phase one is built here; `operate` builds phase two once the API client exists."""
 
-    def __init__(self, inventory: Inventory, options: DaemonOptions, plan: Plan, evidence_file: Path, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        options: DaemonOptions,
+        plan: Plan,
+        evidence_file: Path,
+        clock: Clock = time.monotonic,
+    ) -> None:
         """`evidence_file`: where the health monitor keeps reset evidence across restarts (each front end's own
         directory: health.evidence)."""
         self.inventory = inventory

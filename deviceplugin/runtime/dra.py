@@ -121,7 +121,9 @@ class DraDaemon:
         self.metrics = DraMetrics(self.registry)
         self.plugin = KubeletPlugin(self.driver, self.claims, self.state, self.paths, dra.plugin, self.metrics)
         self.api = api_client
-        self.writer = f"{time.time_ns()}-{dra.instance or os.getpid()}"  # newer instances (rolling update) win the slices
+        self.writer = (
+            f"{time.time_ns()}-{dra.instance or os.getpid()}"  # newer instances (rolling update) win the slices
+        )
         self.slices: SlicePublisher | None = None  # built once the plugin is registered (`_serve`)
         self.mig_rescan: MigRescan | None = None  # with the slices: it republishes them
         self.claim_status: ClaimStatusWriter | None = None
@@ -189,13 +191,17 @@ class DraDaemon:
         self.claims.start()
         from ..dra.slices import SlicePublisher  # after registration: prepare never needs it
 
-        slices = SlicePublisher(self.api, self.options.node_name, self.driver_name, self.node, self.state, writer=self.writer)
+        slices = SlicePublisher(
+            self.api, self.options.node_name, self.driver_name, self.node, self.state, writer=self.writer
+        )
         slices.kept_mig = self.driver.mig.kept  # instances the start-up sweep kept are published as taken
         self.registry.register(slices.collector())
         slices.on_config(self.config, self.shapes.add_consumer(slices))
         self.slices = slices
         slices.start()
-        self.mig_rescan = MigRescan(self.driver.rescan_mig, slices.republish, MIG_RESCAN_INTERVAL)  # made behind our back
+        self.mig_rescan = MigRescan(
+            self.driver.rescan_mig, slices.republish, MIG_RESCAN_INTERVAL
+        )  # made behind our back
         self.mig_rescan.start()
 
     def stop(self) -> None:

@@ -51,7 +51,9 @@ class InstanceLock:
             else:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as err:
-            raise StartupError(f"cannot open the instance lock {self.path}: {err.strerror}; choose another with {LOCK_FLAG} PATH") from None
+            raise StartupError(
+                f"cannot open the instance lock {self.path}: {err.strerror}; choose another with {LOCK_FLAG} PATH"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -78,7 +80,12 @@ class InstanceLock:
             return None
         for line in text.splitlines():
             fields = line.split()  # 1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF
-            if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(info.st_ino) and fields[4].isdigit():
+            if (
+                len(fields) >= 6
+                and fields[1] == "FLOCK"
+                and fields[5].rsplit(":", 1)[-1] == str(info.st_ino)
+                and fields[4].isdigit()
+            ):
                 return int(fields[4])
         return None
 

@@ -67,7 +67,11 @@ class ProfileSource:
     """
 
     def __init__(
-        self, flag: str | None, client: NodeClient | None, interval: float = defaults.PROFILE_LABEL_INTERVAL, clock: Clock = time.monotonic
+        self,
+        flag: str | None,
+        client: NodeClient | None,
+        interval: float = defaults.PROFILE_LABEL_INTERVAL,
+        clock: Clock = time.monotonic,
     ) -> None:
         self.flag = flag
         self.client = client
@@ -128,7 +132,12 @@ def plan_node(
     except ConfigError as err:
         if not label_decides or not chosen:
             raise
-        log.error("the node label asks for profile %s, which is refused: %s; serving the default profile %s", chosen, err, config.default_profile)
+        log.error(
+            "the node label asks for profile %s, which is refused: %s; serving the default profile %s",
+            chosen,
+            err,
+            config.default_profile,
+        )
         chosen = None
         resources = build_resources(config, node, None, dynamic_mig=dynamic_mig)
     log.info("serving profile %s", chosen or config.default_profile)

@@ -143,7 +143,13 @@ class ConfigReloader(BackgroundLoop):
                 now = dataclasses.replace(now, refused_content=now.seen)
             else:
                 now = dataclasses.replace(now, refused=attempt)
-            self._failures.log(logging.ERROR, (type(err), safe_text(str(err), 200)), "config reload failed, still serving the last good config: %s: %s", type(err).__name__, safe_text(str(err), 500))
+            self._failures.log(
+                logging.ERROR,
+                (type(err), safe_text(str(err), 200)),
+                "config reload failed, still serving the last good config: %s: %s",
+                type(err).__name__,
+                safe_text(str(err), 500),
+            )
             log.debug("config reload failure", exc_info=True)
             self.errors += 1
             return False

@@ -54,7 +54,9 @@ def plan_serving(
     called only when the node label picks the profile."""
     start = start or read_config(options.config_file)
     plan = plan_node(inventory, start, options.profile, options.profile_label_interval, connect, clock)
-    core = NodeCore(inventory, options, plan, options.plugin_dir / evidence.DEVICE_PLUGIN_DIR / evidence.FILE_NAME, clock)
+    core = NodeCore(
+        inventory, options, plan, options.plugin_dir / evidence.DEVICE_PLUGIN_DIR / evidence.FILE_NAME, clock
+    )
     units = {g.uuid for g in plan.node.gpus} | {m.uuid for g in plan.node.gpus for m in g.mig_devices}
     holdings = ContainerHolds(PodResourcesClient(options.pod_resources_socket), options.plugin_dir, units.__contains__)
     metrics = PluginMetrics(core.registry)

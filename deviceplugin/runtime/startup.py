@@ -16,14 +16,29 @@ def check_plugin_dir(value: str, flag: str = "--plugin-dir") -> None:
     """The kubelet's device-plugin directory: it must exist (the kubelet creates it), be a directory we may write to."""
     path = Path(value)
     if _under_pseudo_filesystem(path):
-        raise FlagError(flag, value, "is on a kernel pseudo-filesystem", f"give the kubelet's device-plugins directory, default {defaults.PLUGIN_DIR}")
+        raise FlagError(
+            flag,
+            value,
+            "is on a kernel pseudo-filesystem",
+            f"give the kubelet's device-plugins directory, default {defaults.PLUGIN_DIR}",
+        )
     if not path.exists():
-        raise FlagError(flag, value, "does not exist", "the kubelet creates it when it starts: is the kubelet running, and is the host path mounted here?")
+        raise FlagError(
+            flag,
+            value,
+            "does not exist",
+            "the kubelet creates it when it starts: is the kubelet running, and is the host path mounted here?",
+        )
     if not path.is_dir():
         raise FlagError(flag, value, "is not a directory", "give the kubelet's device-plugins directory")
     if not os.access(path, os.W_OK | os.X_OK):
         why = "is on a read-only file system" if _read_only(path) else "is not writable by this user"
-        raise FlagError(flag, value, why, "the plugin creates its sockets there: mount it read-write and run as root (see docs/security.md)")
+        raise FlagError(
+            flag,
+            value,
+            why,
+            "the plugin creates its sockets there: mount it read-write and run as root (see docs/security.md)",
+        )
 
 
 def check_directory(flag: str, value: str, hint: str) -> None:

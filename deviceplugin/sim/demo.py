@@ -71,11 +71,23 @@ def sample_pods(resources: list[Resource]) -> list[Sample]:
         most = max(u.replicas for u in shared.units)
         add("chat-small", "one share", shared, 1, 0.75)
         if most >= 2 and shared.pool.mps:  # MPS refuses allocations past CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-            add("chat-large", f"{min(3, most)} shares, asking more memory than they allow: MPS holds them to it", shared, min(3, most), 1.0)
+            add(
+                "chat-large",
+                f"{min(3, most)} shares, asking more memory than they allow: MPS holds them to it",
+                shared,
+                min(3, most),
+                1.0,
+            )
         elif most >= 2:
             add("chat-large", f"{min(3, most)} shares, using more memory than they allow", shared, min(3, most), 1.1)
         too_many = len(shared.devices) + 1 if shared.pool.allow_span else most + 1
-        add("too-big", f"more shares ({too_many}) than {'the node' if shared.pool.allow_span else 'one GPU'} has", shared, too_many, 0)
+        add(
+            "too-big",
+            f"more shares ({too_many}) than {'the node' if shared.pool.allow_span else 'one GPU'} has",
+            shared,
+            too_many,
+            0,
+        )
     else:
         whole = (by_mode["exclusive"] or by_mode["mig"])[0]
         add("too-big", f"more devices ({len(whole.devices) + 1}) than the node has", whole, len(whole.devices) + 1, 0)
@@ -94,7 +106,9 @@ def run_demo(node_file: str, config_file: str | None, out=print, profile: str | 
             kubelet.stop()
 
 
-def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str | None, profile: str | None, out) -> int:
+def _demo(
+    kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str | None, profile: str | None, out
+) -> int:
     inventory = SimulatedInventory.from_file(node_file, proc_root=tmp / "proc")
     control = mps_control.wrapper(tmp)
     options = DaemonOptions(
@@ -116,20 +130,34 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
         except ConfigError as err:
             out(f"The plugin refuses this config on node {inventory.discover().name}, as `gpu-share run` would:")
             out("  " + "\n  ".join(err.problems))
-            out(f"(`gpu-share config check {config_file or 'CONFIG'} --node {node_file}` shows the same; pick another --node or --config)")
+            out(
+                f"(`gpu-share config check {config_file or 'CONFIG'} --node {node_file}` shows the same; pick another --node or --config)"
+            )
             return 2
     node = daemon.node
     index_of = {g.uuid: g.index for g in node.gpus} | {m.uuid: g.index for g in node.gpus for m in g.mig_devices}
     resources = list(daemon.manager.resources)
     # `gpu-share mps`'s supervisor, with a simulated control daemon: the MPS pools become ready as on a node.
-    daemons = [MpsDaemon(r, r.settings.mps_root, binary=str(control), start_timeout=5, probe_interval=0.5, compute_modes=_ShownModes())
-               for r in resources if r.pool.mps]
+    daemons = [
+        MpsDaemon(
+            r,
+            r.settings.mps_root,
+            binary=str(control),
+            start_timeout=5,
+            probe_interval=0.5,
+            compute_modes=_ShownModes(),
+        )
+        for r in resources
+        if r.pool.mps
+    ]
     for mps in daemons:
         mps.start()
     daemon.start()
     try:
         names = {r.name for r in resources}
-        out(f"Node {node.name} ({node_file}): {len(node.gpus)} GPUs; config {config_file or 'the default (every GPU shared in 10, as `gpu-share run` without --config)'}")
+        out(
+            f"Node {node.name} ({node_file}): {len(node.gpus)} GPUs; config {config_file or 'the default (every GPU shared in 10, as `gpu-share run` without --config)'}"
+        )
         for warning in warnings:
             out(f"  warning: {warning}")
         for mps in daemons:
@@ -138,10 +166,14 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
                 out(f"the MPS control daemon of pool {mps.resource.pool.name} was not ready within 10 s")
                 return 1
             limits = held.read_text().split("\n")[:-1] if held.exists() else []
-            out(f"  MPS pool {mps.resource.pool.name} ({mps.resource.name}, mpsLimits {mps.resource.pool.mps_limits}): a simulated control daemon "
-                f"serves GPUs {', '.join(str(g.index) for g in mps.resource.gpus)}; daemon-wide limits: {'; '.join(limits) or 'none (each client gets its own CUDA_MPS_* limits)'}")
+            out(
+                f"  MPS pool {mps.resource.pool.name} ({mps.resource.name}, mpsLimits {mps.resource.pool.mps_limits}): a simulated control daemon "
+                f"serves GPUs {', '.join(str(g.index) for g in mps.resource.gpus)}; daemon-wide limits: {'; '.join(limits) or 'none (each client gets its own CUDA_MPS_* limits)'}"
+            )
             if mps.resource.pool.exclusive_process:
-                out("    exclusiveProcess: gpu-share mps puts these GPUs in EXCLUSIVE_PROCESS while it serves and restores their mode on quit (not simulated)")
+                out(
+                    "    exclusiveProcess: gpu-share mps puts these GPUs in EXCLUSIVE_PROCESS while it serves and restores their mode on quit (not simulated)"
+                )
         if not resources:
             out("Nothing to show: this config advertises no resource on this node.")
             return 2
@@ -164,14 +196,30 @@ def _demo(kubelet: KubeletSimulator, tmp: Path, node_file: str, config_file: str
                 for resource_name, ids in by_resource.items():
                     envs = results[container][resource_name].envs
                     gpus = sorted({index_of[i.split(SHARE_SEPARATOR)[0]] for i in ids})
-                    rows.append((sample.pod.name, sample.shows, request, ",".join(map(str, gpus)), _short(ids), _env_summary(envs, sample.resource)))
+                    rows.append(
+                        (
+                            sample.pod.name,
+                            sample.shows,
+                            request,
+                            ",".join(map(str, gpus)),
+                            _short(ids),
+                            _env_summary(envs, sample.resource),
+                        )
+                    )
                     _run_process(inventory, sample, container, ids)
         _table(rows, out)
         shared = [r for r in resources if r.pool.shared]
         if shared:
             out(f"\nShares in use per GPU ({POLICY_NOTES[shared[0].allocation_policy]}):")
         admitted = [s.pod for s in samples if kubelet.allocated(s.pod)]
-        used = Counter(i.split(SHARE_SEPARATOR)[0] for pod in admitted for c in kubelet.allocated(pod).values() for ids in c.values() for i in ids if SHARE_SEPARATOR in i)
+        used = Counter(
+            i.split(SHARE_SEPARATOR)[0]
+            for pod in admitted
+            for c in kubelet.allocated(pod).values()
+            for ids in c.values()
+            for i in ids
+            if SHARE_SEPARATOR in i
+        )
         for resource in shared:
             for unit in resource.units:
                 where = f"GPU {unit.gpu.index}" + (f" MIG {unit.mig.profile} {unit.uuid}" if unit.mig else "")
@@ -206,7 +254,9 @@ def _with_mps_root(config_file: str, tmp: Path) -> str:
         return config_file
     profiles = data.get("profiles")
     bodies = [data, *(profiles.values() if isinstance(profiles, dict) else ())]
-    pools = [p for body in bodies if isinstance(body, dict) and isinstance(body.get("pools"), list) for p in body["pools"]]
+    pools = [
+        p for body in bodies if isinstance(body, dict) and isinstance(body.get("pools"), list) for p in body["pools"]
+    ]
     if not any(isinstance(p, dict) and p.get("backend") == "mps" for p in pools):
         return config_file
     copy = tmp / "config.yaml"
@@ -254,7 +304,17 @@ def _usage_table(url: str, out) -> None:
     rows = [("POD", "CONTAINER", "RESOURCE", "SHARES", "LIMIT MiB", "USED MiB (simulated)", "")]
     for (pod, container, resource), v in sorted(values.items()):
         over = "OVER LIMIT (reported by the memory watchdog)" if v.get("gpushare_container_over_limit") else ""
-        rows.append((pod, container, resource, f"{v['gpushare_container_shares']:.0f}", f"{v['gpushare_container_memory_limit_bytes'] / MIB:.0f}", f"{v.get('gpushare_container_memory_used_bytes', 0) / MIB:.0f}", over))
+        rows.append(
+            (
+                pod,
+                container,
+                resource,
+                f"{v['gpushare_container_shares']:.0f}",
+                f"{v['gpushare_container_memory_limit_bytes'] / MIB:.0f}",
+                f"{v.get('gpushare_container_memory_used_bytes', 0) / MIB:.0f}",
+                over,
+            )
+        )
     _table(rows, out)
 
 
@@ -273,12 +333,16 @@ def _capacity_table(kubelet: KubeletSimulator, out) -> None:
 def _env_summary(envs, resource: Resource) -> str:
     parts = [f"NVIDIA_VISIBLE_DEVICES={envs['NVIDIA_VISIBLE_DEVICES']}"]
     if ENV_SHARE_COUNT in envs:
-        parts.append(f"shares {envs[ENV_SHARE_COUNT]}/{envs[ENV_SHARE_TOTAL]}, {envs[ENV_MEMORY_LIMIT]} MiB, {envs[ENV_COMPUTE_PERCENT]}% compute")
+        parts.append(
+            f"shares {envs[ENV_SHARE_COUNT]}/{envs[ENV_SHARE_TOTAL]}, {envs[ENV_MEMORY_LIMIT]} MiB, {envs[ENV_COMPUTE_PERCENT]}% compute"
+        )
         if not resource.pool.mps:
             parts[-1] += " (time-sliced: a fair turn, not enforced)"
         elif "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in envs:
-            parts.append(f"MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={envs['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']} "
-                         f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={envs['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT']}")
+            parts.append(
+                f"MPS enforces CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={envs['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']} "
+                f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={envs['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT']}"
+            )
         else:
             parts.append("MPS enforces the daemon-wide limits")
     return "; ".join(parts)

@@ -68,7 +68,9 @@ class Pod:
     name: str
     containers: list[Container]
     namespace: str = "default"
-    init_containers: list[Container] = field(default_factory=list)  # admitted first; pod-resources lists the sidecars only
+    init_containers: list[Container] = field(
+        default_factory=list
+    )  # admitted first; pod-resources lists the sidecars only
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     container_ids: dict[str, str] = field(default_factory=dict)  # container name -> runtime ID, set at admission
     active: bool = True  # False once the pod reached a terminal phase
@@ -123,7 +125,13 @@ class _Endpoint:
 
 
 class KubeletSimulator(pb_grpc.RegistrationServicer):
-    def __init__(self, plugin_dir: Path, seed: int | None = None, pod_resources_socket: Path | None = None, rate_limit: TokenBucket | None = None) -> None:
+    def __init__(
+        self,
+        plugin_dir: Path,
+        seed: int | None = None,
+        pod_resources_socket: Path | None = None,
+        rate_limit: TokenBucket | None = None,
+    ) -> None:
         self.plugin_dir = Path(plugin_dir)
         self.socket = self.plugin_dir / KUBELET_SOCKET
         # The real socket is <kubelet root>/pod-resources/kubelet.sock, beside (not in) device-plugins.
@@ -136,10 +144,14 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         self._endpoints: dict[str, _Endpoint] = {}
         self._pods: dict[str, Pod] = {}
         self._allocated: dict[tuple[str, str, str], list[str]] = {}  # (pod uid, container, resource) -> IDs
-        self._numa: dict[tuple[str, str, str], dict[int, list[str]]] = {}  # the same, per NUMA node (-1: none), as checkpointed
+        self._numa: dict[
+            tuple[str, str, str], dict[int, list[str]]
+        ] = {}  # the same, per NUMA node (-1: none), as checkpointed
         self._responses: dict[tuple[str, str, str], pb.ContainerAllocateResponse] = {}
         self._server: grpc.Server | None = None
-        self._executor: futures.ThreadPoolExecutor | None = None  # the server's; shut down with it, not one per start kept
+        self._executor: futures.ThreadPoolExecutor | None = (
+            None  # the server's; shut down with it, not one per start kept
+        )
         self._running = False
         self._generation = 0  # one per start: a Register that outlives its kubelet is refused
         self._accepted: dict[tuple[int, str], int] = {}  # (generation, resource) -> accepted Register calls
@@ -188,7 +200,9 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         Allocations survive (the real kubelet keeps them in its checkpoint); device lists do not.
         """
         self.stop()
-        for entry in self.plugin_dir.iterdir():  # as CleanupPluginDirectory: a link is followed, one that fails is skipped
+        for (
+            entry
+        ) in self.plugin_dir.iterdir():  # as CleanupPluginDirectory: a link is followed, one that fails is skipped
             try:
                 if entry.name != "kubelet_internal_checkpoint" and stat.S_ISSOCK(entry.stat().st_mode):
                     entry.unlink(missing_ok=True)
@@ -233,7 +247,9 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             self._cond.notify_all()
         if old is not None:
             old.stopped = True  # replaced; its connection is left open, as the kubelet does
-        threading.Thread(target=self._consume, args=(endpoint,), name=f"lw-{request.resource_name}", daemon=True).start()
+        threading.Thread(
+            target=self._consume, args=(endpoint,), name=f"lw-{request.resource_name}", daemon=True
+        ).start()
         log.info("registered %s at %s", request.resource_name, request.endpoint)
         return pb.Empty()
 
@@ -246,15 +262,26 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                     "PodUID": uid,
                     "ContainerName": container,
                     "ResourceName": resource,
-                    "DeviceIDs": {str(n): list(ids) for n, ids in sorted(self._numa[(uid, container, resource)].items(), key=lambda i: str(i[0]))},
-                    "AllocResp": base64.b64encode(self._responses[(uid, container, resource)].SerializeToString()).decode(),
+                    "DeviceIDs": {
+                        str(n): list(ids)
+                        for n, ids in sorted(self._numa[(uid, container, resource)].items(), key=lambda i: str(i[0]))
+                    },
+                    "AllocResp": base64.b64encode(
+                        self._responses[(uid, container, resource)].SerializeToString()
+                    ).decode(),
                 }
                 for (uid, container, resource) in self._allocated
                 if (uid, container, resource) in self._responses
             ]
             registered = {name: self._status(self._endpoints[name]).healthy for name in sorted(self._endpoints)}
-            text = json.dumps({"Data": {"PodDeviceEntries": entries or None, "RegisteredDevices": registered}, "Checksum": 0}, separators=(",", ":"), ensure_ascii=False)
-            text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")  # Go's HTML-safe escaping
+            text = json.dumps(
+                {"Data": {"PodDeviceEntries": entries or None, "RegisteredDevices": registered}, "Checksum": 0},
+                separators=(",", ":"),
+                ensure_ascii=False,
+            )
+            text = (
+                text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            )  # Go's HTML-safe escaping
             path = self.plugin_dir / "kubelet_internal_checkpoint"
             temporary = path.with_name(path.name + ".tmp")
             temporary.write_text(text)
@@ -310,7 +337,9 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
     def wait_for(self, predicate: Callable[[dict[str, ResourceStatus]], bool], timeout: float = 10.0) -> bool:
         """Block until predicate(resources()) holds; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: predicate({n: self._status(e) for n, e in self._endpoints.items()}), timeout)
+            return self._cond.wait_for(
+                lambda: predicate({n: self._status(e) for n, e in self._endpoints.items()}), timeout
+            )
 
     def endpoint_options(self, resource: str) -> pb.DevicePluginOptions:
         with self._cond:
@@ -332,7 +361,10 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         results: dict[str, dict[str, pb.ContainerAllocateResponse]] = {}
         with self._cond:
             self._pods[pod.uid] = pod
-        pod.container_ids = {c.name: f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}" for c in [*pod.init_containers, *pod.containers]}
+        pod.container_ids = {
+            c.name: f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}"
+            for c in [*pod.init_containers, *pod.containers]
+        }
         try:
             for container in [*pod.init_containers, *pod.containers]:
                 results[container.name] = {}
@@ -356,7 +388,11 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
     def grants(self) -> list[tuple[str, str, str, list[str], pb.ContainerAllocateResponse]]:
         """Every allocation the kubelet holds now: (pod UID, container, resource, device IDs, the plugin's answer)."""
         with self._cond:
-            return [(*key, list(ids), self._responses[key]) for key, ids in self._allocated.items() if key in self._responses]
+            return [
+                (*key, list(ids), self._responses[key])
+                for key, ids in self._allocated.items()
+                if key in self._responses
+            ]
 
     def allocated(self, pod: Pod) -> dict[str, dict[str, list[str]]]:
         """Device IDs per container and resource of an admitted pod."""
@@ -401,7 +437,9 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                 if per_numa:
                     devices.extend(self._entries(resource, per_numa))
             self._rng.shuffle(devices)  # Go map iteration: effectively random
-            containers.append(pr.ContainerResources(name=container.name, devices=devices, dynamic_resources=container.claims))
+            containers.append(
+                pr.ContainerResources(name=container.name, devices=devices, dynamic_resources=container.claims)
+            )
         return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
     def _per_numa(self, resource: str, ids: list[str]) -> dict[int, list[str]]:
@@ -424,7 +462,13 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
                 if node == NO_TOPOLOGY:
                     entries.append(pr.ContainerDevices(resource_name=resource, device_ids=[i]))
                 else:
-                    entries.append(pr.ContainerDevices(resource_name=resource, device_ids=[i], topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=node)])))
+                    entries.append(
+                        pr.ContainerDevices(
+                            resource_name=resource,
+                            device_ids=[i],
+                            topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=node)]),
+                        )
+                    )
         return entries
 
     def pod_directory(self) -> SimulatedPodDirectory:
@@ -450,7 +494,9 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             if endpoint is None:
                 raise AdmissionError(f"cannot allocate unregistered device {resource}")
             if endpoint.stopped:
-                raise AdmissionError(f"Allocate failed due to endpoint {endpoint.socket} has been stopped, which is unexpected")
+                raise AdmissionError(
+                    f"Allocate failed due to endpoint {endpoint.socket} has been stopped, which is unexpected"
+                )
             status = self._status(endpoint)
             if not status.healthy:
                 raise AdmissionError(f"no healthy devices present; cannot allocate unhealthy devices {resource}")
@@ -464,14 +510,20 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         chosen: list[str] = []
         if options.get_preferred_allocation_available:
             request = pb.PreferredAllocationRequest(
-                container_requests=[pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=needed)]
+                container_requests=[
+                    pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=needed)
+                ]
             )
             try:
                 response = stub.GetPreferredAllocation(request)
             except grpc.RpcError as err:
-                raise AdmissionError(f"device plugin GetPreferredAllocation rpc failed with err: {_rpc_text(err)}") from None
+                raise AdmissionError(
+                    f"device plugin GetPreferredAllocation rpc failed with err: {_rpc_text(err)}"
+                ) from None
             except ValueError:  # the endpoint was replaced (its channel closed) since it was looked up
-                raise AdmissionError(f"Allocate failed due to endpoint {resource} has been stopped, which is unexpected") from None
+                raise AdmissionError(
+                    f"Allocate failed due to endpoint {resource} has been stopped, which is unexpected"
+                ) from None
             if response.container_responses:
                 preferred = response.container_responses[0].deviceIDs
                 chosen = [i for i in dict.fromkeys(preferred) if i in available][:needed]
@@ -487,9 +539,13 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         except grpc.RpcError as err:
             raise AdmissionError(f"Allocate failed due to {_rpc_text(err)}, which is unexpected") from None
         except ValueError:  # the endpoint was replaced (its channel closed) since it was looked up
-            raise AdmissionError(f"Allocate failed due to endpoint {resource} has been stopped, which is unexpected") from None
+            raise AdmissionError(
+                f"Allocate failed due to endpoint {resource} has been stopped, which is unexpected"
+            ) from None
         if not response.container_responses:
-            raise AdmissionError("Allocate failed due to no containers return in allocation response, which is unexpected")
+            raise AdmissionError(
+                "Allocate failed due to no containers return in allocation response, which is unexpected"
+            )
         return response.container_responses[0]
 
 
@@ -526,7 +582,9 @@ class _PodResources(pr_grpc.PodResourcesListerServicer):
         self._limit(context)
         return pr.ListPodResourcesResponse(pod_resources=self.kubelet.pod_resources())
 
-    def GetAllocatableResources(self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext) -> pr.AllocatableResourcesResponse:
+    def GetAllocatableResources(
+        self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pr.AllocatableResourcesResponse:
         self._limit(context)
         return pr.AllocatableResourcesResponse(devices=self.kubelet.allocatable_devices())
 

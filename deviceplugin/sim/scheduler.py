@@ -29,7 +29,9 @@ from ..model.node import Gpu, NodeInfo
 from ..model.usage import ContainerShare, Usage
 
 
-def admission_refusal(containers: dict[str, dict[str, int]], limits: dict[str, int], domain: str = DEFAULT_DOMAIN) -> str | None:
+def admission_refusal(
+    containers: dict[str, dict[str, int]], limits: dict[str, int], domain: str = DEFAULT_DOMAIN
+) -> str | None:
     """What the admission policy (daemonset/admission/policy.yaml) answers for a pod's containers ({name: {resource: count}}), None if admitted.
 
     The same rule and message as the policy's CEL (tests/test_scheduler_manifests.py checks they agree);
@@ -57,10 +59,18 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
         if message:
             out(f"  too-big ({count} shares) is refused at creation: {message}")
         else:
-            out(f"  too-big ({count} shares) passes the admission policy ({resource.name} may span GPUs); the node refuses it")
+            out(
+                f"  too-big ({count} shares) passes the admission policy ({resource.name} may span GPUs); the node refuses it"
+            )
     domain = resources[0].pool.domain if resources else DEFAULT_DOMAIN  # the demo node's, as the extender's --domain
     share = f"{domain}/gpu-share"
-    config = parse_config({"version": "v1", "domain": domain, "pools": [{"name": "inference", "mode": "shared", "resource": "gpu-share", "replicas": 6}]})
+    config = parse_config(
+        {
+            "version": "v1",
+            "domain": domain,
+            "pools": [{"name": "inference", "mode": "shared", "resource": "gpu-share", "replicas": 6}],
+        }
+    )
     cache = ClusterCache()
     # node-a: 3 + 3 free on two GPUs; node-b: GPU 0 full, GPU 1 with 6 free.
     for name, used in (("node-a", (3, 3)), ("node-b", (6, 0))):
@@ -70,13 +80,19 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
     server = ExtenderHTTPServer(extender, metrics, lambda: (True, "ready"), port=0, host="127.0.0.1")
     server.start()
     try:
-        pod = {"metadata": {"name": "six-shares", "namespace": "default", "uid": "demo-six"},
-               "spec": {"containers": [{"name": "server", "resources": {"limits": {share: "6"}}}]}}
+        pod = {
+            "metadata": {"name": "six-shares", "namespace": "default", "uid": "demo-six"},
+            "spec": {"containers": [{"name": "server", "resources": {"limits": {share: "6"}}}]},
+        }
         url = f"http://127.0.0.1:{server.port}"
         result = _post(url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["node-a", "node-b"]})
-        out("  Two other simulated nodes, not the one above: node-a and node-b, each two NVIDIA L4s time-sliced in 6 shares "
-            "(node-a: 3 + 3 free, node-b: 0 + 6 free).")
-        out("  six-shares (6 shares): kube-scheduler's default check sees 6 free on both nodes; the extender's filter says:")
+        out(
+            "  Two other simulated nodes, not the one above: node-a and node-b, each two NVIDIA L4s time-sliced in 6 shares "
+            "(node-a: 3 + 3 free, node-b: 0 + 6 free)."
+        )
+        out(
+            "  six-shares (6 shares): kube-scheduler's default check sees 6 free on both nodes; the extender's filter says:"
+        )
         for node, reason in sorted(result["FailedNodes"].items()):
             out(f"    {node}: skipped: {reason}")
         scores = _post(url + "/prioritize", {"Pod": pod, "Nodes": None, "NodeNames": result["NodeNames"]})
@@ -85,17 +101,34 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
             assert inventory is not None and not isinstance(free, str)  # both nodes were set just above
             (placement,) = place(pod_request(pod, extender.managed), inventory, dict(free)).placements
             gpu = inventory.resources[share].units[placement.unit].gpu
-            out(f"    {entry['Host']}: fits (score {entry['Score']}/10): bound there, its 6 shares land on GPU {gpu}, as the node plugin chooses")
+            out(
+                f"    {entry['Host']}: fits (score {entry['Score']}/10): bound there, its 6 shares land on GPU {gpu}, as the node plugin chooses"
+            )
     finally:
         server.stop()
 
 
 def _annotation(name: str, config, share: str, used: tuple[int, ...]) -> dict:
-    gpus = tuple(Gpu(index=i, uuid=f"GPU-demo{name[-1]}000-0000-4000-8000-00000000000{i}", model="NVIDIA L4", memory_mib=23034) for i in range(len(used)))
+    gpus = tuple(
+        Gpu(index=i, uuid=f"GPU-demo{name[-1]}000-0000-4000-8000-00000000000{i}", model="NVIDIA L4", memory_mib=23034)
+        for i in range(len(used))
+    )
     node = NodeInfo(gpus=gpus, name=name)
     resources = build_resources(config, node)
     shares = tuple(
-        ContainerShare("default", f"tenant-{i}", "main", share, "inference", u.uuid, u.uuid, tuple(f"{u.uuid}::{k}" for k in range(n)), n, 0, True)
+        ContainerShare(
+            "default",
+            f"tenant-{i}",
+            "main",
+            share,
+            "inference",
+            u.uuid,
+            u.uuid,
+            tuple(f"{u.uuid}::{k}" for k in range(n)),
+            n,
+            0,
+            True,
+        )
         for i, (u, n) in enumerate(zip(resources[0].units, used, strict=True))
         if n
     )
@@ -103,6 +136,8 @@ def _annotation(name: str, config, share: str, used: tuple[int, ...]) -> dict:
 
 
 def _post(url: str, body: dict):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=5) as response:
         return json.loads(response.read())

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(not KUBECTL, reason="kubectl is not installed (k
 
 
 def _rendered() -> list[dict[str, Any]]:
-    proc = subprocess.run([str(KUBECTL), "kustomize", str(ROOT / "daemonset" / "dra")], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [str(KUBECTL), "kustomize", str(ROOT / "daemonset" / "dra")], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
 
@@ -71,21 +73,51 @@ def _driver_rest(cp: Any, node: str) -> Any:
 def _driver_token(cp: Any, node: str) -> str:
     """The token of a gpu-share-dra pod bound to `node` (TokenRequest, bound to the pod)."""
     admin = cp.api_client()
-    pod = client.CoreV1Api(admin).create_namespaced_pod("gpu-share", {
-        "metadata": {"generateName": "gpu-share-dra-"},
-        "spec": {"serviceAccountName": "gpu-share-dra", "nodeName": node, "containers": [{"name": "driver", "image": "registry.invalid/gpu-share:1"}]},
-    })
-    token = request(admin, "POST", "/api/v1/namespaces/gpu-share/serviceaccounts/gpu-share-dra/token", {
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 3600,
-                 "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod.metadata.name, "uid": pod.metadata.uid}},
-    })["status"]["token"]
+    pod = client.CoreV1Api(admin).create_namespaced_pod(
+        "gpu-share",
+        {
+            "metadata": {"generateName": "gpu-share-dra-"},
+            "spec": {
+                "serviceAccountName": "gpu-share-dra",
+                "nodeName": node,
+                "containers": [{"name": "driver", "image": "registry.invalid/gpu-share:1"}],
+            },
+        },
+    )
+    token = request(
+        admin,
+        "POST",
+        "/api/v1/namespaces/gpu-share/serviceaccounts/gpu-share-dra/token",
+        {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": ["https://kubernetes.default.svc"],
+                "expirationSeconds": 3600,
+                "boundObjectRef": {
+                    "kind": "Pod",
+                    "apiVersion": "v1",
+                    "name": pod.metadata.name,
+                    "uid": pod.metadata.uid,
+                },
+            },
+        },
+    )["status"]["token"]
     return str(token)
 
 
 def _slice(node: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-gpu-share.example.com-{next(_ids):04d}"},
-            "spec": {"driver": "gpu-share.example.com", "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, **spec}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-gpu-share.example.com-{next(_ids):04d}"},
+        "spec": {
+            "driver": "gpu-share.example.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            **spec,
+        },
+    }
 
 
 def _refusal(api: Any, method: str, path: str, body: Any = None, query: list | None = None) -> str:
@@ -101,11 +133,23 @@ def _refusal(api: Any, method: str, path: str, body: Any = None, query: list | N
 def test_every_object_is_accepted_by_the_api_server(installed: Any) -> None:
     api = installed.api_client()
     kinds = {obj["kind"] for obj in _rendered()}
-    assert kinds == {"ConfigMap", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DeviceClass", "DaemonSet",
-                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert kinds == {
+        "ConfigMap",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DeviceClass",
+        "DaemonSet",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     daemonset = request(api, "GET", "/apis/apps/v1/namespaces/gpu-share/daemonsets/gpu-share-dra")
     mounts = {m["mountPath"] for m in daemonset["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
-    assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins/gpu-share.example.com", "/var/run/cdi"} <= mounts
+    assert {
+        "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/plugins/gpu-share.example.com",
+        "/var/run/cdi",
+    } <= mounts
 
 
 def test_the_driver_may_write_only_slices_of_its_own_node(installed: Any) -> None:
@@ -123,7 +167,9 @@ def test_the_driver_may_write_only_slices_of_its_own_node(installed: Any) -> Non
     request(driver, "PUT", f"{SLICES}/{own['metadata']['name']}", own)
     theirs = request(admin, "POST", SLICES, _slice(other))
     assert _refusal(driver, "DELETE", f"{SLICES}/{theirs['metadata']['name']}")
-    assert _refusal(driver, "POST", SLICES, {**_slice(mine), "spec": {**_slice(mine)["spec"], "driver": "other.example.com"}})
+    assert _refusal(
+        driver, "POST", SLICES, {**_slice(mine), "spec": {**_slice(mine)["spec"], "driver": "other.example.com"}}
+    )
     every = _slice(mine)
     del every["spec"]["nodeName"]
     every["spec"]["allNodes"] = True
@@ -134,8 +180,15 @@ def test_the_driver_may_write_only_slices_of_its_own_node(installed: Any) -> Non
 
 def test_no_device_class_may_back_the_share_resource(installed: Any) -> None:
     api = installed.api_client()
-    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"shares-{next(_ids)}"},
-           "spec": {"extendedResourceName": "example.com/gpu-share", "selectors": [{"cel": {"expression": "device.driver == 'gpu-share.example.com'"}}]}}
+    cls = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": f"shares-{next(_ids)}"},
+        "spec": {
+            "extendedResourceName": "example.com/gpu-share",
+            "selectors": [{"cel": {"expression": "device.driver == 'gpu-share.example.com'"}}],
+        },
+    }
     refused: list[str] = []
 
     def refuses() -> bool:
@@ -156,11 +209,17 @@ def test_no_device_class_may_back_the_share_resource(installed: Any) -> None:
 def test_the_dra_only_component_refuses_share_pods_with_the_claim_to_write(installed: Any, tmp_path: Any) -> None:
     copy = tmp_path / "dra"
     shutil.copytree(ROOT / "daemonset" / "dra", copy)
-    text = (copy / "kustomization.yaml").read_text().replace("# components:\n#   - optional/dra-only", "components:\n  - optional/dra-only")
+    text = (
+        (copy / "kustomization.yaml")
+        .read_text()
+        .replace("# components:\n#   - optional/dra-only", "components:\n  - optional/dra-only")
+    )
     (copy / "kustomization.yaml").write_text(text)
     proc = subprocess.run([str(KUBECTL), "kustomize", str(copy)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    rendered = [d for d in yaml.safe_load_all(proc.stdout) if d and d["metadata"]["name"] == "gpu-share-dra-only-share-requests"]
+    rendered = [
+        d for d in yaml.safe_load_all(proc.stdout) if d and d["metadata"]["name"] == "gpu-share-dra-only-share-requests"
+    ]
     assert sorted(d["kind"] for d in rendered) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     api = installed.api_client()
     ns = f"dra-only-{next(_ids)}"
@@ -172,7 +231,12 @@ def test_the_dra_only_component_refuses_share_pods_with_the_claim_to_write(insta
         apply(api, obj)
 
     def pod(limits: dict[str, str]) -> dict[str, Any]:
-        return {"metadata": {"generateName": "p-"}, "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1", "resources": {"limits": limits}}]}}
+        return {
+            "metadata": {"generateName": "p-"},
+            "spec": {
+                "containers": [{"name": "app", "image": "registry.invalid/app:1", "resources": {"limits": limits}}]
+            },
+        }
 
     refused: list[str] = []
 
@@ -186,17 +250,34 @@ def test_the_dra_only_component_refuses_share_pods_with_the_claim_to_write(insta
         return False
 
     assert wait_until(refuses, timeout=10)
-    assert "container app asks for example.com/gpu-share, which no node serves" in refused[-1] and "capacity: {requests: {shares:" in refused[-1]
-    client.CoreV1Api(api).create_namespaced_pod(ns, pod({"example.com/gpu": "1"}), dry_run="All")  # whole GPUs are mapped: allowed
+    assert (
+        "container app asks for example.com/gpu-share, which no node serves" in refused[-1]
+        and "capacity: {requests: {shares:" in refused[-1]
+    )
+    client.CoreV1Api(api).create_namespaced_pod(
+        ns, pod({"example.com/gpu": "1"}), dry_run="All"
+    )  # whole GPUs are mapped: allowed
 
 
-def _claim(kind: str, name: str, cls: str, requests: dict[str, str] | None, first_available: bool = False) -> dict[str, Any]:
+def _claim(
+    kind: str, name: str, cls: str, requests: dict[str, str] | None, first_available: bool = False
+) -> dict[str, Any]:
     exactly: dict[str, Any] = {"deviceClassName": cls, **({"capacity": {"requests": requests}} if requests else {})}
-    request_ = ({"name": "gpu", "firstAvailable": [{"name": "big", "deviceClassName": "gpu-share-gpu"}, {"name": "part", **exactly}]}
-                if first_available else {"name": "gpu", "exactly": exactly})
+    request_ = (
+        {
+            "name": "gpu",
+            "firstAvailable": [{"name": "big", "deviceClassName": "gpu-share-gpu"}, {"name": "part", **exactly}],
+        }
+        if first_available
+        else {"name": "gpu", "exactly": exactly}
+    )
     spec = {"devices": {"requests": [request_]}}
-    return {"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"name": name},
-            "spec": {"spec": spec} if kind == "ResourceClaimTemplate" else spec}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": {"spec": spec} if kind == "ResourceClaimTemplate" else spec,
+    }
 
 
 def _create_refusal(api: Any, ns: str, body: dict[str, Any]) -> str:
@@ -219,19 +300,29 @@ def test_claims_for_the_shares_class_name_the_clusters_capacity(installed: Any) 
     memory = _claim("ResourceClaim", "twenty-gib", "gpu-share-shares", {"memory": "20Gi"})
     assert wait_until(lambda: _create_refusal(api, ns, memory) != "", timeout=10)
     said = _create_refusal(api, ns, memory)
-    assert "ResourceClaim twenty-gib: request gpu names capacity memory: 20Gi of DeviceClass gpu-share-shares, but claims in this cluster name shares" in said, said
+    assert (
+        "ResourceClaim twenty-gib: request gpu names capacity memory: 20Gi of DeviceClass gpu-share-shares, but claims in this cluster name shares"
+        in said
+    ), said
     assert 'Write capacity: {requests: {shares: "K"}} instead, K = 20Gi / one share\'s memory, rounded up' in said, said
-    assert "inference/shares: floor(GPU memory / 4096 MiB) shares per GPU of at least 4096 MiB each, so at most 5 shares" in said, said
-    assert "mps/mps: 4 shares per GPU of 1/4 of its memory each" in said and "mig/shares: 8 shares per GPU" in said, said
+    assert (
+        "inference/shares: floor(GPU memory / 4096 MiB) shares per GPU of at least 4096 MiB each, so at most 5 shares"
+        in said
+    ), said
+    assert "mps/mps: 4 shares per GPU of 1/4 of its memory each" in said and "mig/shares: 8 shares per GPU" in said, (
+        said
+    )
     template = _claim("ResourceClaimTemplate", "per-pod", "gpu-share-shares", {"memory": "6Gi", "shares": "2"})
     assert "ResourceClaimTemplate per-pod: request gpu names capacity memory: 6Gi" in _create_refusal(api, ns, template)
     fallback = _claim("ResourceClaim", "fallback", "gpu-share-shares", {"memory": "4Gi"}, first_available=True)
     assert "request gpu/part names capacity memory: 4Gi" in _create_refusal(api, ns, fallback)
-    for admitted in (_claim("ResourceClaim", "three", "gpu-share-shares", {"shares": "3"}),
-                     _claim("ResourceClaim", "one", "gpu-share-shares", None),
-                     _claim("ResourceClaimTemplate", "per-pod", "gpu-share-shares", {"shares": "2"}),
-                     _claim("ResourceClaim", "fallback", "gpu-share-shares", {"shares": "1"}, first_available=True),
-                     _claim("ResourceClaim", "other-class", "someone-elses", {"memory": "20Gi"})):
+    for admitted in (
+        _claim("ResourceClaim", "three", "gpu-share-shares", {"shares": "3"}),
+        _claim("ResourceClaim", "one", "gpu-share-shares", None),
+        _claim("ResourceClaimTemplate", "per-pod", "gpu-share-shares", {"shares": "2"}),
+        _claim("ResourceClaim", "fallback", "gpu-share-shares", {"shares": "1"}, first_available=True),
+        _claim("ResourceClaim", "other-class", "someone-elses", {"memory": "20Gi"}),
+    ):
         assert _create_refusal(api, ns, admitted) == "", admitted
 
 
@@ -257,9 +348,14 @@ def test_a_memory_convention_refuses_shares_naming_the_memory_to_ask(installed: 
         shares = _claim("ResourceClaim", "three", cls, {"shares": "3"})
         assert wait_until(lambda: _create_refusal(api, ns, shares) != "", timeout=10)
         said = _create_refusal(api, ns, shares)
-        assert f"request gpu names capacity shares: 3 of DeviceClass {cls}, but claims in this cluster name memory" in said, said
+        assert (
+            f"request gpu names capacity shares: 3 of DeviceClass {cls}, but claims in this cluster name memory" in said
+        ), said
         assert "Write capacity: {requests: {memory: M}} instead, M = 3 x one share's memory" in said, said
-        assert "inference/shares: floor(GPU memory / 4096 MiB) shares per GPU of at least 4096 MiB each, so 3 shares are at least 12288Mi" in said, said
+        assert (
+            "inference/shares: floor(GPU memory / 4096 MiB) shares per GPU of at least 4096 MiB each, so 3 shares are at least 12288Mi"
+            in said
+        ), said
         assert "mps/mps: 4 shares per GPU of 1/4 of its memory each, so 3/4 of the GPU's memory" in said, said
         assert _create_refusal(api, ns, _claim("ResourceClaim", "twenty", cls, {"memory": "20Gi"})) == ""
     finally:

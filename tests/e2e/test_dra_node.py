@@ -33,7 +33,13 @@ from tests.support.resources import resources_of
 
 DRIVER = driver_name("example.com")
 T4_MIB = 15360
-POOL = {"name": "mps", "mode": "shared", "replicas": 4, "backend": "mps", "mpsLimits": "proportional"}  # claims of several shares (strict allows one)
+POOL = {
+    "name": "mps",
+    "mode": "shared",
+    "replicas": 4,
+    "backend": "mps",
+    "mpsLimits": "proportional",
+}  # claims of several shares (strict allows one)
 _names = itertools.count()
 
 
@@ -55,17 +61,42 @@ class Driver:
         binary.write_text(f"#!{sys.executable}\n" + (ROOT / "tests" / "support" / "fake_mps_control.py").read_text())
         binary.chmod(0o755)
         resource = resources_of(config, node("2xT4"))[0]
-        self.mps = MpsDaemon(resource, str(self.root / "mps"), binary=str(binary), backoff_initial=0.05, backoff_max=0.2)
+        self.mps = MpsDaemon(
+            resource, str(self.root / "mps"), binary=str(binary), backoff_initial=0.05, backoff_max=0.2
+        )
         self.mps.start()
         self.node_name = node_name
         self.cdi = self.root / "cdi"
         self.args = [
-            *GPU_CLI, "run", "--api", "dra", "--node", str(EXAMPLES / "nodes" / "2xT4.yaml"), "--config", str(self.root / "config.yaml"),
-            "--kubeconfig", str(controlplane.admin_kubeconfig), "--node-name", node_name, "--kubelet-root", str(self.root),
-            "--cdi-root", str(self.cdi), "--metrics-port", str(metrics_port), "--metrics-bind-address", "127.0.0.1", "--health-checks", "false", "--mps-control", str(binary),
+            *GPU_CLI,
+            "run",
+            "--api",
+            "dra",
+            "--node",
+            str(EXAMPLES / "nodes" / "2xT4.yaml"),
+            "--config",
+            str(self.root / "config.yaml"),
+            "--kubeconfig",
+            str(controlplane.admin_kubeconfig),
+            "--node-name",
+            node_name,
+            "--kubelet-root",
+            str(self.root),
+            "--cdi-root",
+            str(self.cdi),
+            "--metrics-port",
+            str(metrics_port),
+            "--metrics-bind-address",
+            "127.0.0.1",
+            "--health-checks",
+            "false",
+            "--mps-control",
+            str(binary),
         ]
         self.kubelet = FakeDraKubelet(self.root / "plugins_registry").start()
-        self.pods = KubeletSimulator(self.root / "device-plugins", pod_resources_socket=self.root / "pod-resources" / "kubelet.sock")
+        self.pods = KubeletSimulator(
+            self.root / "device-plugins", pod_resources_socket=self.root / "pod-resources" / "kubelet.sock"
+        )
         self.pods.start()
         self.args += ["--pod-resources-socket", str(self.pods.pod_resources_socket), "--pod-resources-interval", "0.1"]
         self.proc: subprocess.Popen[str] | None = None
@@ -73,7 +104,9 @@ class Driver:
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Both devices Healthy in the health stream (the MPS pool's daemon answers)."""
-        self.kubelet.wait_health(DRIVER, lambda h: len(h) == 2 and all(v[0] == health_pb.HEALTHY for v in h.values()), timeout)
+        self.kubelet.wait_health(
+            DRIVER, lambda h: len(h) == 2 and all(v[0] == health_pb.HEALTHY for v in h.values()), timeout
+        )
 
     def start(self) -> None:
         log = open(self.root / f"run-{len(self.logs)}.log", "w")
@@ -118,19 +151,33 @@ def _claim(api: Any, ns: str, name: str, device_class: str, shares: int | None) 
     exactly: dict[str, Any] = {"deviceClassName": device_class}
     if shares is not None:
         exactly["capacity"] = {"requests": {"shares": str(shares)}}
-    body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name}, "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }
     return request(api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", body)
 
 
 def _allocate(api: Any, claim: dict[str, Any], node_name: str, device: str, shares: int) -> dict[str, Any]:
     """Write status.allocation as the scheduler would (as admin)."""
     result = {
-        "request": "gpu", "driver": DRIVER, "pool": node_name, "device": device, "shareID": str(uuid.uuid4()),
+        "request": "gpu",
+        "driver": DRIVER,
+        "pool": node_name,
+        "device": device,
+        "shareID": str(uuid.uuid4()),
         "consumedCapacity": {"shares": str(shares), "memory": f"{shares * T4_MIB // 4}Mi"},
     }
     claim["status"] = {"allocation": {"devices": {"results": [result]}}}
     meta = claim["metadata"]
-    return request(api, "PUT", f"/apis/resource.k8s.io/v1/namespaces/{meta['namespace']}/resourceclaims/{meta['name']}/status", claim)
+    return request(
+        api,
+        "PUT",
+        f"/apis/resource.k8s.io/v1/namespaces/{meta['namespace']}/resourceclaims/{meta['name']}/status",
+        claim,
+    )
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -138,7 +185,11 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
     status, text = get(f"http://127.0.0.1:{port}/metrics")
     assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
 
 
 def _ref(claim: dict[str, Any]) -> tuple[str, str, str]:
@@ -151,15 +202,25 @@ def _env(path: Path) -> dict[str, str]:
     return dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
 
 
-def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the_consumed_capacity(controlplane: Any, dra: Any) -> None:
+def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the_consumed_capacity(
+    controlplane: Any, dra: Any
+) -> None:
     api = controlplane.api_client()
     node_name = fresh("dra-e2e")
     ready_node(api, node_name)
     ns = namespace(api, fresh("dra-e2e"))
     device_class = fresh("gpu-share")
-    request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses",
-            {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": device_class},
-             "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+    request(
+        api,
+        "POST",
+        "/apis/resource.k8s.io/v1/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": device_class},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+        },
+    )
     port = free_port()
     driver = dra(node_name, port)
     kubelet_driver = driver.kubelet.wait_registered(DRIVER, timeout=30)
@@ -171,40 +232,103 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
 
     claims: dict[int, tuple[int, dict[str, Any]]] = {}
     templates: dict[int, dict[str, Any]] = {}
-    for i, shares in enumerate((1, 2, 4, 1)):  # 8 shares in all, the node's 2 x 4: first fit places them whatever the order
+    for i, shares in enumerate(
+        (1, 2, 4, 1)
+    ):  # 8 shares in all, the node's 2 x 4: first fit places them whatever the order
         # A template per size; its spec copied into a claim, as the ResourceClaim controller would.
-        template = templates.get(shares) or request(api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": f"shares-{shares}"},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"shares": str(shares)}}}}]}}},
-        })
+        template = templates.get(shares) or request(
+            api,
+            "POST",
+            f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": f"shares-{shares}"},
+                "spec": {
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {
+                                    "name": "gpu",
+                                    "exactly": {
+                                        "deviceClassName": device_class,
+                                        "capacity": {"requests": {"shares": str(shares)}},
+                                    },
+                                }
+                            ]
+                        }
+                    }
+                },
+            },
+        )
         templates[shares] = template
-        claim = request(api, "POST", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": f"pod-{i}-gpu"}, "spec": template["spec"]["spec"],
-        })
+        claim = request(
+            api,
+            "POST",
+            f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": f"pod-{i}-gpu"},
+                "spec": template["spec"]["spec"],
+            },
+        )
         claims[i] = (shares, claim)
-        request(api, "POST", f"/api/v1/namespaces/{ns}/pods", {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}"},
-            "spec": {"nodeSelector": {"kubernetes.io/hostname": node_name},  # other tests' nodes may still have devices
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": f"pod-{i}-gpu"}],
-                     "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10", "resources": {"claims": [{"name": "gpu"}]}}]},
-        })
+        request(
+            api,
+            "POST",
+            f"/api/v1/namespaces/{ns}/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": f"pod-{i}"},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node_name},  # other tests' nodes may still have devices
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": f"pod-{i}-gpu"}],
+                    "containers": [
+                        {
+                            "name": "app",
+                            "image": "registry.k8s.io/pause:3.10",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                },
+            },
+        )
 
     def allocated() -> bool:
-        return all(request(api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/pod-{k}-gpu").get("status", {}).get("allocation") for k in claims)
+        return all(
+            request(api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/pod-{k}-gpu")
+            .get("status", {})
+            .get("allocation")
+            for k in claims
+        )
 
-    assert wait_until(allocated, 60), controlplane.log_tail(next(n for n in controlplane.procs if n.startswith("kube-scheduler#dra-node")))
+    assert wait_until(allocated, 60), controlplane.log_tail(
+        next(n for n in controlplane.procs if n.startswith("kube-scheduler#dra-node"))
+    )
     held: dict[str, int] = {}
     results: dict[int, dict[str, Any]] = {}
     for i, (shares, claim) in claims.items():
-        stored = request(api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{claim['metadata']['name']}")
+        stored = request(
+            api, "GET", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{claim['metadata']['name']}"
+        )
         (result,) = stored["status"]["allocation"]["devices"]["results"]
         results[i] = result
-        assert result["driver"] == DRIVER and result["pool"] == node_name and result["consumedCapacity"]["shares"] == str(shares)
+        assert (
+            result["driver"] == DRIVER
+            and result["pool"] == node_name
+            and result["consumedCapacity"]["shares"] == str(shares)
+        )
         held[result["device"]] = held.get(result["device"], 0) + shares
         pod = request(api, "GET", f"/api/v1/namespaces/{ns}/pods/pod-{i}")
         assert pod["spec"].get("nodeName") == node_name
         (device,) = driver.kubelet.prepare(DRIVER, [_ref(claim)])[claim["metadata"]["uid"]]
-        assert device.device_name == result["device"] and device.share_id == result["shareID"] and list(device.request_names) == ["gpu"]
+        assert (
+            device.device_name == result["device"]
+            and device.share_id == result["shareID"]
+            and list(device.request_names) == ["gpu"]
+        )
         (cdi,) = device.cdi_device_ids
         assert cdi == f"k8s.{DRIVER}/claim={claim['metadata']['uid']}-0"
         env = _env(driver.cdi / f"{DRIVER}_{claim['metadata']['uid']}.json")
@@ -216,19 +340,57 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
     samples = _scrape(port)
     assert samples[("gpushare_dra_prepared_claims", (("node", node_name),))] == 4
     assert {labels: v for (name, labels), v in samples.items() if name == "gpushare_dra_shares_prepared"} == {
-        (("device", "gpu-0"), ("gpu", "0"), ("node", node_name), ("uuid", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000")): 4,
-        (("device", "gpu-1"), ("gpu", "1"), ("node", node_name), ("uuid", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000001")): 4,
+        (
+            ("device", "gpu-0"),
+            ("gpu", "0"),
+            ("node", node_name),
+            ("uuid", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000"),
+        ): 4,
+        (
+            ("device", "gpu-1"),
+            ("gpu", "1"),
+            ("node", node_name),
+            ("uuid", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000001"),
+        ): 4,
     }
-    assert samples[("gpushare_dra_claims_total", (("node", node_name), ("operation", "prepare"), ("result", "ok")))] == 4
-    exported = {re.sub(r"_(bucket|count|sum)$", "", name) for name, _ in samples if name.startswith("gpushare_dra_") and not name.endswith("_created")}
-    documented = set(re.findall(r"^\| `(gpushare_dra_[a-z_]+)", (ROOT / "docs" / "metrics.md").read_text() + (ROOT / "docs" / "dra.md").read_text(), flags=re.M))
+    assert (
+        samples[("gpushare_dra_claims_total", (("node", node_name), ("operation", "prepare"), ("result", "ok")))] == 4
+    )
+    exported = {
+        re.sub(r"_(bucket|count|sum)$", "", name)
+        for name, _ in samples
+        if name.startswith("gpushare_dra_") and not name.endswith("_created")
+    }
+    documented = set(
+        re.findall(
+            r"^\| `(gpushare_dra_[a-z_]+)",
+            (ROOT / "docs" / "metrics.md").read_text() + (ROOT / "docs" / "dra.md").read_text(),
+            flags=re.M,
+        )
+    )
     assert exported == documented, (sorted(exported - documented), sorted(documented - exported))
     # The node agent: pod-resources lists pod-1's claim for its container, the metrics show its shares and meter it.
     shares, claim = claims[1]
-    uses = pr.DynamicResource(claim_name=claim["metadata"]["name"], claim_namespace=ns, claim_resources=[
-        pr.ClaimResource(driver_name=DRIVER, pool_name=node_name, device_name=results[1]["device"], share_id=results[1]["shareID"])])
+    uses = pr.DynamicResource(
+        claim_name=claim["metadata"]["name"],
+        claim_namespace=ns,
+        claim_resources=[
+            pr.ClaimResource(
+                driver_name=DRIVER,
+                pool_name=node_name,
+                device_name=results[1]["device"],
+                share_id=results[1]["shareID"],
+            )
+        ],
+    )
     driver.pods.admit(Pod("pod-1", [Container("app", {}, claims=[uses])], namespace=ns))
-    pod_1 = (("container", "app"), ("namespace", ns), ("node", node_name), ("pod", "pod-1"), ("resource", "example.com/gpu-share"))
+    pod_1 = (
+        ("container", "app"),
+        ("namespace", ns),
+        ("node", node_name),
+        ("pod", "pod-1"),
+        ("resource", "example.com/gpu-share"),
+    )
     metered = (("namespace", ns), ("node", node_name), ("pod", "pod-1"), ("resource", "example.com/gpu-share"))
 
     def gpu_seconds() -> float:
@@ -238,11 +400,22 @@ def test_claims_allocated_by_kube_scheduler_are_prepared_into_cdi_specs_with_the
     first = gpu_seconds()
     assert wait_until(lambda: gpu_seconds() > first, 30), driver.log()
     samples = _scrape(port)
-    unit = next(dict(labels)["uuid"] for name, labels in samples if name == "gpushare_container_shares" and set(pod_1) <= set(labels))
+    unit = next(
+        dict(labels)["uuid"]
+        for name, labels in samples
+        if name == "gpushare_container_shares" and set(pod_1) <= set(labels)
+    )
     assert samples[("gpushare_container_shares", tuple(sorted((*pod_1, ("uuid", unit)))))] == shares
-    assert samples[("gpushare_container_memory_limit_bytes", tuple(sorted((*pod_1, ("uuid", unit)))))] == shares * T4_MIB // 4 * 1024 * 1024
-    assert samples[("gpushare_share_seconds_total", metered)] == pytest.approx(samples[("gpushare_gpu_seconds_total", metered)] * 4)  # a share is 1/4 GPU
-    assert [labels for name, labels in samples if name == "gpushare_container_shares"] == [tuple(sorted((*pod_1, ("uuid", unit))))]  # prepared, not in pod-resources: not held
+    assert (
+        samples[("gpushare_container_memory_limit_bytes", tuple(sorted((*pod_1, ("uuid", unit)))))]
+        == shares * T4_MIB // 4 * 1024 * 1024
+    )
+    assert samples[("gpushare_share_seconds_total", metered)] == pytest.approx(
+        samples[("gpushare_gpu_seconds_total", metered)] * 4
+    )  # a share is 1/4 GPU
+    assert [labels for name, labels in samples if name == "gpushare_container_shares"] == [
+        tuple(sorted((*pod_1, ("uuid", unit))))
+    ]  # prepared, not in pod-resources: not held
     driver.kubelet.unprepare(DRIVER, [_ref(c) for _, c in claims.values()])
     assert not list(driver.cdi.glob("*.json"))
     assert driver.stop() == 0
@@ -285,7 +458,6 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
         driver.kubelet.prepare(DRIVER, [ref])
     assert driver.stop() == 0
     assert "watch failed" not in Path(driver.logs[-1]).read_text()  # a clean SIGTERM warns about no watch
-
 
 
 def test_a_prepared_claim_gets_its_status_devices_and_the_node_its_labels_and_inventory(
@@ -377,7 +549,9 @@ def test_the_claim_cache_serves_claims_allocated_here_and_gets_the_others(contro
         claims.stop()
 
 
-def test_a_silent_claim_watch_is_not_trusted_and_a_re_allocated_claim_is_prepared_from_the_api(controlplane: Any, tmp_path: Path) -> None:
+def test_a_silent_claim_watch_is_not_trusted_and_a_re_allocated_claim_is_prepared_from_the_api(
+    controlplane: Any, tmp_path: Path
+) -> None:
     """A watch that delivers nothing (no event, no bookmark) for its silence bound is not used: cached() answers
     None, the watch ends itself and lists again. A claim deallocated and re-allocated (same UID, gpu-0 -> gpu-1)
     after its prepare is prepared again from the API's allocation, its record replaced."""
@@ -408,7 +582,9 @@ def test_a_silent_claim_watch_is_not_trusted_and_a_re_allocated_claim_is_prepare
         body = _allocate(api, body, node_name, "gpu-1", 2)
         assert body["metadata"]["uid"] == ref.uid
         outcome = asyncio.run(prepare_claims(driver, claims, [ref]))[ref.uid]
-        assert outcome.error == "" and outcome.claim is not None and [d.device for d in outcome.claim.devices] == ["gpu-1"]
+        assert (
+            outcome.error == "" and outcome.claim is not None and [d.device for d in outcome.claim.devices] == ["gpu-1"]
+        )
         assert driver.ledger() == {"gpu-1": 2} and driver.reallocated == 1
     finally:
         claims.stop()

@@ -75,25 +75,41 @@ class Node:
         self.ns = namespace(self.api, f"dra-{n}")
         self.info = info or node(node_file)
         self.state = NodeState()
-        self.publisher = SlicePublisher(self.rest, self.name, DRIVER, self.info, self.state, backoff_initial=0.02, backoff_max=0.2)
+        self.publisher = SlicePublisher(
+            self.rest, self.name, DRIVER, self.info, self.state, backoff_initial=0.02, backoff_max=0.2
+        )
         self.resources = build_resources(config, self.info, dynamic_mig=True)  # what the DRA driver serves
         self.publisher.on_config(config, self.resources)
         self.publisher.start()
         assert self.publisher.wait_published(10)
 
-    def claim(self, name: str, cls: str = "gpu-share-shares", requests: dict[str, str] | None = None, selector: str | None = None) -> None:
+    def claim(
+        self,
+        name: str,
+        cls: str = "gpu-share-shares",
+        requests: dict[str, str] | None = None,
+        selector: str | None = None,
+    ) -> None:
         exactly: dict[str, Any] = {"deviceClassName": cls}
         if requests:
             exactly["capacity"] = {"requests": requests}
         if selector:
             exactly["selectors"] = [{"cel": {"expression": selector}}]
-        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        }
         request(self.api, "POST", CLAIMS.format(ns=self.ns), body)
 
     def pod(self, name: str, claim: str | None = None, limits: dict[str, str] | None = None) -> None:
         container: dict[str, Any] = {"name": "app", "image": "registry.invalid/app:1"}
-        spec: dict[str, Any] = {"schedulerName": SCHEDULER, "nodeSelector": {"kubernetes.io/hostname": self.name}, "containers": [container]}
+        spec: dict[str, Any] = {
+            "schedulerName": SCHEDULER,
+            "nodeSelector": {"kubernetes.io/hostname": self.name},
+            "containers": [container],
+        }
         if claim:
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
             container["resources"] = {"claims": [{"name": "gpu"}]}
@@ -113,7 +129,9 @@ class Node:
         def refused() -> bool:
             found = core.read_namespaced_pod(pod, self.ns)
             return not found.spec.node_name and any(
-                c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in found.status.conditions or [])
+                c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+                for c in found.status.conditions or []
+            )
 
         return wait_until(refused, timeout=timeout)
 
@@ -143,14 +161,23 @@ def _shared(replicas: int) -> Any:
 
 
 def _capacity(n: Node) -> dict[str, dict[str, Decimal]]:
-    return {d["name"]: {k: parse_quantity(v["value"]) for k, v in d.get("capacity", {}).items()}
-            for s in slices(n.api, n.name) for d in s["spec"].get("devices", [])}
+    return {
+        d["name"]: {k: parse_quantity(v["value"]) for k, v in d.get("capacity", {}).items()}
+        for s in slices(n.api, n.name)
+        for d in s["spec"].get("devices", [])
+    }
 
 
 def test_share_and_memory_claims_land_on_one_gpu_each_and_never_over_capacity(make_node: Any) -> None:
     n = make_node("2xT4", _shared(4))  # T4: 4 shares of 3840 MiB each
-    asks = [("a", {"shares": "3"}), ("b", {"shares": "3"}), ("c", {"memory": "3840Mi"}), ("d", {"shares": "1"}),
-            ("e", {"shares": "1"}), ("f", {"memory": "7680Mi"})]
+    asks = [
+        ("a", {"shares": "3"}),
+        ("b", {"shares": "3"}),
+        ("c", {"memory": "3840Mi"}),
+        ("d", {"shares": "1"}),
+        ("e", {"shares": "1"}),
+        ("f", {"memory": "7680Mi"}),
+    ]
     for name, requests in asks:
         n.claim(name, requests=requests)
         n.pod(name, claim=name)
@@ -189,9 +216,16 @@ def test_mixing_capacities_fits_the_schedulers_sums_and_not_the_drivers_ledger(m
         n.pod(name, claim=name)
         assert n.bound(name), name
     (a,), (b,) = n.allocation("a"), n.allocation("b")
-    assert a["device"] == b["device"] == "gpu-0"  # first fit: the scheduler's sums are 4 of 4 shares, 15360 of 15360 MiB
-    assert (parse_quantity(a["consumedCapacity"]["memory"]), parse_quantity(b["consumedCapacity"]["shares"])) == (3840 * 2**20, 1)
-    driver = make_driver(tmp_path, pools=[{"name": "s", "mode": "shared", "replicas": 4}])  # the node's driver, its ledger
+    assert (
+        a["device"] == b["device"] == "gpu-0"
+    )  # first fit: the scheduler's sums are 4 of 4 shares, 15360 of 15360 MiB
+    assert (parse_quantity(a["consumedCapacity"]["memory"]), parse_quantity(b["consumedCapacity"]["shares"])) == (
+        3840 * 2**20,
+        1,
+    )
+    driver = make_driver(
+        tmp_path, pools=[{"name": "s", "mode": "shared", "replicas": 4}]
+    )  # the node's driver, its ledger
     on_node = [{**r, "pool": "2xT4"} for r in (a, b)]  # make_driver serves the node file's pool name
     assert driver.prepare(*claim([on_node[0]], name="a")).devices[0].shares == 3
     with pytest.raises(ClaimError, match="device gpu-0 has 4 shares; prepared claims hold 3 and this claim needs 3"):
@@ -218,7 +252,9 @@ def test_a_tainted_gpu_gets_no_new_claim_and_gets_them_again_once_healthy(make_n
 
 
 def test_mig_and_whole_gpu_claims_and_the_extended_resource_mapping(make_node: Any) -> None:
-    mig = make_node("8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed"))
+    mig = make_node(
+        "8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed")
+    )
     mig.claim("m", cls="gpu-share-mig", selector="device.attributes[device.driver].migProfile == '3g.40gb'")
     mig.pod("m", claim="m")
     assert mig.bound("m")
@@ -238,19 +274,28 @@ def test_mig_and_whole_gpu_claims_and_the_extended_resource_mapping(make_node: A
 
 
 def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
-    shares = make_node("8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed"))
+    shares = make_node(
+        "8xA100-80GB-mig", parse_config_text((EXAMPLES / "config" / "mig-mixed.yaml").read_text(), "mig-mixed")
+    )
     for example in ("claim-shares", "claim-shares-ampere", "claim-mig"):
         for document in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()):
             if document["kind"] == "ResourceClaim":
                 request(shares.api, "POST", CLAIMS.format(ns=shares.ns), document)
             else:
-                document["spec"] |= {"schedulerName": SCHEDULER, "nodeSelector": {"kubernetes.io/hostname": shares.name}}
+                document["spec"] |= {
+                    "schedulerName": SCHEDULER,
+                    "nodeSelector": {"kubernetes.io/hostname": shares.name},
+                }
                 client.CoreV1Api(shares.api).create_namespaced_pod(shares.ns, document)
-        pod = next(d for d in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()) if d["kind"] == "Pod")
+        pod = next(
+            d for d in yaml.safe_load_all((DRA / "examples" / f"{example}.yaml").read_text()) if d["kind"] == "Pod"
+        )
         assert shares.bound(pod["metadata"]["name"]), example
     for name, shares_asked in (("three-shares", 3), ("ampere-shares", 2)):  # the convention: claims name shares
         [result] = shares.allocation(name)
-        device = next(d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == result["device"])
+        device = next(
+            d for s in slices(shares.api, shares.name) for d in s["spec"]["devices"] if d["name"] == result["device"]
+        )
         step = parse_quantity(device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"])  # one share's memory
         assert parse_quantity(result["consumedCapacity"]["shares"]) == shares_asked, name
         assert parse_quantity(result["consumedCapacity"]["memory"]) == step, name  # memory at its default: one share
@@ -258,7 +303,9 @@ def test_the_shipped_example_claims_schedule(make_node: Any) -> None:
 
 def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
     n = make_node("2xT4", _shared(2))
-    request(n.api, "DELETE", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={n.name}")])
+    request(
+        n.api, "DELETE", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={n.name}")]
+    )
     n.claim("after", requests={"shares": "2"})
     n.pod("after", claim="after")
     assert n.bound("after")
@@ -275,13 +322,27 @@ class MigNode:
     the claims the scheduler allocates on it (transport-free: `dra.prepare.Driver` over the simulated NVML)."""
 
     def __init__(self, make_node: Any, tmp_path: Any) -> None:
-        gpu = Gpu(index=0, uuid="GPU-c41e9d27-55a0-4b1f-9e3d-0000000000d0", model="NVIDIA H100 80GB HBM3", memory_mib=81559,
-                  mig_capable=True, mig_enabled=True, compute_capability="9.0")
+        gpu = Gpu(
+            index=0,
+            uuid="GPU-c41e9d27-55a0-4b1f-9e3d-0000000000d0",
+            model="NVIDIA H100 80GB HBM3",
+            memory_mib=81559,
+            mig_capable=True,
+            mig_enabled=True,
+            compute_capability="9.0",
+        )
         self.inventory = SimulatedInventory(NodeInfo(gpus=(gpu,), name="h100"))
         self.gpu = gpu.uuid
         self.n: Node = make_node("1xh100-mig", DYNAMIC, self.inventory.discover())
-        self.driver = Driver(DRIVER, self.n.name, Checkpoint(tmp_path / "claims"), CdiWriter(tmp_path / "cdi", DRIVER), NodeState(),
-                             SerialLock(tmp_path / "serialize.lock"), MigInstances(self.inventory, self.inventory.processes))
+        self.driver = Driver(
+            DRIVER,
+            self.n.name,
+            Checkpoint(tmp_path / "claims"),
+            CdiWriter(tmp_path / "cdi", DRIVER),
+            NodeState(),
+            SerialLock(tmp_path / "serialize.lock"),
+            MigInstances(self.inventory, self.inventory.processes),
+        )
         self.driver.on_config(DYNAMIC, self.n.resources)
 
     def ask(self, name: str, profile: str) -> None:
@@ -326,7 +387,10 @@ class MigNode:
 
 def test_dynamic_mig_claims_are_placed_by_the_scheduler_through_the_counters(make_node: Any, tmp_path: Any) -> None:
     m = MigNode(make_node, tmp_path)
-    assert [("sharedCounters" in s["spec"], len(s["spec"].get("devices", []))) for s in slices(m.n.api, m.n.name)] == [(True, 0), (False, 25)]
+    assert [("sharedCounters" in s["spec"], len(s["spec"].get("devices", []))) for s in slices(m.n.api, m.n.name)] == [
+        (True, 0),
+        (False, 25),
+    ]
     for name, profile in (("one", "1g.10gb"), ("two", "2g.20gb"), ("three", "3g.40gb")):
         m.ask(name, profile)
         assert m.n.bound(name), name
@@ -335,7 +399,10 @@ def test_dynamic_mig_claims_are_placed_by_the_scheduler_through_the_counters(mak
     assert all(used.get(f"memory-slice-{i}", 0) <= 1 for i in range(8))
     made = {m.prepare(name) for name in ("one", "two", "three")}  # NVML makes every placement the scheduler chose
     assert {i.uuid for i in m.inventory.mig_instances(m.gpu)} == made and len(made) == 3
-    for name, profile in (("seven", "7g.80gb"), ("another", "1g.10gb")):  # no room left: refused by the scheduler, not at prepare
+    for name, profile in (
+        ("seven", "7g.80gb"),
+        ("another", "1g.10gb"),
+    ):  # no room left: refused by the scheduler, not at prepare
         m.ask(name, profile)
         assert m.n.unschedulable(name), name
         assert m.n.allocation(name) == []
@@ -350,7 +417,10 @@ def test_dynamic_mig_claims_are_placed_by_the_scheduler_through_the_counters(mak
         m.ask(name, profile)
         assert m.n.bound(name), name
         m.prepare(name)
-    assert sorted(i.size for i in m.inventory.mig_instances(m.gpu)) == [4, 4] and m.consumed(["four", "three-b"])["compute-slices"] == 7
+    assert (
+        sorted(i.size for i in m.inventory.mig_instances(m.gpu)) == [4, 4]
+        and m.consumed(["four", "three-b"])["compute-slices"] == 7
+    )
     m.ask("last", "1g.10gb")
     assert m.n.unschedulable("last")
     # The API server kept the counter slice and the devices as sent (quantities aside): the publisher never rewrote them.
@@ -394,14 +464,20 @@ def test_class_and_claim_sharing_configs_and_the_example_reach_the_claim(make_no
         two = {"deviceClassName": device_class, "capacity": {"requests": {"shares": "2"}}}
         requests = [{"name": r, "exactly": two} for r in ("a", "b")]
         devices = {"requests": requests, "config": [{"requests": ["a"], **sharing(5)}]}
-        body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "capped"},
-                "spec": {"devices": devices}}
+        body = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "capped"},
+            "spec": {"devices": devices},
+        }
         request(n.api, "POST", CLAIMS.format(ns=n.ns), body)
         n.pod("capped", claim="capped")
         assert n.bound("capped")
         stored = request(n.api, "GET", CLAIMS.format(ns=n.ns) + "/capped")
-        configs = [(c["source"], c.get("requests"), c["opaque"]["parameters"]["sharing"]["mpsConfig"])
-                   for c in stored["status"]["allocation"]["devices"]["config"]]
+        configs = [
+            (c["source"], c.get("requests"), c["opaque"]["parameters"]["sharing"]["mpsConfig"])
+            for c in stored["status"]["allocation"]["devices"]["config"]
+        ]
         percent = "defaultActiveThreadPercentage"
         # The class's config first, naming the claim's requests of that class; then the claim's.
         assert configs == [("FromClass", ["a", "b"], {percent: 10}), ("FromClaim", ["a"], {percent: 5})]
@@ -446,7 +522,9 @@ def test_a_claim_selecting_a_strategy_its_pool_lacks_is_refused_by_the_scheduler
     assert with_mps.bound("gets-mps") and len(with_mps.allocation("gets-mps")) == 1
 
 
-def test_an_instance_made_behind_the_drivers_back_withdraws_its_placements_until_gone(make_node: Any, tmp_path: Any) -> None:
+def test_an_instance_made_behind_the_drivers_back_withdraws_its_placements_until_gone(
+    make_node: Any, tmp_path: Any
+) -> None:
     m = MigNode(make_node, tmp_path)
     m.n.publisher.kept_mig = m.driver.mig.kept  # as the DRA daemon wires it
     one = next(p for p in m.inventory.mig_profiles(m.gpu) if p.name == "1g.10gb")

@@ -26,8 +26,11 @@ def _shares(n: int) -> dict[str, Any]:
 
 def _device(name: str, slices: list[int], compute: int, shared: bool) -> dict[str, Any]:
     counters = {f"memory-slice-{i}": {"value": "1"} for i in slices} | {"compute-slices": {"value": str(compute)}}
-    device: dict[str, Any] = {"name": name, "attributes": {"kind": {"string": name}},
-                              "consumesCounters": [{"counterSet": "gpu-0-mig", "counters": counters}]}
+    device: dict[str, Any] = {
+        "name": name,
+        "attributes": {"kind": {"string": name}},
+        "consumesCounters": [{"counterSet": "gpu-0-mig", "counters": counters}],
+    }
     if shared:
         device |= {"allowMultipleAllocations": True, "capacity": {"shares": _shares(2)}}
     return device
@@ -38,17 +41,35 @@ def node(controlplane: Any) -> Iterator[tuple[Any, str, str]]:
     api = controlplane.api_client()
     name = ready_node(api, "counters-check")["metadata"]["name"]
     ns = namespace(api, "counters-check")
-    request(api, "POST", "/apis/resource.k8s.io/v1/deviceclasses", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+    request(
+        api,
+        "POST",
+        "/apis/resource.k8s.io/v1/deviceclasses",
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": CLASS},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+        },
+    )
     pool = {"name": name, "generation": 1, "resourceSliceCount": 2}
     counters = {f"memory-slice-{i}": {"value": "1"} for i in range(2)} | {"compute-slices": {"value": "2"}}
-    specs = [{"sharedCounters": [{"name": "gpu-0-mig", "counters": counters}]},
-             {"devices": [_device("one-a", [0], 1, True), _device("one-b", [1], 1, True), _device("two", [0, 1], 2, False)]}]
+    specs = [
+        {"sharedCounters": [{"name": "gpu-0-mig", "counters": counters}]},
+        {"devices": [_device("one-a", [0], 1, True), _device("one-b", [1], 1, True), _device("two", [0, 1], 2, False)]},
+    ]
     for i, spec in enumerate(specs):
-        request(api, "POST", "/apis/resource.k8s.io/v1/resourceslices", {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{name}-{i}"},
-            "spec": {"driver": DRIVER, "nodeName": name, "pool": pool, **spec}})
+        request(
+            api,
+            "POST",
+            "/apis/resource.k8s.io/v1/resourceslices",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"{name}-{i}"},
+                "spec": {"driver": DRIVER, "nodeName": name, "pool": pool, **spec},
+            },
+        )
     controlplane.scheduler({"profiles": [{"schedulerName": SCHEDULER}]}, name="counters-check")
     yield api, name, ns
     controlplane.stop_process("kube-scheduler#counters-check")
@@ -58,15 +79,29 @@ def node(controlplane: Any) -> Iterator[tuple[Any, str, str]]:
 
 
 def _ask(api: Any, node: str, ns: str, name: str, kind: str, shares: str | None) -> None:
-    exactly: dict[str, Any] = {"deviceClassName": CLASS,
-                               "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].kind == '{kind}'"}}]}
+    exactly: dict[str, Any] = {
+        "deviceClassName": CLASS,
+        "selectors": [{"cel": {"expression": f"device.attributes['{DRIVER}'].kind == '{kind}'"}}],
+    }
     if shares:
         exactly["capacity"] = {"requests": {"shares": shares}}
-    request(api, "POST", CLAIMS.format(ns=ns), {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name},
-                                                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}})
-    spec = {"schedulerName": SCHEDULER, "nodeSelector": {"kubernetes.io/hostname": node},
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
-            "containers": [{"name": "app", "image": "registry.invalid/app:1", "resources": {"claims": [{"name": "gpu"}]}}]}
+    request(
+        api,
+        "POST",
+        CLAIMS.format(ns=ns),
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+        },
+    )
+    spec = {
+        "schedulerName": SCHEDULER,
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        "containers": [{"name": "app", "image": "registry.invalid/app:1", "resources": {"claims": [{"name": "gpu"}]}}],
+    }
     client.CoreV1Api(api).create_namespaced_pod(ns, {"metadata": {"name": name}, "spec": spec})
 
 
@@ -77,7 +112,10 @@ def _bound(api: Any, ns: str, pod: str) -> bool:
 def _refused(api: Any, ns: str, pod: str) -> bool:
     def refused() -> bool:
         found = client.CoreV1Api(api).read_namespaced_pod(pod, ns)
-        return not found.spec.node_name and any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in found.status.conditions or [])
+        return not found.spec.node_name and any(
+            c.type == "PodScheduled" and c.reason == "Unschedulable" for c in found.status.conditions or []
+        )
+
     return wait_until(refused, timeout=20)
 
 

@@ -36,7 +36,12 @@ def publish(controlplane: Any) -> Iterator[Any]:
     """publish(node_file, config_file, node_name=None) -> (publisher, state, node info, node name), started."""
     started: list[SlicePublisher] = []
 
-    def start(node_file: str | Path = "8xA100-80GB-mig", config_file: str = "mig-mixed", name: str | None = None, create_node: bool = True):
+    def start(
+        node_file: str | Path = "8xA100-80GB-mig",
+        config_file: str = "mig-mixed",
+        name: str | None = None,
+        create_node: bool = True,
+    ):
         api = controlplane.api_client()
         name = name or fresh("dra")
         if create_node:
@@ -44,7 +49,17 @@ def publish(controlplane: Any) -> Iterator[Any]:
         info = node(node_file) if isinstance(node_file, str) else SimulatedInventory.from_file(node_file).discover()
         config = parse_config_text((EXAMPLES / "config" / f"{config_file}.yaml").read_text(), config_file)
         state = NodeState()
-        publisher = SlicePublisher(controlplane.rest_client(), name, DRIVER, info, state, resync_interval=30.0, backoff_initial=0.02, backoff_max=0.2, request_timeout=5.0)
+        publisher = SlicePublisher(
+            controlplane.rest_client(),
+            name,
+            DRIVER,
+            info,
+            state,
+            resync_interval=30.0,
+            backoff_initial=0.02,
+            backoff_max=0.2,
+            request_timeout=5.0,
+        )
         publisher.on_config(config, resources_of(config, info))
         publisher.start()
         started.append(publisher)
@@ -61,9 +76,15 @@ def test_the_pool_is_published_as_slices_owned_by_the_node(publish: Any) -> None
     found = slices(api, name)
     assert [s["metadata"]["name"] for s in found] == [f"{name}-{DRIVER}-0000"]
     spec = found[0]["spec"]
-    assert spec["driver"] == DRIVER and spec["nodeName"] == name and spec["pool"] == {"name": name, "generation": 1, "resourceSliceCount": 1}
+    assert (
+        spec["driver"] == DRIVER
+        and spec["nodeName"] == name
+        and spec["pool"] == {"name": name, "generation": 1, "resourceSliceCount": 1}
+    )
     node_uid = request(api, "GET", f"/api/v1/nodes/{name}")["metadata"]["uid"]
-    assert found[0]["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid, "controller": True}]
+    assert found[0]["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid, "controller": True}
+    ]
     names = [d["name"] for d in spec["devices"]]
     assert names[:2] == ["gpu-0-mig-1-0", "gpu-0-mig-2-0"] and "gpu-7" in names
     shared = next(d for d in spec["devices"] if d["name"] == "gpu-7")
@@ -74,8 +95,18 @@ def test_the_pool_is_published_as_slices_owned_by_the_node(publish: Any) -> None
     assert metrics[("gpushare_dra_slices", ())] == 1 and metrics[("gpushare_dra_pool_generation", ())] == 1
 
 
-def test_more_than_64_devices_are_several_slices_and_no_device_is_one_empty_slice(publish: Any, tmp_path: Path, caplog: Any) -> None:
-    gpus = [{"index": i, "uuid": f"GPU-00000000-0000-4000-8000-{i:012d}", "model": "NVIDIA H100 80GB HBM3", "memoryMiB": 81559} for i in range(70)]
+def test_more_than_64_devices_are_several_slices_and_no_device_is_one_empty_slice(
+    publish: Any, tmp_path: Path, caplog: Any
+) -> None:
+    gpus = [
+        {
+            "index": i,
+            "uuid": f"GPU-00000000-0000-4000-8000-{i:012d}",
+            "model": "NVIDIA H100 80GB HBM3",
+            "memoryMiB": 81559,
+        }
+        for i in range(70)
+    ]
     (tmp_path / "node.yaml").write_text(yaml.safe_dump({"name": "big", "gpus": gpus}))
     publisher, state, info, name, api = publish(tmp_path / "node.yaml", "default")
     assert publisher.wait_published(10)
@@ -94,14 +125,20 @@ def test_more_than_64_devices_are_several_slices_and_no_device_is_one_empty_slic
     publisher.on_config(default_config(), [])  # a profile serving nothing on this node
     assert publisher.wait_published(2)
     found = slices(api, name)
-    assert len(found) == 1 and found[0]["spec"].get("devices", []) == [] and found[0]["spec"]["pool"]["resourceSliceCount"] == 1
+    assert (
+        len(found) == 1
+        and found[0]["spec"].get("devices", []) == []
+        and found[0]["spec"]["pool"]["resourceSliceCount"] == 1
+    )
     assert "changed ResourceSlice" not in caplog.text  # the server kept every write as sent
 
 
 def test_an_xid_taints_the_gpu_and_its_mig_instances_within_a_second_and_recovery_removes_it(publish: Any) -> None:
     publisher, state, info, name, api = publish()
     assert publisher.wait_published(10)
-    assert wait_until(lambda: publisher.stats.watches >= 1, timeout=5) and publisher.wait_published(5)  # the watch's first look
+    assert wait_until(lambda: publisher.stats.watches >= 1, timeout=5) and publisher.wait_published(
+        5
+    )  # the watch's first look
     lists, updates = publisher.stats.rounds, publisher.stats.writes["update"]
     gpu0 = info.gpus[0]
     started = time.monotonic()
@@ -114,7 +151,9 @@ def test_an_xid_taints_the_gpu_and_its_mig_instances_within_a_second_and_recover
     assert took < 1.0
     for device, taints in tainted.items():
         if device.startswith("gpu-0-"):
-            assert [(t["key"], t["value"], t["effect"]) for t in taints] == [(f"{DRIVER}/unhealthy", "reset-required", "NoSchedule")]
+            assert [(t["key"], t["value"], t["effect"]) for t in taints] == [
+                (f"{DRIVER}/unhealthy", "reset-required", "NoSchedule")
+            ]
             assert taints[0]["timeAdded"]
         else:
             assert taints == []
@@ -127,7 +166,9 @@ def test_the_kubelets_wipe_and_a_foreign_edit_are_repaired_at_once(publish: Any)
     publisher, _, _, name, api = publish()
     assert publisher.wait_published(10)
     original = slices(api, name)[0]
-    request(api, "DELETE", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={name}")])
+    request(
+        api, "DELETE", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={name}")]
+    )
     started = time.monotonic()
     assert wait_until(lambda: len(slices(api, name)) == 1, timeout=5)
     took = time.monotonic() - started
@@ -136,7 +177,9 @@ def test_the_kubelets_wipe_and_a_foreign_edit_are_repaired_at_once(publish: Any)
     edited = slices(api, name)[0]
     edited["spec"]["devices"] = edited["spec"]["devices"][:1]
     request(api, "PUT", f"/apis/resource.k8s.io/v1/resourceslices/{edited['metadata']['name']}", edited)
-    assert wait_until(lambda: len(slices(api, name)[0]["spec"]["devices"]) == len(original["spec"]["devices"]), timeout=5)
+    assert wait_until(
+        lambda: len(slices(api, name)[0]["spec"]["devices"]) == len(original["spec"]["devices"]), timeout=5
+    )
 
 
 def test_a_missing_node_is_retried_with_backoff_counted_and_published_once_it_exists(publish: Any, caplog: Any) -> None:
@@ -145,7 +188,12 @@ def test_a_missing_node_is_retried_with_backoff_counted_and_published_once_it_ex
     assert wait_until(lambda: publisher.stats.errors["publish"] >= 2, timeout=5)
     assert "404" in publisher.stats.last_error or "Not Found" in publisher.stats.last_error
     assert "DRA slices (publish) failed, retrying with backoff" in caplog.text
-    errors = {tuple(s.labels.items()): s.value for m in publisher.collector().collect() for s in m.samples if m.name == "gpushare_dra_slice_errors"}
+    errors = {
+        tuple(s.labels.items()): s.value
+        for m in publisher.collector().collect()
+        for s in m.samples
+        if m.name == "gpushare_dra_slice_errors"
+    }
     assert errors[(("loop", "publish"),)] >= 2
     assert not publisher.wait_published(0.05)
     ready_node(api, name)
@@ -171,7 +219,17 @@ def test_two_writers_that_disagree_cost_a_few_writes_per_second_not_a_loop(contr
     publishers = []
     for replicas in (4, 8):  # two driver versions side by side, each sure of its own slices
         config = parse_config_text(f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "fight")
-        publisher = SlicePublisher(controlplane.rest_client(), name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, write_burst=3, write_rate=2.0)
+        publisher = SlicePublisher(
+            controlplane.rest_client(),
+            name,
+            DRIVER,
+            info,
+            NodeState(),
+            backoff_initial=0.02,
+            backoff_max=0.2,
+            write_burst=3,
+            write_rate=2.0,
+        )
         publisher.on_config(config, resources_of(config, info))
         publishers.append(publisher)
     try:
@@ -198,8 +256,19 @@ def test_in_a_rolling_update_the_newer_instance_publishes_and_the_older_stops_wr
     info = node("2xT4")
 
     def publisher(replicas: int, writer: str) -> SlicePublisher:
-        config = parse_config_text(f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "rolling")
-        p = SlicePublisher(controlplane.rest_client(), name, DRIVER, info, NodeState(), backoff_initial=0.02, backoff_max=0.2, writer=writer)
+        config = parse_config_text(
+            f"version: v1\npools: [{{name: s, mode: shared, replicas: {replicas}}}]\n", "rolling"
+        )
+        p = SlicePublisher(
+            controlplane.rest_client(),
+            name,
+            DRIVER,
+            info,
+            NodeState(),
+            backoff_initial=0.02,
+            backoff_max=0.2,
+            writer=writer,
+        )
         p.on_config(config, resources_of(config, info))
         return p
 
@@ -244,4 +313,6 @@ def test_a_write_in_between_is_a_409_read_again_and_retried_at_once(publish: Any
     assert publisher.wait_published(2)
     assert publisher.stats.conflicts == 1 and publisher.stats.errors["publish"] == 0
     devices = slices(api, name)[0]["spec"]["devices"]
-    assert [d["name"] for d in devices if d.get("taints")] == [d["name"] for d in devices if d["name"].startswith("gpu-3-")]
+    assert [d["name"] for d in devices if d.get("taints")] == [
+        d["name"] for d in devices if d["name"].startswith("gpu-3-")
+    ]

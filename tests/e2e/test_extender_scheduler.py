@@ -37,7 +37,11 @@ def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.25
 
 
 SCHEDULER_TLS = "/etc/gpu-share-scheduler-tls/"
-TLS_FILES = {"tls.crt": "scheduler.crt", "tls.key": "scheduler.key", "ca.crt": "ca.crt"}  # the Secret's keys: the files docs/security.md makes
+TLS_FILES = {
+    "tls.crt": "scheduler.crt",
+    "tls.key": "scheduler.key",
+    "ca.crt": "ca.crt",
+}  # the Secret's keys: the files docs/security.md makes
 
 
 def shipped_config(name: str, extender: Extender) -> dict:
@@ -85,7 +89,9 @@ def extender(controlplane: Any, tmp_path_factory):
         service.stop()
 
 
-def test_a_burst_of_share_pods_through_the_extender_all_admitted_none_pending_that_fits(controlplane: Any, extender: Extender) -> None:
+def test_a_burst_of_share_pods_through_the_extender_all_admitted_none_pending_that_fits(
+    controlplane: Any, extender: Extender
+) -> None:
     from kubernetes import client
 
     run = secrets.token_hex(3)
@@ -110,7 +116,11 @@ def test_a_burst_of_share_pods_through_the_extender_all_admitted_none_pending_th
 
         def pending() -> list[tuple[str, int]]:
             pods = core.list_namespaced_pod(ns).items
-            return [(p.metadata.name, int(p.spec.containers[0].resources.limits["example.com/gpu-share"])) for p in pods if not p.spec.node_name]
+            return [
+                (p.metadata.name, int(p.spec.containers[0].resources.limits["example.com/gpu-share"]))
+                for p in pods
+                if not p.spec.node_name
+            ]
 
         def settled() -> bool:
             """Every pod is bound, or fits on no GPU now and the nodes have published their last change."""
@@ -135,7 +145,9 @@ def test_the_admission_policy_refuses_a_pod_larger_than_any_gpu_on_the_real_api_
 
     api = controlplane.api_client()
     core, admission = client.CoreV1Api(api), client.AdmissionregistrationV1Api(api)
-    policy, binding = (yaml.safe_load((ROOT / "daemonset/admission" / f).read_text()) for f in ("policy.yaml", "binding.yaml"))
+    policy, binding = (
+        yaml.safe_load((ROOT / "daemonset/admission" / f).read_text()) for f in ("policy.yaml", "binding.yaml")
+    )
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     limit = int(variables["limits"].removeprefix("{'gpu-share': ").removesuffix("}"))  # the shipped policy's one limit
     # The shipped objects under names of this test's own, bound to this test's namespace only: the session's API
@@ -157,7 +169,9 @@ def refused_and_admitted(core: Any, limit: int, name: str, ns: str) -> None:
     def create(name: str, shares: int) -> str:
         """'' when the API server admits the pod (dry run), else its refusal."""
         try:
-            core.create_namespaced_pod(ns, share_pod_body(name, shares, 100, 64, "default-scheduler", {}), dry_run="All")
+            core.create_namespaced_pod(
+                ns, share_pod_body(name, shares, 100, 64, "default-scheduler", {}), dry_run="All"
+            )
             return ""
         except ApiException as err:
             assert err.status == 422, err
@@ -166,9 +180,11 @@ def refused_and_admitted(core: Any, limit: int, name: str, ns: str) -> None:
     # A new policy takes effect once the API server has compiled it: wait for the first refusal.
     assert wait_until(lambda: bool(create("too-big", limit + 1)), 30)
     message = create("too-big", limit + 1)
-    assert (f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: container main asks "
-            f"for {limit + 1} example.com/gpu-share but no GPU has more than {limit}: one container's shares come from one GPU. Ask for at most "
-            f"{limit} example.com/gpu-share, or for a whole GPU (example.com/gpu)") in message
+    assert (
+        f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: container main asks "
+        f"for {limit + 1} example.com/gpu-share but no GPU has more than {limit}: one container's shares come from one GPU. Ask for at most "
+        f"{limit} example.com/gpu-share, or for a whole GPU (example.com/gpu)"
+    ) in message
     assert create("fits", limit) == ""
 
 
@@ -178,7 +194,15 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
     has exactly 4 shares left."""
     from kubernetes import client
 
-    from benchmarks.standin import DRA_DRIVER, claim_pod_body, create_node, device_class, every_pod_entry, resource_slice, share_claim
+    from benchmarks.standin import (
+        DRA_DRIVER,
+        claim_pod_body,
+        create_node,
+        device_class,
+        every_pod_entry,
+        resource_slice,
+        share_claim,
+    )
     from deviceplugin.extender.service import ExtenderOptions, ExtenderService
 
     run = secrets.token_hex(3)
@@ -195,15 +219,32 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
         resource.create_resource_slice(resource_slice(node))
     # tight: 6 of gpu-0's 10 shares held by an allocated claim, and half its CPU used by a plain pod.
     held = resource.create_namespaced_resource_claim(ns, share_claim("held", 6, dra_class))
-    allocation = {"devices": {"results": [{"request": "gpu", "driver": DRA_DRIVER, "pool": tight.name, "device": "gpu-0",
-                                           "shareID": "0b0c0d0e-0000-4000-8000-00000000000a", "consumedCapacity": {"shares": "6", "memory": str(6 * 8192 << 20)}}]},
-                  "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [tight.name]}]}]}}
+    allocation = {
+        "devices": {
+            "results": [
+                {
+                    "request": "gpu",
+                    "driver": DRA_DRIVER,
+                    "pool": tight.name,
+                    "device": "gpu-0",
+                    "shareID": "0b0c0d0e-0000-4000-8000-00000000000a",
+                    "consumedCapacity": {"shares": "6", "memory": str(6 * 8192 << 20)},
+                }
+            ]
+        },
+        "nodeSelector": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [tight.name]}]}]
+        },
+    }
     resource.patch_namespaced_resource_claim_status("held", ns, {"status": {"allocation": allocation}})
     busy = share_pod_body("busy", 0, 8000, 1024, "none", labels)
     busy["spec"]["nodeName"] = tight.name
     core.create_namespaced_pod(ns, busy)
     assert held.metadata.uid
-    service = ExtenderService(controlplane.rest_client(), ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", dra_classes=(dra_class,)))
+    service = ExtenderService(
+        controlplane.rest_client(),
+        ExtenderOptions(port=0, host="127.0.0.1", policy="fgdstrand", dra_classes=(dra_class,)),
+    )
     service.start()
     name = f"gs-dra-{run}"
     try:
@@ -219,16 +260,24 @@ def test_dra_claims_scored_by_the_extender_land_on_the_less_fragmenting_node(con
             claim = resource.read_namespaced_resource_claim("want", ns)
             return claim.status.allocation if claim.status else None
 
-        assert wait_until(lambda: allocated() is not None and bool(core.read_namespaced_pod("p", ns).spec.node_name), 60), controlplane.log_tail(f"kube-scheduler#{name}")
+        assert wait_until(
+            lambda: allocated() is not None and bool(core.read_namespaced_pod("p", ns).spec.node_name), 60
+        ), controlplane.log_tail(f"kube-scheduler#{name}")
         (result,) = allocated().devices.results
-        assert (result.pool, result.device, core.read_namespaced_pod("p", ns).spec.node_name) == (tight.name, "gpu-0", tight.name)
+        assert (result.pool, result.device, core.read_namespaced_pod("p", ns).spec.node_name) == (
+            tight.name,
+            "gpu-0",
+            tight.name,
+        )
         assert service.metrics.requests.labels("all-prioritize", "ok")._value.get() >= 1
     finally:
         controlplane.stop_process(f"kube-scheduler#{name}")
         service.stop()
 
 
-def test_a_reservation_is_made_only_for_the_scheduler_and_ends_when_its_pod_binds_elsewhere_or_is_deleted(controlplane: Any, tmp_path: Path) -> None:
+def test_a_reservation_is_made_only_for_the_scheduler_and_ends_when_its_pod_binds_elsewhere_or_is_deleted(
+    controlplane: Any, tmp_path: Path
+) -> None:
     """Over the API server: a filter with the scheduler's certificate reserves the pod's shares on the nodes it passed;
     one without a certificate is refused and reserves nothing; binding the pod to another node (another scheduler,
     say) and deleting a pod each end the reservation, seen through the extender's pod watch."""
@@ -253,7 +302,10 @@ def test_a_reservation_is_made_only_for_the_scheduler_and_ends_when_its_pod_bind
     scheduler, anonymous = client_context(pki, pki), client_context(pki, None)
 
     def filter_call(context: Any, name: str) -> tuple[int, str]:
-        body = {"Pod": api.sanitize_for_serialization(core.read_namespaced_pod(name, ns)), "NodeNames": [nodes[0].name, nodes[1].name]}
+        body = {
+            "Pod": api.sanitize_for_serialization(core.read_namespaced_pod(name, ns)),
+            "NodeNames": [nodes[0].name, nodes[1].name],
+        }
         return call(service.server.port, context, "POST", "/filter", body)
 
     def reservations() -> int:
@@ -262,15 +314,23 @@ def test_a_reservation_is_made_only_for_the_scheduler_and_ends_when_its_pod_bind
     try:
         assert wait_until(lambda: service.watch.ready()[0], 30), service.watch.ready()
         for name in ("binds", "deleted"):
-            core.create_namespaced_pod(ns, share_pod_body(name, 6, 100, 64, "no-scheduler", labels))  # no scheduler of that name runs
+            core.create_namespaced_pod(
+                ns, share_pod_body(name, 6, 100, 64, "no-scheduler", labels)
+            )  # no scheduler of that name runs
         status, text = filter_call(anonymous, "binds")
         assert status == 401 and reservations() == 0
         status, text = filter_call(scheduler, "binds")
-        assert status == 200 and yaml.safe_load(text)["NodeNames"] == [nodes[0].name, nodes[1].name] and reservations() == 1
+        assert (
+            status == 200
+            and yaml.safe_load(text)["NodeNames"] == [nodes[0].name, nodes[1].name]
+            and reservations() == 1
+        )
         # Reserved: the other pod's 6 of 10 shares no longer fit beside it on either node.
         assert yaml.safe_load(filter_call(scheduler, "deleted")[1])["NodeNames"] == [] and reservations() == 1
         binding = {"metadata": {"name": "binds"}, "target": {"apiVersion": "v1", "kind": "Node", "name": nodes[2].name}}
-        core.create_namespaced_pod_binding("binds", ns, binding, _preload_content=False)  # the client cannot read the answer back
+        core.create_namespaced_pod_binding(
+            "binds", ns, binding, _preload_content=False
+        )  # the client cannot read the answer back
         assert wait_until(lambda: reservations() == 0, 30)
         status, text = filter_call(scheduler, "deleted")
         assert yaml.safe_load(text)["NodeNames"] == [nodes[0].name, nodes[1].name] and reservations() == 1
@@ -310,22 +370,36 @@ def test_the_documented_commands_create_the_secrets_the_shipped_pods_mount(contr
     flags = dict(a.split("=", 1) for a in spec["containers"][0]["args"] if "=" in a)
     mount = spec["containers"][0]["volumeMounts"][0]["mountPath"] + "/"
     files = tmp_path / "mounted"
-    for secret_name, folder in ((spec["volumes"][0]["secret"]["secretName"], "extender"), ("gpu-share-scheduler-tls", "scheduler")):
+    for secret_name, folder in (
+        (spec["volumes"][0]["secret"]["secretName"], "extender"),
+        ("gpu-share-scheduler-tls", "scheduler"),
+    ):
         data = core.read_namespaced_secret(secret_name, ns).data
         assert set(data) == {"tls.crt", "tls.key", "ca.crt"}
         (files / folder).mkdir(parents=True)
         for key, value in data.items():
             (files / folder / key).write_bytes(base64.b64decode(value))
-    tls = TLSSettings(*(str(files / "extender" / flags[f].removeprefix(mount)) for f in ("--tls-cert-file", "--tls-private-key-file", "--client-ca-file")),
-                      frozenset(flags["--client-names"].split(",")))
-    config = yaml.safe_load((ROOT / "daemonset/extender/scheduler/kube-scheduler-config.yaml").read_text())["extenders"][0]["tlsConfig"]
+    tls = TLSSettings(
+        *(
+            str(files / "extender" / flags[f].removeprefix(mount))
+            for f in ("--tls-cert-file", "--tls-private-key-file", "--client-ca-file")
+        ),
+        frozenset(flags["--client-names"].split(",")),
+    )
+    config = yaml.safe_load((ROOT / "daemonset/extender/scheduler/kube-scheduler-config.yaml").read_text())[
+        "extenders"
+    ][0]["tlsConfig"]
     assert config["serverName"] == SERVER_NAME
     context = ssl.create_default_context(cafile=str(files / "scheduler" / Path(config["caFile"]).name))
-    context.load_cert_chain(files / "scheduler" / Path(config["certFile"]).name, files / "scheduler" / Path(config["keyFile"]).name)
+    context.load_cert_chain(
+        files / "scheduler" / Path(config["certFile"]).name, files / "scheduler" / Path(config["keyFile"]).name
+    )
     server = ServerTLS(tls)
     listener = socket.create_server(("127.0.0.1", 0))
     accepted: list[Any] = []
-    thread = threading.Thread(target=lambda: accepted.append(server.handshake(listener.accept()[0], 5, lambda waited: False)))
+    thread = threading.Thread(
+        target=lambda: accepted.append(server.handshake(listener.accept()[0], 5, lambda waited: False))
+    )
     thread.start()
     with context.wrap_socket(socket.create_connection(listener.getsockname()), server_hostname=config["serverName"]):
         thread.join(10)

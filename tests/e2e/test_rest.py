@@ -23,11 +23,18 @@ from deviceplugin.kube.watch import ResponseTooLarge, watch_events
 
 
 def _kubeconfig(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": cluster}], "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
     return path
 
 
@@ -50,7 +57,12 @@ def test_every_verb_with_a_token_kubeconfig(controlplane: Any) -> None:
     assert [m["metadata"]["name"] for m in api.list(maps, field_selector="metadata.name=m4")["items"]] == ["m4"]
     api.patch(f"{maps}/m0", {"data": {"merge": "1"}}, "merge")
     api.patch(f"{maps}/m0", {"data": {"strategic": "1"}}, "strategic")
-    applied = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m0", "namespace": ns}, "data": {"apply": "1"}}
+    applied = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "m0", "namespace": ns},
+        "data": {"apply": "1"},
+    }
     api.patch(f"{maps}/m0", applied, "apply", field_manager="rest-test", force=True)
     assert api.get(f"{maps}/m0")["data"] == {"i": "0", "merge": "1", "strategic": "1", "apply": "1"}
     version = api.list(maps)["metadata"]["resourceVersion"]
@@ -76,19 +88,46 @@ def test_client_certificates_and_a_verified_ca_from_data_fields(controlplane: An
     def data(name: str) -> str:
         return base64.b64encode((pki / name).read_bytes()).decode()
 
-    path = _kubeconfig(tmp_path / "certs.kubeconfig", {"server": controlplane.server, "certificate-authority-data": data("ca.crt")},
-                       {"client-certificate-data": data("admin.crt"), "client-key-data": data("admin.key")})
+    path = _kubeconfig(
+        tmp_path / "certs.kubeconfig",
+        {"server": controlplane.server, "certificate-authority-data": data("ca.crt")},
+        {"client-certificate-data": data("admin.crt"), "client-key-data": data("admin.key")},
+    )
     connection = load_kubeconfig(path)
     assert connection.verify and connection.ca_file and connection.cert_file
     assert RestClient(connection).get("/version")["major"]
-    files = _kubeconfig(tmp_path / "files.kubeconfig", {"server": controlplane.server, "certificate-authority": str(pki / "ca.crt")},
-                        {"client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")})
+    files = _kubeconfig(
+        tmp_path / "files.kubeconfig",
+        {"server": controlplane.server, "certificate-authority": str(pki / "ca.crt")},
+        {"client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")},
+    )
     assert RestClient(load_kubeconfig(files)).get("/version")["major"]
     other_ca = tmp_path / "other-ca.crt"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / "k"), "-out", str(other_ca),
-                    "-days", "1", "-subj", "/CN=other"], check=True, capture_output=True)
-    wrong = _kubeconfig(tmp_path / "wrong.kubeconfig", {"server": controlplane.server, "certificate-authority": str(other_ca)},
-                        {"token": controlplane.admin_token})
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(tmp_path / "k"),
+            "-out",
+            str(other_ca),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=other",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    wrong = _kubeconfig(
+        tmp_path / "wrong.kubeconfig",
+        {"server": controlplane.server, "certificate-authority": str(other_ca)},
+        {"token": controlplane.admin_token},
+    )
     with pytest.raises(ApiError, match="CERTIFICATE_VERIFY_FAILED"):
         RestClient(load_kubeconfig(wrong)).get("/version")
 
@@ -96,7 +135,9 @@ def test_client_certificates_and_a_verified_ca_from_data_fields(controlplane: An
 def test_a_token_file_is_read_again_when_it_changes(controlplane: Any, tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("not-a-token\n")
-    path = _kubeconfig(tmp_path / "k", {"server": controlplane.server, "insecure-skip-tls-verify": True}, {"tokenFile": str(token)})
+    path = _kubeconfig(
+        tmp_path / "k", {"server": controlplane.server, "insecure-skip-tls-verify": True}, {"tokenFile": str(token)}
+    )
     api = RestClient(load_kubeconfig(path))
     with pytest.raises(ApiError) as refused:
         api.get("/api/v1/namespaces/default")
@@ -105,8 +146,14 @@ def test_a_token_file_is_read_again_when_it_changes(controlplane: Any, tmp_path:
     assert api.get("/api/v1/namespaces/default")["metadata"]["name"] == "default"
 
 
-@pytest.mark.parametrize("user, field", [({"exec": {"command": "x"}}, "exec"), ({"auth-provider": {"name": "gcp"}}, "auth-provider"),
-                                         ({"username": "a", "password": "b"}, "password")])
+@pytest.mark.parametrize(
+    "user, field",
+    [
+        ({"exec": {"command": "x"}}, "exec"),
+        ({"auth-provider": {"name": "gcp"}}, "auth-provider"),
+        ({"username": "a", "password": "b"}, "password"),
+    ],
+)
 def test_unsupported_kubeconfig_fields_are_refused_by_name(tmp_path: Path, user: dict[str, Any], field: str) -> None:
     path = _kubeconfig(tmp_path / "k", {"server": "https://127.0.0.1:1"}, user)
     with pytest.raises(ApiAccessError, match=f"user field '{field}' is not supported"):
@@ -239,7 +286,9 @@ def test_the_extenders_list_pages_are_bounded_by_bytes(controlplane: Any, monkey
     for i in range(6):
         admin.create(f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": f"m{i}"}, "data": {"x": "y" * 4000}})
     listed: list[dict[str, Any]] = []
-    every = watch.ResourceWatch("configmaps", admin, f"/api/v1/namespaces/{ns}/configmaps", listed.extend, lambda kind, obj: None)
+    every = watch.ResourceWatch(
+        "configmaps", admin, f"/api/v1/namespaces/{ns}/configmaps", listed.extend, lambda kind, obj: None
+    )
     monkeypatch.setattr(watch, "MAX_PAGE_BYTES", 10_000)  # two of these ConfigMaps, not 500
     every._list()
     assert sorted(m["metadata"]["name"] for m in listed) == [f"m{i}" for i in range(6)]

@@ -58,8 +58,12 @@ def test_plugin_on_real_gpus_allocates_a_share(nvml, kubelet, plugin_dir):
         assert kubelet.wait_for(registered("example.com/gpu-share"), timeout=10)
         expected = 10 * sum(len(g.mig_devices) or 1 for g in node.gpus)
         assert kubelet.resources()["example.com/gpu-share"].capacity == expected
-        envs = kubelet.admit(Pod("p", [Container("c", {"example.com/gpu-share": 2})]))["c"]["example.com/gpu-share"].envs
-        assert envs["NVIDIA_VISIBLE_DEVICES"].split(",")[0] in {u for g in node.gpus for u in [g.uuid, *(m.uuid for m in g.mig_devices)]}
+        envs = kubelet.admit(Pod("p", [Container("c", {"example.com/gpu-share": 2})]))["c"][
+            "example.com/gpu-share"
+        ].envs
+        assert envs["NVIDIA_VISIBLE_DEVICES"].split(",")[0] in {
+            u for g in node.gpus for u in [g.uuid, *(m.uuid for m in g.mig_devices)]
+        }
     finally:
         manager.stop()
 
@@ -74,10 +78,18 @@ def test_discover_command_on_real_gpus(nvml):
 def test_discover_json_of_real_gpus_is_a_node_file(nvml, tmp_path):
     """The capture of a real node is accepted by --node and reads back the same (MIG layouts, links, health)."""
     capture = tmp_path / "node.json"
-    capture.write_text(subprocess.run([*GPU_CLI, "discover", "--json"], capture_output=True, text=True, timeout=60, check=True).stdout)
-    again = subprocess.run([*GPU_CLI, "discover", "--node", str(capture), "--json"], capture_output=True, text=True, timeout=60)
+    capture.write_text(
+        subprocess.run([*GPU_CLI, "discover", "--json"], capture_output=True, text=True, timeout=60, check=True).stdout
+    )
+    again = subprocess.run(
+        [*GPU_CLI, "discover", "--node", str(capture), "--json"], capture_output=True, text=True, timeout=60
+    )
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == json.loads(capture.read_text())
-    check = subprocess.run([*GPU_CLI, "config", "check", str(ROOT / "examples" / "config" / "default.yaml"), "--node", str(capture)],
-                           capture_output=True, text=True, timeout=60)
+    check = subprocess.run(
+        [*GPU_CLI, "config", "check", str(ROOT / "examples" / "config" / "default.yaml"), "--node", str(capture)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert check.returncode == 0, check.stdout + check.stderr

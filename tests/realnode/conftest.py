@@ -15,7 +15,9 @@ from tests.support.realnode import RealNode, cannot_run, scripts_dir
 def realnode(controlplane: Any) -> Iterator[RealNode]:
     scripts = scripts_dir()
     if scripts is None:
-        pytest.skip("needs a real node's scripts: set REALNODE_DIR to a directory with up.sh, down.sh, nsexec.sh (.ci/run does)")
+        pytest.skip(
+            "needs a real node's scripts: set REALNODE_DIR to a directory with up.sh, down.sh, nsexec.sh (.ci/run does)"
+        )
     reason = cannot_run()
     if reason:
         pytest.skip(f"this machine cannot start a real node: {reason}")

@@ -18,18 +18,29 @@ from tests.support.fake_pynvml import MIB, FakeGpu, FakeMig, FakeNvml
 
 UUIDS = ("GPU-8a2f4c1d-3b5e-4f60-a7c8-0000000000a0", "GPU-8a2f4c1d-3b5e-4f60-a7c8-0000000000a1")
 T4_MIB = 15360
-KINDS = ("GPU-8a2f4c1d-3b5e-4f60-a7c8-0000000000b0", "GPU-8a2f4c1d-3b5e-4f60-a7c8-0000000000b1", "GPU-8a2f4c1d-3b5e-4f60-a7c8-0000000000b2")
-MIGS = ("MIG-5c3d2e1f-0a9b-4c8d-8e7f-0000000000c1", "MIG-5c3d2e1f-0a9b-4c8d-8e7f-0000000000c2")  # GI 1 and 2 of KINDS[1]
+KINDS = (
+    "GPU-8a2f4c1d-3b5e-4f60-a7c8-0000000000b0",
+    "GPU-8a2f4c1d-3b5e-4f60-a7c8-0000000000b1",
+    "GPU-8a2f4c1d-3b5e-4f60-a7c8-0000000000b2",
+)
+MIGS = (
+    "MIG-5c3d2e1f-0a9b-4c8d-8e7f-0000000000c1",
+    "MIG-5c3d2e1f-0a9b-4c8d-8e7f-0000000000c2",
+)  # GI 1 and 2 of KINDS[1]
 
 
 def t4(uuid: str, slot: int) -> FakeGpu:
-    return FakeGpu(uuid=uuid, name="Tesla T4", memory_mib=T4_MIB, bus_id=f"00000000:{0x3B + slot:02X}:00.0", capability=(7, 5))
+    return FakeGpu(
+        uuid=uuid, name="Tesla T4", memory_mib=T4_MIB, bus_id=f"00000000:{0x3B + slot:02X}:00.0", capability=(7, 5)
+    )
 
 
 def gpus(layout: str) -> list[FakeGpu]:
     if layout == "kinds":
         migs = {i: FakeMig(uuid=u, profile="3g.40gb", memory_mib=40192, gi=i + 1) for i, u in enumerate(MIGS)}
-        a100 = FakeGpu(uuid=KINDS[1], name="NVIDIA A100-SXM4-80GB", memory_mib=81920, bus_id="00000000:3C:00.0", mig=migs)
+        a100 = FakeGpu(
+            uuid=KINDS[1], name="NVIDIA A100-SXM4-80GB", memory_mib=81920, bus_id="00000000:3C:00.0", mig=migs
+        )
         return [t4(KINDS[0], 0), a100, t4(KINDS[2], 2)]
     return [t4(u, i) for i, u in enumerate(UUIDS)]
 
@@ -47,7 +58,12 @@ class FileProcesses(FakeNvml):
             table = json.loads(self.path.read_text())
         except (OSError, ValueError):
             table = {}
-        return [types.SimpleNamespace(pid=pid, usedGpuMemory=mib * MIB, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF) for pid, mib in table.get(gpu.uuid, [])]
+        return [
+            types.SimpleNamespace(
+                pid=pid, usedGpuMemory=mib * MIB, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF
+            )
+            for pid, mib in table.get(gpu.uuid, [])
+        ]
 
 
 def main() -> int:

@@ -44,10 +44,25 @@ class Plugin:
 
         self.port = free_port()
         self.proc = self.node.nsexec(
-            sys.executable, "-m", "tests.realnode.fake_nvml_run", str(self.processes), "run",
-            "--config", str(self.config), "--kubeconfig", str(self.node.cp.admin_kubeconfig),
-            "--metrics-port", str(self.port), "--metrics-bind-address", "127.0.0.1", "--pod-resources-interval", "0.2",
-            "--health-interval", "0.2", "--reload-interval", "0.2",
+            sys.executable,
+            "-m",
+            "tests.realnode.fake_nvml_run",
+            str(self.processes),
+            "run",
+            "--config",
+            str(self.config),
+            "--kubeconfig",
+            str(self.node.cp.admin_kubeconfig),
+            "--metrics-port",
+            str(self.port),
+            "--metrics-bind-address",
+            "127.0.0.1",
+            "--pod-resources-interval",
+            "0.2",
+            "--health-interval",
+            "0.2",
+            "--reload-interval",
+            "0.2",
             log=self.work / "plugin.log",
         )
 
@@ -79,7 +94,11 @@ def namespace(core: client.CoreV1Api) -> str:
 
 
 def config(policy: str, replicas: int = 10) -> dict[str, Any]:
-    return {"version": "v1", "memoryWatchdog": {"policy": policy}, "pools": [{"name": "default", "mode": "shared", "resource": "gpu-share", "replicas": replicas}]}
+    return {
+        "version": "v1",
+        "memoryWatchdog": {"policy": policy},
+        "pools": [{"name": "default", "mode": "shared", "resource": "gpu-share", "replicas": replicas}],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -98,17 +117,27 @@ def plugin(realnode: RealNode, tmp_path_factory: pytest.TempPathFactory, core: c
 
 def pod_spec(name: str, shares: int, command: str = "env; sleep 3600", **extra: Any) -> dict[str, Any]:
     container = {
-        "name": "main", "image": "local/busybox:1.35", "imagePullPolicy": "Never", "command": ["sh", "-c", command],
+        "name": "main",
+        "image": "local/busybox:1.35",
+        "imagePullPolicy": "Never",
+        "command": ["sh", "-c", command],
         "resources": {"limits": {RESOURCE: str(shares)}},
     }
     return {
         "metadata": {"name": name},
-        "spec": {"containers": [container], "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
-                 "automountServiceAccountToken": False, **extra},
+        "spec": {
+            "containers": [container],
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "automountServiceAccountToken": False,
+            **extra,
+        },
     }
 
 
-def run_pod(core: client.CoreV1Api, realnode: RealNode, namespace: str, name: str, shares: int, command: str = "env; sleep 3600") -> client.V1Pod:
+def run_pod(
+    core: client.CoreV1Api, realnode: RealNode, namespace: str, name: str, shares: int, command: str = "env; sleep 3600"
+) -> client.V1Pod:
     body = pod_spec(name, shares, command, nodeName=realnode.name)
     core.create_namespaced_pod(namespace, body)
 
@@ -145,7 +174,9 @@ def test_three_shares_reach_the_container_as_one_gpu(realnode, core, namespace, 
     delete_pod(core, namespace, "three")
 
 
-def test_the_kubelets_checkpoint_has_the_shape_the_built_in_kubelet_writes_and_the_plugin_reads(realnode, core, namespace, plugin):
+def test_the_kubelets_checkpoint_has_the_shape_the_built_in_kubelet_writes_and_the_plugin_reads(
+    realnode, core, namespace, plugin
+):
     import base64
 
     from deviceplugin.agent.holds import CHECKPOINT, read_checkpoint
@@ -190,7 +221,11 @@ def test_the_watchdog_leaves_a_container_under_its_limit_and_kills_one_over_it(r
     table: dict[str, list[list[int]]] = {u: [] for u in UUIDS}
 
     def both() -> dict[str, str] | None:
-        gpus = {labels["pod"]: labels["uuid"] for labels, _ in plugin.series("gpushare_container_shares") if labels["pod"] in ("under", "over")}
+        gpus = {
+            labels["pod"]: labels["uuid"]
+            for labels, _ in plugin.series("gpushare_container_shares")
+            if labels["pod"] in ("under", "over")
+        }
         return gpus if len(gpus) == 2 else None
 
     gpu_of = wait_for(both, 30)
@@ -200,7 +235,11 @@ def test_the_watchdog_leaves_a_container_under_its_limit_and_kills_one_over_it(r
     plugin.processes.write_text(json.dumps(table))
 
     def over_limit() -> dict[str, float]:
-        return {labels["pod"]: value for labels, value in plugin.series("gpushare_container_over_limit") if labels["pod"] in ("under", "over")}
+        return {
+            labels["pod"]: value
+            for labels, value in plugin.series("gpushare_container_over_limit")
+            if labels["pod"] in ("under", "over")
+        }
 
     wait_for(lambda: over_limit().get("over") == 1.0, 30)  # policy report: reported...
     assert over_limit().get("under", 0.0) == 0.0
@@ -241,7 +280,10 @@ def test_a_plugin_restart_keeps_the_running_pod_and_its_gpu(realnode, core, name
     run_pod(core, realnode, namespace, "kept", 2)
 
     def gpu() -> str | None:
-        return next((labels["uuid"] for labels, _ in plugin.series("gpushare_container_shares") if labels["pod"] == "kept"), None)
+        return next(
+            (labels["uuid"] for labels, _ in plugin.series("gpushare_container_shares") if labels["pod"] == "kept"),
+            None,
+        )
 
     before = wait_for(gpu, 30)
     plugin.stop()
@@ -278,12 +320,18 @@ def test_a_reload_leaves_alone_the_gpu_an_init_container_holds(realnode, core, n
     wait_for(lambda: pending() == 0.0, 30)
     plugin.config.write_text(yaml.safe_dump(config("report", replicas=4)))  # a new shape for both GPUs
     try:
-        capacity = wait_for(lambda: (c := core.read_node(realnode.name).status.capacity.get(RESOURCE)) in ("8", "14") and c, 60)
-        assert capacity == "14", "the GPU the init container holds switched to 4 shares"  # one switched, the held one waits
+        capacity = wait_for(
+            lambda: (c := core.read_node(realnode.name).status.capacity.get(RESOURCE)) in ("8", "14") and c, 60
+        )
+        assert capacity == "14", (
+            "the GPU the init container holds switched to 4 shares"
+        )  # one switched, the held one waits
         assert pending() == 1.0
         assert init_running()
         delete_pod(core, namespace, "initholder")
-        wait_for(lambda: pending() == 0.0 and core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "8", 60)  # released: it switches
+        wait_for(
+            lambda: pending() == 0.0 and core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "8", 60
+        )  # released: it switches
     finally:
         delete_pod(core, namespace, "initholder")
         plugin.config.write_text(yaml.safe_dump(config("report")))
@@ -294,7 +342,9 @@ def test_deleted_pods_free_their_shares(realnode, core, namespace, plugin):
     """Every test above deleted its pods: two pods of a whole GPU's 10 shares each both start."""
     run_pod(core, realnode, namespace, "full-a", 10)
     run_pod(core, realnode, namespace, "full-b", 10)
-    gpus = {wait_for(lambda n=n: env_of(core, namespace, n).get("NVIDIA_VISIBLE_DEVICES"), 30) for n in ("full-a", "full-b")}
+    gpus = {
+        wait_for(lambda n=n: env_of(core, namespace, n).get("NVIDIA_VISIBLE_DEVICES"), 30) for n in ("full-a", "full-b")
+    }
     assert gpus == set(UUIDS)
     delete_pod(core, namespace, "full-a")
     delete_pod(core, namespace, "full-b")

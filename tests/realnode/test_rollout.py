@@ -29,7 +29,9 @@ from tests.realnode.fake_nvml_run import UUIDS
 from tests.support.realnode import RealNode, delete_pod, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMESPACE = f"rn-gpu-share-{uuid.uuid4().hex[:6]}"  # the kustomization's namespace, renamed: a deleted namespace lingers
+NAMESPACE = (
+    f"rn-gpu-share-{uuid.uuid4().hex[:6]}"  # the kustomization's namespace, renamed: a deleted namespace lingers
+)
 RESOURCE = "example.com/gpu-share"
 PROFILE = {"example.com/gpu-share.config": "inference"}  # memoryPerShare 4Gi: 3 shares of each T4
 OPT_IN = {"example.com/gpu-share.enabled": "true", "nvidia.com/gpu.present": "true"}
@@ -38,7 +40,13 @@ PYTHON_PREFIX = Path(sys.base_prefix)
 
 def shipped(cp: Any) -> list[dict[str, Any]]:
     """The kustomization's objects, the DaemonSet changed as the module docstring says."""
-    rendered = subprocess.run([str(cp.bin / "kubectl"), "kustomize", str(ROOT / "daemonset")], capture_output=True, text=True, check=True, timeout=60).stdout
+    rendered = subprocess.run(
+        [str(cp.bin / "kubectl"), "kustomize", str(ROOT / "daemonset")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     objects = [o for o in yaml.safe_load_all(rendered) if o and not o["kind"].startswith("ValidatingAdmissionPolicy")]
     for obj in objects:  # as `namespace:` in an overlay would: the objects, the Namespace, the bindings' subjects
         meta = obj["metadata"]
@@ -57,17 +65,34 @@ def shipped(cp: Any) -> list[dict[str, Any]]:
     plugin["command"] = [f"{ROOT}/.venv/bin/python", "-m", "tests.realnode.fake_nvml_run", "/tmp/processes.json", "run"]
     plugin["workingDir"] = str(ROOT)
     server = urlparse(cp.server)
-    plugin["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": server.hostname}, {"name": "KUBERNETES_SERVICE_PORT", "value": str(server.port)}]
-    mounts = {"host-usr": ("/usr", "/usr"), "host-lib": ("/usr/lib", "/lib"), "host-lib64": ("/usr/lib64", "/lib64"),
-              "host-python": (str(PYTHON_PREFIX), str(PYTHON_PREFIX)), "project": (str(ROOT), str(ROOT)), "tmp": (None, "/tmp")}
+    plugin["env"] += [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": server.hostname},
+        {"name": "KUBERNETES_SERVICE_PORT", "value": str(server.port)},
+    ]
+    mounts = {
+        "host-usr": ("/usr", "/usr"),
+        "host-lib": ("/usr/lib", "/lib"),
+        "host-lib64": ("/usr/lib64", "/lib64"),
+        "host-python": (str(PYTHON_PREFIX), str(PYTHON_PREFIX)),
+        "project": (str(ROOT), str(ROOT)),
+        "tmp": (None, "/tmp"),
+    }
     for name, (host, path) in mounts.items():
-        pod["volumes"].append({"name": name, **({"hostPath": {"path": host, "type": "Directory"}} if host else {"emptyDir": {}})})
+        pod["volumes"].append(
+            {"name": name, **({"hostPath": {"path": host, "type": "Directory"}} if host else {"emptyDir": {}})}
+        )
         plugin["volumeMounts"].append({"name": name, "mountPath": path, "readOnly": host is not None})
     return objects
 
 
 def kubectl(cp: Any, *args: str, stdin: str | None = None) -> str:
-    done = subprocess.run([str(cp.bin / "kubectl"), f"--kubeconfig={cp.admin_kubeconfig}", *args], input=stdin, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(cp.bin / "kubectl"), f"--kubeconfig={cp.admin_kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -128,7 +153,17 @@ def rollout(realnode: RealNode, core: client.CoreV1Api) -> Iterator[str]:
     finally:
         try:  # the DaemonSet and its pod first, then the rest; the namespaces are not waited for (the namespace
             # controller may have a queue of other tests' namespaces to delete first)
-            kubectl(cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-n", NAMESPACE, "daemonset", "gpu-share")
+            kubectl(
+                cp,
+                "delete",
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=120s",
+                "-n",
+                NAMESPACE,
+                "daemonset",
+                "gpu-share",
+            )
             wait_for(lambda: not core.list_namespaced_pod(NAMESPACE).items, 120)
             kubectl(cp, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=manifest)
             core.delete_namespace(ns)
@@ -140,17 +175,39 @@ def rollout(realnode: RealNode, core: client.CoreV1Api) -> Iterator[str]:
 
 def plugin_pod(core: client.CoreV1Api) -> client.V1Pod | None:
     pods = core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=gpu-share").items
-    ready = [p for p in pods if p.metadata.deletion_timestamp is None and p.status.phase == "Running"
-             and all(c.ready for c in p.status.container_statuses or [])]
+    ready = [
+        p
+        for p in pods
+        if p.metadata.deletion_timestamp is None
+        and p.status.phase == "Running"
+        and all(c.ready for c in p.status.container_statuses or [])
+    ]
     return ready[0] if len(ready) == 1 else None
 
 
 def share_pod(core: client.CoreV1Api, realnode: RealNode, ns: str, name: str, shares: int) -> dict[str, str]:
     """A pod of `shares` shares, running; its GPU environment."""
-    core.create_namespaced_pod(ns, {"metadata": {"name": name}, "spec": {
-        "nodeName": realnode.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": 0, "automountServiceAccountToken": False,
-        "containers": [{"name": "main", "image": "local/busybox:1.35", "imagePullPolicy": "Never", "command": ["sh", "-c", "env; sleep 3600"],
-                        "resources": {"limits": {RESOURCE: str(shares)}}}]}})
+    core.create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": realnode.name,
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 0,
+                "automountServiceAccountToken": False,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "local/busybox:1.35",
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "env; sleep 3600"],
+                        "resources": {"limits": {RESOURCE: str(shares)}},
+                    }
+                ],
+            },
+        },
+    )
 
     def printed() -> dict[str, str] | None:
         pod = core.read_namespaced_pod(name, ns)
@@ -173,18 +230,24 @@ def test_a_rolling_update_of_the_shipped_daemonset_keeps_running_pods_and_books_
         new = wait_for(lambda: (p := plugin_pod(core)) and p.metadata.uid != old.metadata.uid and p, 120)
         wait_for(lambda: core.read_node(realnode.name).status.allocatable.get(RESOURCE) == "6", 60)
     assert len(sockets.gaps) == 1, sockets.gaps  # one gap: the old pod's sockets went, the new pod's came
-    print(f"\nrolling update: no device plugin socket for {sockets.gaps[0] * 1000:.0f} ms "
-          f"(old pod {old.metadata.name} -> new pod {new.metadata.name})")
+    print(
+        f"\nrolling update: no device plugin socket for {sockets.gaps[0] * 1000:.0f} ms "
+        f"(old pod {old.metadata.name} -> new pod {new.metadata.name})"
+    )
     for name in held:
         status = core.read_namespaced_pod(name, rollout).status
         assert status.phase == "Running" and status.container_statuses[0].restart_count == 0
     # The new plugin knows what the old one granted: the node's other 3 shares go to pods, each within one GPU,
     # and no GPU ends up with more than its 3 shares.
-    after = {name: share_pod(core, realnode, rollout, name, shares) for name, shares in (("after-2", 2), ("after-1", 1))}
+    after = {
+        name: share_pod(core, realnode, rollout, name, shares) for name, shares in (("after-2", 2), ("after-1", 1))
+    }
     per_gpu: dict[str, int] = {}
     for env in (*held.values(), *after.values()):
         assert env["NVIDIA_VISIBLE_DEVICES"] in UUIDS  # one GPU per container
-        per_gpu[env["NVIDIA_VISIBLE_DEVICES"]] = per_gpu.get(env["NVIDIA_VISIBLE_DEVICES"], 0) + int(env["GPU_SHARE_COUNT"])
+        per_gpu[env["NVIDIA_VISIBLE_DEVICES"]] = per_gpu.get(env["NVIDIA_VISIBLE_DEVICES"], 0) + int(
+            env["GPU_SHARE_COUNT"]
+        )
     assert sorted(per_gpu.values()) == [3, 3], per_gpu
     for name in (*held, *after):
         delete_pod(core, rollout, name)

@@ -90,32 +90,49 @@ class ControlPlane:
         self._spawn(
             "etcd",
             [
-                "--name=gs", f"--data-dir={work / 'etcd'}", f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+                "--name=gs",
+                f"--data-dir={work / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
                 f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
-                "--unsafe-no-fsync", "--log-level=warn",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
             ],
         )
         self.server = f"https://127.0.0.1:{api_port}"
         self._spawn(
             "kube-apiserver",
             [
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={api_port}",
-                f"--etcd-servers=http://127.0.0.1:{etcd_port}", f"--tls-cert-file={work / 'pki' / 'server.crt'}", f"--tls-private-key-file={work / 'pki' / 'server.key'}",
-                f"--token-auth-file={work / 'tokens.csv'}", "--authorization-mode=Node,RBAC", "--anonymous-auth=false",
-                f"--service-account-key-file={work / 'sa.key'}", f"--service-account-signing-key-file={work / 'sa.key'}",
-                "--service-account-issuer=https://kubernetes.default.svc", "--api-audiences=https://kubernetes.default.svc",
-                "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-                "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy", "--profiling=false", "--v=1",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                f"--tls-cert-file={work / 'pki' / 'server.crt'}",
+                f"--tls-private-key-file={work / 'pki' / 'server.key'}",
+                f"--token-auth-file={work / 'tokens.csv'}",
+                "--authorization-mode=Node,RBAC",
+                "--anonymous-auth=false",
+                f"--service-account-key-file={work / 'sa.key'}",
+                f"--service-account-signing-key-file={work / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--api-audiences=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--allow-privileged=true",
+                "--enable-admission-plugins=NodeRestriction,ValidatingAdmissionPolicy",
+                "--profiling=false",
+                "--v=1",
                 # a real kubelet (tests/realnode) signs in with a client cert of this CA and accepts the admin's
                 f"--client-ca-file={work / 'pki' / 'ca.crt'}",
-                f"--kubelet-client-certificate={work / 'pki' / 'admin.crt'}", f"--kubelet-client-key={work / 'pki' / 'admin.key'}",
+                f"--kubelet-client-certificate={work / 'pki' / 'admin.crt'}",
+                f"--kubelet-client-key={work / 'pki' / 'admin.key'}",
                 "--kubelet-preferred-address-types=Hostname,InternalIP",
             ],
         )
         self.admin_kubeconfig = work / "admin.kubeconfig"
         self.admin_kubeconfig.write_text(yaml.safe_dump(_kubeconfig(self.server, "gs-admin", self.admin_token)))
         self.scheduler_kubeconfig = work / "scheduler.kubeconfig"
-        self.scheduler_kubeconfig.write_text(yaml.safe_dump(_kubeconfig(self.server, "system:kube-scheduler", scheduler_token)))
+        self.scheduler_kubeconfig.write_text(
+            yaml.safe_dump(_kubeconfig(self.server, "system:kube-scheduler", scheduler_token))
+        )
         self._wait_ready(timeout)
 
     @staticmethod
@@ -123,19 +140,95 @@ class ControlPlane:
         """A CA (ca.crt/ca.key: it signs a real kubelet's client cert) that also signed the server's cert and an admin
         client cert in system:masters (the API server's own client cert to kubelets)."""
         pki.mkdir()
+
         def ssl_(*args: str) -> None:
             subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=pki)
-        ssl_("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "365", "-subj", "/CN=gs-test-ca")
-        ssl_("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "admin.key", "-out", "admin.csr", "-subj", "/O=system:masters/CN=gs-kubelet-client")
-        (pki / "client.ext").write_text("basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n")
-        ssl_("x509", "-req", "-in", "admin.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "admin.crt", "-days", "365", "-extfile", "client.ext")
-        ssl_("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=kube-apiserver")
-        (pki / "server.ext").write_text("basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n")
-        ssl_("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "server.crt", "-days", "365", "-extfile", "server.ext")
+
+        ssl_(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "365",
+            "-subj",
+            "/CN=gs-test-ca",
+        )
+        ssl_(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "admin.key",
+            "-out",
+            "admin.csr",
+            "-subj",
+            "/O=system:masters/CN=gs-kubelet-client",
+        )
+        (pki / "client.ext").write_text(
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n"
+        )
+        ssl_(
+            "x509",
+            "-req",
+            "-in",
+            "admin.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "admin.crt",
+            "-days",
+            "365",
+            "-extfile",
+            "client.ext",
+        )
+        ssl_(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=kube-apiserver",
+        )
+        (pki / "server.ext").write_text(
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        )
+        ssl_(
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "365",
+            "-extfile",
+            "server.ext",
+        )
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.work / "logs" / f"{name}.log", "wb")
-        proc = subprocess.Popen([str(self.bin / name.split("#")[0]), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(self.bin / name.split("#")[0]), *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         self.procs[name] = proc
         return proc
@@ -144,7 +237,9 @@ class ControlPlane:
         context = ssl.create_default_context()
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
-        request = urllib.request.Request(self.server + "/readyz", headers={"Authorization": f"Bearer {self.admin_token}"})
+        request = urllib.request.Request(
+            self.server + "/readyz", headers={"Authorization": f"Bearer {self.admin_token}"}
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for name, proc in self.procs.items():

@@ -22,18 +22,38 @@ DRIVER = driver_name("example.com")
 MPS_POOLS = [{"name": "s", "mode": "shared", "replicas": 4, "backend": "mps", "mpsLimits": "proportional"}]
 
 
-def make_driver(directory: Path, pools: list[dict[str, Any]] | None = None, node_name: str = "2xT4", state: NodeState | None = None) -> Driver:
+def make_driver(
+    directory: Path, pools: list[dict[str, Any]] | None = None, node_name: str = "2xT4", state: NodeState | None = None
+) -> Driver:
     info = node(node_name)
     config = parse_config({"version": "v1", "pools": pools or MPS_POOLS})
     driver = Driver(
-        DRIVER, info.name, Checkpoint(directory / "claims"), CdiWriter(directory / "cdi", DRIVER), state or NodeState(), SerialLock(directory / "serialize.lock")
+        DRIVER,
+        info.name,
+        Checkpoint(directory / "claims"),
+        CdiWriter(directory / "cdi", DRIVER),
+        state or NodeState(),
+        SerialLock(directory / "serialize.lock"),
     )
     driver.on_config(config, resources_of(config, info))
     return driver
 
 
-def result(device: str, shares: int | None = None, request: str = "gpu", pool: str = "2xT4", driver: str = DRIVER, memory: str | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device, "shareID": str(uuid.uuid4())}
+def result(
+    device: str,
+    shares: int | None = None,
+    request: str = "gpu",
+    pool: str = "2xT4",
+    driver: str = DRIVER,
+    memory: str | None = None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "request": request,
+        "driver": driver,
+        "pool": pool,
+        "device": device,
+        "shareID": str(uuid.uuid4()),
+    }
     consumed = {}
     if shares is not None:
         consumed["shares"] = str(shares)
@@ -44,9 +64,14 @@ def result(device: str, shares: int | None = None, request: str = "gpu", pool: s
     return out
 
 
-def claim(results: list[dict[str, Any]], name: str = "c", namespace: str = "default", uid: str | None = None) -> tuple[ClaimRef, dict[str, Any]]:
+def claim(
+    results: list[dict[str, Any]], name: str = "c", namespace: str = "default", uid: str | None = None
+) -> tuple[ClaimRef, dict[str, Any]]:
     uid = uid or str(uuid.uuid4())
-    body = {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
+    body = {
+        "metadata": {"namespace": namespace, "name": name, "uid": uid},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
     return ClaimRef(namespace, name, uid), body
 
 

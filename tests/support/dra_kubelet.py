@@ -105,7 +105,9 @@ class FakeDraKubelet:
         """NodePrepareResources for (namespace, name, uid) claims: uid -> devices, or PrepareError."""
         driver = self._driver(driver_name)
         api = driver.api
-        request = api.NodePrepareResourcesRequest(claims=[api.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims])
+        request = api.NodePrepareResourcesRequest(
+            claims=[api.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]
+        )
         try:
             response = driver.stub().NodePrepareResources(request, timeout=CALL_TIMEOUT)
         except grpc.RpcError as err:
@@ -118,7 +120,9 @@ class FakeDraKubelet:
                 raise PrepareError(f"NodePrepareResources failed for ResourceClaim {uid}: {entry.error}")
             result[uid] = list(entry.devices)
         if len(result) < len({u for _, _, u in claims}):
-            raise PrepareError(f"NodePrepareResources skipped {len({u for _, _, u in claims}) - len(result)} ResourceClaims")
+            raise PrepareError(
+                f"NodePrepareResources skipped {len({u for _, _, u in claims}) - len(result)} ResourceClaims"
+            )
         return result
 
     def prepare_errors(self, driver_name: str, claims: list[tuple[str, str, str]]) -> dict[str, str]:
@@ -126,14 +130,17 @@ class FakeDraKubelet:
         driver = self._driver(driver_name)
         api = driver.api
         response = driver.stub().NodePrepareResources(
-            api.NodePrepareResourcesRequest(claims=[api.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]), timeout=CALL_TIMEOUT
+            api.NodePrepareResourcesRequest(claims=[api.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]),
+            timeout=CALL_TIMEOUT,
         )
         return {uid: entry.error for uid, entry in response.claims.items()}
 
     def unprepare(self, driver_name: str, claims: list[tuple[str, str, str]]) -> None:
         driver = self._driver(driver_name)
         api = driver.api
-        request = api.NodeUnprepareResourcesRequest(claims=[api.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims])
+        request = api.NodeUnprepareResourcesRequest(
+            claims=[api.Claim(namespace=ns, name=n, uid=u) for ns, n, u in claims]
+        )
         try:
             response = driver.stub().NodeUnprepareResources(request, timeout=CALL_TIMEOUT)
         except grpc.RpcError as err:
@@ -142,7 +149,9 @@ class FakeDraKubelet:
             if entry.error:
                 raise PrepareError(f"NodeUnprepareResources failed for ResourceClaim {uid}: {entry.error}")
         if len(response.claims) < len({u for _, _, u in claims}):
-            raise PrepareError(f"NodeUnprepareResources skipped {len({u for _, _, u in claims}) - len(response.claims)} ResourceClaims")
+            raise PrepareError(
+                f"NodeUnprepareResources skipped {len({u for _, _, u in claims}) - len(response.claims)} ResourceClaims"
+            )
 
     def _driver(self, name: str) -> Driver:
         with self._lock:
@@ -180,7 +189,9 @@ class FakeDraKubelet:
             except (grpc.RpcError, grpc.FutureTimeoutError, ValueError) as err:
                 self.refused[path] = str(err)
                 try:
-                    registration.NotifyRegistrationStatus(reg_pb.RegistrationStatus(plugin_registered=False, error=str(err)), timeout=5)
+                    registration.NotifyRegistrationStatus(
+                        reg_pb.RegistrationStatus(plugin_registered=False, error=str(err)), timeout=5
+                    )
                 except grpc.RpcError:
                     pass
                 return
@@ -202,7 +213,9 @@ class FakeDraKubelet:
         for version in info.supported_versions:
             if version in self.known:
                 return str(version)
-        raise ValueError(f"none of services supported by the plugin {list(info.supported_versions)} are supported by the kubelet")
+        raise ValueError(
+            f"none of services supported by the plugin {list(info.supported_versions)} are supported by the kubelet"
+        )
 
     def _deregister(self, path: Path) -> None:
         with self._lock:
@@ -219,9 +232,14 @@ class FakeDraKubelet:
                 if self.drivers.get(driver.name) is not driver:
                     return
             try:
-                for message in health_grpc.DRAResourceHealthStub(driver.channel).NodeWatchResources(health_pb.NodeWatchResourcesRequest()):
+                for message in health_grpc.DRAResourceHealthStub(driver.channel).NodeWatchResources(
+                    health_pb.NodeWatchResourcesRequest()
+                ):
                     with driver.health_changed:
-                        driver.health = {f"{d.device.pool_name}/{d.device.device_name}": (d.health, d.message) for d in message.devices}
+                        driver.health = {
+                            f"{d.device.pool_name}/{d.device.device_name}": (d.health, d.message)
+                            for d in message.devices
+                        }
                         driver.health_messages += 1
                         driver.health_changed.notify_all()
             except (grpc.RpcError, ValueError):

@@ -64,7 +64,9 @@ class FakeKube:
                 with fake.lock:
                     fake.requests += 1
                     if fake.fail_with:
-                        return self._send(fake.fail_with, {"kind": "Status", "code": fake.fail_with, "message": "forbidden"})
+                        return self._send(
+                            fake.fail_with, {"kind": "Status", "code": fake.fail_with, "message": "forbidden"}
+                        )
                     node_path = f"/api/v1/nodes/{fake.node_name}"
                     if self.path.split("?")[0] == node_path and method == "GET":
                         return self._send(200, fake.node())
@@ -84,11 +86,17 @@ class FakeKube:
                         params = urllib.parse.parse_qs(query)
                         fake.pod_queries.append(params)
                         return self._send(200, fake.pod_list(params.get("fieldSelector", [""])[0]))
-                    if self.path.startswith("/api/v1/namespaces/") and self.path.split("?")[0].endswith("/events") and method == "POST":
+                    if (
+                        self.path.startswith("/api/v1/namespaces/")
+                        and self.path.split("?")[0].endswith("/events")
+                        and method == "POST"
+                    ):
                         event = self._body()
                         fake.events.append(event)
                         return self._send(201, event)
-                    return self._send(404, {"kind": "Status", "code": 404, "message": f"{method} {self.path} not found"})
+                    return self._send(
+                        404, {"kind": "Status", "code": 404, "message": f"{method} {self.path} not found"}
+                    )
 
             def do_GET(self) -> None:
                 self._route("GET")
@@ -110,13 +118,20 @@ class FakeKube:
         return {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": self.node_name, "labels": dict(self.labels), "annotations": dict(self.annotations), "resourceVersion": "1"},
+            "metadata": {
+                "name": self.node_name,
+                "labels": dict(self.labels),
+                "annotations": dict(self.annotations),
+                "resourceVersion": "1",
+            },
         }
 
     def pod_list(self, field_selector: str) -> dict:
         """Pods matching a `spec.nodeName=<node>` selector (the only selector the plugin sends)."""
         wanted = dict(part.split("=", 1) for part in field_selector.split(",") if "=" in part)
-        items = [p for p in self.pods if "spec.nodeName" not in wanted or p["spec"]["nodeName"] == wanted["spec.nodeName"]]
+        items = [
+            p for p in self.pods if "spec.nodeName" not in wanted or p["spec"]["nodeName"] == wanted["spec.nodeName"]
+        ]
         return {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "7"}, "items": items}
 
     def write_kubeconfig(self, path: Path) -> Path:
@@ -172,15 +187,26 @@ class FakeCluster:
                 if kind is None:
                     return self._send(404, {"kind": "Status", "code": 404, "message": f"GET {path} not found"})
                 if params.get("watch") in ("true", "1", "True"):
-                    return self._watch(kind, int(params.get("resourceVersion") or 0), float(params.get("timeoutSeconds", 300)))
+                    return self._watch(
+                        kind, int(params.get("resourceVersion") or 0), float(params.get("timeoutSeconds", 300))
+                    )
                 with fake.cond:
                     fake.lists += 1
                     names = sorted(fake.objects[kind])
                     start = int(params.get("continue", 0) or 0)
                     chunk = names[start : start + fake.page] if "limit" in params else names[start:]
                     rest = start + len(chunk) < len(names)
-                    self._send(200, {"kind": "List", "metadata": {"resourceVersion": str(fake.version), "continue": str(start + len(chunk)) if rest else ""},
-                                     "items": [fake.objects[kind][n] for n in chunk]})
+                    self._send(
+                        200,
+                        {
+                            "kind": "List",
+                            "metadata": {
+                                "resourceVersion": str(fake.version),
+                                "continue": str(start + len(chunk)) if rest else "",
+                            },
+                            "items": [fake.objects[kind][n] for n in chunk],
+                        },
+                    )
 
             def _chunk(self, data: bytes) -> None:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -198,14 +224,24 @@ class FakeCluster:
                 self.end_headers()
                 self.close_connection = True
                 if gone:
-                    line = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}}
+                    line = {
+                        "type": "ERROR",
+                        "object": {
+                            "kind": "Status",
+                            "code": 410,
+                            "reason": "Expired",
+                            "message": "too old resource version",
+                        },
+                    }
                     self._chunk(json.dumps(line).encode() + b"\n")
                     self._chunk(b"")
                     return
                 deadline = time.monotonic() + timeout
                 while time.monotonic() < deadline:
                     with fake.cond:
-                        fake.cond.wait_for(lambda since=since: fake.generation != generation or fake.version > since, timeout=0.05)
+                        fake.cond.wait_for(
+                            lambda since=since: fake.generation != generation or fake.version > since, timeout=0.05
+                        )
                         if fake.generation != generation:
                             self.connection.shutdown(socket.SHUT_RDWR)  # dropped mid-stream
                             return

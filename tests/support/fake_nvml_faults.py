@@ -28,8 +28,9 @@ T4_MIB = 15360
 class FileFaults(FakeNvml):
     def __init__(self, path: Path) -> None:
         gpus = [
-            FakeGpu(uuid=u, name="Tesla T4", memory_mib=T4_MIB, bus_id=f"00000000:{0x3B + i:02X}:00.0",
-                    capability=(7, 5))
+            FakeGpu(
+                uuid=u, name="Tesla T4", memory_mib=T4_MIB, bus_id=f"00000000:{0x3B + i:02X}:00.0", capability=(7, 5)
+            )
             for i, u in enumerate(UUIDS)
         ]
         super().__init__(gpus)

@@ -69,11 +69,19 @@ class ComputeInstanceHandle:
 
 class EventData:
     def __init__(self, device: Handle, event_type: int, data: int, gi: int, ci: int) -> None:
-        self.device, self.eventType, self.eventData, self.gpuInstanceId, self.computeInstanceId = device, event_type, data, gi, ci
+        self.device, self.eventType, self.eventData, self.gpuInstanceId, self.computeInstanceId = (
+            device,
+            event_type,
+            data,
+            gi,
+            ci,
+        )
 
 
 class FakeNvml(types.ModuleType):
-    def __init__(self, gpus: list[FakeGpu], driver: str = "550.54.15", cuda: int = 12040, topology: dict | None = None) -> None:
+    def __init__(
+        self, gpus: list[FakeGpu], driver: str = "550.54.15", cuda: int = 12040, topology: dict | None = None
+    ) -> None:
         super().__init__("pynvml")
         for name in dir(real):
             if name.startswith(("NVMLError", "NVML_", "nvmlEventType", "c_nvmlGpuInstancePlacement")):
@@ -129,7 +137,12 @@ class FakeNvml(types.ModuleType):
             return any((gi, ci) in ids for _, _, gi, ci in gpu.processes)
 
         state = SimulatedMig(gpu.uuid, gpu.name, gpu.memory_mib, self._mig_enabled(gpu), in_use)
-        state.adopt([MigDevice(uuid=m.uuid, profile=m.profile, memory_mib=m.memory_mib, gi_id=m.gi, ci_id=m.ci, index=k) for k, m in (gpu.mig or {}).items()])
+        state.adopt(
+            [
+                MigDevice(uuid=m.uuid, profile=m.profile, memory_mib=m.memory_mib, gi_id=m.gi, ci_id=m.ci, index=k)
+                for k, m in (gpu.mig or {}).items()
+            ]
+        )
         return state
 
     def _mig_state(self, call: str, handle: Handle | GpuInstanceHandle | ComputeInstanceHandle) -> SimulatedMig:
@@ -218,9 +231,18 @@ class FakeNvml(types.ModuleType):
         if found is None:
             raise real.NVMLError_NotSupported()
         return types.SimpleNamespace(
-            id=found.id, isP2pSupported=0, sliceCount=found.compute_slices, instanceCount=found.instance_count,
-            multiprocessorCount=0, copyEngineCount=found.copy_engines, decoderCount=found.decoders, encoderCount=found.encoders,
-            jpegCount=found.jpeg_engines, ofaCount=found.ofa_engines, memorySizeMB=found.memory_mib, name=f"MIG {found.name}".encode(),
+            id=found.id,
+            isP2pSupported=0,
+            sliceCount=found.compute_slices,
+            instanceCount=found.instance_count,
+            multiprocessorCount=0,
+            copyEngineCount=found.copy_engines,
+            decoderCount=found.decoders,
+            encoderCount=found.encoders,
+            jpegCount=found.jpeg_engines,
+            ofaCount=found.ofa_engines,
+            memorySizeMB=found.memory_mib,
+            name=f"MIG {found.name}".encode(),
         )
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(self, handle, profile_id, placements, count_ref):
@@ -264,7 +286,9 @@ class FakeNvml(types.ModuleType):
     def nvmlGpuInstanceGetInfo(self, gi):
         found = self._instance(self._mig_state("nvmlGpuInstanceGetInfo", gi), gi.gi)
         placement = types.SimpleNamespace(start=found.start, size=found.size)
-        return types.SimpleNamespace(device=Handle(gi.gpu), id=found.gi_id, profileId=found.profile_id, placement=placement)
+        return types.SimpleNamespace(
+            device=Handle(gi.gpu), id=found.gi_id, profileId=found.profile_id, placement=placement
+        )
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi, profile, eng_profile, version=2):
         state = self._mig_state("nvmlGpuInstanceGetComputeInstanceProfileInfo", gi)
@@ -273,7 +297,9 @@ class FakeNvml(types.ModuleType):
         by_index = {0: 1, 1: 2, 2: 3, 3: 4, 4: 7}  # NVML_COMPUTE_INSTANCE_PROFILE_<n>_SLICE -> n
         if by_index.get(profile, 99) > slices:
             raise real.NVMLError_NotSupported()
-        return types.SimpleNamespace(id=profile, sliceCount=by_index[profile], instanceCount=slices // by_index[profile])
+        return types.SimpleNamespace(
+            id=profile, sliceCount=by_index[profile], instanceCount=slices // by_index[profile]
+        )
 
     def nvmlGpuInstanceCreateComputeInstance(self, gi, profile_id):
         state = self._mig_state("nvmlGpuInstanceCreateComputeInstance", gi)
@@ -284,12 +310,16 @@ class FakeNvml(types.ModuleType):
         gpu = self.gpus[gi.gpu]
         profile = next(p for p in state.table if p.id == made.profile_id)
         index = next(i for i in range(len(gpu.mig) + 1) if i not in gpu.mig)
-        gpu.mig[index] = FakeMig(uuid=made.uuid, profile=profile.name, memory_mib=profile.memory_mib, gi=made.gi_id, ci=made.ci_id or 0)
+        gpu.mig[index] = FakeMig(
+            uuid=made.uuid, profile=profile.name, memory_mib=profile.memory_mib, gi=made.gi_id, ci=made.ci_id or 0
+        )
         return ComputeInstanceHandle(gi.gpu, gi.gi, made.ci_id or 0)
 
     def nvmlComputeInstanceGetInfo(self, ci):
         self._mig_state("nvmlComputeInstanceGetInfo", ci)
-        return types.SimpleNamespace(device=Handle(ci.gpu), gpuInstance=GpuInstanceHandle(ci.gpu, ci.gi), id=ci.ci, profileId=0)
+        return types.SimpleNamespace(
+            device=Handle(ci.gpu), gpuInstance=GpuInstanceHandle(ci.gpu, ci.gi), id=ci.ci, profileId=0
+        )
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gi, ci_id):
         found = self._instance(self._mig_state("nvmlGpuInstanceGetComputeInstanceById", gi), gi.gi)
@@ -360,11 +390,16 @@ class FakeNvml(types.ModuleType):
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle):
         gpu = self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
-        return [types.SimpleNamespace(pid=p, usedGpuMemory=m, gpuInstanceId=gi, computeInstanceId=ci) for p, m, gi, ci in gpu.processes]
+        return [
+            types.SimpleNamespace(pid=p, usedGpuMemory=m, gpuInstanceId=gi, computeInstanceId=ci)
+            for p, m, gi, ci in gpu.processes
+        ]
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle):
         self._enter("nvmlDeviceGetMPSComputeRunningProcesses", handle)
-        raise real.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match the NVML lib version.")
+        raise real.NVMLLibraryMismatchError(
+            "Unversioned function called and the pyNVML version does not match the NVML lib version."
+        )
 
     def nvmlEventSetCreate(self):
         self._enter("nvmlEventSetCreate")
@@ -406,11 +441,13 @@ class FakeNvml(types.ModuleType):
         values = []
         for field_id in field_ids:
             known = field_id == real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and gpu.recovery_action is not None
-            values.append(types.SimpleNamespace(
-                fieldId=field_id,
-                nvmlReturn=real.NVML_SUCCESS if known else real.NVML_ERROR_NOT_SUPPORTED,
-                value=types.SimpleNamespace(uiVal=gpu.recovery_action or 0),
-            ))
+            values.append(
+                types.SimpleNamespace(
+                    fieldId=field_id,
+                    nvmlReturn=real.NVML_SUCCESS if known else real.NVML_ERROR_NOT_SUPPORTED,
+                    value=types.SimpleNamespace(uiVal=gpu.recovery_action or 0),
+                )
+            )
         return values
 
     def nvmlDeviceGetMemoryAffinity(self, handle, node_set_size, scope):

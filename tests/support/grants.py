@@ -15,7 +15,9 @@ def overcommitted(kubelet: KubeletSimulator, node: NodeInfo) -> list[str]:
     memory limits to at most its memory; a GPU held whole has nothing on its MIG instances; no device ID is held
     twice."""
     parent = {m.uuid: g.uuid for g in node.gpus for m in g.mig_devices}
-    memory = {g.uuid: g.memory_mib for g in node.gpus} | {m.uuid: m.memory_mib for g in node.gpus for m in g.mig_devices}
+    memory = {g.uuid: g.memory_mib for g in node.gpus} | {
+        m.uuid: m.memory_mib for g in node.gpus for m in g.mig_devices
+    }
     given: dict[str, Fraction] = {}
     limits: dict[str, int] = {}
     holders: dict[str, list[str]] = {}
@@ -30,14 +32,24 @@ def overcommitted(kubelet: KubeletSimulator, node: NodeInfo) -> list[str]:
         units = sorted({d.split("::")[0] for d in devices})  # the GPU or MIG UUIDs the IDs are on
         envs = response.envs
         for unit in units:
-            part = Fraction(int(envs[ENV_SHARE_COUNT]), int(envs[ENV_SHARE_TOTAL])) if ENV_SHARE_TOTAL in envs else Fraction(1)
+            part = (
+                Fraction(int(envs[ENV_SHARE_COUNT]), int(envs[ENV_SHARE_TOTAL]))
+                if ENV_SHARE_TOTAL in envs
+                else Fraction(1)
+            )
             given[unit] = given.get(unit, Fraction(0)) + part
-            limits[unit] = limits.get(unit, 0) + (int(envs[ENV_MEMORY_LIMIT]) if ENV_MEMORY_LIMIT in envs else memory[unit])
+            limits[unit] = limits.get(unit, 0) + (
+                int(envs[ENV_MEMORY_LIMIT]) if ENV_MEMORY_LIMIT in envs else memory[unit]
+            )
             holders.setdefault(unit, []).append(who)
     for unit, total in given.items():
         if total > 1 or limits[unit] > memory[unit]:
-            problems.append(f"{unit}: {total} of it and {limits[unit]} of {memory[unit]} MiB given to {'; '.join(holders[unit])}")
+            problems.append(
+                f"{unit}: {total} of it and {limits[unit]} of {memory[unit]} MiB given to {'; '.join(holders[unit])}"
+            )
     for mig, gpu in parent.items():
         if mig in given and gpu in given:
-            problems.append(f"{gpu} held whole by {'; '.join(holders[gpu])} while its MIG instance {mig} is held by {'; '.join(holders[mig])}")
+            problems.append(
+                f"{gpu} held whole by {'; '.join(holders[gpu])} while its MIG instance {mig} is held by {'; '.join(holders[mig])}"
+            )
     return problems

@@ -15,8 +15,11 @@ def ready_node(api: Any, name: str, labels: dict[str, str] | None = None) -> dic
     """Create a Node, mark it Ready with room for pods, and remove the not-ready taint; returns it as JSON."""
     core = client.CoreV1Api(api)
     core.create_node({"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}}})
-    status = {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}],
-              "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"}, "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"}}
+    status = {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}],
+        "capacity": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+        "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "110"},
+    }
     core.patch_node_status(name, {"status": status})
     core.patch_node(name, {"spec": {"taints": None}})
     return request(api, "GET", f"/api/v1/nodes/{name}")
@@ -29,13 +32,25 @@ def namespace(api: Any, name: str) -> str:
     return name
 
 
-def request(api: Any, method: str, path: str, body: Any = None, query: list[tuple[str, Any]] | None = None,
-            content_type: str = "application/json") -> Any:
+def request(
+    api: Any,
+    method: str,
+    path: str,
+    body: Any = None,
+    query: list[tuple[str, Any]] | None = None,
+    content_type: str = "application/json",
+) -> Any:
     """A JSON request with `api`'s credentials; raises ApiException on an error status."""
     if body is not None and content_type != "application/json":
         body = json.dumps(body)
-    params = api.param_serialize(method, path, query_params=query or [], body=body, auth_settings=["BearerToken"],
-                                 header_params={"Accept": "application/json", "Content-Type": content_type})
+    params = api.param_serialize(
+        method,
+        path,
+        query_params=query or [],
+        body=body,
+        auth_settings=["BearerToken"],
+        header_params={"Accept": "application/json", "Content-Type": content_type},
+    )
     response = api.call_api(*params, _request_timeout=30)
     data = response.read()
     if not 200 <= response.status <= 299:
@@ -70,7 +85,9 @@ def release_claim(api: Any, claim: dict[str, Any]) -> None:
 
 
 def slices(api: Any, node: str) -> list[dict[str, Any]]:
-    found = request(api, "GET", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={node}")])
+    found = request(
+        api, "GET", "/apis/resource.k8s.io/v1/resourceslices", query=[("fieldSelector", f"spec.nodeName={node}")]
+    )
     return sorted(found["items"], key=lambda s: s["metadata"]["name"])
 
 
@@ -83,7 +100,11 @@ _KINDS = {
     "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     "DeviceClass": ("/apis/resource.k8s.io/v1", "deviceclasses", False),
     "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies", False),
-    "ValidatingAdmissionPolicyBinding": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", False),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
 }
 
 
@@ -91,8 +112,12 @@ def apply(api: Any, obj: dict[str, Any], dry_run: bool = False) -> Any:
     """Server-side apply of one manifest object (created or updated; the API server validates it fully)."""
     prefix, plural, namespaced = _KINDS[obj["kind"]]
     where = f"/namespaces/{obj['metadata']['namespace']}" if namespaced else ""
-    query: list[tuple[str, Any]] = [("fieldManager", "gpu-share-tests"), ("force", "true")] + ([("dryRun", "All")] if dry_run else [])
-    return request(api, "PATCH", f"{prefix}{where}/{plural}/{obj['metadata']['name']}", obj, query, "application/apply-patch+yaml")
+    query: list[tuple[str, Any]] = [("fieldManager", "gpu-share-tests"), ("force", "true")] + (
+        [("dryRun", "All")] if dry_run else []
+    )
+    return request(
+        api, "PATCH", f"{prefix}{where}/{plural}/{obj['metadata']['name']}", obj, query, "application/apply-patch+yaml"
+    )
 
 
 def delete(api: Any, obj: dict[str, Any]) -> None:

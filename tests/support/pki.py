@@ -20,7 +20,7 @@ CLIENT_NAME = "gpu-share-scheduler"
 def documented_commands() -> list[str]:
     """The shell commands of docs/security.md's extender section, in order."""
     text = (ROOT / "docs" / "security.md").read_text()
-    section = text[text.index("\n## The scheduler extender\n"):]
+    section = text[text.index("\n## The scheduler extender\n") :]
     (block,) = re.findall(r"```sh\n(.*?)```", section, re.S)
     return [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 

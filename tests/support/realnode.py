@@ -71,13 +71,18 @@ class RealNode:
     @property
     def env(self) -> dict[str, str]:
         return {
-            **os.environ, "NODE_DIR": str(self.node_dir), "CP_RUN": str(self.work / "cp"),
-            "PATH": f"{self.cp.bin}:{os.environ.get('PATH', '')}", "KUBECONFIG": str(self.cp.admin_kubeconfig),
+            **os.environ,
+            "NODE_DIR": str(self.node_dir),
+            "CP_RUN": str(self.work / "cp"),
+            "PATH": f"{self.cp.bin}:{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(self.cp.admin_kubeconfig),
         }
 
     @classmethod
     def start(cls, scripts: Path, cp: ControlPlane) -> RealNode:
-        node = cls(scripts=scripts, cp=cp, work=Path(tempfile.mkdtemp(prefix="gs-rn-")), name=socket.gethostname().lower())
+        node = cls(
+            scripts=scripts, cp=cp, work=Path(tempfile.mkdtemp(prefix="gs-rn-")), name=socket.gethostname().lower()
+        )
         try:
             node._up()
         except BaseException:
@@ -92,7 +97,9 @@ class RealNode:
         for name in ("ca.crt", "ca.key"):
             shutil.copy(self.cp.work / "pki" / name, run / "pki" / name)
         shutil.copy(self.cp.work / "sa.key", run / "pki" / "sa.key")  # kcm.sh signs service-account tokens with it
-        (run / "env").write_text(f'export CP_SERVER="{self.cp.server}"\nexport KUBECONFIG="{self.cp.admin_kubeconfig}"\n')
+        (run / "env").write_text(
+            f'export CP_SERVER="{self.cp.server}"\nexport KUBECONFIG="{self.cp.admin_kubeconfig}"\n'
+        )
         self.kubelet_port = _free_port()
         env = {**self.env, "KUBELET_PORT": str(self.kubelet_port), "KUBELET_HEALTHZ_PORT": str(_free_port())}
         done = subprocess.run([str(self.scripts / "up.sh")], env=env, capture_output=True, text=True, timeout=180)
@@ -102,20 +109,31 @@ class RealNode:
             log = (self.node_dir / "logs" / "kubelet.log").read_text(errors="replace").splitlines()[-20:]
             raise RuntimeError(f"the node did not become Ready: {done.stdout[-1500:]}\nkubelet.log:\n" + "\n".join(log))
         # no node-lifecycle controller (kcm.sh is not run): remove the not-ready taint the API server put on the new Node
-        subprocess.run(["kubectl", "taint", "node", self.name, "node.kubernetes.io/not-ready:NoSchedule-"], env=self.env, capture_output=True, timeout=30)
+        subprocess.run(
+            ["kubectl", "taint", "node", self.name, "node.kubernetes.io/not-ready:NoSchedule-"],
+            env=self.env,
+            capture_output=True,
+            timeout=30,
+        )
 
     def nsexec(self, *argv: str, log: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         """Start a process in the node's mount namespace (where the kubelet's sockets and /var/run/cdi are), with
         NODE_NAME set as the DaemonSet sets it (and `env` added)."""
         out = open(log or os.devnull, "ab")
-        proc = subprocess.Popen([str(self.scripts / "nsexec.sh"), *argv], env={**self.env, "NODE_NAME": self.name, **(env or {})},
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(self.scripts / "nsexec.sh"), *argv],
+            env={**self.env, "NODE_NAME": self.name, **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         out.close()
         self.started.append(proc)
         return proc
 
     def script(self, *argv: str, timeout: float = 120) -> str:
-        done = subprocess.run([str(self.scripts / argv[0]), *argv[1:]], env=self.env, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            [str(self.scripts / argv[0]), *argv[1:]], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{argv[0]} exited {done.returncode}: {done.stdout[-2000:]}{done.stderr[-2000:]}")
         return done.stdout
@@ -137,7 +155,12 @@ class RealNode:
             self.stop_process(proc)
         if (self.node_dir / "pids").is_dir():
             subprocess.run([str(self.scripts / "down.sh"), "--wipe"], env=self.env, capture_output=True, timeout=120)
-            subprocess.run(["kubectl", "delete", "node", self.name, "--ignore-not-found", "--wait=false"], env=self.env, capture_output=True, timeout=30)
+            subprocess.run(
+                ["kubectl", "delete", "node", self.name, "--ignore-not-found", "--wait=false"],
+                env=self.env,
+                capture_output=True,
+                timeout=30,
+            )
         if (self.scripts / "kcm.sh").is_file() and (self.work / "cp" / "pids").is_dir():
             subprocess.run([str(self.scripts / "kcm.sh"), "stop"], env=self.env, capture_output=True, timeout=60)
         shutil.rmtree(self.work, ignore_errors=True)

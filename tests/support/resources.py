@@ -13,7 +13,9 @@ from deviceplugin.model.devices import Resource
 from deviceplugin.model.node import NodeInfo
 
 
-def resources_of(config: Mapping[str, Any] | Config | None, node_info: NodeInfo, profile: str | None = None) -> list[Resource]:
+def resources_of(
+    config: Mapping[str, Any] | Config | None, node_info: NodeInfo, profile: str | None = None
+) -> list[Resource]:
     """The resources of a config (a dict as the YAML file has it, a parsed Config, or None: the default) on a node."""
     if config is None:
         config = default_config()

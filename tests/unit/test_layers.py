@@ -140,14 +140,17 @@ def test_the_two_front_ends_are_siblings_over_one_core() -> None:
     assert not below("extender") & set(FRONT_ENDS)  # the scheduler side reads the core only
 
 
-@pytest.mark.parametrize(("path", "source", "allowed"), [
-    ("alloc/probe.py", "from ..plugin.server import X\n", False),  # up from the core
-    ("alloc/probe.py", "from ..model.node import Gpu\n", True),
-    ("plugin/probe.py", "from ..dra.devices import X\n", False),  # across, between the front ends
-    ("dra/probe.py", "from ..plugin import wire\n", False),
-    ("extender/probe.py", "from ..dra.devices import X\n", False),
-    ("dra/probe.py", "from ..health.mpsready import X\n", True),
-])
+@pytest.mark.parametrize(
+    ("path", "source", "allowed"),
+    [
+        ("alloc/probe.py", "from ..plugin.server import X\n", False),  # up from the core
+        ("alloc/probe.py", "from ..model.node import Gpu\n", True),
+        ("plugin/probe.py", "from ..dra.devices import X\n", False),  # across, between the front ends
+        ("dra/probe.py", "from ..plugin import wire\n", False),
+        ("extender/probe.py", "from ..dra.devices import X\n", False),
+        ("dra/probe.py", "from ..health.mpsready import X\n", True),
+    ],
+)
 def test_the_check_sees_a_forbidden_import(path: str, source: str, allowed: bool) -> None:
     """The checker itself, on made-up modules."""
     (node,) = _runtime_imports(ast.parse(source))

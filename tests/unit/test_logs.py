@@ -82,9 +82,14 @@ def test_an_xid_storm_writes_a_few_lines(caplog):
 
 
 def test_an_allocation_error_over_thousands_of_ids_stays_short():
-    resource = resources_of({"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}, node("2xT4"))[0]
+    resource = resources_of(
+        {"version": "v1", "pools": [{"name": "s", "mode": "shared", "replicas": 1024}]}, node("2xT4")
+    )[0]
     spanning = f"{resource.units[0].uuid} 1024 shares; {resource.units[1].uuid} 1024 shares"  # counted, not listed
-    for ids, shown in ((list(resource.devices), spanning), ([f"bogus-{i}" for i in range(5000)] + ["x" * 4_000_000], "and 4993 more")):
+    for ids, shown in (
+        (list(resource.devices), spanning),
+        ([f"bogus-{i}" for i in range(5000)] + ["x" * 4_000_000], "and 4993 more"),
+    ):
         try:
             ResourceAllocator(resource).grant(ids)
         except AllocationError as err:

@@ -39,8 +39,12 @@ RESOURCES = resources_of(CONFIG, T4)
 
 def _state(kind: str) -> NodeState:
     state = NodeState()
-    faults = {GPU_LOST: ("GPU is lost", True), RESET_REQUIRED: ("XID 79", True), XID: ("XID 31", False),
-              QUERY_FAILED: ("device node /dev/nvidia0 is missing", False)}
+    faults = {
+        GPU_LOST: ("GPU is lost", True),
+        RESET_REQUIRED: ("XID 79", True),
+        XID: ("XID 31", False),
+        QUERY_FAILED: ("device node /dev/nvidia0 is missing", False),
+    }
     if kind in faults:
         reason, reset = faults[kind]
         state.set_health({GPU0: reason}, frozenset({GPU0}) if reset else frozenset())

@@ -29,6 +29,13 @@ print(json.dumps({{"imported": names, "loaded": loaded}}))
 def test_the_core_imports_no_transport():
     result = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True)
     report = json.loads(result.stdout)
-    assert {"deviceplugin.model.devices", "deviceplugin.model.shares", "deviceplugin.alloc.placement", "deviceplugin.alloc.allocator",
-            "deviceplugin.alloc.devicenodes", "deviceplugin.alloc.plan", "deviceplugin.alloc.check"} <= set(report["imported"])
+    assert {
+        "deviceplugin.model.devices",
+        "deviceplugin.model.shares",
+        "deviceplugin.alloc.placement",
+        "deviceplugin.alloc.allocator",
+        "deviceplugin.alloc.devicenodes",
+        "deviceplugin.alloc.plan",
+        "deviceplugin.alloc.check",
+    } <= set(report["imported"])
     assert report["loaded"] == []

@@ -15,9 +15,16 @@ OURS = {"GPU-a", "GPU-b"}.__contains__
 
 
 def _listed(*ids_per_entry: list[str]) -> pr.ListPodResourcesResponse:
-    entries = [pr.ContainerDevices(resource_name=SHARE, device_ids=ids, topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=n)]))
-               for ids in ids_per_entry for n in (0, 1)]  # each ID once per NUMA node, as the kubelet lists it
-    return pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(name="p", namespace="ns", containers=[pr.ContainerResources(name="c", devices=entries)])])
+    entries = [
+        pr.ContainerDevices(resource_name=SHARE, device_ids=ids, topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=n)]))
+        for ids in ids_per_entry
+        for n in (0, 1)
+    ]  # each ID once per NUMA node, as the kubelet lists it
+    return pr.ListPodResourcesResponse(
+        pod_resources=[
+            pr.PodResources(name="p", namespace="ns", containers=[pr.ContainerResources(name="c", devices=entries)])
+        ]
+    )
 
 
 def test_one_entry_per_device_id_and_numa_node_gives_each_device_once():

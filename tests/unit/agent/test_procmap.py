@@ -19,20 +19,26 @@ def test_cgroup_parsing(tmp_path):
     assert cgroup_owner(3, tmp_path) is None and cgroup_owner(99, tmp_path) is None
 
 
-
 def test_process_owner_evidence(tmp_path):
     from deviceplugin.agent.procmap import ProcessMapper
     from deviceplugin.model.pods import PodRef
 
     uid, running, restarted = "0f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70", "a" * 64, "b" * 64
     gone_uid = "1f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70"
-    for pid, (pod_uid, cid) in {1: (uid, running), 2: (uid, restarted), 3: (uid, "c" * 64), 4: (gone_uid, "d" * 64)}.items():
+    for pid, (pod_uid, cid) in {
+        1: (uid, running),
+        2: (uid, restarted),
+        3: (uid, "c" * 64),
+        4: (gone_uid, "d" * 64),
+    }.items():
         (tmp_path / str(pid)).mkdir()
         (tmp_path / str(pid) / "cgroup").write_text(f"0::/kubepods/pod{pod_uid}/{cid}\n")
 
     class Directory:
         def pods(self):
-            return [PodRef(uid=uid, namespace="ml", name="p", containers={running: "app"}, ended=frozenset({restarted}))]
+            return [
+                PodRef(uid=uid, namespace="ml", name="p", containers={running: "app"}, ended=frozenset({restarted}))
+            ]
 
     mapper = ProcessMapper(Directory(), tmp_path)
     mapper.refresh()

@@ -24,9 +24,12 @@ def entry(device_id: str, *numa: int, resource: str = SHARE) -> pr.ContainerDevi
 
 
 def reply(*containers: tuple[str, str, list[pr.ContainerDevices]]) -> pr.ListPodResourcesResponse:
-    return pr.ListPodResourcesResponse(pod_resources=[
-        pr.PodResources(name=pod, namespace="ns", containers=[pr.ContainerResources(name=name, devices=devices)]) for pod, name, devices in containers
-    ])
+    return pr.ListPodResourcesResponse(
+        pod_resources=[
+            pr.PodResources(name=pod, namespace="ns", containers=[pr.ContainerResources(name=name, devices=devices)])
+            for pod, name, devices in containers
+        ]
+    )
 
 
 def test_one_entry_per_id_is_one_record_of_three_shares_with_a_three_share_limit():
@@ -44,7 +47,12 @@ def test_per_numa_duplicates_and_a_container_listed_twice_count_each_id_once():
 
 
 def test_a_container_on_two_gpus_has_one_record_per_gpu_and_a_second_holder_counts_nothing():
-    usage = build_usage(reply(("p", "app", [entry(f"{U0}::0"), entry(f"{U1}::0"), entry(f"{U1}::1")]), ("q", "app", [entry(f"{U0}::0")])), RESOURCES)
+    usage = build_usage(
+        reply(
+            ("p", "app", [entry(f"{U0}::0"), entry(f"{U1}::0"), entry(f"{U1}::1")]), ("q", "app", [entry(f"{U0}::0")])
+        ),
+        RESOURCES,
+    )
     assert sorted((s.pod, s.unit_uuid, s.shares) for s in usage.shares) == [("p", U0, 1), ("p", U1, 2)]
     assert usage.active_containers == {("ns", "p", "app"), ("ns", "q", "app")}
 
@@ -65,7 +73,9 @@ def hostile(draw) -> pr.ListPodResourcesResponse:
                 pr.ContainerDevices(
                     resource_name=draw(st.sampled_from([SHARE, SHARE, "other.com/gpu"])),
                     device_ids=draw(st.lists(st.sampled_from(IDS), max_size=4)),
-                    topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=n) for n in draw(st.lists(st.integers(-1, 3), max_size=2))]),
+                    topology=pr.TopologyInfo(
+                        nodes=[pr.NUMANode(ID=n) for n in draw(st.lists(st.integers(-1, 3), max_size=2))]
+                    ),
                 )
                 for _ in range(draw(st.integers(0, 4)))
             ]

@@ -35,12 +35,40 @@ def allocator(pool: dict | None = None, **health: Any) -> ResourceAllocator:
     [
         ({"name": "s", "mode": "shared", "replicas": 4}, [], (), (), Refusal.INVALID, "no device IDs in the request"),
         ({"name": "s", "mode": "shared", "replicas": 4}, [f"{T[0]}::9"], (), (), Refusal.INVALID, "unknown device IDs"),
-        ({"name": "s", "mode": "shared", "replicas": 4}, [f"{T[1]}::0"], (T[1],), (), Refusal.PRECONDITION, f"unhealthy GPU .*{T[1]}::0"),
-        ({"name": "s", "mode": "shared", "replicas": 4}, [f"{T[1]}::0"], (), (f"{T[1]}::0",), Refusal.PRECONDITION, f"devices quarantined for .*{T[1]}::0"),
+        (
+            {"name": "s", "mode": "shared", "replicas": 4},
+            [f"{T[1]}::0"],
+            (T[1],),
+            (),
+            Refusal.PRECONDITION,
+            f"unhealthy GPU .*{T[1]}::0",
+        ),
+        (
+            {"name": "s", "mode": "shared", "replicas": 4},
+            [f"{T[1]}::0"],
+            (),
+            (f"{T[1]}::0",),
+            Refusal.PRECONDITION,
+            f"devices quarantined for .*{T[1]}::0",
+        ),
         ({"name": "e", "mode": "exclusive"}, [T[0]], (T[0],), (), Refusal.PRECONDITION, "unhealthy GPU"),
         ({"name": "e", "mode": "exclusive"}, [T[0]], (), (T[0],), Refusal.PRECONDITION, "devices quarantined for"),
-        ({"name": "s", "mode": "shared", "replicas": 4}, [f"{T[0]}::0", f"{T[1]}::0"], (), (), Refusal.INVALID, "span 2 GPUs .* must be on one GPU"),
-        ({"name": "m", "mode": "shared", "backend": "mps", "replicas": 4}, [f"{T[0]}::0", f"{T[0]}::1"], (), (), Refusal.INVALID, "strict limits: one share"),
+        (
+            {"name": "s", "mode": "shared", "replicas": 4},
+            [f"{T[0]}::0", f"{T[1]}::0"],
+            (),
+            (),
+            Refusal.INVALID,
+            "span 2 GPUs .* must be on one GPU",
+        ),
+        (
+            {"name": "m", "mode": "shared", "backend": "mps", "replicas": 4},
+            [f"{T[0]}::0", f"{T[0]}::1"],
+            (),
+            (),
+            Refusal.INVALID,
+            "strict limits: one share",
+        ),
     ],
 )
 def test_refusals(pool, ids, unhealthy, quarantined, refusal, message):
@@ -65,9 +93,19 @@ def test_a_device_both_unhealthy_and_quarantined_is_refused_as_unhealthy():
     "containers, health, refusal, message",
     [
         ([], {}, Refusal.INVALID, f"AllocateRequest for {SHARE} has no container requests"),
-        ([[f"{T[0]}::0"]] * (MAX_CONTAINER_REQUESTS + 1), {}, Refusal.INVALID, f"{MAX_CONTAINER_REQUESTS + 1} container requests in one call (at most {MAX_CONTAINER_REQUESTS})"),
+        (
+            [[f"{T[0]}::0"]] * (MAX_CONTAINER_REQUESTS + 1),
+            {},
+            Refusal.INVALID,
+            f"{MAX_CONTAINER_REQUESTS + 1} container requests in one call (at most {MAX_CONTAINER_REQUESTS})",
+        ),
         ([[f"{T[0]}::0"] * 9], {}, Refusal.INVALID, f"9 device IDs, more than the 8 devices of {SHARE}"),
-        ([["y" * 300]], {}, Refusal.INVALID, f"devices_ids: a device ID of 300 characters (at most {MAX_DEVICE_ID_BYTES}): yyy"),
+        (
+            [["y" * 300]],
+            {},
+            Refusal.INVALID,
+            f"devices_ids: a device ID of 300 characters (at most {MAX_DEVICE_ID_BYTES}): yyy",
+        ),
         ([[f"{T[0]}::0"]], {"mps_ready": False}, Refusal.PRECONDITION, "the MPS control daemon of pool s is not ready"),
         (
             [[f"{T[1]}::0"], [f"{T[0]}::0"]],
@@ -76,7 +114,12 @@ def test_a_device_both_unhealthy_and_quarantined_is_refused_as_unhealthy():
             f"devices of {SHARE} on GPU(s) {T[1]} are not granted: those GPUs keep their previous configuration",
         ),
         ([[f"{T[0]}::0"], []], {}, Refusal.INVALID, f"no device IDs in the request for {SHARE}"),
-        ([[f"{T[0]}::0"], [f"{T[1]}::0"]], {"quarantined_devices": frozenset({f"{T[1]}::0"})}, Refusal.PRECONDITION, f"devices quarantined for {SHARE}"),
+        (
+            [[f"{T[0]}::0"], [f"{T[1]}::0"]],
+            {"quarantined_devices": frozenset({f"{T[1]}::0"})},
+            Refusal.PRECONDITION,
+            f"devices quarantined for {SHARE}",
+        ),
     ],
 )
 def test_allocate_refusals(containers, health, refusal, message):
@@ -99,7 +142,10 @@ def test_allocate_grants_each_container_in_request_order():
         device_ids=(f"{T[1]}::1", f"{T[1]}::0", f"{T[0]}::3"),
         units=tuple(sorted(T)),
     )
-    assert allocation.grants[0].envs["CUDA_VISIBLE_DEVICES"] == T[1] and allocation.grants[0].envs["GPU_SHARE_COUNT"] == "2"
+    assert (
+        allocation.grants[0].envs["CUDA_VISIBLE_DEVICES"] == T[1]
+        and allocation.grants[0].envs["GPU_SHARE_COUNT"] == "2"
+    )
     assert a.allocate([[f"{T[1]}::1", f"{T[1]}::0"], [f"{T[0]}::3"]]) == allocation  # the same IDs, the same answer
 
 
@@ -112,8 +158,14 @@ def test_a_pending_gpu_refuses_only_its_own_devices():
     "request_, message",
     [
         (PreferredRequest([f"{T[0]}::1"], [], 0), "allocation_size must be at least 1, got 0"),
-        (PreferredRequest([f"{T[0]}::1", f"{T[0]}::2"], [f"{T[0]}::1", f"{T[0]}::2"], 1), "must_include_deviceIDs has 2 IDs, more than allocation_size 1"),
-        (PreferredRequest([f"{T[0]}::1"], [f"{T[0]}::3"], 1), f"must_include_deviceIDs not in available_deviceIDs: {T[0]}::3"),
+        (
+            PreferredRequest([f"{T[0]}::1", f"{T[0]}::2"], [f"{T[0]}::1", f"{T[0]}::2"], 1),
+            "must_include_deviceIDs has 2 IDs, more than allocation_size 1",
+        ),
+        (
+            PreferredRequest([f"{T[0]}::1"], [f"{T[0]}::3"], 1),
+            f"must_include_deviceIDs not in available_deviceIDs: {T[0]}::3",
+        ),
         (PreferredRequest(["x" * 10240], [], 1), "available_deviceIDs: a device ID of 10240 characters (at most 256)"),
         (PreferredRequest([f"{T[0]}::1"], ["x" * 300], 1), "must_include_deviceIDs: a device ID of 300 characters"),
         (PreferredRequest([f"{T[0]}::1"] * 9, [], 1), f"9 device IDs, more than the 8 devices of {SHARE}"),
@@ -128,7 +180,9 @@ def test_preferred_refusals(request_, message):
 def test_preferred_is_the_placement_of_each_container_request():
     resource = shared(T4)
     available = [f"{T[0]}::0", f"{T[1]}::0", f"{T[1]}::1", f"{T[1]}::2"]
-    answers = ResourceAllocator(resource).preferred([PreferredRequest(available, [], 2), PreferredRequest(available, [f"{T[0]}::0"], 1)])
+    answers = ResourceAllocator(resource).preferred(
+        [PreferredRequest(available, [], 2), PreferredRequest(available, [f"{T[0]}::0"], 1)]
+    )
     assert answers == [preferred_allocation(resource, available, [], 2), [f"{T[0]}::0"]]
     with pytest.raises(AllocationError, match="container requests in one call"):
         ResourceAllocator(resource).preferred([PreferredRequest(available, [], 1)] * (MAX_CONTAINER_REQUESTS + 1))

@@ -61,46 +61,76 @@ MPS = "/run/gpu-share/mps/m"
     "top, pool, ids, expected",
     [
         # exclusive, envvar: the visible devices only
-        ({}, {"name": "e", "mode": "exclusive"}, [T[1]], ContainerGrant(envs={"CUDA_VISIBLE_DEVICES": T[1], "NVIDIA_VISIBLE_DEVICES": T[1]})),
+        (
+            {},
+            {"name": "e", "mode": "exclusive"},
+            [T[1]],
+            ContainerGrant(envs={"CUDA_VISIBLE_DEVICES": T[1], "NVIDIA_VISIBLE_DEVICES": T[1]}),
+        ),
         # CDI names instead of NVIDIA_VISIBLE_DEVICES
         (
-            {"deviceListStrategy": "cdi", "cdiKind": "example.com/gpu"}, {"name": "e", "mode": "exclusive"}, [T[1], T[0]],
+            {"deviceListStrategy": "cdi", "cdiKind": "example.com/gpu"},
+            {"name": "e", "mode": "exclusive"},
+            [T[1], T[0]],
             ContainerGrant(envs={}, cdi_devices=(f"example.com/gpu={T[0]}", f"example.com/gpu={T[1]}")),
         ),
         # device nodes under deviceRoot: the control nodes, then each GPU's
         (
-            {"deviceSpecs": True, "deviceRoot": "/host"}, {"name": "e", "mode": "exclusive"}, [T[1]],
+            {"deviceSpecs": True, "deviceRoot": "/host"},
+            {"name": "e", "mode": "exclusive"},
+            [T[1]],
             ContainerGrant(
                 envs={"CUDA_VISIBLE_DEVICES": T[1], "NVIDIA_VISIBLE_DEVICES": T[1]},
-                device_specs=tuple(DeviceNode(p, "/host" + p) for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1")),
+                device_specs=tuple(
+                    DeviceNode(p, "/host" + p)
+                    for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia1")
+                ),
             ),
         ),
         # MPS, proportional: the pipe and shm mounts, and per-client limits of the shares' part
         (
-            {}, {"name": "m", "mode": "shared", "backend": "mps", "mpsLimits": "proportional", "replicas": 4}, [f"{T[0]}::0", f"{T[0]}::3"],
+            {},
+            {"name": "m", "mode": "shared", "backend": "mps", "mpsLimits": "proportional", "replicas": 4},
+            [f"{T[0]}::0", f"{T[0]}::3"],
             ContainerGrant(
                 envs={
-                    "CUDA_VISIBLE_DEVICES": T[0], "NVIDIA_VISIBLE_DEVICES": T[0], "GPU_SHARE_COUNT": "2", "GPU_SHARE_TOTAL": "4",
-                    "GPU_SHARE_MEMORY_LIMIT_MIB": "7680", "GPU_SHARE_COMPUTE_PERCENT": "50", "CUDA_MPS_PIPE_DIRECTORY": f"{MPS}/pipe",
-                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=7680M",
+                    "CUDA_VISIBLE_DEVICES": T[0],
+                    "NVIDIA_VISIBLE_DEVICES": T[0],
+                    "GPU_SHARE_COUNT": "2",
+                    "GPU_SHARE_TOTAL": "4",
+                    "GPU_SHARE_MEMORY_LIMIT_MIB": "7680",
+                    "GPU_SHARE_COMPUTE_PERCENT": "50",
+                    "CUDA_MPS_PIPE_DIRECTORY": f"{MPS}/pipe",
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+                    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=7680M",
                 },
                 mounts=(Mount(f"{MPS}/pipe", f"{MPS}/pipe"), Mount("/dev/shm", f"{MPS}/shm")),
             ),
         ),
         # spanning where allowed: the facts add up over the GPUs (compute over 100 %)
         (
-            {}, {"name": "s", "mode": "shared", "replicas": 2, "allowSpanGPUs": True}, [f"{T[0]}::0", f"{T[0]}::1", f"{T[1]}::1"],
-            ContainerGrant(envs={
-                "CUDA_VISIBLE_DEVICES": f"{T[0]},{T[1]}", "NVIDIA_VISIBLE_DEVICES": f"{T[0]},{T[1]}", "GPU_SHARE_COUNT": "3",
-                "GPU_SHARE_TOTAL": "2", "GPU_SHARE_MEMORY_LIMIT_MIB": str(15360 + 15360 // 2), "GPU_SHARE_COMPUTE_PERCENT": "150",
-            }),
+            {},
+            {"name": "s", "mode": "shared", "replicas": 2, "allowSpanGPUs": True},
+            [f"{T[0]}::0", f"{T[0]}::1", f"{T[1]}::1"],
+            ContainerGrant(
+                envs={
+                    "CUDA_VISIBLE_DEVICES": f"{T[0]},{T[1]}",
+                    "NVIDIA_VISIBLE_DEVICES": f"{T[0]},{T[1]}",
+                    "GPU_SHARE_COUNT": "3",
+                    "GPU_SHARE_TOTAL": "2",
+                    "GPU_SHARE_MEMORY_LIMIT_MIB": str(15360 + 15360 // 2),
+                    "GPU_SHARE_COMPUTE_PERCENT": "150",
+                }
+            ),
         ),
     ],
 )
 def test_grants(top, pool, ids, expected):
     grant = container_grant(one_pool(T4, pool, **top), ids)
     assert grant == expected
-    assert container_grant(one_pool(T4, pool, **top), list(reversed(ids)) * 2) == grant  # order and repeats do not matter
+    assert (
+        container_grant(one_pool(T4, pool, **top), list(reversed(ids)) * 2) == grant
+    )  # order and repeats do not matter
 
 
 def test_mig_capability_read_failures_are_refused_and_retried(tmp_path):
@@ -122,7 +152,9 @@ def test_mig_capability_read_failures_are_refused_and_retried(tmp_path):
 
 def test_a_mig_grant_whose_capability_nodes_cannot_be_read_is_refused(tmp_path):
     a100 = node("8xA100-80GB-mig")
-    mig = one_pool(a100, {"name": "m", "mode": "mig", "gpus": {"indexes": [2]}}, deviceSpecs=True, deviceRoot=str(tmp_path))
+    mig = one_pool(
+        a100, {"name": "m", "mode": "mig", "gpus": {"indexes": [2]}}, deviceSpecs=True, deviceRoot=str(tmp_path)
+    )
     with pytest.raises(AllocationError, match="cannot read MIG capability") as refused:
         container_grant(mig, [next(iter(mig.devices))])
     assert refused.value.code is Refusal.PRECONDITION
@@ -146,7 +178,9 @@ def _dra_grant(tmp_path: Path, pool: dict[str, Any], holdings: list[tuple[int, i
 def _plugin_grant(pool: dict[str, Any], holdings: list[tuple[int, int]]) -> dict[str, str]:
     """The device plugin's grant for the same holding (k share IDs of GPU i): Allocate's code, as plain data."""
     resource = one_pool(T4, pool)
-    return dict(ResourceAllocator(resource).allocate([[f"{T[i]}::{s}" for i, k in holdings for s in range(k)]]).grants[0].envs)
+    return dict(
+        ResourceAllocator(resource).allocate([[f"{T[i]}::{s}" for i, k in holdings for s in range(k)]]).grants[0].envs
+    )
 
 
 @pytest.mark.parametrize(
@@ -157,9 +191,17 @@ def _plugin_grant(pool: dict[str, Any], holdings: list[tuple[int, int]]) -> dict
         ({"mpsLimits": "strict"}, [(0, 3)], "one share per container, got 3"),
         ({"mpsLimits": "proportional"}, [(0, 1), (1, 1)], "span 2 GPUs"),
         # MPS never spans (one MPS server per GPU); shared shares span only with allowSpanGPUs
-        ({"backend": "timeSlicing", "allowSpanGPUs": True}, [(0, 3), (1, 1)], {"GPU_SHARE_COUNT": "4", "GPU_SHARE_COMPUTE_PERCENT": "100"}),
+        (
+            {"backend": "timeSlicing", "allowSpanGPUs": True},
+            [(0, 3), (1, 1)],
+            {"GPU_SHARE_COUNT": "4", "GPU_SHARE_COMPUTE_PERCENT": "100"},
+        ),
         ({"backend": "timeSlicing"}, [(0, 1), (1, 1)], "span 2 GPUs"),
-        ({"mpsLimits": "proportional"}, [(0, 2)], {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=7680M"}),
+        (
+            {"mpsLimits": "proportional"},
+            [(0, 2)],
+            {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=7680M"},
+        ),
     ],
 )
 def test_both_node_apis_grant_or_refuse_the_same_holding(tmp_path, pool, holdings, expected):

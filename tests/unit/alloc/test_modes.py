@@ -43,11 +43,24 @@ def test_every_mode_once_by_its_name():
     "keys, node_name, resources",
     [
         ({"mode": "exclusive"}, "8xA100-80GB-mig", {"example.com/gpu": 3}),  # MIG-enabled GPUs are not whole GPUs
-        ({"mode": "shared", "replicas": 2}, "8xA100-80GB-mig", {"example.com/gpu-share": 17 + 3}),  # instance by instance
+        (
+            {"mode": "shared", "replicas": 2},
+            "8xA100-80GB-mig",
+            {"example.com/gpu-share": 17 + 3},
+        ),  # instance by instance
         ({"mode": "shared", "backend": "mps", "replicas": 2}, "2xT4", {"example.com/gpu-share": 2}),
         ({"mode": "mig", "strategy": "single"}, "2xH100-mig-1g", {"example.com/gpu": 14}),
-        ({"mode": "mig"}, "8xA100-80GB-mig", {"example.com/mig-1g.10gb": 10, "example.com/mig-2g.20gb": 2, "example.com/mig-3g.40gb": 3,
-                                              "example.com/mig-4g.40gb": 1, "example.com/mig-7g.80gb": 1}),
+        (
+            {"mode": "mig"},
+            "8xA100-80GB-mig",
+            {
+                "example.com/mig-1g.10gb": 10,
+                "example.com/mig-2g.20gb": 2,
+                "example.com/mig-3g.40gb": 3,
+                "example.com/mig-4g.40gb": 1,
+                "example.com/mig-7g.80gb": 1,
+            },
+        ),
     ],
 )
 def test_resources_are_units_per_mode(keys, node_name, resources):
@@ -57,7 +70,9 @@ def test_resources_are_units_per_mode(keys, node_name, resources):
 
 def test_mps_refuses_mig_enabled_gpus_naming_the_backend():
     p = pool(**{"mode": "shared", "backend": "mps"})
-    with pytest.raises(ValueError, match=r"pools\[0\]\.backend: mps is not supported on MIG-enabled GPUs \(GPU 0, 1, 2, 3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"pools\[0\]\.backend: mps is not supported on MIG-enabled GPUs \(GPU 0, 1, 2, 3, 4\)"
+    ):
         MPS.resources(p, list(A100_MIG.gpus))
 
 
@@ -89,11 +104,22 @@ def test_grant_facts_per_mode():
     assert EXCLUSIVE.grant_facts(exclusive, [(exclusive.units[0], 1)], None) == ({}, ())
     sliced = one_pool(T4, {"name": "s", "mode": "shared", "replicas": 4})
     envs, mounts = TIME_SLICED.grant_facts(sliced, [(sliced.units[0], 2)], True)  # no MPS: no client limits to give
-    assert envs == {"GPU_SHARE_COUNT": "2", "GPU_SHARE_TOTAL": "4", "GPU_SHARE_MEMORY_LIMIT_MIB": str(15360 // 2),
-                    "GPU_SHARE_COMPUTE_PERCENT": "50"} and mounts == ()
+    assert (
+        envs
+        == {
+            "GPU_SHARE_COUNT": "2",
+            "GPU_SHARE_TOTAL": "4",
+            "GPU_SHARE_MEMORY_LIMIT_MIB": str(15360 // 2),
+            "GPU_SHARE_COMPUTE_PERCENT": "50",
+        }
+        and mounts == ()
+    )
 
 
-@pytest.mark.parametrize("mps_limits, client_limits, limited", [("strict", None, False), ("proportional", None, True), ("strict", True, True)])
+@pytest.mark.parametrize(
+    "mps_limits, client_limits, limited",
+    [("strict", None, False), ("proportional", None, True), ("strict", True, True)],
+)
 def test_mps_grant_facts_add_the_pipe_and_limits(mps_limits, client_limits, limited):
     resource = one_pool(T4, {**MPS_POOL, "mpsLimits": mps_limits})
     envs, mounts = MPS.grant_facts(resource, [(resource.units[0], 1)], client_limits)
@@ -101,16 +127,22 @@ def test_mps_grant_facts_add_the_pipe_and_limits(mps_limits, client_limits, limi
     assert [m.container_path for m in mounts] == ["/run/gpu-share/mps/m/pipe", "/dev/shm"]
     assert ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in envs) is limited
     if limited:
-        assert (envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("25", f"0={15360 // 4}M")
+        assert (envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == (
+            "25",
+            f"0={15360 // 4}M",
+        )
 
 
 def test_each_mode_says_how_its_limits_hold():
-    said = {m.name: m.enforcement(pool(**keys), unit, "report") for m, keys, unit in [
-        (EXCLUSIVE, {"mode": "exclusive"}, one_pool(T4, {"name": "e", "mode": "exclusive"}).units[0]),
-        (TIME_SLICED, {"mode": "shared"}, one_pool(T4, {"name": "s", "mode": "shared", "replicas": 4}).units[0]),
-        (MPS, {"mode": "shared", "backend": "mps"}, one_pool(T4, MPS_POOL).units[0]),
-        (MIG, {"mode": "mig"}, one_pool(A100_MIG, {"name": "m", "mode": "mig"}).units[0]),
-    ]}
+    said = {
+        m.name: m.enforcement(pool(**keys), unit, "report")
+        for m, keys, unit in [
+            (EXCLUSIVE, {"mode": "exclusive"}, one_pool(T4, {"name": "e", "mode": "exclusive"}).units[0]),
+            (TIME_SLICED, {"mode": "shared"}, one_pool(T4, {"name": "s", "mode": "shared", "replicas": 4}).units[0]),
+            (MPS, {"mode": "shared", "backend": "mps"}, one_pool(T4, MPS_POOL).units[0]),
+            (MIG, {"mode": "mig"}, one_pool(A100_MIG, {"name": "m", "mode": "mig"}).units[0]),
+        ]
+    }
     assert said["exclusive"] == "the whole GPU, no neighbours" and said["mig"] == "isolated by the hardware (MIG)"
     assert said["time-slicing"].startswith("not enforced") and "watchdog reports" in said["time-slicing"]
     assert "active threads 25 %" in said["mps"] and "one share per container" in said["mps"]

@@ -70,7 +70,12 @@ def test_choose_unit(policy, free, totals, wanted, unit):
         # as many as must_include asks for: exactly those, in their order, once each
         (free_shares(H100, {2: 4}, 4), [f"{U[2]}::3", f"{U[2]}::1", f"{U[2]}::3"], 2, [f"{U[2]}::3", f"{U[2]}::1"]),
         # unknown and repeated IDs are ignored
-        (free_shares(H100, {0: 4}, 4) + ["GPU-unknown::0", f"{U[0]}::0"], [], 3, [f"{U[0]}::0", f"{U[0]}::1", f"{U[0]}::2"]),
+        (
+            free_shares(H100, {0: 4}, 4) + ["GPU-unknown::0", f"{U[0]}::0"],
+            [],
+            3,
+            [f"{U[0]}::0", f"{U[0]}::1", f"{U[0]}::2"],
+        ),
         # short supply: what there is
         ([f"{U[4]}::3"], [], 2, [f"{U[4]}::3"]),
     ],
@@ -82,7 +87,12 @@ def test_shared_choice(available, must, size, expected):
 def _node(gpus: int, nvlinks: dict[tuple[int, int], int], numa=lambda i: 0) -> NodeInfo:
     """`gpus` A100s named GPU-<index>; NVLink counts by index pair (none elsewhere)."""
     units = tuple(Gpu(index=i, uuid=f"GPU-{i}", model="A100", memory_mib=40960, numa_node=numa(i)) for i in range(gpus))
-    links = {(a.uuid, b.uuid): Link(nvlinks=nvlinks.get((a.index, b.index), 0), pcie="system") for a in units for b in units if a.index < b.index}
+    links = {
+        (a.uuid, b.uuid): Link(nvlinks=nvlinks.get((a.index, b.index), 0), pcie="system")
+        for a in units
+        for b in units
+        if a.index < b.index
+    }
     return NodeInfo(gpus=units, links=links)
 
 
@@ -115,7 +125,11 @@ def test_whole_gpus_go_to_the_best_connected_set(node_info, available, must, siz
 def test_mig_instances_of_unequal_share_counts_fall_back_to_binpack_under_fgdstrand():
     """Instances of 3g and 1g with memoryPerShare have 4 and 1 shares: no common measure, so the fullest that fits."""
     a100 = node("8xA100-80GB-mig")
-    resource = one_pool(a100, {"name": "s", "mode": "shared", "memoryPerShare": "9984Mi", "gpus": {"indexes": [1]}}, allocationPolicy="fgdstrand")
+    resource = one_pool(
+        a100,
+        {"name": "s", "mode": "shared", "memoryPerShare": "9984Mi", "gpus": {"indexes": [1]}},
+        allocationPolicy="fgdstrand",
+    )
     assert sorted({u.replicas for u in resource.units}) == [1, 2, 4]
     big, medium = a100.gpus[1].mig_devices[0].uuid, a100.gpus[1].mig_devices[1].uuid
     available = [f"{big}::{k}" for k in range(4)] + [f"{medium}::{k}" for k in range(2)]

@@ -17,7 +17,9 @@ H100 = node("8xH100-80GB")
 
 
 def plugin_gpu(policy: str, free: list[int], replicas: int, wanted: int) -> int:
-    ids = preferred_allocation(shared(H100, policy, replicas), free_shares(H100, dict(enumerate(free)), replicas), [], wanted)
+    ids = preferred_allocation(
+        shared(H100, policy, replicas), free_shares(H100, dict(enumerate(free)), replicas), [], wanted
+    )
     gpus = gpus_of(H100, ids)
     assert len(gpus) == 1 and len(ids) == wanted
     return gpus.pop()
@@ -44,7 +46,11 @@ def test_same_state_same_gpu_on_random_states():
         wanted = rng.randint(1, replicas)
         if max(free) < wanted:
             continue
-        assert plugin_gpu("fgdstrand", free, replicas, wanted) == cluster_gpu(free, replicas, wanted), (free, replicas, wanted)
+        assert plugin_gpu("fgdstrand", free, replicas, wanted) == cluster_gpu(free, replicas, wanted), (
+            free,
+            replicas,
+            wanted,
+        )
 
 
 def test_a_whole_gpu_of_shares_takes_the_first_fully_free_gpu():

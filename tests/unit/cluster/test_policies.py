@@ -11,7 +11,9 @@ from deviceplugin.cluster.policies import fgd_score
 from deviceplugin.cluster.shapes import Shape, shape_of
 
 
-def gpu_node(name: str, free: list[int], cpu: int = 64_000, memory: int = 256_000, model: str = "T4", cpu_free: int = -1) -> Node:
+def gpu_node(
+    name: str, free: list[int], cpu: int = 64_000, memory: int = 256_000, model: str = "T4", cpu_free: int = -1
+) -> Node:
     return Node(name, cpu, memory, model, list(free), cpu_free=cpu_free)
 
 
@@ -82,6 +84,7 @@ def test_bad_node_free_milli_is_refused():
 
 # --- policies on hand-made clusters -------------------------------------------------------------
 
+
 def test_bestfit_takes_the_node_with_the_least_left_over():
     nodes = [gpu_node("roomy", [MILLI] * 4), gpu_node("tight", [MILLI, 300]), gpu_node("cpu-short", [MILLI], cpu=500)]
     assert best(make_policy("bestfit"), PodDemand(4000, 1024, 1, 200), nodes) == ("tight", (1,))
@@ -147,13 +150,16 @@ def test_unknown_policy_and_missing_shapes_are_clear_errors():
 
 # --- FGD -------------------------------------------------------------------------------------------
 
+
 def brute_force_fragmentation(node: Node, shapes: TaskShapes) -> float:
     """The paper's definition: for each shape, all idle milli if it cannot run (or uses no GPU), else the idle milli it cannot use."""
     idle = sum(node.gpu_free)
     total = 0.0
     for shape, p in shapes.shapes:
         pod = PodDemand(shape.cpu_milli, 0, shape.num_gpu, shape.gpu_milli, shape.gpu_models)
-        runs = node.cpu_free >= pod.cpu_milli and (pod.num_gpu == 0 or fits(pod, Node("x", node.cpu_milli, 1, node.model, node.gpu_free, node.cpu_free, 1)))
+        runs = node.cpu_free >= pod.cpu_milli and (
+            pod.num_gpu == 0 or fits(pod, Node("x", node.cpu_milli, 1, node.model, node.gpu_free, node.cpu_free, 1))
+        )
         usable = runs and shape.num_gpu > 0  # a CPU-only shape can use no idle GPU
         total += p * (sum(f for f in node.gpu_free if f < shape.gpu_milli) if usable else idle)
     return total
@@ -161,15 +167,25 @@ def brute_force_fragmentation(node: Node, shapes: TaskShapes) -> float:
 
 def test_fgd_fragmentation_matches_a_brute_force_computation():
     rng = random.Random(3)
-    shapes = TaskShapes([
-        (Shape(8000, 1, MILLI, frozenset()), 0.4), (Shape(4000, 1, 500, frozenset()), 0.2),
-        (Shape(2000, 1, 250, frozenset({"V100M16"})), 0.1), (Shape(16_000, 2, MILLI, frozenset()), 0.1),
-        (Shape(6000, 0, 0, frozenset()), 0.2),
-    ])
+    shapes = TaskShapes(
+        [
+            (Shape(8000, 1, MILLI, frozenset()), 0.4),
+            (Shape(4000, 1, 500, frozenset()), 0.2),
+            (Shape(2000, 1, 250, frozenset({"V100M16"})), 0.1),
+            (Shape(16_000, 2, MILLI, frozenset()), 0.1),
+            (Shape(6000, 0, 0, frozenset()), 0.2),
+        ]
+    )
     for _ in range(500):
         gpus = rng.choice([0, 1, 2, 4, 8])
-        node = Node("n", 64_000, 256_000, rng.choice(["T4", "V100M16"]),
-                    [rng.choice([0, 100, 250, 499, 500, 750, MILLI]) for _ in range(gpus)], cpu_free=rng.choice([0, 1999, 2000, 5000, 8000, 64_000]))
+        node = Node(
+            "n",
+            64_000,
+            256_000,
+            rng.choice(["T4", "V100M16"]),
+            [rng.choice([0, 100, 250, 499, 500, 750, MILLI]) for _ in range(gpus)],
+            cpu_free=rng.choice([0, 1999, 2000, 5000, 8000, 64_000]),
+        )
         assert shapes.fragmentation(node) == pytest.approx(brute_force_fragmentation(node, shapes))
 
 
@@ -192,12 +208,17 @@ def test_fgd_keeps_whole_gpus_whole_when_whole_gpu_pods_are_popular():
 
 def test_fgd_score_is_the_sigmoid_of_the_fragmentation_decrease():
     assert fgd_score(1000.0, 1000.0) == 50
-    assert fgd_score(1000.0, 0.0) == int(100 / (1 + 2.718281828459045 ** -1))
+    assert fgd_score(1000.0, 0.0) == int(100 / (1 + 2.718281828459045**-1))
     assert fgd_score(0.0, 8000.0) == 0
 
 
 def test_task_shapes_cover_the_popular_pods_and_include_cpu_only_ones():
-    pods = [PodDemand(1000, 10, 1, MILLI)] * 60 + [PodDemand(2000, 10)] * 30 + [PodDemand(500, 10, 1, 300)] * 7 + [PodDemand(3000, 10, 1, 100)] * 3
+    pods = (
+        [PodDemand(1000, 10, 1, MILLI)] * 60
+        + [PodDemand(2000, 10)] * 30
+        + [PodDemand(500, 10, 1, 300)] * 7
+        + [PodDemand(3000, 10, 1, 100)] * 3
+    )
     shapes = TaskShapes.from_pods(pods, coverage=0.95)
     assert [s for s, _ in shapes.shapes] == [shape_of(pods[0]), shape_of(pods[60]), shape_of(pods[90])]
     assert [round(p, 4) for _, p in shapes.shapes] == [round(60 / 97, 4), round(30 / 97, 4), round(7 / 97, 4)]
@@ -206,6 +227,7 @@ def test_task_shapes_cover_the_popular_pods_and_include_cpu_only_ones():
 
 
 # --- fgdstrand -------------------------------------------------------------------------------------
+
 
 def test_fgdstrand_keeps_cpu_where_idle_gpus_need_it():
     pods = [PodDemand(8000, 32_000, 1, MILLI)] * 9 + [PodDemand(4000, 8000)]
@@ -219,15 +241,24 @@ def test_fgdstrand_keeps_cpu_where_idle_gpus_need_it():
     # fgdstrand sees the CPU-only pod strand GPUs on the first node.
     assert best(make_policy("fgdstrand", shapes=shapes), cpu_only, [gpu_hungry, gpus_full])[0] == "gpus-full"
     # Memory counts the same way.
-    assert make_policy("fgdstrand", shapes=shapes).measure("T4", [MILLI] * 8, 96_000, 1000) > make_policy("fgd", shapes=shapes).measure("T4", [MILLI] * 8, 96_000, 1000)
+    assert make_policy("fgdstrand", shapes=shapes).measure("T4", [MILLI] * 8, 96_000, 1000) > make_policy(
+        "fgd", shapes=shapes
+    ).measure("T4", [MILLI] * 8, 96_000, 1000)
 
 
 def test_fgdstrand_without_stranding_scores_like_fgd():
     shapes = TaskShapes([(Shape(1000, 1, MILLI, frozenset()), 0.7), (Shape(1000, 1, 500, frozenset()), 0.3)])
     nodes = [gpu_node("a", [MILLI, 500]), gpu_node("b", [MILLI, MILLI]), gpu_node("c", [300, 700, 500])]
-    for pod in (PodDemand(1000, 1024, 1, 500), PodDemand(1000, 1024, 1, 200), PodDemand(1000, 1024, 1, MILLI), PodDemand(1000, 1024)):
+    for pod in (
+        PodDemand(1000, 1024, 1, 500),
+        PodDemand(1000, 1024, 1, 200),
+        PodDemand(1000, 1024, 1, MILLI),
+        PodDemand(1000, 1024),
+    ):
         for n in nodes:
-            assert make_policy("fgdstrand", shapes=shapes).score(pod, n) == make_policy("fgd", shapes=shapes).score(pod, n)
+            assert make_policy("fgdstrand", shapes=shapes).score(pod, n) == make_policy("fgd", shapes=shapes).score(
+                pod, n
+            )
 
 
 def test_share_shapes_are_every_share_count_equally_popular():

@@ -21,18 +21,31 @@ TOY_PODS = load_pods(TRACES / "openb_pod_list_toy.csv")
 
 
 def test_toy_trace_loads_with_models_and_cpu_only_pods():
-    assert [(n.name, n.cpu_milli, len(n.gpu_free), n.model) for n in TOY_NODES][2] == ("toy-node-2", 16000, 4, "V100M16")
+    assert [(n.name, n.cpu_milli, len(n.gpu_free), n.model) for n in TOY_NODES][2] == (
+        "toy-node-2",
+        16000,
+        4,
+        "V100M16",
+    )
     pods = {p.name: p for p in TOY_PODS}
     assert pods["toy-pod-11"].gpu_models == frozenset({"T4", "P100"})
     assert pods["toy-pod-03"].num_gpu == 0 and pods["toy-pod-04"].gpu_request == 2000
 
 
 def test_inflation_appends_resampled_pods_until_the_next_per_gpu_request_would_pass_the_target():
-    pods = [PodDemand(100, 100, 1, 500, name="half"), PodDemand(100, 100, 2, MILLI, name="two"), PodDemand(100, 100, name="cpu")]
+    pods = [
+        PodDemand(100, 100, 1, 500, name="half"),
+        PodDemand(100, 100, 2, MILLI, name="two"),
+        PodDemand(100, 100, name="cpu"),
+    ]
     for seed in range(20):
         out = arrivals(pods, 10 * MILLI, 1.3, random.Random(seed))
         total = sum(p.gpu_request for p in out)
-        assert out[:3] != [] and {p.name for p in out[:3]} == {"half", "two", "cpu"}  # the original list, shuffled, comes first
+        assert out[:3] != [] and {p.name for p in out[:3]} == {
+            "half",
+            "two",
+            "cpu",
+        }  # the original list, shuffled, comes first
         # Stops only when the next pod's per-GPU milli would pass 13000: at most 1000 short, a multi-GPU pod may overshoot by 1000.
         assert 13_000 - MILLI < total <= 13_000 + MILLI
 
@@ -83,7 +96,17 @@ def test_every_policy_runs_on_the_toy_trace_and_respects_the_fit_rules():
 
 @pytest.mark.parametrize(
     "milli, replicas, expected",
-    [(470, 10, 500), (470, 4, 500), (230, 4, 250), (810, 20, 850), (100, 10, 100), (1, 100, 10), (334, 3, 666), (333, 3, 333), (999, 2, 1000)],
+    [
+        (470, 10, 500),
+        (470, 4, 500),
+        (230, 4, 250),
+        (810, 20, 850),
+        (100, 10, 100),
+        (1, 100, 10),
+        (334, 3, 666),
+        (333, 3, 333),
+        (999, 2, 1000),
+    ],
 )
 def test_replicas_round_fractional_requests_up_to_whole_shares(milli, replicas, expected):
     assert share_rounded(PodDemand(100, 100, 1, milli), replicas).gpu_milli == expected
@@ -139,12 +162,17 @@ def test_trace_errors_name_the_file_line_and_column(tmp_path: Path):
         find_trace_dir(str(tmp_path / "nowhere"))
     with pytest.raises(TraceError) as err:
         resolve("nosuch", str(TRACES), "openb_pod_list_{}.csv")
-    assert str(err.value) == f"trace file {TRACES / 'openb_pod_list_nosuch.csv'} does not exist; the names {TRACES} has for openb_pod_list_<name>.csv: toy"
+    assert (
+        str(err.value)
+        == f"trace file {TRACES / 'openb_pod_list_nosuch.csv'} does not exist; the names {TRACES} has for openb_pod_list_<name>.csv: toy"
+    )
     with pytest.raises(TraceError) as err:  # no file of that pattern: its CSVs, and where the trace comes from
         resolve("gpu_node", str(TRACES), "openb_node_list_{}.csv")
-    assert str(err.value).startswith(f"trace file {TRACES / 'openb_node_list_gpu_node.csv'} does not exist, and {TRACES} has no "
-                                     f"openb_node_list_<name>.csv (its CSVs: bad_pods.csv, openb_pod_list_toy.csv, toy_nodes.csv; "
-                                     f"give one as a path, e.g. {TRACES / 'bad_pods.csv'}). The CSVs are not shipped"), err.value
+    assert str(err.value).startswith(
+        f"trace file {TRACES / 'openb_node_list_gpu_node.csv'} does not exist, and {TRACES} has no "
+        f"openb_node_list_<name>.csv (its CSVs: bad_pods.csv, openb_pod_list_toy.csv, toy_nodes.csv; "
+        f"give one as a path, e.g. {TRACES / 'bad_pods.csv'}). The CSVs are not shipped"
+    ), err.value
     assert "https://github.com/alibaba/clusterdata (docs/packing.md#getting-the-trace)" in str(err.value)
 
 

@@ -57,18 +57,36 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ("not a mapping", "(top level): must be a mapping, got string 'not a mapping'"),
         ({"pools": []}, "version: is required"),
         (pools({"name": "a", "mode": "shared"}, version="v2"), "version: unsupported version 'v2' (supported: v1)"),
-        (pools({"name": "a", "mode": "shared"}, colour="red"), "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deprecatedCudaLabels, deviceListStrategy, deviceRoot, deviceSpecs, domain, memoryWatchdog, mpsRoot, pools, profiles, sharedProductSuffix, version)"),
+        (
+            pools({"name": "a", "mode": "shared"}, colour="red"),
+            "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deprecatedCudaLabels, deviceListStrategy, deviceRoot, deviceSpecs, domain, memoryWatchdog, mpsRoot, pools, profiles, sharedProductSuffix, version)",
+        ),
         ({"version": "v1"}, "pools: is required"),
         ({"version": "v1", "pools": []}, "pools: must list at least one pool"),
         ({"version": "v1", "pools": {"a": 1}}, "pools: must be a list, got a mapping"),
-        (pools({"name": "a", "mode": "shared"}, allocationPolicy="random"), "allocationPolicy: must be one of binpack, spread, fgdstrand, got 'random'"),
+        (
+            pools({"name": "a", "mode": "shared"}, allocationPolicy="random"),
+            "allocationPolicy: must be one of binpack, spread, fgdstrand, got 'random'",
+        ),
         (pools({"mode": "shared"}), "pools[0].name: is required"),
         (pools({"name": "A_pool", "mode": "shared"}), "pools[0].name: must be 1-40 characters of [a-z0-9-]"),
-        (pools({"name": "a", "mode": "timeslice"}), "pools[0].mode: must be one of exclusive, shared, mig, got 'timeslice'"),
+        (
+            pools({"name": "a", "mode": "timeslice"}),
+            "pools[0].mode: must be one of exclusive, shared, mig, got 'timeslice'",
+        ),
         (pools({"name": "a", "mode": "shared", "replicas": 0}), "pools[0].replicas: must be >= 1, got 0"),
-        (pools({"name": "a", "mode": "shared", "replicas": "4"}), "pools[0].replicas: must be an integer, got string '4'"),
-        (pools({"name": "a", "mode": "shared", "replicas": True}), "pools[0].replicas: must be an integer, got boolean True"),
-        (pools({"name": "a", "mode": "exclusive", "replicas": 2}), "pools[0].replicas: only applies to mode shared (this pool is exclusive)"),
+        (
+            pools({"name": "a", "mode": "shared", "replicas": "4"}),
+            "pools[0].replicas: must be an integer, got string '4'",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "replicas": True}),
+            "pools[0].replicas: must be an integer, got boolean True",
+        ),
+        (
+            pools({"name": "a", "mode": "exclusive", "replicas": 2}),
+            "pools[0].replicas: only applies to mode shared (this pool is exclusive)",
+        ),
         (pools({"name": "a", "mode": "shared", "sharing": 2}), "pools[0].sharing: unknown key"),
         (
             pools({"name": "a", "mode": "shared", "resource": "Example.com/gpu"}),
@@ -95,20 +113,36 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
             "pools[0].sharingStrategies: each must be one of timeSlicing, mps, got ['mps', 'MPS']",
         ),
         (
-            pools({"name": "a", "mode": "shared", "backend": "mps", "exclusiveProcess": True,
-                   "sharingStrategies": ["mps", "timeSlicing"]}),
+            pools(
+                {
+                    "name": "a",
+                    "mode": "shared",
+                    "backend": "mps",
+                    "exclusiveProcess": True,
+                    "sharingStrategies": ["mps", "timeSlicing"],
+                }
+            ),
             "pools[0].sharingStrategies: timeSlicing cannot be offered with exclusiveProcess: true",
         ),
         (pools({"name": "a", "mode": "shared", "gpus": {}}), "pools[0].gpus: selects no GPU"),
-        (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [0, "1"]}}), "pools[0].gpus.indexes[1]: must be an integer, got string '1'"),
-        (pools({"name": "a", "mode": "shared", "gpus": {"indexes": [-1]}}), "pools[0].gpus.indexes[0]: must be 0-1023, got -1"),
+        (
+            pools({"name": "a", "mode": "shared", "gpus": {"indexes": [0, "1"]}}),
+            "pools[0].gpus.indexes[1]: must be an integer, got string '1'",
+        ),
+        (
+            pools({"name": "a", "mode": "shared", "gpus": {"indexes": [-1]}}),
+            "pools[0].gpus.indexes[0]: must be 0-1023, got -1",
+        ),
         (pools({"name": "a", "mode": "shared", "gpus": {"names": ["x"]}}), "pools[0].gpus.names: unknown key"),
         (
             pools({"name": "a", "mode": "shared"}, {"name": "a", "mode": "exclusive"}),
             "pools[1].name: 'a' is already used by pools[0]",
         ),
         (
-            pools({"name": "a", "mode": "shared", "resource": "x"}, {"name": "b", "mode": "exclusive", "resource": "x", "gpus": {"indexes": [0]}}),
+            pools(
+                {"name": "a", "mode": "shared", "resource": "x"},
+                {"name": "b", "mode": "exclusive", "resource": "x", "gpus": {"indexes": [0]}},
+            ),
             "pools[1].resource: 'example.com/x' is already used by pools[0]",
         ),
         (
@@ -126,7 +160,9 @@ def test_bad_config_names_key_and_reason(data, message):
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as err:
-        parse_config(pools({"name": "a", "mode": "shared", "replicas": 0}, {"name": "b", "mode": "bogus"}, version="v9"))
+        parse_config(
+            pools({"name": "a", "mode": "shared", "replicas": 0}, {"name": "b", "mode": "bogus"}, version="v9")
+        )
     assert len(err.value.problems) == 3
 
 
@@ -151,7 +187,9 @@ def test_overlapping_selections_are_refused():
             {"name": "b", "mode": "shared", "gpus": {"models": ["*t4*"]}},
         )
     )
-    with pytest.raises(ConfigError, match=r"pools\[1\].gpus: GPU 0 \(GPU-[0-9a-f-]+\) is already selected by pools\[0\] \(a\)"):
+    with pytest.raises(
+        ConfigError, match=r"pools\[1\].gpus: GPU 0 \(GPU-[0-9a-f-]+\) is already selected by pools\[0\] \(a\)"
+    ):
         build_resources(config, T4)
 
 
@@ -159,10 +197,19 @@ def test_device_list_over_budget_is_refused():
     config = parse_config(pools({"name": "a", "mode": "shared", "replicas": 1024}))
     assert len(build_resources(config, H100)[0].devices) == 8192
     with pytest.raises(ConfigError) as err:
-        build_resources(config, NodeInfo(gpus=tuple(replace(H100.gpus[0], index=i, uuid=f"{H100.gpus[0].uuid[:-3]}{i:03d}") for i in range(64))))
+        build_resources(
+            config,
+            NodeInfo(
+                gpus=tuple(replace(H100.gpus[0], index=i, uuid=f"{H100.gpus[0].uuid[:-3]}{i:03d}") for i in range(64))
+            ),
+        )
     message = str(err.value)
     assert "pools[0]: 65536 devices (64 GPUs, 1024 shares each) would make a ListAndWatch message of up to" in message
-    assert f"over the {LIST_BUDGET_BYTES} byte budget" in message and "at most about 3" in message and message.endswith("lower replicas")
+    assert (
+        f"over the {LIST_BUDGET_BYTES} byte budget" in message
+        and "at most about 3" in message
+        and message.endswith("lower replicas")
+    )
 
 
 def test_unreadable_or_invalid_yaml_file(tmp_path):
@@ -210,19 +257,37 @@ def test_mig_profile_plus_becomes_dot_and_exclusive_skips_mig_gpus(caplog):
     config = parse_config(pools({"name": "whole", "mode": "exclusive"}))
     resources = build_resources(config, A100_MIG)
     assert [g.index for g in resources[0].gpus] == [5, 6, 7]
-    assert "GPU 0 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000000) has MIG enabled: pool whole (exclusive) does not advertise it whole" in caplog.text
+    assert (
+        "GPU 0 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000000) has MIG enabled: pool whole (exclusive) does not advertise it whole"
+        in caplog.text
+    )
 
 
 def test_mig_pool_rejects_resource_and_replicas():
     with pytest.raises(ConfigError) as err:
-        parse_config(pools({"name": "m", "mode": "mig", "resource": "x", "gpus": {"indexes": [0]}}, {"name": "n", "mode": "mig", "replicas": 2}))
-    assert "pools[0].resource: not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>" in str(err.value)
+        parse_config(
+            pools(
+                {"name": "m", "mode": "mig", "resource": "x", "gpus": {"indexes": [0]}},
+                {"name": "n", "mode": "mig", "replicas": 2},
+            )
+        )
+    assert (
+        "pools[0].resource: not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>"
+        in str(err.value)
+    )
     assert "pools[1].replicas: only applies to mode shared (this pool is mig)" in str(err.value)
 
 
 def test_two_mig_pools_with_the_same_profile_collide():
-    config = parse_config(pools({"name": "a", "mode": "mig", "gpus": {"indexes": [0]}}, {"name": "b", "mode": "mig", "gpus": {"indexes": [1]}}))
-    with pytest.raises(ConfigError, match=r"pools\[1\]: resource example.com/mig-1g.10gb is also advertised by another pool"):
+    config = parse_config(
+        pools(
+            {"name": "a", "mode": "mig", "gpus": {"indexes": [0]}},
+            {"name": "b", "mode": "mig", "gpus": {"indexes": [1]}},
+        )
+    )
+    with pytest.raises(
+        ConfigError, match=r"pools\[1\]: resource example.com/mig-1g.10gb is also advertised by another pool"
+    ):
         build_resources(config, A100_MIG)
 
 
@@ -230,17 +295,29 @@ def test_domain_comes_from_the_environment_when_the_file_has_none(monkeypatch):
     monkeypatch.setenv("GPU_SHARE_DOMAIN", "gpu.acme.io")
     config = parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared"}]})
     assert config.domain == "gpu.acme.io" and config.pools()[0].resource == "gpu.acme.io/gpu-share"
-    assert parse_config({"version": "v1", "domain": "example.org", "pools": [{"name": "s", "mode": "shared"}]}).domain == "example.org"
+    assert (
+        parse_config({"version": "v1", "domain": "example.org", "pools": [{"name": "s", "mode": "shared"}]}).domain
+        == "example.org"
+    )
     monkeypatch.setenv("GPU_SHARE_DOMAIN", "Not_A_Domain")
-    with pytest.raises(ConfigError, match=r"domain \(from \$GPU_SHARE_DOMAIN\): 'Not_A_Domain' is not a lowercase DNS subdomain"):
+    with pytest.raises(
+        ConfigError, match=r"domain \(from \$GPU_SHARE_DOMAIN\): 'Not_A_Domain' is not a lowercase DNS subdomain"
+    ):
         parse_config({"version": "v1", "pools": [{"name": "s", "mode": "shared"}]})
 
 
 def test_an_nvidia_device_plugin_config_points_to_the_migration_guide():
-    nvidia = {"version": "v1", "flags": {"migStrategy": "none"}, "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+    nvidia = {
+        "version": "v1",
+        "flags": {"migStrategy": "none"},
+        "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}},
+    }
     with pytest.raises(ConfigError) as err:
         parse_config(nvidia)
-    assert "flags, sharing: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys" in err.value.problems
+    assert (
+        "flags, sharing: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys"
+        in err.value.problems
+    )
 
 
 def test_problems_in_a_file_name_the_key_and_its_line():

@@ -6,13 +6,32 @@ import dataclasses
 
 import pytest
 
-from deviceplugin.config.types import BACKENDS, DEFAULT_RESOURCE, MODES, AllocationSettings, Config, GpuSelector, max_replicas, one_of
+from deviceplugin.config.types import (
+    BACKENDS,
+    DEFAULT_RESOURCE,
+    MODES,
+    AllocationSettings,
+    Config,
+    GpuSelector,
+    max_replicas,
+    one_of,
+)
 from deviceplugin.model.node import Gpu
 
 ALLOCATION_FIELDS = [f.name for f in dataclasses.fields(AllocationSettings)]
-CHANGED = {"allocation_policy": "spread", "device_list_strategy": "cdi", "cdi_kind": "example.com/gpu", "device_specs": True,
-           "device_root": "/host", "mps_root": "/var/mps", "shared_product_suffix": True, "watchdog_policy": "kill", "quarantine": True,
-           "default_profile": "other", "source": "elsewhere.yaml"}
+CHANGED = {
+    "allocation_policy": "spread",
+    "device_list_strategy": "cdi",
+    "cdi_kind": "example.com/gpu",
+    "device_specs": True,
+    "device_root": "/host",
+    "mps_root": "/var/mps",
+    "shared_product_suffix": True,
+    "watchdog_policy": "kill",
+    "quarantine": True,
+    "default_profile": "other",
+    "source": "elsewhere.yaml",
+}
 
 
 @pytest.mark.parametrize("name, value", sorted(CHANGED.items()))
@@ -25,7 +44,10 @@ def test_allocation_settings_are_exactly_what_decides_allocate(name, value):
 
 
 def test_every_allocation_setting_is_a_config_field():
-    assert set(ALLOCATION_FIELDS) <= {f.name for f in dataclasses.fields(Config)} and set(ALLOCATION_FIELDS) <= CHANGED.keys()
+    assert (
+        set(ALLOCATION_FIELDS) <= {f.name for f in dataclasses.fields(Config)}
+        and set(ALLOCATION_FIELDS) <= CHANGED.keys()
+    )
 
 
 T4 = Gpu(index=1, uuid="GPU-aaa", model="Tesla T4", memory_mib=15360)

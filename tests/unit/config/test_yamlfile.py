@@ -19,10 +19,15 @@ def _nested(kind: str, width: int = 9, levels: int = 9) -> str:
         lines += [f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]" for i in range(1, levels)]
     elif kind == "map":
         lines.append("m0: &m0 {" + ", ".join(f"k{j}: x" for j in range(width)) + "}")
-        lines += [f"m{i}: &m{i} {{" + ", ".join(f"k{j}: *m{i - 1}" for j in range(width)) + "}" for i in range(1, levels)]
+        lines += [
+            f"m{i}: &m{i} {{" + ", ".join(f"k{j}: *m{i - 1}" for j in range(width)) + "}" for i in range(1, levels)
+        ]
     else:  # merge keys of merge keys
         lines.append("m0: &m0 {" + ", ".join(f"k{j}: x" for j in range(width)) + "}")
-        lines += [f"m{i}: &m{i} {{<<: [*m{i - 1}], " + ", ".join(f"n{j}: *m{i - 1}" for j in range(width)) + "}" for i in range(1, levels)]
+        lines += [
+            f"m{i}: &m{i} {{<<: [*m{i - 1}], " + ", ".join(f"n{j}: *m{i - 1}" for j in range(width)) + "}"
+            for i in range(1, levels)
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -54,7 +59,9 @@ def test_an_anchor_used_inside_itself_is_refused(text):
 
 
 def test_an_alias_under_the_bound_loads_and_maps_its_lines():
-    data, duplicates, lines = load_yaml_lines("base: &b {mode: shared, replicas: 4}\npools:\n  - *b\n  - <<: *b\n    name: x\n")
+    data, duplicates, lines = load_yaml_lines(
+        "base: &b {mode: shared, replicas: 4}\npools:\n  - *b\n  - <<: *b\n    name: x\n"
+    )
     assert data["pools"] == [{"mode": "shared", "replicas": 4}, {"mode": "shared", "replicas": 4, "name": "x"}]
     assert duplicates == [] and lines["pools[1].name"] == 5
 

@@ -20,14 +20,41 @@ from deviceplugin.model.node import Gpu, NodeInfo
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 MODELS = {  # GPU name, memory MiB, the profile names NVML lists
-    "A100-40GB": ("NVIDIA A100-SXM4-40GB", 40960, ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]),
-    "A100-80GB": ("NVIDIA A100-SXM4-80GB", 81920, ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
-    "H100-80GB": ("NVIDIA H100 80GB HBM3", 81559, ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"]),
-    "H200-141GB": ("NVIDIA H200", 143771, ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]),
-    "B200-180GB": ("NVIDIA B200", 183359, ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"]),
+    "A100-40GB": (
+        "NVIDIA A100-SXM4-40GB",
+        40960,
+        ["1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+    ),
+    "A100-80GB": (
+        "NVIDIA A100-SXM4-80GB",
+        81920,
+        ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    ),
+    "H100-80GB": (
+        "NVIDIA H100 80GB HBM3",
+        81559,
+        ["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    ),
+    "H200-141GB": (
+        "NVIDIA H200",
+        143771,
+        ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+    ),
+    "B200-180GB": (
+        "NVIDIA B200",
+        183359,
+        ["1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb"],
+    ),
 }
 # The MIG user guide's placements (start memory slices) by compute slices and memory slices: the same on every model.
-PLACEMENTS = {(1, 1): (0, 1, 2, 3, 4, 5, 6), (1, 2): (0, 2, 4, 6), (2, 2): (0, 2, 4), (3, 4): (0, 4), (4, 4): (0,), (7, 8): (0,)}
+PLACEMENTS = {
+    (1, 1): (0, 1, 2, 3, 4, 5, 6),
+    (1, 2): (0, 2, 4, 6),
+    (2, 2): (0, 2, 4),
+    (3, 4): (0, 4),
+    (4, 4): (0,),
+    (7, 8): (0,),
+}
 UUID = "GPU-0c1e9d27-55a0-4b1f-9e3d-000000000000"
 
 
@@ -37,7 +64,19 @@ class Backend:
     def __init__(self, kind: str, name: str, memory: int, enabled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
         self.kind = kind
         if kind == "nvml":
-            self.fake = FakeNvml([FakeGpu(uuid=UUID, name=name, memory_mib=memory, bus_id="00000000:18:00.0", capability=(9, 0), mig={}, mig_mode=enabled)])
+            self.fake = FakeNvml(
+                [
+                    FakeGpu(
+                        uuid=UUID,
+                        name=name,
+                        memory_mib=memory,
+                        bus_id="00000000:18:00.0",
+                        capability=(9, 0),
+                        mig={},
+                        mig_mode=enabled,
+                    )
+                ]
+            )
             monkeypatch.setitem(sys.modules, "pynvml", self.fake)
             self.control: MigControl = NvmlInventory(sysfs_root="/nonexistent")
         else:
@@ -74,9 +113,20 @@ def backend(request, monkeypatch):
 
 
 def test_codes_are_nvmls():
-    assert (codes.INVALID_ARGUMENT, codes.NOT_SUPPORTED, codes.NOT_FOUND, codes.GPU_IS_LOST, codes.IN_USE, codes.INSUFFICIENT_RESOURCES) == (
-        real.NVML_ERROR_INVALID_ARGUMENT, real.NVML_ERROR_NOT_SUPPORTED, real.NVML_ERROR_NOT_FOUND, real.NVML_ERROR_GPU_IS_LOST,
-        real.NVML_ERROR_IN_USE, real.NVML_ERROR_INSUFFICIENT_RESOURCES,
+    assert (
+        codes.INVALID_ARGUMENT,
+        codes.NOT_SUPPORTED,
+        codes.NOT_FOUND,
+        codes.GPU_IS_LOST,
+        codes.IN_USE,
+        codes.INSUFFICIENT_RESOURCES,
+    ) == (
+        real.NVML_ERROR_INVALID_ARGUMENT,
+        real.NVML_ERROR_NOT_SUPPORTED,
+        real.NVML_ERROR_NOT_FOUND,
+        real.NVML_ERROR_GPU_IS_LOST,
+        real.NVML_ERROR_IN_USE,
+        real.NVML_ERROR_INSUFFICIENT_RESOURCES,
     )
 
 
@@ -177,9 +227,13 @@ def test_processes_in_an_instance_made_after_discovery_are_attributed_to_it(back
 
 def test_a_node_files_instances_are_placed_where_they_all_fit():
     """GPU 1 of 8xA100-80GB-mig: 3g.40gb, 2g.20gb and two 1g.10gb fit only with the 3g at slices 4-7."""
-    inventory = SimulatedInventory.from_file(Path(__file__).resolve().parents[3] / "examples" / "nodes" / "8xA100-80GB-mig.yaml")
+    inventory = SimulatedInventory.from_file(
+        Path(__file__).resolve().parents[3] / "examples" / "nodes" / "8xA100-80GB-mig.yaml"
+    )
     for gpu in inventory.discover().gpus:
         placed = inventory.mig_instances(gpu.uuid) if gpu.mig_enabled else ()
-        assert len(placed) == len(gpu.mig_devices) and {i.uuid for i in placed} == {m.uuid for m in gpu.mig_devices}, gpu.index
+        assert len(placed) == len(gpu.mig_devices) and {i.uuid for i in placed} == {m.uuid for m in gpu.mig_devices}, (
+            gpu.index
+        )
     layout = {i.size: i.start for i in inventory.mig_instances(inventory.discover().gpus[1].uuid) if i.size == 4}
     assert layout == {4: 4}

@@ -14,11 +14,24 @@ from tests.support.fake_pynvml import FakeGpu, FakeMig, FakeNvml
 
 
 def t4(i: int, **kw) -> FakeGpu:
-    return FakeGpu(uuid=f"GPU-t4-{i}", name="Tesla T4", memory_mib=15360, bus_id=f"00000000:{0x3B + i:02X}:00.0", capability=(7, 5), **kw)
+    return FakeGpu(
+        uuid=f"GPU-t4-{i}",
+        name="Tesla T4",
+        memory_mib=15360,
+        bus_id=f"00000000:{0x3B + i:02X}:00.0",
+        capability=(7, 5),
+        **kw,
+    )
 
 
 def a100(i: int, **kw) -> FakeGpu:
-    return FakeGpu(uuid=f"GPU-a100-{i}", name="NVIDIA A100-SXM4-80GB", memory_mib=81920, bus_id=f"00000000:{0x07 + i:02X}:00.0", **kw)
+    return FakeGpu(
+        uuid=f"GPU-a100-{i}",
+        name="NVIDIA A100-SXM4-80GB",
+        memory_mib=81920,
+        bus_id=f"00000000:{0x07 + i:02X}:00.0",
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -49,10 +62,15 @@ def test_bus_id_normalisation():
 def test_discovers_plain_gpus_numa_and_versions(install):
     fake = FakeNvml([t4(0), t4(1)], topology={(0, 1): real.NVML_TOPOLOGY_HOSTBRIDGE})
     node = install(fake, numa={"0000:3b:00.0": 0, "0000:3c:00.0": -1}).discover()
-    assert [(g.index, g.uuid, g.model, g.memory_mib) for g in node.gpus] == [(0, "GPU-t4-0", "Tesla T4", 15360), (1, "GPU-t4-1", "Tesla T4", 15360)]
+    assert [(g.index, g.uuid, g.model, g.memory_mib) for g in node.gpus] == [
+        (0, "GPU-t4-0", "Tesla T4", 15360),
+        (1, "GPU-t4-1", "Tesla T4", 15360),
+    ]
     assert [g.numa_node for g in node.gpus] == [0, None]  # -1 in sysfs means none
     assert node.gpus[0].pci_bus_id == "0000:3b:00.0" and node.gpus[0].compute_capability == "7.5"
-    assert not node.gpus[0].mig_enabled and not node.gpus[0].mig_capable  # MigMode raised NotSupported: a T4 cannot do MIG
+    assert (
+        not node.gpus[0].mig_enabled and not node.gpus[0].mig_capable
+    )  # MigMode raised NotSupported: a T4 cannot do MIG
     assert (node.driver_version, node.cuda_driver_version) == ("550.54.15", "12.4")
     assert node.link(node.gpus[0], node.gpus[1]).describe() == "host-bridge"
     assert fake.initialised == 1
@@ -62,11 +80,15 @@ def test_mig_instances_with_index_gaps(install):
     mig = {0: FakeMig("MIG-a", "3g.40gb", 40192, gi=1), 2: FakeMig("MIG-b", "1g.10gb+me", 9984, gi=9, ci=0)}
     node = install(FakeNvml([a100(0, mig=mig), a100(1, mig={})])).discover()
     gpu = node.gpus[0]
-    assert gpu.mig_enabled and [(m.uuid, m.profile, m.memory_mib, m.gi_id, m.ci_id, m.index) for m in gpu.mig_devices] == [
+    assert gpu.mig_enabled and [
+        (m.uuid, m.profile, m.memory_mib, m.gi_id, m.ci_id, m.index) for m in gpu.mig_devices
+    ] == [
         ("MIG-a", "3g.40gb", 40192, 1, 0, 0),
         ("MIG-b", "1g.10gb+me", 9984, 9, 0, 2),
     ]
-    assert not node.gpus[1].mig_enabled and node.gpus[1].mig_devices == () and node.gpus[1].mig_capable  # MIG supported, disabled
+    assert (
+        not node.gpus[1].mig_enabled and node.gpus[1].mig_devices == () and node.gpus[1].mig_capable
+    )  # MIG supported, disabled
 
 
 def test_nvlink_counts_stop_at_first_unsupported_link(install):
@@ -174,7 +196,12 @@ def test_stats_and_processes(install):
     inventory = install(fake)
     inventory.discover()
     stats = inventory.stats("GPU-t4-1")
-    assert (stats.utilization_percent, stats.temperature_celsius, stats.power_watts, stats.memory_used_mib) == (37.0, 41.0, 71.5, 0)
+    assert (stats.utilization_percent, stats.temperature_celsius, stats.power_watts, stats.memory_used_mib) == (
+        37.0,
+        41.0,
+        71.5,
+        0,
+    )
     # usedGpuMemory None counts as 0; the MPS call's NVMLLibraryMismatchError (a plain Exception) is tolerated.
     assert sorted((p.pid, p.used_mib) for p in inventory.processes("GPU-t4-1")) == [(11, 512), (12, 0)]
     (process,) = inventory.processes("GPU-a100-0")
@@ -213,7 +240,9 @@ def test_reset_required_reads_the_gpu_recovery_action(install):
 
 
 def test_numa_from_nvml_affinity_where_sysfs_has_no_entry(install, tmp_path):
-    fake = FakeNvml([t4(0, memory_affinity=[1]), t4(1, cpu_affinity=list(range(16, 32))), t4(2), t4(3, memory_affinity=[0])])
+    fake = FakeNvml(
+        [t4(0, memory_affinity=[1]), t4(1, cpu_affinity=list(range(16, 32))), t4(2), t4(3, memory_affinity=[0])]
+    )
     for node_id, cpus in ((0, "0-15"), (1, "16-31")):
         path = tmp_path / "devices" / "system" / "node" / f"node{node_id}"
         path.mkdir(parents=True)

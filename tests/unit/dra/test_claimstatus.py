@@ -37,7 +37,9 @@ def _claim(name: str = "c", device: str = "gpu-1", shares: int = 3) -> PreparedC
 def _nowhere() -> Any:
     from deviceplugin.kube.rest import Connection, RestClient
 
-    return RestClient(Connection(f"http://127.0.0.1:{free_port()}"))  # nothing listens: every request is refused at once
+    return RestClient(
+        Connection(f"http://127.0.0.1:{free_port()}")
+    )  # nothing listens: every request is refused at once
 
 
 def _counts(registry: CollectorRegistry) -> dict[str, float]:

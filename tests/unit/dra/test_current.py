@@ -32,7 +32,9 @@ def test_a_stale_cache_never_prepares_the_gpu_the_claim_no_longer_has(tmp_path: 
     _, new = claim([result("gpu-1", shares=4)], uid=ref.uid)
     source.cache[ref.uid] = old
     source.api[ref.uid] = new
-    assert _prepare(driver, source, ref) == (["gpu-1"], "") and source.gets == [ref.uid]  # the first prepare reads the API
+    assert _prepare(driver, source, ref) == (["gpu-1"], "") and source.gets == [
+        ref.uid
+    ]  # the first prepare reads the API
     assert driver.ledger() == {"gpu-1": 4}
 
 
@@ -42,13 +44,17 @@ def test_a_re_allocated_claim_is_prepared_from_its_new_allocation_and_its_record
     source.put(old)
     assert _prepare(driver, source, ref) == (["gpu-0"], "")
     source.gets.clear()
-    assert _prepare(driver, source, ref) == (["gpu-0"], "") and source.gets == []  # a current cache agreeing with the record
+    assert (
+        _prepare(driver, source, ref) == (["gpu-0"], "") and source.gets == []
+    )  # a current cache agreeing with the record
     _, new = claim([result("gpu-1", shares=3)], uid=ref.uid)
     source.put(new)  # the cache (current) shows the new allocation: confirmed with a GET, then prepared from it
     assert _prepare(driver, source, ref) == (["gpu-1"], "") and source.gets == [ref.uid]
     assert driver.ledger() == {"gpu-1": 3} and driver.reallocated == 1
     restarted = make_driver(tmp_path)  # the record on disk is the new one
-    assert restarted.ledger() == {"gpu-1": 3} and [d.device for d in restarted.checkpoint.get(ref.uid).devices] == ["gpu-1"]
+    assert restarted.ledger() == {"gpu-1": 3} and [d.device for d in restarted.checkpoint.get(ref.uid).devices] == [
+        "gpu-1"
+    ]
 
 
 def test_a_cache_that_is_not_current_is_not_used_for_a_prepared_claim(tmp_path: Path) -> None:
@@ -86,7 +92,9 @@ def test_a_damaged_record_fences_its_claims_devices_until_the_kubelet_unprepares
     assert registry.get_sample_value("gpushare_dra_records_quarantined_total") == 1
     # The API's view of that UID cannot be told: every device is fenced.
     for device in ("gpu-0", "gpu-1"):
-        with pytest.raises(ClaimError, match=f"device {device} is fenced: the checkpoint record of claim {held[0].uid} is damaged"):
+        with pytest.raises(
+            ClaimError, match=f"device {device} is fenced: the checkpoint record of claim {held[0].uid} is damaged"
+        ):
             restarted.prepare(*claim([result(device, shares=1)]))
     # The API allocates gpu-0 to that UID: gpu-0 stays fenced, gpu-1 is free.
     restarted.find_claim = lambda uid: held[1] if uid == held[0].uid else GONE
@@ -190,7 +198,9 @@ def test_a_hung_read_fails_only_its_own_claim_before_the_deadline(tmp_path: Path
     source.hang[hung[0].uid] = release = threading.Event()
     source.gets.clear()
     reads = ThreadPoolExecutor(2)  # not asyncio.run's default executor, which it would wait for
-    outcomes = asyncio.run(prepare_claims(driver, source, [hung[0], cached[0]], deadline=time.monotonic() + 0.5, reads=reads))
+    outcomes = asyncio.run(
+        prepare_claims(driver, source, [hung[0], cached[0]], deadline=time.monotonic() + 0.5, reads=reads)
+    )
     assert not release.is_set() and source.gets == [hung[0].uid]
     assert outcomes[cached[0].uid].claim is not None and not outcomes[cached[0].uid].error
     assert "not prepared" in outcomes[hung[0].uid].error and outcomes[hung[0].uid].claim is None

@@ -24,9 +24,15 @@ def test_a_shared_gpu_is_one_multi_allocatable_device_with_proportional_capacity
     api = devices[0].to_api(driver_name("example.com"), info)
     assert api["allowMultipleAllocations"] is True
     shares, memory = api["capacity"]["shares"], api["capacity"]["memory"]
-    assert shares["value"] == "4" and shares["requestPolicy"] == {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}}
+    assert shares["value"] == "4" and shares["requestPolicy"] == {
+        "default": "1",
+        "validRange": {"min": "1", "max": "4", "step": "1"},
+    }
     one = 15360 // 4 * 1024 * 1024
-    assert memory["value"] == str(4 * one) and memory["requestPolicy"]["default"] == str(one) == memory["requestPolicy"]["validRange"]["step"]
+    assert (
+        memory["value"] == str(4 * one)
+        and memory["requestPolicy"]["default"] == str(one) == memory["requestPolicy"]["validRange"]["step"]
+    )
     assert api["attributes"]["uuid"] == {"string": info.gpus[0].uuid}
     assert api["attributes"]["cudaComputeCapability"] == {"version": "7.5.0"}
     assert api["attributes"]["architecture"] == {"string": "turing"}
@@ -54,7 +60,10 @@ def test_mig_instances_are_devices_named_by_gpu_and_instance() -> None:
     assert devices and all(d.name.startswith(f"gpu-{d.unit.gpu.index}-mig-") for d in devices)
     assert len({d.name for d in devices}) == len(devices)
     api = devices[0].to_api("gpu-share.example.com", info)
-    assert api["attributes"]["type"] == {"string": "mig"} and api["attributes"]["parentUUID"]["string"] == devices[0].unit.gpu.uuid
+    assert (
+        api["attributes"]["type"] == {"string": "mig"}
+        and api["attributes"]["parentUUID"]["string"] == devices[0].unit.gpu.uuid
+    )
 
 
 @pytest.mark.parametrize(
@@ -71,11 +80,15 @@ def test_a_claim_holds_the_larger_of_its_shares_and_its_memory_in_shares(consume
     held = claim_share(devices[0], consumed, "share-1")
     assert held.shares == shares
     grant = held.grant()
-    assert grant.envs["GPU_SHARE_COUNT"] == str(shares) and grant.envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(3840 * shares)
+    assert grant.envs["GPU_SHARE_COUNT"] == str(shares) and grant.envs["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(
+        3840 * shares
+    )
 
 
 def test_mps_limits_come_from_the_claim() -> None:
-    _, devices = _devices([{"name": "p", "mode": "shared", "replicas": 4, "backend": "mps", "mpsLimits": "proportional"}])
+    _, devices = _devices(
+        [{"name": "p", "mode": "shared", "replicas": 4, "backend": "mps", "mpsLimits": "proportional"}]
+    )
     envs = claim_share(devices[0], {"shares": "2"}, "s").grant().envs
     assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50" and envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7680M"
 
@@ -89,9 +102,16 @@ def test_a_strict_mps_pool_gives_a_claim_one_share_as_the_device_plugin_does() -
 
 @pytest.mark.parametrize(
     ("consumed", "share_id", "message"),
-    [({"shares": "5"}, "s", "holds 5 shares"), ({"memory": "bogus"}, "s", "not a quantity"), ({}, None, "no shareID"), ({"shares": "-1"}, "s", "negative")],
+    [
+        ({"shares": "5"}, "s", "holds 5 shares"),
+        ({"memory": "bogus"}, "s", "not a quantity"),
+        ({}, None, "no shareID"),
+        ({"shares": "-1"}, "s", "negative"),
+    ],
 )
-def test_results_the_driver_cannot_prepare_are_refused_with_a_message(consumed: dict, share_id: str | None, message: str) -> None:
+def test_results_the_driver_cannot_prepare_are_refused_with_a_message(
+    consumed: dict, share_id: str | None, message: str
+) -> None:
     _, devices = _devices([{"name": "s", "mode": "shared", "replicas": 4}])
     with pytest.raises(ClaimError, match=message):
         claim_share(devices[0], consumed, share_id)

@@ -35,7 +35,15 @@ CONFIG = parse_config({"version": "v1", "pools": [{"name": "dyn", "mode": "mig",
 def h100s() -> SimulatedInventory:
     """Two H100s: GPU 0 with MIG mode on and no instance, GPU 1 with MIG mode off."""
     gpus = tuple(
-        Gpu(index=i, uuid=u, model="NVIDIA H100 80GB HBM3", memory_mib=81559, mig_capable=True, mig_enabled=i == 0, compute_capability="9.0")
+        Gpu(
+            index=i,
+            uuid=u,
+            model="NVIDIA H100 80GB HBM3",
+            memory_mib=81559,
+            mig_capable=True,
+            mig_enabled=i == 0,
+            compute_capability="9.0",
+        )
         for i, u in enumerate((GPU0, GPU1))
     )
     return SimulatedInventory(NodeInfo(gpus=gpus, name=POOL))
@@ -43,8 +51,15 @@ def h100s() -> SimulatedInventory:
 
 def start(tmp_path: Path, inventory: SimulatedInventory) -> Driver:
     """The driver as the DRA daemon starts it: configured, then the start-up sweep."""
-    driver = Driver(DRIVER, POOL, Checkpoint(tmp_path / "claims"), CdiWriter(tmp_path / "cdi", DRIVER), NodeState(),
-                    SerialLock(tmp_path / "serialize.lock"), MigInstances(inventory, inventory.processes))
+    driver = Driver(
+        DRIVER,
+        POOL,
+        Checkpoint(tmp_path / "claims"),
+        CdiWriter(tmp_path / "cdi", DRIVER),
+        NodeState(),
+        SerialLock(tmp_path / "serialize.lock"),
+        MigInstances(inventory, inventory.processes),
+    )
     driver.on_config(CONFIG, build_resources(CONFIG, inventory.discover(), dynamic_mig=True))
     driver.sweep_mig()
     return driver
@@ -68,8 +83,13 @@ def test_prepare_makes_the_instance_the_container_gets_and_unprepare_destroys_it
     assert (instance.start, instance.size) == (4, 4) and instance.uuid.startswith("MIG-")
     assert env(prepared.cdi_spec)["NVIDIA_VISIBLE_DEVICES"] == instance.uuid
     record = prepared.devices[0].mig
-    assert record == MigRecord(GPU0, instance.profile_id, 4, instance.gi_id, instance.ci_id, instance.uuid) and not prepared.pending
-    assert driver.prepare(ref, body) == prepared and len(inventory.mig_instances(GPU0)) == 1  # idempotent: nothing new made
+    assert (
+        record == MigRecord(GPU0, instance.profile_id, 4, instance.gi_id, instance.ci_id, instance.uuid)
+        and not prepared.pending
+    )
+    assert (
+        driver.prepare(ref, body) == prepared and len(inventory.mig_instances(GPU0)) == 1
+    )  # idempotent: nothing new made
     assert start(tmp_path, inventory).prepare(ref, body) == prepared  # and after a restart
     driver = start(tmp_path, inventory)
     driver.unprepare(ref)
@@ -84,7 +104,12 @@ def test_the_claims_status_names_the_instance_made_for_it(tmp_path: Path) -> Non
     (instance,) = inventory.mig_instances(GPU0)
     (entry,) = device_status(prepared, {d.name: d for d in driver.devices}, DRIVER)
     assert entry["data"] == {
-        "version": 1, "uuid": instance.uuid, "gpu": 0, "shares": 1, "totalShares": 1, "memoryLimitMiB": prepared.devices[0].memory_mib,
+        "version": 1,
+        "uuid": instance.uuid,
+        "gpu": 0,
+        "shares": 1,
+        "totalShares": 1,
+        "memoryLimitMiB": prepared.devices[0].memory_mib,
     }
 
 
@@ -92,15 +117,22 @@ def test_the_claims_status_names_the_instance_made_for_it(tmp_path: Path) -> Non
     ("sharing", "message"),
     [
         ({"strategy": "timeSlicing"}, ""),  # what a MIG instance offers: accepted
-        ({"strategy": "mps"}, "sharing.strategy: mps is not offered on device gpu-0-mig-1g-10gb-6: pool dyn is mode mig"),
+        (
+            {"strategy": "mps"},
+            "sharing.strategy: mps is not offered on device gpu-0-mig-1g-10gb-6: pool dyn is mode mig",
+        ),
     ],
 )
-def test_a_sharing_config_is_checked_before_any_instance_is_made(tmp_path: Path, sharing: dict[str, str], message: str) -> None:
+def test_a_sharing_config_is_checked_before_any_instance_is_made(
+    tmp_path: Path, sharing: dict[str, str], message: str
+) -> None:
     inventory = h100s()
     driver = start(tmp_path, inventory)
     ref, body = mig("gpu-0-mig-1g-10gb-6")
     parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": sharing}
-    body["status"]["allocation"]["devices"]["config"] = [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}]
+    body["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}
+    ]
     if not message:
         prepared = driver.prepare(ref, body)
         assert [i.uuid for i in inventory.mig_instances(GPU0)] == [prepared.devices[0].mig.uuid]  # type: ignore[union-attr]
@@ -120,7 +152,10 @@ def test_a_taken_placement_is_that_claims_error_and_leaves_nothing_behind(tmp_pa
     for ref, body in (taken, free):
         source.api[ref.uid] = body
     outcomes = asyncio.run(prepare_claims(driver, source, [taken[0], free[0]]))
-    assert "cannot make MIG instance 3g.40gb at memory slice 0 of GPU 0: NVML INSUFFICIENT_RESOURCES" in outcomes[taken[0].uid].error
+    assert (
+        "cannot make MIG instance 3g.40gb at memory slice 0 of GPU 0: NVML INSUFFICIENT_RESOURCES"
+        in outcomes[taken[0].uid].error
+    )
     assert outcomes[free[0].uid].claim is not None  # the other claim of the batch is prepared
     assert taken[0].uid not in driver.checkpoint and len(inventory.mig_instances(GPU0)) == 2
     assert driver.mig.made == 2
@@ -153,14 +188,21 @@ def test_a_prepare_cut_short_after_its_intent_is_finished_by_the_next_one(tmp_pa
     assert record is not None
     if made == "gpu instance only":
         inventory.destroy_compute_instance(GPU0, record.gi_id or 0, record.ci_id or 0)
-    intent = replace(done, pending=True, cdi_spec="", devices=tuple(replace(d, cdi_ids=(), mig=MigRecord(GPU0, record.profile_id, 0)) for d in done.devices))
+    intent = replace(
+        done,
+        pending=True,
+        cdi_spec="",
+        devices=tuple(replace(d, cdi_ids=(), mig=MigRecord(GPU0, record.profile_id, 0)) for d in done.devices),
+    )
     driver.checkpoint.put(intent)
     restarted = start(tmp_path, inventory)
     assert restarted.mig.destroyed == 0 and len(inventory.mig_instances(GPU0)) == 1
     again = restarted.prepare(ref, body)
     (instance,) = inventory.mig_instances(GPU0)
-    assert restarted.mig.made == 0 and instance.gi_id == record.gi_id and again.devices[0].mig == MigRecord(
-        GPU0, record.profile_id, 0, instance.gi_id, instance.ci_id, instance.uuid
+    assert (
+        restarted.mig.made == 0
+        and instance.gi_id == record.gi_id
+        and again.devices[0].mig == MigRecord(GPU0, record.profile_id, 0, instance.gi_id, instance.ci_id, instance.uuid)
     )
     assert env(again.cdi_spec)["NVIDIA_VISIBLE_DEVICES"] == instance.uuid and not again.pending
     if made == "gpu and compute instance":
@@ -175,7 +217,9 @@ def test_the_start_up_sweep_destroys_instances_of_no_claim_only_on_idle_gpus(tmp
     stray = inventory.create_compute_instance(GPU0, inventory.create_gpu_instance(GPU0, one.id, 3))
     inventory.add_process(90, GPU0, 100, mig_uuid=kept.devices[0].mig.uuid)  # type: ignore[union-attr]
     busy = start(tmp_path, inventory)
-    assert len(inventory.mig_instances(GPU0)) == 2 and [(u.gi_id, u.why) for u in busy.mig.unclaimed] == [(stray.gi_id, "the GPU runs processes")]
+    assert len(inventory.mig_instances(GPU0)) == 2 and [(u.gi_id, u.why) for u in busy.mig.unclaimed] == [
+        (stray.gi_id, "the GPU runs processes")
+    ]
     assert busy.mig.kept() == {GPU0: [(one.id, 3)]}  # the slice publisher publishes its slice taken
     inventory.remove_process(90)
     idle = start(tmp_path, inventory)
@@ -190,14 +234,18 @@ def test_nothing_is_swept_while_a_record_is_damaged(tmp_path: Path) -> None:
     driver.prepare(ref, mig("gpu-0-mig-1g-10gb-0", uid=ref.uid)[1])
     (tmp_path / "claims" / f"{ref.uid}.json").write_text("{broken")
     restarted = start(tmp_path, inventory)
-    assert len(inventory.mig_instances(GPU0)) == 1 and [u.why for u in restarted.mig.unclaimed] == ["a checkpoint record is damaged"]
+    assert len(inventory.mig_instances(GPU0)) == 1 and [u.why for u in restarted.mig.unclaimed] == [
+        "a checkpoint record is damaged"
+    ]
 
 
 def test_a_gpu_with_mig_off_is_one_whole_exclusive_gpu(tmp_path: Path) -> None:
     inventory = h100s()
     driver = start(tmp_path, inventory)
     whole = {d.name: d for d in driver.devices}["gpu-1"]
-    assert whole.partition is None and whole.to_api(DRIVER, inventory.discover())["attributes"]["mode"] == {"string": "exclusive"}
+    assert whole.partition is None and whole.to_api(DRIVER, inventory.discover())["attributes"]["mode"] == {
+        "string": "exclusive"
+    }
     prepared = driver.prepare(*mig("gpu-1"))
     assert env(prepared.cdi_spec)["NVIDIA_VISIBLE_DEVICES"] == GPU1 and prepared.devices[0].mig is None
 
@@ -209,11 +257,30 @@ def test_the_agent_meters_a_dynamic_claim_on_the_instance_made_for_it(tmp_path: 
     made = driver.prepare(ref, body).devices[0].mig
     assert made is not None
     resource = pr.ClaimResource(driver_name=DRIVER, pool_name=POOL, device_name="gpu-0-mig-2g-20gb-4")
-    listing = pr.ListPodResourcesResponse(pod_resources=[pr.PodResources(name="p", namespace="default", containers=[
-        pr.ContainerResources(name="main", dynamic_resources=[pr.DynamicResource(claim_name=ref.name, claim_namespace=ref.namespace, claim_resources=[resource])])
-    ])])
+    listing = pr.ListPodResourcesResponse(
+        pod_resources=[
+            pr.PodResources(
+                name="p",
+                namespace="default",
+                containers=[
+                    pr.ContainerResources(
+                        name="main",
+                        dynamic_resources=[
+                            pr.DynamicResource(
+                                claim_name=ref.name, claim_namespace=ref.namespace, claim_resources=[resource]
+                            )
+                        ],
+                    )
+                ],
+            )
+        ]
+    )
     (share,) = ClaimUsage(driver.prepared, lambda: driver.devices, DRIVER, POOL)(listing, []).shares
-    assert (share.unit_uuid, share.gpu_uuid, share.memory_limit_mib) == (made.uuid, GPU0, 19968)  # the instance, not its GPU
+    assert (share.unit_uuid, share.gpu_uuid, share.memory_limit_mib) == (
+        made.uuid,
+        GPU0,
+        19968,
+    )  # the instance, not its GPU
 
 
 def test_an_instance_made_behind_the_drivers_back_is_noticed_and_published_taken_until_gone(tmp_path: Path) -> None:

@@ -25,8 +25,15 @@ CONFIG = {"version": "v1", "pools": [{"name": "dyn", "mode": "mig", "strategy": 
 def h100_node(n: int, mig_off: tuple[int, ...] = ()) -> NodeInfo:
     name, memory, key = H100
     gpus = tuple(
-        Gpu(index=i, uuid=f"GPU-h100-{i}", model=name, memory_mib=memory, mig_capable=True, mig_enabled=i not in mig_off,
-            mig_profiles=() if i in mig_off else model_profiles(key))
+        Gpu(
+            index=i,
+            uuid=f"GPU-h100-{i}",
+            model=name,
+            memory_mib=memory,
+            mig_capable=True,
+            mig_enabled=i not in mig_off,
+            mig_profiles=() if i in mig_off else model_profiles(key),
+        )
         for i in range(n)
     )
     return NodeInfo(gpus=gpus, driver_version="570.124.06")
@@ -58,7 +65,11 @@ def test_one_h100_is_one_counter_set_and_a_device_per_profile_and_placement():
     assert all(DNS_LABEL.match(d["name"]) for d in rendered)
     assert "gpu-0-mig-1g-10gb-me-3" in {d["name"] for d in rendered}
     counters = gpu_counters(h100_node(1).gpus[0])
-    assert len(counters) <= 32 and counters["compute-slices"] == 7 and sum(1 for k in counters if k.startswith("memory-slice-")) == 8
+    assert (
+        len(counters) <= 32
+        and counters["compute-slices"] == 7
+        and sum(1 for k in counters if k.startswith("memory-slice-")) == 8
+    )
     for d in rendered:
         assert "uuid" not in d["attributes"] and d["attributes"]["type"] == {"string": "mig"}
         assert len(d["consumesCounters"]) == 1 and set(d["consumesCounters"][0]["counters"]) <= set(counters)
@@ -85,10 +96,20 @@ def test_the_counters_allow_exactly_the_pairs_nvml_allows():
     assert checked == 25 * 24 // 2
 
 
-@pytest.mark.parametrize("mix", [
-    ["3g-40gb-4", "4g-40gb-0"], ["4g-40gb-0", "2g-20gb-4", "1g-10gb-6"], [f"1g-10gb-{i}" for i in range(7)], ["7g-80gb-0"],
-    ["3g-40gb-0", "2g-20gb-4", "1g-20gb-6"],  # 6 compute slices: a 1g could fit, but no memory slice is left for one
-])
+@pytest.mark.parametrize(
+    "mix",
+    [
+        ["3g-40gb-4", "4g-40gb-0"],
+        ["4g-40gb-0", "2g-20gb-4", "1g-10gb-6"],
+        [f"1g-10gb-{i}" for i in range(7)],
+        ["7g-80gb-0"],
+        [
+            "3g-40gb-0",
+            "2g-20gb-4",
+            "1g-20gb-6",
+        ],  # 6 compute slices: a 1g could fit, but no memory slice is left for one
+    ],
+)
 def test_full_layouts_fit_and_nothing_more_does(mix):
     node = h100_node(1)
     rendered = {d.name: d.to_api("gpu-share.example.com", node) for d in devices_of(node)}
@@ -102,8 +123,13 @@ def test_eight_gpus_are_one_counter_slice_then_device_slices_of_64():
     devices = devices_of(node)
     assert [d.name for d in devices if d.unit.gpu.index == 7] == ["gpu-7"]  # MIG mode off: the GPU whole, as today
     gpus = list({d.unit.gpu.uuid: d.unit.gpu for d in devices if d.partition}.values())
-    pool = Pool("node-a", "gpu-share.example.com", owner_reference("node-a", "uid"), [d.to_api("gpu-share.example.com", node) for d in devices],
-                counter_sets(gpus))
+    pool = Pool(
+        "node-a",
+        "gpu-share.example.com",
+        owner_reference("node-a", "uid"),
+        [d.to_api("gpu-share.example.com", node) for d in devices],
+        counter_sets(gpus),
+    )
     specs = list(pool.specs(1).values())
     assert "devices" not in specs[0] and len(specs[0]["sharedCounters"]) == 7
     assert [len(s["devices"]) for s in specs[1:]] == [64, 64, 48]  # 7 x 25 + 1 devices
@@ -125,7 +151,12 @@ def test_an_instance_kept_without_a_claim_is_published_as_taken():
     three = next(p for p in gpu.mig_profiles if p.name == "3g.40gb")
     (kept,) = counter_sets(node.gpus, {gpu.uuid: [(three.id, 4)]})
     counters = {k: int(v["value"]) for k, v in kept["counters"].items()}
-    assert [counters[f"memory-slice-{i}"] for i in range(8)] == [1, 1, 1, 1, 0, 0, 0, 0] and counters["compute-slices"] == 4
+    assert [counters[f"memory-slice-{i}"] for i in range(8)] == [1, 1, 1, 1, 0, 0, 0, 0] and counters[
+        "compute-slices"
+    ] == 4
     rendered = {d.name: d.to_api("gpu-share.example.com", node) for d in devices_of(node)}
     allowed = {name for name, d in rendered.items() if fits(d, sets=[kept])}
-    assert "gpu-0-mig-4g-40gb-0" in allowed and not {"gpu-0-mig-3g-40gb-4", "gpu-0-mig-7g-80gb-0", "gpu-0-mig-1g-10gb-5"} & allowed
+    assert (
+        "gpu-0-mig-4g-40gb-0" in allowed
+        and not {"gpu-0-mig-3g-40gb-4", "gpu-0-mig-7g-80gb-0", "gpu-0-mig-1g-10gb-5"} & allowed
+    )

@@ -16,8 +16,17 @@ def _devices(n: int) -> list[dict[str, Any]]:
 
 
 def _stored(obj: dict[str, Any], rv: str = "1", owners: tuple = (OWNER,)) -> Stored:
-    return Stored.from_api({"metadata": {"name": obj["metadata"]["name"], "uid": "u-" + obj["metadata"]["name"], "resourceVersion": rv,
-                                         "ownerReferences": list(owners)}, "spec": obj["spec"]})
+    return Stored.from_api(
+        {
+            "metadata": {
+                "name": obj["metadata"]["name"],
+                "uid": "u-" + obj["metadata"]["name"],
+                "resourceVersion": rv,
+                "ownerReferences": list(owners),
+            },
+            "spec": obj["spec"],
+        }
+    )
 
 
 def _published(pool: Pool) -> list[Stored]:
@@ -35,9 +44,14 @@ def test_devices_are_cut_into_slices_of_64_and_no_device_is_one_empty_slice() ->
 def test_a_first_publish_creates_every_slice_at_generation_1_owned_by_the_node() -> None:
     plan = Pool("node-a", "gpu-share.example.com", OWNER, _devices(100)).plan([])
     assert plan.generation == 1 and not plan.deletes and not plan.updates
-    assert [o["metadata"]["name"] for o in plan.creates] == ["node-a-gpu-share.example.com-0000", "node-a-gpu-share.example.com-0001"]
+    assert [o["metadata"]["name"] for o in plan.creates] == [
+        "node-a-gpu-share.example.com-0000",
+        "node-a-gpu-share.example.com-0001",
+    ]
     for obj in plan.creates:
-        assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-1", "controller": True}]
+        assert obj["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-1", "controller": True}
+        ]
         assert obj["spec"]["nodeName"] == "node-a" and obj["spec"]["driver"] == "gpu-share.example.com"
         assert obj["spec"]["pool"]["resourceSliceCount"] == 2
 
@@ -59,7 +73,9 @@ def test_one_changed_slice_keeps_the_generation_and_keeps_old_taint_times() -> N
     devices[70]["taints"] = [{"key": "d.example.com/unhealthy", "value": "xid", "effect": "NoSchedule"}]
     plan = Pool("node-a", "d.example.com", OWNER, devices).plan(stored)
     assert plan.generation == 1 and len(plan.updates) == 1 and not plan.creates
-    assert plan.updates[0]["metadata"]["name"].endswith("-0001") and plan.updates[0]["metadata"]["resourceVersion"] == "1"
+    assert (
+        plan.updates[0]["metadata"]["name"].endswith("-0001") and plan.updates[0]["metadata"]["resourceVersion"] == "1"
+    )
 
 
 def test_a_change_of_two_slices_or_a_missing_slice_moves_every_slice_to_the_next_generation() -> None:
@@ -68,7 +84,9 @@ def test_a_change_of_two_slices_or_a_missing_slice_moves_every_slice_to_the_next
     for i in (1, 70):
         devices[i]["taints"] = [{"key": "d.example.com/unhealthy", "value": "xid", "effect": "NoSchedule"}]
     two = Pool("node-a", "d.example.com", OWNER, devices).plan(stored)
-    assert two.generation == 2 and len(two.updates) == 2 and {o["spec"]["pool"]["generation"] for o in two.updates} == {2}
+    assert (
+        two.generation == 2 and len(two.updates) == 2 and {o["spec"]["pool"]["generation"] for o in two.updates} == {2}
+    )
     wiped = Pool("node-a", "d.example.com", OWNER, _devices(100)).plan(stored[:1])  # one of two deleted
     assert wiped.generation == 2 and len(wiped.updates) == 1 and len(wiped.creates) == 1
 
@@ -84,7 +102,10 @@ def test_a_foreign_slice_name_or_pool_is_deleted_and_a_lost_owner_reference_is_r
     pool = Pool("node-a", "d.example.com", OWNER, _devices(2))
     ours = pool.plan([]).creates[0]
     foreign = {"metadata": {"name": "00000-d.example.com-node-a-x1y2z"}, "spec": ours["spec"]}
-    other_pool = {"metadata": ours["metadata"], "spec": {**ours["spec"], "pool": {"name": "elsewhere", "generation": 1, "resourceSliceCount": 1}}}
+    other_pool = {
+        "metadata": ours["metadata"],
+        "spec": {**ours["spec"], "pool": {"name": "elsewhere", "generation": 1, "resourceSliceCount": 1}},
+    }
     assert [s.name for s in pool.plan([_stored(foreign), _stored(ours)]).deletes] == [foreign["metadata"]["name"]]
     plan = pool.plan([_stored(other_pool)])
     assert len(plan.deletes) == 1 and len(plan.creates) == 1
@@ -114,9 +135,13 @@ def test_the_pool_and_the_taints_load_no_transport() -> None:
     import subprocess
     import sys
 
-    probe = ("import json, sys; import deviceplugin.dra.pool, deviceplugin.dra.taints; "
-             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'prometheus_client', 'kubernetes') or m.startswith('google.protobuf'))))")
-    loaded = json.loads(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout)
+    probe = (
+        "import json, sys; import deviceplugin.dra.pool, deviceplugin.dra.taints; "
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'prometheus_client', 'kubernetes') or m.startswith('google.protobuf'))))"
+    )
+    loaded = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    )
     assert loaded == []
 
 

@@ -31,14 +31,22 @@ def test_prepare_writes_a_cdi_spec_with_mps_limits_from_the_consumed_capacity(tm
     prepared = driver.prepare(ref, body)
     (device,) = prepared.devices
     assert device.request == "gpu" and device.device == "gpu-1" and device.pool == "2xT4" and device.shares == 3
-    assert device.cdi_ids == (f"{cdi_kind(DRIVER)}={ref.uid}-0",) and cdi_kind(DRIVER) == "k8s.gpu-share.example.com/claim"
+    assert (
+        device.cdi_ids == (f"{cdi_kind(DRIVER)}={ref.uid}-0",) and cdi_kind(DRIVER) == "k8s.gpu-share.example.com/claim"
+    )
     assert Path(prepared.cdi_spec).name == f"{DRIVER}_{ref.uid}.json"
     env = _env(prepared.cdi_spec)
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "75" and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={3 * T4 // 4}M"
+    assert (
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "75"
+        and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={3 * T4 // 4}M"
+    )
     assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"] == "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000001"
     assert env["GPU_SHARE_COUNT"] == "3" and env["GPU_SHARE_TOTAL"] == "4" and "CUDA_MPS_PIPE_DIRECTORY" in env
     spec = json.loads(Path(prepared.cdi_spec).read_text())
-    assert {m["containerPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]} == {env["CUDA_MPS_PIPE_DIRECTORY"], "/dev/shm"}
+    assert {m["containerPath"] for m in spec["devices"][0]["containerEdits"]["mounts"]} == {
+        env["CUDA_MPS_PIPE_DIRECTORY"],
+        "/dev/shm",
+    }
     assert driver.ledger() == {"gpu-1": 3}
 
 
@@ -59,7 +67,9 @@ def test_prepare_again_gives_the_same_answer_and_unprepare_undoes_it_once(tmp_pa
 def test_the_ledger_refuses_shares_beyond_the_device_and_a_restart_rebuilds_it(tmp_path: Path) -> None:
     driver = make_driver(tmp_path)
     driver.prepare(*claim([result("gpu-0", shares=3)]))
-    memory_only = claim([result("gpu-0", shares=1, memory=f"{2 * T4 // 4}Mi")])  # names 1 share and 2 shares' memory: gets 2
+    memory_only = claim(
+        [result("gpu-0", shares=1, memory=f"{2 * T4 // 4}Mi")]
+    )  # names 1 share and 2 shares' memory: gets 2
     with pytest.raises(ClaimError, match="device gpu-0 has 4 shares; prepared claims hold 3 and this claim needs 2"):
         driver.prepare(*memory_only)
     restarted = make_driver(tmp_path)
@@ -78,11 +88,18 @@ def test_after_a_reload_to_more_replicas_the_ledger_refuses_by_memory_not_share_
     driver.prepare(*claim([result("gpu-0", shares=2)]))
     config = parse_config({"version": "v1", "pools": [{**shared[0], "replicas": 8}]})
     driver.on_config(config, resources_of(config, node("2xT4")))
-    with pytest.raises(ClaimError, match=f"device gpu-0 has {T4} MiB; prepared claims hold {T4 // 2} MiB and this claim needs {6 * T4 // 8} MiB"):
+    with pytest.raises(
+        ClaimError,
+        match=f"device gpu-0 has {T4} MiB; prepared claims hold {T4 // 2} MiB and this claim needs {6 * T4 // 8} MiB",
+    ):
         driver.prepare(*claim([result("gpu-0", shares=6)]))
     assert driver.prepare(*claim([result("gpu-0", shares=4)])).devices[0].memory_mib == T4 // 2
-    assert make_driver(tmp_path, pools=[{**shared[0], "replicas": 8}]).prepare(*claim([result("gpu-1", shares=8)]))  # the other GPU is free
-    restarted = make_driver(tmp_path, pools=[{**shared[0], "replicas": 8}])  # the memory ledger is rebuilt from the records
+    assert make_driver(tmp_path, pools=[{**shared[0], "replicas": 8}]).prepare(
+        *claim([result("gpu-1", shares=8)])
+    )  # the other GPU is free
+    restarted = make_driver(
+        tmp_path, pools=[{**shared[0], "replicas": 8}]
+    )  # the memory ledger is rebuilt from the records
     with pytest.raises(ClaimError, match=f"prepared claims hold {T4} MiB"):
         restarted.prepare(*claim([result("gpu-0", shares=1)]))
 
@@ -105,8 +122,14 @@ def test_an_unhealthy_device_is_refused_with_the_monitors_reason(tmp_path: Path)
     [
         (lambda b: b["metadata"].update(uid="other"), "got replaced"),
         (lambda b: b["status"].pop("allocation"), "is not allocated"),
-        (lambda b: b["status"]["allocation"]["devices"]["results"][0].update(pool="node-b"), "not on this node's pool 2xT4"),
-        (lambda b: b["status"]["allocation"]["devices"]["results"][0].update(device="gpu-7"), "device gpu-7 is not published"),
+        (
+            lambda b: b["status"]["allocation"]["devices"]["results"][0].update(pool="node-b"),
+            "not on this node's pool 2xT4",
+        ),
+        (
+            lambda b: b["status"]["allocation"]["devices"]["results"][0].update(device="gpu-7"),
+            "device gpu-7 is not published",
+        ),
         (lambda b: b["status"]["allocation"]["devices"]["results"][0].pop("shareID"), "has no shareID"),
         (
             lambda b: b["status"]["allocation"]["devices"].update(config=[{"opaque": {"driver": DRIVER}}]),
@@ -224,7 +247,10 @@ def test_two_instances_serialise_on_the_lock_file(tmp_path: Path) -> None:
 
     from deviceplugin.dra.lock import SerialLock
 
-    first, second = SerialLock(tmp_path / "serialize.lock"), SerialLock(tmp_path / "serialize.lock")  # two open file descriptions
+    first, second = (
+        SerialLock(tmp_path / "serialize.lock"),
+        SerialLock(tmp_path / "serialize.lock"),
+    )  # two open file descriptions
     entered = threading.Event()
 
     def take() -> None:
@@ -245,20 +271,33 @@ def test_rolling_update_socket_names_carry_the_pod_uid() -> None:
     plain = PluginPaths(Path("/var/lib/kubelet/plugins_registry"), Path("/var/lib/kubelet/plugins"), DRIVER)
     twin = PluginPaths(plain.registrar_dir, plain.plugins_dir, DRIVER, instance="0b9a-uid")
     assert (str(plain.dra_socket), str(plain.registration_socket)) == (
-        "/var/lib/kubelet/plugins/gpu-share.example.com/dra.sock", "/var/lib/kubelet/plugins_registry/gpu-share.example.com-reg.sock")
-    assert (twin.dra_socket.name, twin.registration_socket.name) == ("dra-0b9a-uid.sock", "gpu-share.example.com-0b9a-uid-reg.sock")
+        "/var/lib/kubelet/plugins/gpu-share.example.com/dra.sock",
+        "/var/lib/kubelet/plugins_registry/gpu-share.example.com-reg.sock",
+    )
+    assert (twin.dra_socket.name, twin.registration_socket.name) == (
+        "dra-0b9a-uid.sock",
+        "gpu-share.example.com-0b9a-uid-reg.sock",
+    )
     assert twin.checkpoint == plain.checkpoint  # the records are shared
 
 
 def test_the_devices_of_one_request_share_one_cdi_device_so_a_container_sees_them_all(tmp_path: Path) -> None:
     driver = make_driver(tmp_path, [{"name": "s", "mode": "shared", "replicas": 4, "allowSpanGPUs": True}])
     gpus = ("GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000", "GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000001")
-    ref, body = claim([result("gpu-0", shares=1, request="two"), result("gpu-1", shares=2, request="two"), result("gpu-1", shares=1, request="one")])
+    ref, body = claim(
+        [
+            result("gpu-0", shares=1, request="two"),
+            result("gpu-1", shares=2, request="two"),
+            result("gpu-1", shares=1, request="one"),
+        ]
+    )
     prepared = driver.prepare(ref, body)
     kind = cdi_kind(DRIVER)
     assert [d.cdi_ids for d in prepared.devices] == [(f"{kind}={ref.uid}-0",), (), (f"{kind}={ref.uid}-1",)]
     two, one = _env(prepared.cdi_spec, 0), _env(prepared.cdi_spec, 1)
-    assert two["NVIDIA_VISIBLE_DEVICES"] == two["CUDA_VISIBLE_DEVICES"] == ",".join(gpus) and two["GPU_SHARE_COUNT"] == "3"
+    assert (
+        two["NVIDIA_VISIBLE_DEVICES"] == two["CUDA_VISIBLE_DEVICES"] == ",".join(gpus) and two["GPU_SHARE_COUNT"] == "3"
+    )
     assert two["GPU_SHARE_MEMORY_LIMIT_MIB"] == str(T4 // 4 + 2 * T4 // 4)
     assert one["NVIDIA_VISIBLE_DEVICES"] == gpus[1] and one["GPU_SHARE_COUNT"] == "1"
     assert driver.ledger() == {"gpu-0": 1, "gpu-1": 3}
@@ -277,8 +316,22 @@ def test_a_grant_the_allocator_refuses_is_a_claim_error_with_its_message(tmp_pat
     from tests.conftest import node
 
     info = node("8xA100-80GB-mig")
-    config = parse_config({"version": "v1", "deviceSpecs": True, "deviceRoot": str(tmp_path / "root"), "pools": [{"name": "m", "mode": "mig", "gpus": {"indexes": [2]}}]})
-    driver = Driver(DRIVER, info.name, Checkpoint(tmp_path / "claims"), CdiWriter(tmp_path / "cdi", DRIVER), NodeState(), SerialLock(tmp_path / "serialize.lock"))
+    config = parse_config(
+        {
+            "version": "v1",
+            "deviceSpecs": True,
+            "deviceRoot": str(tmp_path / "root"),
+            "pools": [{"name": "m", "mode": "mig", "gpus": {"indexes": [2]}}],
+        }
+    )
+    driver = Driver(
+        DRIVER,
+        info.name,
+        Checkpoint(tmp_path / "claims"),
+        CdiWriter(tmp_path / "cdi", DRIVER),
+        NodeState(),
+        SerialLock(tmp_path / "serialize.lock"),
+    )
     driver.on_config(config, build_resources(config, info))
     ref, body = claim([result(driver.devices[0].name, pool=info.name)])
     with pytest.raises(ClaimError, match=rf"claim {ref}: .*cannot read MIG capability"):
@@ -286,4 +339,6 @@ def test_a_grant_the_allocator_refuses_is_a_claim_error_with_its_message(tmp_pat
     source = MemoryClaims()
     source.put(body)
     outcome = asyncio.run(prepare_claims(driver, source, [ref]))[ref.uid]
-    assert outcome.claim is None and outcome.error.startswith(f"claim {ref}: ") and "internal error" not in outcome.error
+    assert (
+        outcome.claim is None and outcome.error.startswith(f"claim {ref}: ") and "internal error" not in outcome.error
+    )

@@ -53,7 +53,9 @@ def test_a_held_gpu_keeps_its_shape_across_a_reload_and_switches_once_its_claim_
     assert {d.name: d.shares for d in driver.devices} == {"gpu-0": 4, "gpu-1": 8}
     gpu0 = driver.devices[0].unit.gpu.uuid
     assert list(state.snapshot().pending_gpus) == [gpu0] and {h.device for h in state.snapshot().holds["dra"]} == {gpu0}
-    with pytest.raises(ClaimError, match=r"device gpu-0 is Unhealthy: GPU 0 .* is held by 1 holder\(s\) \(claim default/c\)"):  # no new work
+    with pytest.raises(
+        ClaimError, match=r"device gpu-0 is Unhealthy: GPU 0 .* is held by 1 holder\(s\) \(claim default/c\)"
+    ):  # no new work
         driver.prepare(*claim([result("gpu-0", shares=1)]))
     assert driver.prepare(*claim([result("gpu-1", shares=8)])).devices[0].memory_mib == 15360
     driver.unprepare(ref)

@@ -41,7 +41,9 @@ def test_mig_instances_inherit_their_gpus_taint_and_only_the_named_instance_is_t
     tainted = {d.name: device_taints(d, view, DRIVER) for d in devices}
     for d in devices:
         if d.unit.gpu.index == 0:
-            assert tainted[d.name] == [{"key": f"{DRIVER}/unhealthy", "value": "reset-required", "effect": "NoSchedule"}]
+            assert tainted[d.name] == [
+                {"key": f"{DRIVER}/unhealthy", "value": "reset-required", "effect": "NoSchedule"}
+            ]
         elif d is one:
             assert tainted[d.name] == [{"key": f"{DRIVER}/unhealthy", "value": "xid", "effect": "NoSchedule"}]
         else:
@@ -50,7 +52,9 @@ def test_mig_instances_inherit_their_gpus_taint_and_only_the_named_instance_is_t
 
 def test_quarantine_and_an_unready_mps_pool_are_taints_of_their_own() -> None:
     info = node("2xT4")
-    config = parse_config({"version": "v1", "pools": [{"name": "p", "mode": "shared", "replicas": 4, "backend": "mps"}]})
+    config = parse_config(
+        {"version": "v1", "pools": [{"name": "p", "mode": "shared", "replicas": 4, "backend": "mps"}]}
+    )
     devices = dra_devices(resources_of(config, info))
     state = NodeState()
     state.set_quarantine(frozenset({info.gpus[1].uuid}), frozenset())
@@ -58,4 +62,6 @@ def test_quarantine_and_an_unready_mps_pool_are_taints_of_their_own() -> None:
     view = state.snapshot()
     assert [t["key"] for t in device_taints(devices[0], view, DRIVER)] == [f"{DRIVER}/mps-unavailable"]
     assert [(t["key"], t["value"]) for t in device_taints(devices[1], view, DRIVER)] == [
-        (f"{DRIVER}/quarantined", "residue"), (f"{DRIVER}/mps-unavailable", "control-daemon")]
+        (f"{DRIVER}/quarantined", "residue"),
+        (f"{DRIVER}/mps-unavailable", "control-daemon"),
+    ]

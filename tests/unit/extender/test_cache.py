@@ -31,10 +31,11 @@ def test_two_pods_in_one_annotation_period_do_not_take_the_last_shares():
     assert ext.filter(args(second, "n"))["NodeNames"] == ["n"]
 
 
-
 def test_in_flight_reservation_until_the_binding_shows():
     clock = [0.0]
-    ext = extender({"n": annotation((4, 2), (4, 4)), "m": annotation((4, 0))}, reservation_ttl=30, clock=lambda: clock[0])
+    ext = extender(
+        {"n": annotation((4, 2), (4, 4)), "m": annotation((4, 0))}, reservation_ttl=30, clock=lambda: clock[0]
+    )
     first, second = pod("first", {SHARE: 2}), pod("second", {SHARE: 2})
     assert ext.filter(args(first, "n"))["NodeNames"] == ["n"]  # the scheduler now binds first, asynchronously
     assert ext.filter(args(second, "n", "m"))["NodeNames"] == ["m"]  # first's binding not seen yet: n is taken
@@ -49,7 +50,6 @@ def test_in_flight_reservation_until_the_binding_shows():
     assert ext.cache.counts() == {"nodes": 2, "nodes_with_inventory": 2, "assumed_pods": 1, "reservations": 0}
 
 
-
 def test_cached_views_and_scores_follow_the_annotation_and_assumed_pods():
     ext = extender({"n": annotation((10, 2), (10, 8)), "m": annotation((10, 0), (10, 0))})
     one = pod("one", {SHARE: 2})
@@ -57,7 +57,10 @@ def test_cached_views_and_scores_follow_the_annotation_and_assumed_pods():
     def raw(*names: str) -> list[int]:
         return ext.scorer.raw_scores(pod_request(one, managed), ext.cache.views(list(names), exclude="uid-one"))
 
-    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 10, "m": 9}  # binpack: the fuller node
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {
+        "n": 10,
+        "m": 9,
+    }  # binpack: the fuller node
     before = raw("m")[0]
     ext.cache.set_node("n", annotation((10, 10), (10, 9)))  # republished: full, 1 free
     assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "n", "m"))} == {"n": 0, "m": 10}
@@ -69,14 +72,12 @@ def test_cached_views_and_scores_follow_the_annotation_and_assumed_pods():
     assert raw("m")[0] > before
 
 
-
 def test_reservations_are_bounded():
     ext = extender({"n": annotation((100, 0))}, max_reservations=3, max_reservation_nodes=2)
     for i in range(10):
         ext.filter(args(pod(f"p{i}", {SHARE: 1}), "n", "x", "y"))
     assert ext.cache.counts()["reservations"] == 3
     assert ext.cache.node("n")[1] == {SHARE: [97]}
-
 
 
 def test_views_count_every_pods_cpu_memory_and_slot_and_the_reservations():

@@ -18,8 +18,11 @@ from tests.support.extender import SHARE, annotation, args, extender, host_pod, 
 
 def reasons(nodes: dict[str, str], p: dict) -> dict:
     result = extender(nodes).filter(args(p, *nodes))
-    return {"passed": result["NodeNames"], **result["FailedNodes"], **{k: "UNRESOLVABLE " + v for k, v in result["FailedAndUnresolvableNodes"].items()}}
-
+    return {
+        "passed": result["NodeNames"],
+        **result["FailedNodes"],
+        **{k: "UNRESOLVABLE " + v for k, v in result["FailedAndUnresolvableNodes"].items()},
+    }
 
 
 def test_failure_reasons_name_what_blocks_the_pod():
@@ -39,25 +42,38 @@ def test_failure_reasons_name_what_blocks_the_pod():
         pod("p", {SHARE: 3}),
     )
     assert got["passed"] == ["fits"]
-    assert got["split"] == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share on one GPU; the most free on one GPU is 2 (free 2+2 on 2 GPUs)"
-    assert got["unhealthy"] == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share; GPU 0 would have room but is Unhealthy"
+    assert (
+        got["split"]
+        == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share on one GPU; the most free on one GPU is 2 (free 2+2 on 2 GPUs)"
+    )
+    assert (
+        got["unhealthy"]
+        == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share; GPU 0 would have room but is Unhealthy"
+    )
     assert "GPU 0 would have room but is quarantined (a finished tenant's memory is still on it)" in got["quarantined"]
-    assert got["mig"] == "UNRESOLVABLE gpu-share: container c0 asks for 3 shares of example.com/gpu-share; each MIG instance of this node has at most 2"
+    assert (
+        got["mig"]
+        == "UNRESOLVABLE gpu-share: container c0 asks for 3 shares of example.com/gpu-share; each MIG instance of this node has at most 2"
+    )
     assert got["small"].startswith("UNRESOLVABLE") and "each GPU of this node has at most 2" in got["small"]
     assert got["full"] == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share; the node has 1 free"
-    assert got["no-resource"] == "UNRESOLVABLE gpu-share: node has no example.com/gpu-share (not in its gpu-share inventory)"
+    assert (
+        got["no-resource"]
+        == "UNRESOLVABLE gpu-share: node has no example.com/gpu-share (not in its gpu-share inventory)"
+    )
     assert "no gpu-share inventory annotation" in got["no-annotation"]
     assert "annotation must be a JSON object" in got["old-plugin"]
 
 
-
 def test_mig_split_reason_and_every_container_on_one_unit():
     nodes = {"mig": annotation((4, 1, "Healthy", "3g.40gb"), (4, 1, "Healthy", "3g.40gb"))}
-    assert "on one MIG instance; the most free on one MIG instance is 3 (free 3+3 on 2 MIG instances)" in reasons(nodes, pod("p", {SHARE: 4}))["mig"]
+    assert (
+        "on one MIG instance; the most free on one MIG instance is 3 (free 3+3 on 2 MIG instances)"
+        in reasons(nodes, pod("p", {SHARE: 4}))["mig"]
+    )
     # Two containers of 3: one on each instance.
     assert reasons(nodes, pod("p", {SHARE: 3}, {SHARE: 3}))["passed"] == ["mig"]
     assert "container c2" in reasons(nodes, pod("p", {SHARE: 3}, {SHARE: 3}, {SHARE: 1}))["mig"]
-
 
 
 def test_allow_span_gpus_and_init_containers():
@@ -70,15 +86,18 @@ def test_allow_span_gpus_and_init_containers():
     assert "container c9 asks for 5 shares" in reasons(node, pod("p", {SHARE: 1}, init=({SHARE: 5},)))["n"]
 
 
-
 def test_binpack_and_spread_choose_the_unit_as_the_node_plugin_does():
     cache = ClusterCache()
     cache.set_node("binpack", annotation((4, 0), (4, 2)))
     cache.set_node("spread", annotation((4, 0), (4, 2), policy="spread"))
     for name, taken in (("binpack", [4, 1]), ("spread", [3, 2])):
-        cache.set_pod(pod_state(pod("a", {SHARE: 1}, node=name, uid=f"a-{name}"), pod_request(pod("a", {SHARE: 1}, uid=f"a-{name}"), managed)))
+        cache.set_pod(
+            pod_state(
+                pod("a", {SHARE: 1}, node=name, uid=f"a-{name}"),
+                pod_request(pod("a", {SHARE: 1}, uid=f"a-{name}"), managed),
+            )
+        )
         assert cache.node(name)[1] == {SHARE: taken}
-
 
 
 def test_fgd_learns_task_shapes_from_bound_pods_and_falls_back_to_binpack():
@@ -103,7 +122,6 @@ def test_fgd_learns_task_shapes_from_bound_pods_and_falls_back_to_binpack():
     assert cache.workload() == [PodDemand(0, 0, num_gpu=1, gpu_milli=600)] * 5
 
 
-
 def test_fgdstrand_through_the_extender_keeps_cpu_for_the_idle_gpus():
     """Two nodes of 8 idle GPUs; one has 30 cores free, the other 96. A 1-share pod asking for 16 cores would leave
     the first 14 cores for 8 GPUs (the workload asks 12 per GPU): fgdstrand sends it to the other. FGD sees no
@@ -121,11 +139,12 @@ def test_fgdstrand_through_the_extender_keeps_cpu_for_the_idle_gpus():
     heavy = host_pod("heavy", "16", "8Gi", shares=1)
     scores = {}
     for policy in ("fgd", "fgdstrand"):
-        ext = Extender(cache, Scorer(policy, workload=cache.workload), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+        ext = Extender(
+            cache, Scorer(policy, workload=cache.workload), managed, ExtenderMetrics(CollectorRegistry(), cache.counts)
+        )
         scores[policy] = {s["Host"]: s["Score"] for s in ext.prioritize(args(heavy, "tight", "roomy"))}
     assert scores["fgdstrand"] == {"roomy": 10, "tight": 9}
     assert scores["fgd"] == {"roomy": 10, "tight": 10}
-
 
 
 def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
@@ -139,9 +158,23 @@ def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
     # a: gpu-0 holds 6 shares (an allocated claim); b: empty.
     held = share_claim("held", 6)
     held["metadata"].update(namespace="team", uid="uid-held")
-    held["status"] = {"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": DRA_DRIVER, "pool": "a", "device": "gpu-0", "shareID": "0b0c0d0e-0000-4000-8000-000000000001",
-         "consumedCapacity": {"shares": "6", "memory": "48Gi"}}]}}, "reservedFor": [{"resource": "pods", "name": "x", "uid": "uid-x"}]}
+    held["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": DRA_DRIVER,
+                        "pool": "a",
+                        "device": "gpu-0",
+                        "shareID": "0b0c0d0e-0000-4000-8000-000000000001",
+                        "consumedCapacity": {"shares": "6", "memory": "48Gi"},
+                    }
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "x", "uid": "uid-x"}],
+    }
     cache.set_claim(("team", "held"), claim_info(held, DRA_DRIVER, frozenset({DRA_CLASS})))
     assert cache.node("a")[1] == {DRA_DRIVER: [4, 10]} and cache.node("b")[1] == {DRA_DRIVER: [10, 10]}
     want = share_claim("want", 4)
@@ -156,9 +189,23 @@ def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
     assert ext.filter(args(body, "a", "b"), every_pod=True)["NodeNames"] == ["a", "b"]  # and reserves 4 shares on both
     assert cache.node("a")[1] == {DRA_DRIVER: [0, 10]}
     # Allocated on a and reserved for the pod: counted once, by the claim; the reservation ends.
-    want["status"] = {"allocation": {"devices": {"results": [
-        {"request": "gpu", "driver": DRA_DRIVER, "pool": "a", "device": "gpu-0", "shareID": "0b0c0d0e-0000-4000-8000-000000000002",
-         "consumedCapacity": {"shares": "4"}}]}}, "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}]}
+    want["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {
+                        "request": "gpu",
+                        "driver": DRA_DRIVER,
+                        "pool": "a",
+                        "device": "gpu-0",
+                        "shareID": "0b0c0d0e-0000-4000-8000-000000000002",
+                        "consumedCapacity": {"shares": "4"},
+                    }
+                ]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": "p", "uid": "uid-p"}],
+    }
     cache.set_claim(("team", "want"), claim_info(want, DRA_DRIVER, frozenset({DRA_CLASS})))
     assert cache.node("a")[1] == {DRA_DRIVER: [0, 10]} and cache.node("b")[1] == {DRA_DRIVER: [10, 10]}
     assert cache.dra_request(body) == ()
@@ -172,10 +219,19 @@ def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
     big = share_claim("big", 11)
     big["metadata"].update(namespace="team", uid="uid-big")
     cache.set_claim(("team", "big"), claim_info(big, DRA_DRIVER, frozenset({DRA_CLASS})))
-    result = ext.filter(args(claim_pod_body("q", "big", 0, 0, "s", {}) | {"metadata": {"namespace": "team", "name": "q", "uid": "uid-q"}}, "b"), every_pod=True)
+    result = ext.filter(
+        args(
+            claim_pod_body("q", "big", 0, 0, "s", {})
+            | {"metadata": {"namespace": "team", "name": "q", "uid": "uid-q"}},
+            "b",
+        ),
+        every_pod=True,
+    )
     assert "each GPU of this node has at most 10" in result["FailedAndUnresolvableNodes"]["b"]
-    assert ext.prioritize(args(pod("share", {SHARE: 1}), "a", "b"), every_pod=True) == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 0}]
-
+    assert ext.prioritize(args(pod("share", {SHARE: 1}), "a", "b"), every_pod=True) == [
+        {"Host": "a", "Score": 0},
+        {"Host": "b", "Score": 0},
+    ]
 
 
 def test_every_pod_entry_sends_a_cpu_only_pod_where_it_strands_no_gpu():
@@ -189,9 +245,18 @@ def test_every_pod_entry_sends_a_cpu_only_pod_where_it_strands_no_gpu():
         body = host_pod(f"w{i}", "12", "40Gi", node="busy", shares=10)
         cache.set_pod(pod_state(body, pod_request(body, managed)))
     cache.set_node("busy", annotation((10, 10)), HostCapacity(96_000, 400_000, 110))
-    ext = Extender(cache, Scorer("fgdstrand", workload=cache.workload), managed, ExtenderMetrics(CollectorRegistry(), cache.counts))
+    ext = Extender(
+        cache, Scorer("fgdstrand", workload=cache.workload), managed, ExtenderMetrics(CollectorRegistry(), cache.counts)
+    )
     plain = host_pod("plain", "16", "8Gi")
     assert ext.filter(args(plain, "gpus", "full", "cpu"), every_pod=True)["NodeNames"] == ["gpus", "full", "cpu"]
     assert cache.counts()["reservations"] == 0  # nothing of ours to reserve
-    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full", "cpu"), every_pod=True)} == {"gpus": 9, "full": 10, "cpu": 10}
-    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full"))} == {"gpus": 0, "full": 0}  # the share entry: not its pod
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full", "cpu"), every_pod=True)} == {
+        "gpus": 9,
+        "full": 10,
+        "cpu": 10,
+    }
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full"))} == {
+        "gpus": 0,
+        "full": 0,
+    }  # the share entry: not its pod

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.discovery.simulated import SimulatedInventory
-from deviceplugin.health.evidence import MAX_BYTES, MAX_ENTRIES, MAX_REASON_CHARS, MAX_UUID_CHARS, Evidence, EvidenceFile
+from deviceplugin.health.evidence import (
+    MAX_BYTES,
+    MAX_ENTRIES,
+    MAX_REASON_CHARS,
+    MAX_UUID_CHARS,
+    Evidence,
+    EvidenceFile,
+)
 from deviceplugin.health.monitor import HealthMonitor, HealthSettings
 from deviceplugin.state import NodeState
 from tests.conftest import EXAMPLES
@@ -96,13 +103,16 @@ def test_without_a_boot_id_the_evidence_is_kept(path):
     assert monitor(path, boot).state.snapshot().awaiting_reset == {gpu}
 
 
-@pytest.mark.parametrize("content", [
-    b"{not json",
-    b'{"version": 2, "evidence": {}}',
-    b'{"version": 1, "evidence": {"GPU-x": {"gpu": 7}}}',
-    b"\xff\xfe",
-    b" " * (MAX_BYTES + 1),
-])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{not json",
+        b'{"version": 2, "evidence": {}}',
+        b'{"version": 1, "evidence": {"GPU-x": {"gpu": 7}}}',
+        b"\xff\xfe",
+        b" " * (MAX_BYTES + 1),
+    ],
+)
 def test_an_unusable_file_holds_every_gpu_and_is_kept_aside(path, content):
     path.parent.mkdir(parents=True)
     path.write_bytes(content)
@@ -161,8 +171,12 @@ def test_the_largest_file_save_writes_loads_back(path):
     """MAX_ENTRIES entries of the longest UUIDs and reasons, every character escaped in JSON: still under MAX_BYTES."""
     boot = Boot()
     uuid = lambda i: f"{i:03d}" + "\u00e9" * (MAX_UUID_CHARS - 3)  # noqa: E731
-    entries = {uuid(i): Evidence(uuid(i), uuid(i), "\u00e9" * (MAX_REASON_CHARS + 50), True) for i in range(MAX_ENTRIES + 10)}
-    entries["GPU-" + "x" * MAX_UUID_CHARS] = Evidence("GPU-" + "x" * MAX_UUID_CHARS, "GPU-x", "XID 79")  # cannot be NVML's
+    entries = {
+        uuid(i): Evidence(uuid(i), uuid(i), "\u00e9" * (MAX_REASON_CHARS + 50), True) for i in range(MAX_ENTRIES + 10)
+    }
+    entries["GPU-" + "x" * MAX_UUID_CHARS] = Evidence(
+        "GPU-" + "x" * MAX_UUID_CHARS, "GPU-x", "XID 79"
+    )  # cannot be NVML's
     EvidenceFile(path, boot).save(entries)
     assert MAX_BYTES // 2 < path.stat().st_size <= MAX_BYTES
     loaded = EvidenceFile(path, boot).load()

@@ -21,7 +21,13 @@ from tests.support.fake_pynvml import FakeGpu, FakeNvml
 
 
 def t4(i: int) -> FakeGpu:
-    return FakeGpu(uuid=f"GPU-t4-{i}", name="Tesla T4", memory_mib=15360, bus_id=f"00000000:{0x3B + i:02X}:00.0", recovery_action=real.NVML_GPU_RECOVERY_ACTION_NONE)
+    return FakeGpu(
+        uuid=f"GPU-t4-{i}",
+        name="Tesla T4",
+        memory_mib=15360,
+        bus_id=f"00000000:{0x3B + i:02X}:00.0",
+        recovery_action=real.NVML_GPU_RECOVERY_ACTION_NONE,
+    )
 
 
 @pytest.fixture
@@ -96,7 +102,9 @@ def test_a_second_lost_gpu_is_left_out_too_while_the_first_is_still_lost(nvml_of
 def monitor_of(inventory) -> tuple[HealthMonitor, ManualClock]:
     clock = ManualClock()
     node = inventory.discover()
-    return HealthMonitor(inventory, node, NodeState(), HealthSettings(recovery_period=300, check_interval=0.5), clock=clock), clock
+    return HealthMonitor(
+        inventory, node, NodeState(), HealthSettings(recovery_period=300, check_interval=0.5), clock=clock
+    ), clock
 
 
 def fail_for(monitor: HealthMonitor, clock: ManualClock, seconds: float, fail, restore) -> None:
@@ -116,7 +124,13 @@ def test_reset_class_xid_then_a_transient_query_failure_is_not_taken_for_a_reset
     monitor, clock = monitor_of(inventory)
     fake.xid(0, 48)
     monitor.handle(inventory.wait_for_event(1.0))
-    fail_for(monitor, clock, 2.5, lambda: fake.fail("nvmlDeviceGetMemoryInfo", 0, real.NVMLError_Unknown), lambda: fake.failures.clear())
+    fail_for(
+        monitor,
+        clock,
+        2.5,
+        lambda: fake.fail("nvmlDeviceGetMemoryInfo", 0, real.NVMLError_Unknown),
+        lambda: fake.failures.clear(),
+    )
     view = monitor.state.snapshot()
     assert view.awaiting_reset == {"GPU-t4-0"} and "GPU-t4-0" in view.unhealthy
     assert "Healthy again" not in caplog.text

@@ -23,8 +23,17 @@ class Liveness:
 
 
 def _mps(*pools: str):
-    pools = [{"name": p, "mode": "shared", "backend": "mps", "replicas": 2, "gpus": {"indexes": [i]}, "resource": f"example.com/mps-{p}"}
-             for i, p in enumerate(pools)]
+    pools = [
+        {
+            "name": p,
+            "mode": "shared",
+            "backend": "mps",
+            "replicas": 2,
+            "gpus": {"indexes": [i]},
+            "resource": f"example.com/mps-{p}",
+        }
+        for i, p in enumerate(pools)
+    ]
     config = {"version": "v1", "pools": pools}
     return resources_of(config, node("2xT4"))
 
@@ -41,7 +50,9 @@ def test_pools_start_not_ready_and_follow_their_daemon(caplog) -> None:
         readiness.check()
     assert readiness.ready("b") is False and state.snapshot().mps_not_ready == {"a", "b"}
     assert [r.getMessage() for r in caplog.records] == [
-        "MPS control daemon of pool a is ready", "MPS control daemon of pool a is down: devices Unhealthy"]
+        "MPS control daemon of pool a is ready",
+        "MPS control daemon of pool a is down: devices Unhealthy",
+    ]
 
 
 def test_a_reload_holds_a_new_pool_back_and_releases_a_removed_one() -> None:

@@ -12,7 +12,9 @@ from deviceplugin.kube.errors import error_line
 def test_a_403_is_one_line_with_its_status_reason_and_message_but_no_headers() -> None:
     err = ApiException(status=403, reason="Forbidden")
     err.headers = {"Audit-Id": "x", "Content-Type": "application/json"}
-    err.body = json.dumps({"kind": "Status", "message": 'resourceclaims is forbidden: User "system:serviceaccount:x:y" cannot list'})
+    err.body = json.dumps(
+        {"kind": "Status", "message": 'resourceclaims is forbidden: User "system:serviceaccount:x:y" cannot list'}
+    )
     assert "\n" in str(err)  # what the client prints by itself
     line = error_line(err)
     assert line == '403 Forbidden: resourceclaims is forbidden: User "system:serviceaccount:x:y" cannot list'

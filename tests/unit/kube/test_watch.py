@@ -24,7 +24,11 @@ def _event(kind: str, name: str, pad: int = 0) -> bytes:
 def test_events_across_chunk_boundaries_and_blank_lines() -> None:
     body = _event("ADDED", "a", pad=STREAM_CHUNK) + b"\n" + _event("BOOKMARK", "b") + _event("DELETED", "c")
     events = list(watch_events(_response(body), max_bytes=4 * STREAM_CHUNK))
-    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [("ADDED", "a"), ("BOOKMARK", "b"), ("DELETED", "c")]
+    assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+        ("ADDED", "a"),
+        ("BOOKMARK", "b"),
+        ("DELETED", "c"),
+    ]
 
 
 def test_an_event_over_the_bound_is_refused() -> None:

@@ -38,5 +38,7 @@ def test_one_share_is_the_default_and_k_shares_never_exceed_the_unit(replicas):
     unit = Unit("GPU-0", H100, 81559, replicas=replicas)
     assert share_memory_mib(unit) == share_memory_mib(unit, 1) == 81559 // replicas
     assert share_compute_percent(unit) == 100 // replicas
-    assert [share_memory_mib(unit, k) for k in range(replicas + 1)] == sorted(share_memory_mib(unit, k) for k in range(replicas + 1))
+    assert [share_memory_mib(unit, k) for k in range(replicas + 1)] == sorted(
+        share_memory_mib(unit, k) for k in range(replicas + 1)
+    )
     assert share_memory_mib(unit, replicas) == 81559 and share_compute_percent(unit, replicas) == 100

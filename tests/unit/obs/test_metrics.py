@@ -66,13 +66,19 @@ def test_the_exposition_never_repeats_a_series_or_a_family(given_families, node_
     assert len(types) == len(set(types))
     if node_name:
         assert all(dict(labels)["node"] == node_name for _, labels in found)
-    wanted = {(s.name, tuple(sorted({**s.labels, **({"node": node_name} if node_name else {})}.items()))) for f in given_families for s in f.samples}
+    wanted = {
+        (s.name, tuple(sorted({**s.labels, **({"node": node_name} if node_name else {})}.items())))
+        for f in given_families
+        for s in f.samples
+    }
     assert set(found) == wanted  # nothing but the repeats left out
 
 
 def share(shares: int, limit: int, container: str = "app") -> ContainerShare:
     gpu = T4.gpus[0].uuid
-    return ContainerShare("ns", "p", container, "example.com/gpu-share", "s", gpu, gpu, (f"{gpu}::{shares}",), shares, limit, True)
+    return ContainerShare(
+        "ns", "p", container, "example.com/gpu-share", "s", gpu, gpu, (f"{gpu}::{shares}",), shares, limit, True
+    )
 
 
 def test_holdings_of_one_label_set_add_up_to_one_series():
@@ -83,6 +89,14 @@ def test_holdings_of_one_label_set_add_up_to_one_series():
     text = generate_latest(exposed_registry(registry, "n1")).decode()
     found = series(text)
     assert len(found) == len(set(found))
-    values = {(s.name, s.labels["container"]): s.value for f in text_string_to_metric_families(text) for s in f.samples if "container" in s.labels}
-    assert values[("gpushare_container_shares", "app")] == 3 and values[("gpushare_container_memory_limit_bytes", "app")] == 4608 * MIB
+    values = {
+        (s.name, s.labels["container"]): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if "container" in s.labels
+    }
+    assert (
+        values[("gpushare_container_shares", "app")] == 3
+        and values[("gpushare_container_memory_limit_bytes", "app")] == 4608 * MIB
+    )
     assert values[("gpushare_container_shares", "other")] == 1

@@ -16,8 +16,11 @@ HOLD = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcn
 
 def test_the_command_line_is_read_bounded_and_printable():
     word = "x" * (2 * MAX_CMDLINE_BYTES)
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()", "a\tb", word],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()", "a\tb", word],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == b"up\n"  # exec'd: its own command line
         text = command_line(proc.pid)
@@ -39,9 +42,13 @@ def test_a_lock_file_names_its_holder_and_the_standby_is_ready_only_within_its_b
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         assert not lock.try_acquire() and lock.holder() == holder.pid
         ready, text = _standby_readiness(lock, time.monotonic(), 3600)
-        assert ready and text.startswith(f"standby: the process holding {path} (pid {holder.pid}: {sys.executable} -c import fcntl")
+        assert ready and text.startswith(
+            f"standby: the process holding {path} (pid {holder.pid}: {sys.executable} -c import fcntl"
+        )
         ready, text = _standby_readiness(lock, time.monotonic() - 40, 30)
-        assert not ready and text.startswith("not ready: standing by for 40s (over --standby-timeout 30s), serving nothing: the process holding")
+        assert not ready and text.startswith(
+            "not ready: standing by for 40s (over --standby-timeout 30s), serving nothing: the process holding"
+        )
     finally:
         holder.kill()
         holder.wait(timeout=10)
