@@ -5,7 +5,8 @@
 Needs the control-plane binaries (`KUBEBUILDER_ASSETS`, as the tests; skipped without). The sample: `--nodes`
 nodes drawn from the trace's GPU node list (their GPUs, CPU and memory), and the trace's pod list shuffled and
 inflated to 130 % of the sample's GPU capacity exactly as `gpu-share simulate` draws arrivals (same seed, same
-pods), GPU-model constraints dropped (a pod's requests cannot say them), requests rounded to shares of 1/10 GPU.
+pods), requests rounded to shares of 1/10 GPU. A pod that accepts only some GPU models (the trace's `gpu_spec`)
+asks for them by node affinity on the nodes' model label, as a pod would on GFD's `gpu.product`.
 Every pod asks for its CPU and memory; a fractional pod for k shares of one GPU, a pod of g whole GPUs for g
 containers of 10 shares (device plugin) or a claim of g devices of 10 shares (DRA); CPU-only pods too.
 
@@ -51,6 +52,7 @@ from .standin import (
     create_node,
     device_class,
     every_pod_entry,
+    model_affinity,
     resource_slice,
     scheduler_config,
     share_pod_body,
@@ -145,7 +147,7 @@ def sample(trace_dir: str | None, nodes: int, seed: int, trace: str = "default")
     all_nodes = load_nodes(resolve(DEFAULT_NODES, trace_dir, "openb_node_list_{}.csv"))
     chosen = [n for n in rng.sample(list(all_nodes), nodes)]
     pods = [
-        PodDemand(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, name=p.name)
+        PodDemand(p.cpu_milli, p.memory_mib, p.num_gpu, p.gpu_milli, p.gpu_models, name=p.name)
         for p in load_pods(resolve(trace, trace_dir, POD_FILE))
     ]
     experiment = Experiment(chosen, pods, replicas=REPLICAS)
@@ -180,7 +182,8 @@ class Run:
         self.scheduler = f"bench-{key}-{run}"
         self.labels = {"gpu-share-bench": self.ns}
         self.nodes = [
-            GpuNode(f"{self.ns}-{i}", len(n.gpu_free), n.cpu_milli, n.memory_mib) for i, n in enumerate(data.nodes)
+            GpuNode(f"{self.ns}-{i}", len(n.gpu_free), n.cpu_milli, n.memory_mib, model=n.model)
+            for i, n in enumerate(data.nodes)
         ]
         self.extender_url = extender_url
         self.plugins: StandInPlugins | None = None
@@ -252,6 +255,8 @@ class Run:
             }
             self.resource.create_namespaced_resource_claim(self.ns, claim)
             body = claim_pod_body(name, name, pod.cpu_milli, pod.memory_mib, self.scheduler, self.labels)
+        if pod.gpu_models:
+            body["spec"]["affinity"] = model_affinity(pod.gpu_models)
         self.core.create_namespaced_pod(self.ns, body)
         self.created += 1
 

@@ -23,6 +23,15 @@ from deviceplugin.kube.annotation import ANNOTATION, pod_digest
 
 from .extender_replay import SHARE, annotation, node_resource
 
+MODEL_LABEL = "example.com/gpu.product"  # the stand-in nodes' GPU model, as the node's labeller would publish it
+
+
+def model_affinity(models: frozenset[str]) -> dict:
+    """A pod's node affinity to the nodes whose GPU model is one of `models`."""
+    term = {"matchExpressions": [{"key": MODEL_LABEL, "operator": "In", "values": sorted(models)}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
 log = logging.getLogger(__name__)
 
 ANNOTATION_KEY = f"example.com/{ANNOTATION}"
@@ -37,6 +46,7 @@ class GpuNode:
     cpu_milli: int
     memory_mib: int
     max_pods: int = 110
+    model: str = ""  # the GPU model, labelled MODEL_LABEL when set (pods that accept some models select it)
 
 
 @dataclass
@@ -53,7 +63,7 @@ def create_node(
     """A Node as a kubelet would register it: capacity = allocatable, Ready, and the not-ready taint removed."""
     meta = {
         "name": node.name,
-        "labels": {"kubernetes.io/hostname": node.name, **labels},
+        "labels": {"kubernetes.io/hostname": node.name, **labels, **({MODEL_LABEL: node.model} if node.model else {})},
         "annotations": annotations or {},
     }
     core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": meta})

@@ -2,7 +2,7 @@
 `gpu-share simulate` (fgdstrand) on the same sample.
 
     python -m benchmarks.sweep --quick                      # development: default and gpushare60, seed 44, 16 nodes, 3 configurations
-    python -m benchmarks.sweep [--traces default,cpu250,gpushare60,gpuspec25,multigpu40] [--seeds 42,43,44] \
+    python -m benchmarks.sweep [--traces default,cpu235,gpushare60,gpuspec25,multigpu40] [--seeds 42,43,44] \
         [--nodes 32] [--configs dp-none,shipped,dra-shipped,...] [--json FILE]   # ~40 s a configuration and sample on 2 cores
 
 Per configuration: the mean and the worst (lowest) allocation % minus simulate's at 100 % and 130 % demand over
@@ -23,10 +23,10 @@ from . import kube_scheduler
 
 QUICK = {"traces": "default,gpushare60", "seeds": "44", "nodes": 16, "configs": "dp-none,shipped,dra-shipped"}
 FULL = {
-    "traces": "default,cpu250,gpushare60,gpuspec25,multigpu40",
+    "traces": "default,cpu235,gpushare60,gpuspec25,multigpu40",
     "seeds": "42,43,44",
     "nodes": 32,
-    "configs": "dp-none,dp-shipped,dp-w5-least,dp-w20-most,dp-w20e20-most,dra-none,dra-shipped",
+    "configs": "dp-none,dp-shipped,dp-w5-least,dp-w20e20-least,dra-none,dra-shipped",
 }
 
 

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from benchmarks.kube_scheduler import config_keys, settings, shipped_entry
+from benchmarks.kube_scheduler import config_keys, sample, settings, shipped_entry
+from benchmarks.standin import MODEL_LABEL, model_affinity
 from benchmarks.sweep import summarise
 from benchmarks.trace_variants import variant
 from deviceplugin.cluster import MILLI, PodDemand
@@ -84,3 +85,22 @@ def test_variants_follow_the_fgd_rules():
     assert sum(p.cpu_milli for p in cpu if not p.num_gpu) == 2 * 100 * 4000 and sum(1 for p in cpu if p.num_gpu) == 620
     with pytest.raises(SystemExit, match="gpuspec33"):
         variant(default, "gpuspec33", random.Random(0))
+
+
+def test_gpu_model_constraints_reach_the_scheduler_and_the_simulator(tmp_path):
+    """A gpuspec pod asks for its models by node affinity on the model label; simulate applies the same rule."""
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text(
+        "sn,cpu_milli,memory_mib,gpu,model\nn-t4,32000,131072,1,T4\nn-v100,32000,131072,1,V100M16\n"
+    )
+    pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + "".join(
+        f"p{i},1000,1024,1,1000,T4\n" for i in range(4)
+    )
+    (tmp_path / "openb_pod_list_t4only.csv").write_text(pods)
+    data = sample(str(tmp_path), 2, 1, "t4only")
+    assert {n.model for n in data.nodes} == {"T4", "V100M16"}
+    assert all(p.gpu_models == {"T4"} for p in data.pods)
+    assert data.simulated["130"] == pytest.approx(50.0)  # only the T4 is ever used: 1 of 2 GPUs
+    term = model_affinity(data.pods[0].gpu_models)["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["nodeSelectorTerms"] == [
+        {"matchExpressions": [{"key": MODEL_LABEL, "operator": "In", "values": ["T4"]}]}
+    ]
