@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The kinds of finding of a unit's verdict (`NodeView.verdict`): why it may not take new work.
-GPU_LOST = "gpu-lost"  # the GPU stopped answering (fell off the bus); cleared when it answers again
+GPU_LOST = "gpu-lost"  # the GPU stopped answering (fell off the bus); only a reset clears it (health.monitor)
 RESET_REQUIRED = "reset-required"  # a reset-class XID, a double-bit ECC error or the driver's recovery action
 XID = "xid"  # another critical XID; cleared after the health monitor's quiet period
 QUERY_FAILED = "query-failed"  # an NVML query or a device-node check failed
