@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The kinds of finding of a unit's verdict (`NodeView.verdict`): why it may not take new work.
-GPU_LOST = "gpu-lost"  # the GPU stopped answering (fell off the bus); cleared when it answers again
+GPU_LOST = "gpu-lost"  # the GPU stopped answering (fell off the bus); only a reset clears it (health.monitor)
 RESET_REQUIRED = "reset-required"  # a reset-class XID, a double-bit ECC error or the driver's recovery action
 XID = "xid"  # another critical XID; cleared after the health monitor's quiet period
 QUERY_FAILED = "query-failed"  # an NVML query or a device-node check failed
@@ -109,35 +109,63 @@ class NodeView:
         """Every hold of every source."""
         return frozenset().union(*self.holds.values())
 
+    def fault_of(self, uuid: str) -> str | None:
+        """The kind of the health monitor's fault on this GPU or MIG instance UUID itself; None when it has none."""
+        reason = self.reasons.get(uuid)
+        return None if reason is None else fault_kind(reason, uuid in self.awaiting_reset)
+
+    def mps_down(self, pool: PoolConfig) -> bool:
+        """The pool's MPS control daemon is not ready (a pool that is not MPS has none to wait for)."""
+        return pool.mps and pool.name in self.mps_not_ready
+
     def verdict(self, unit: Unit, pool: PoolConfig) -> Verdict:
         """The one answer to "may this unit take new work, and why not"; every consumer maps from it."""
         gpu = unit.gpu
         findings = []
         for uuid in (gpu.uuid, unit.uuid):  # the GPU's own fault first: a MIG instance inherits it
-            if uuid in self.reasons:
-                kind = fault_kind(self.reasons[uuid], uuid in self.awaiting_reset)
+            kind = self.fault_of(uuid)
+            if kind is not None:
                 findings.append(Finding(kind, f"GPU {gpu.index} ({unit.uuid}): {self.reasons[uuid]}"))
                 break
         if gpu.uuid in self.quarantined_gpus:
             why = "a finished container's memory is still in use"
             quarantined = f"GPU {gpu.index} ({gpu.uuid}) is quarantined by the residue guard: {why}"
             findings.append(Finding(QUARANTINED, quarantined))
-        if pool.mps and pool.name in self.mps_not_ready:
+        if self.mps_down(pool):
             findings.append(Finding(MPS_DOWN, f"the MPS control daemon of pool {pool.name} is not ready"))
         if gpu.uuid in self.pending_gpus:
             findings.append(Finding(SHAPE_PENDING, self.pending_gpus[gpu.uuid]))
         return Verdict(tuple(findings))
 
     def resource_health(self, resource: Resource, health_keys: frozenset[str] | None = None) -> ResourceHealth:
-        """One resource's part of this view (`health_keys`: `resource.health_keys()`, when the caller keeps it)."""
+        """One resource's part of this view, mapped from the verdict of each of its units that has a finding: a fault
+        or a shape that waits makes the unit's devices Unhealthy (and a waiting GPU's refused in Allocate), the
+        residue guard's quarantine only the unit's free devices (a held one takes no new work anyway), a pool whose
+        MPS daemon is down every device. `health_keys`: `resource.health_keys()`, when the caller keeps it."""
         keys = resource.health_keys() if health_keys is None else health_keys
-        pending = frozenset(self.pending_gpus.keys() & keys)
-        return ResourceHealth(
-            unhealthy=(self.unhealthy & keys) | pending,
-            quarantined_devices=frozenset(self.quarantined_devices & resource.devices.keys()),
-            pending=pending,
-            mps_ready=resource.pool.name not in self.mps_not_ready,
+        pool = resource.pool
+        mps_ready = not self.mps_down(pool)  # the pool's finding, the same in every unit's verdict
+        flagged = self.unhealthy.union(self.quarantined_gpus, self.pending_gpus) & keys
+        if not flagged:
+            return ResourceHealth(mps_ready=mps_ready)
+        unhealthy, pending, held_back = set(), set(), set()
+        for unit in resource.units:
+            if unit.uuid not in flagged and unit.gpu.uuid not in flagged:
+                continue
+            kinds = self.verdict(unit, pool).kinds()
+            if SHAPE_PENDING in kinds:
+                pending.add(unit.gpu.uuid)
+            if SHAPE_PENDING in kinds or any(k in FAULTS for k in kinds):
+                unhealthy.add(unit.uuid)
+            if QUARANTINED in kinds:
+                held_back.add(unit.uuid)
+        devices = resource.devices
+        quarantined = (
+            frozenset(i for i in self.quarantined_devices if (d := devices.get(i)) and d.unit.uuid in held_back)
+            if held_back
+            else frozenset()
         )
+        return ResourceHealth(frozenset(unhealthy), quarantined, frozenset(pending), mps_ready)
 
 
 Subscriber = Callable[[NodeView], None]

@@ -71,7 +71,8 @@ def check_holding(resource: Resource, holdings: Sequence[tuple[Unit, int]]) -> N
         per_unit += f"; and {len(units) - 8} more" if len(units) > 8 else ""
         raise AllocationError(
             Refusal.INVALID,
-            f"shares of {resource.name} span {len(units)} {kind} ({per_unit}); all shares of a container must be on one {kind[:-1]}",
+            f"shares of {resource.name} span {len(units)} {kind} ({per_unit}); "
+            f"all shares of a container must be on one {kind[:-1]}",
         )
     total = sum(k for _, k in holdings)
     if (most := mode.most_per_container(pool)) is not None and total > most:
@@ -121,10 +122,11 @@ def unit_grant(
 
 @dataclass(frozen=True)
 class ResourceHealth:
-    """One resource's part of the node's runtime state, as Allocate and ListAndWatch use it."""
+    """One resource's part of the node's runtime state, as Allocate and ListAndWatch use it: mapped from its units'
+    verdicts (`NodeView.resource_health`), never decided here."""
 
-    unhealthy: frozenset[str] = frozenset()  # GPU or MIG UUIDs of this resource's devices (pending GPUs included)
-    quarantined_devices: frozenset[str] = frozenset()  # device IDs the residue guard holds back
+    unhealthy: frozenset[str] = frozenset()  # UUIDs of its units with a fault or a shape that waits: all devices
+    quarantined_devices: frozenset[str] = frozenset()  # the free device IDs of its quarantined units
     pending: frozenset[str] = frozenset()  # GPUs kept in their old shape until their holders leave (alloc.pending)
     mps_ready: bool = True  # False: the pool's MPS control daemon is not ready, every device Unhealthy
 
@@ -217,8 +219,8 @@ class ResourceAllocator:
         if waiting:
             raise AllocationError(
                 Refusal.PRECONDITION,
-                f"devices of {self.resource.name} on GPU(s) {brief(waiting, 4)} are not granted: those GPUs keep their previous "
-                "configuration for the containers that hold them and switch to the new one once released",
+                f"devices of {self.resource.name} on GPU(s) {brief(waiting, 4)} are not granted: those GPUs keep their "
+                "previous configuration for the containers that hold them and switch to the new one once released",
             )
 
     def _grant(self, device_ids: Sequence[str]) -> tuple[ContainerGrant, list[Unit]]:
@@ -239,7 +241,8 @@ class ResourceAllocator:
         if quarantined:
             raise AllocationError(
                 Refusal.PRECONDITION,
-                f"devices quarantined for {resource.name} (their GPU holds a finished container's memory): {brief(quarantined, 8)}",
+                f"devices quarantined for {resource.name} (their GPU holds a finished container's memory): "
+                f"{brief(quarantined, 8)}",
             )
         units = _units_of(resource, devices)
         return unit_grant(resource, [(u, sum(1 for d in devices if d.unit is u)) for u in units]), units

@@ -79,7 +79,7 @@ class StateCollector(Collector):
         node = s.node
         view = s.state.snapshot()
         snapshot = view.observation
-        unhealthy, awaiting_reset = view.unhealthy, view.awaiting_reset
+        awaiting_reset = view.awaiting_reset
         gpu_labels = ["gpu", "uuid", "model"]
         families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "memory_used": GaugeMetricFamily("gpushare_gpu_memory_used_bytes", "GPU memory in use.", labels=gpu_labels),
@@ -93,12 +93,15 @@ class StateCollector(Collector):
             "power": GaugeMetricFamily("gpushare_gpu_power_watts", "GPU power draw.", labels=gpu_labels),
             "healthy": GaugeMetricFamily(
                 "gpushare_gpu_healthy",
-                "1 when the GPU is Healthy, 0 when its devices are advertised Unhealthy.",
+                "0 while the health monitor has a fault on the GPU itself (its devices are Unhealthy), else 1: the "
+                "verdict's fault only; quarantine and a shape that waits have series of their own, and a MIG "
+                "instance's own fault is not counted.",
                 labels=gpu_labels,
             ),
             "reset": GaugeMetricFamily(
                 "gpushare_gpu_reset_required",
-                "1 while a reset-class fault keeps the GPU (or a MIG instance on it) Unhealthy until a GPU reset.",
+                "1 while the health monitor waits for a GPU reset: a reset-class fault or a lost GPU keeps the GPU "
+                "(or a MIG instance on it) Unhealthy until the GPU is reset.",
                 labels=gpu_labels,
             ),
             "xid": CounterMetricFamily(
@@ -137,7 +140,7 @@ class StateCollector(Collector):
                 families["temperature"].add_metric(labels, stats.temperature_celsius)
             if stats and stats.power_watts is not None:
                 families["power"].add_metric(labels, stats.power_watts)
-            families["healthy"].add_metric(labels, 0 if gpu.uuid in unhealthy else 1)
+            families["healthy"].add_metric(labels, 0 if view.fault_of(gpu.uuid) else 1)  # the verdict's fault
             families["reset"].add_metric(
                 labels, 1 if {gpu.uuid, *(m.uuid for m in gpu.mig_devices)} & awaiting_reset else 0
             )
@@ -267,7 +270,8 @@ class StateCollector(Collector):
         )
         yield GaugeMetricFamily(
             "gpushare_gpus_skipped",
-            "GPUs discovery could not describe at start-up: left out, the others are served (log: GPU N is not usable).",
+            "GPUs discovery could not describe at start-up: left out, the others are served "
+            "(log: GPU N is not usable).",
             value=len(node.skipped),
         )
         yield GaugeMetricFamily(
@@ -311,7 +315,8 @@ class StateCollector(Collector):
         )
         yield CounterMetricFamily(
             "gpushare_holds_unreadable",
-            "Reads of what containers hold (pod-resources, the kubelet checkpoint) that failed; no GPU changed shape after them.",
+            "Reads of what containers hold (pod-resources, the kubelet checkpoint) that failed; "
+            "no GPU changed shape after them.",
             value=s.unreadable_holds(),
         )
         registered = GaugeMetricFamily(

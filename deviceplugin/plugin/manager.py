@@ -3,9 +3,9 @@
 Kubelet restart signals (docs/kubelet.md#kubelet-restarts): kubelet.sock is recreated, or a server's own socket
 disappears. The device-plugin directory is watched with inotify, so a new kubelet.sock is answered with
 a Register within milliseconds; a poll every `watch_interval` is the safety net (and the only signal
-where inotify is unavailable). The same poll follows MPS pools (`health.mpsready`, the DRA driver's too): a
-pool is served once its control daemon is alive, and its devices are Unhealthy while it is not (written to the
-NodeState the servers follow). Everything runs on the one gRPC event loop.
+where inotify is unavailable). The same poll asks the MPS pools' daemons (`plugin.mpsgate`): a pool is served once
+its control daemon is alive, and its devices are Unhealthy while it is not (written to the NodeState the servers
+follow). Everything runs on the one gRPC event loop.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 from ..aioloop import EventLoopThread, shared_loop
 from ..alloc.shapeguard import ShapeGuard
-from ..health.mpsready import MpsReadiness
 from ..model.devices import Resource
 from ..model.usage import Hold
 from ..mps.control import MpsLiveness
 from ..state import NodeState
 from .inotify import DirectoryWatch
+from .mpsgate import MpsGate
 from .registration import RegistrationChannel
 from .server import KUBELET_SOCKET, SOCKET_PREFIX, DevicePluginServer, Timings, kubelet_identity, socket_path_for
 
@@ -111,9 +111,7 @@ class PluginManager:
         self._loop = loop or shared_loop()
         self.kubelet_channel = RegistrationChannel(self.plugin_dir / KUBELET_SOCKET)  # every server's, one per kubelet
         self.servers = [self._new_server(r) for r in resources]
-        self.mps_pools = MpsReadiness(
-            self.state, mps or MpsLiveness(), resources, timings.watch_interval
-        )  # checked by _poll
+        self.mps_gate = MpsGate(self.state, mps or MpsLiveness(), resources, timings.watch_interval)  # checked by _poll
         self._lifecycle = asyncio.Lock()  # serialises start/stop/apply/check on the loop
         self._nudge = asyncio.Event()  # set by inotify: check now
         self._kubelet: tuple[int, int] | None = None
@@ -163,7 +161,7 @@ class PluginManager:
         broken = [
             s.resource.name
             for s in self.servers
-            if (s.socket_path is None and not self._waits_for_mps(s))
+            if (s.socket_path is None and not self.mps_gate.waits(s))
             or (s.socket_path is not None and not s.socket_path.exists())
         ]
         return (not broken, "ok" if not broken else f"not serving: {', '.join(broken)}")
@@ -190,7 +188,7 @@ class PluginManager:
                 # holds that cannot be read are unknown, never empty: serve nothing until a source answers (the
                 # pending check retries), rather than a plan that may re-pool a held GPU
                 self.servers = [self._new_server(r) for r in plan or []]
-                self.mps_pools.on_config(None, self.resources)
+                self.mps_gate.on_config(self.resources)
             for server in self.servers:
                 await self._start_server(server, retry=False)
             if self.servers or not self._unsettled:
@@ -292,7 +290,7 @@ class PluginManager:
             if name not in current:
                 changes.append(f"added {name}")
         self.servers = kept
-        self.mps_pools.on_config(None, self.resources)  # a new MPS pool waits for its daemon
+        self.mps_gate.on_config(self.resources)  # a new MPS pool waits for its daemon
         for server in started:
             await self._start_server(server)
         return changes
@@ -300,14 +298,8 @@ class PluginManager:
     async def _start_server(self, server: DevicePluginServer, retry: bool = True) -> None:
         """Serve unless an MPS pool's daemon is not ready. With `retry`, a failure (a socket that cannot be bound)
         is logged and left to the next check, which tries again; without, it is raised (start-up)."""
-        if self._waits_for_mps(server):
-            paths = self.mps_pools.paths(server.resource.pool.name)
-            log.info(
-                "%s: waiting for the control daemon of MPS pool %s (%s)",
-                server.resource.name,
-                server.resource.pool.name,
-                paths.root if paths else "?",
-            )
+        if (wait := self.mps_gate.waiting_for(server)) is not None:
+            log.info("%s: waiting for the control daemon of %s", server.resource.name, wait)
             return
         try:
             await server.serve()
@@ -327,9 +319,6 @@ class PluginManager:
                 )
         else:
             self._serve_failures.pop(server.resource.name, None)
-
-    def _waits_for_mps(self, server: DevicePluginServer) -> bool:
-        return server.resource.pool.mps and not self.mps_pools.ready(server.resource.pool.name)
 
     def _on_directory_event(self) -> None:
         """inotify says entries of the plugin directory changed: check at once (not at the next poll)."""
@@ -362,19 +351,13 @@ class PluginManager:
         async with self._lifecycle:
             if self._stopping:
                 return
-            await self._follow_mps()
+            for server in self.mps_gate.check(self.servers):  # a pool whose daemon answers now is served
+                await self._start_server(server)
             if self._unsettled and time.monotonic() >= self._next_pending_check:
                 changes = await self._follow_wanted()
                 if not self._unsettled:
                     log.info("resources: %s", "; ".join(changes) or "no resource changed")
             await self._follow_kubelet()
-
-    async def _follow_mps(self) -> None:
-        """Write each MPS pool's readiness to the NodeState; serve a pool's resource once its daemon is ready."""
-        self.mps_pools.check()
-        for server in self.servers:
-            if server.resource.pool.mps and not server.serving and self.mps_pools.ready(server.resource.pool.name):
-                await self._start_server(server)
 
     async def _follow_kubelet(self) -> None:
         """Detect a kubelet restart and deleted sockets; serve again and re-register as needed."""
@@ -391,7 +374,7 @@ class PluginManager:
         for server in self.servers:
             path = server.socket_path
             if path is None:
-                if not self._waits_for_mps(server):
+                if not self.mps_gate.waits(server):
                     restarts.append(self._serve_again(server, "it is not serving"))
             elif not path.exists():
                 restarts.append(self._serve_again(server, f"its socket {path.name} was deleted"))

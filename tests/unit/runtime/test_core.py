@@ -96,7 +96,7 @@ def test_each_front_end_gets_the_health_monitor_with_the_device_node_check_and_t
 
 def test_the_device_plugin_servers_read_the_core_state(front_ends: Any) -> None:
     d = front_ends("deviceplugin")
-    assert d.manager.state is d.core.state and d.manager.mps_pools.liveness is d.core.mps
+    assert d.manager.state is d.core.state and d.manager.mps_gate.readiness.liveness is d.core.mps
 
 
 def test_the_dra_driver_refuses_a_gpu_whose_device_nodes_are_missing_after_the_first_pass(front_ends: Any) -> None:
