@@ -1,5 +1,6 @@
 """Admission latency: GetPreferredAllocation + Allocate over real gRPC on a Unix socket, 8 GPUs x 64 shares,
-with the kubelet's ListAndWatch stream open; the floor is an empty unary call (PreStartContainer) on the same channel."""
+with the kubelet's ListAndWatch stream open; the floor is an empty unary call (PreStartContainer) on the same
+channel."""
 
 from __future__ import annotations
 

@@ -45,7 +45,9 @@ try:
         answer = f"{len(entries)} entries parsed"
 except holds.HoldsUnknown as err:
     answer = "refused (unknown): " + str(err).split("kubelet_internal_checkpoint ", 1)[-1]
-print(json.dumps({"idle_mib": round(idle, 1), "peak_over_idle_mib": round(status("VmHWM:") - idle, 1), "answer": answer}))
+print(
+    json.dumps({"idle_mib": round(idle, 1), "peak_over_idle_mib": round(status("VmHWM:") - idle, 1), "answer": answer})
+)
 """
 
 
@@ -104,9 +106,11 @@ def run(smoke: bool = False) -> dict:
 if __name__ == "__main__":
     result = run(smoke="--smoke" in sys.argv)
     print(
-        f"read bound {result['read_bound_mib']:.0f} MiB, {result['max_entries']} entries, {result['max_entry_bytes']} bytes per entry"
+        f"read bound {result['read_bound_mib']:.0f} MiB, {result['max_entries']} "
+        f"entries, {result['max_entry_bytes']} bytes per entry"
     )
     for row in result["rows"]:
         print(
-            f"{row['file_mib']:6.1f} MiB  {row['reader']:17s} idle {row['idle_mib']:6.1f} MiB  peak +{row['peak_over_idle_mib']:6.1f} MiB  {row['answer']}"
+            f"{row['file_mib']:6.1f} MiB  {row['reader']:17s} idle {row['idle_mib']:6.1f} MiB  peak "
+            f"+{row['peak_over_idle_mib']:6.1f} MiB  {row['answer']}"
         )

@@ -1,11 +1,12 @@
 """NodePrepareResources latency of the DRA driver for one claim, the claim already in the watch cache.
 
 The kubelet plugin runs in this process on real Unix sockets, reading claims from memory as a warm cache serves
-them (no API server is contacted), with the real checkpoint (fsync) and CDI spec writes, in a temporary directory. A gRPC client calls as the kubelet does: one claim per call, then NodeUnprepareResources, with 100 other
-claims prepared beside it. Target: p50 <= 5 ms. `prepare_again_while_a_read_hangs`: the same repeat prepares while
-another pod's claim read hangs in the API (the kubelet calls per pod; that claim must not delay these).
-`prepare_with_sharing_config`: first prepares of claims that carry a SharingConfig from their class and their own
-(parsed, picked per request, checked against the shares; docs/dra.md#sharing-chosen-per-claim-sharingconfig).
+them (no API server is contacted), with the real checkpoint (fsync) and CDI spec writes, in a temporary directory. A
+gRPC client calls as the kubelet does: one claim per call, then NodeUnprepareResources, with 100 other claims prepared
+beside it. Target: p50 <= 5 ms. `prepare_again_while_a_read_hangs`: the same repeat prepares while another pod's claim
+read hangs in the API (the kubelet calls per pod; that claim must not delay these). `prepare_with_sharing_config`: first
+prepares of claims that carry a SharingConfig from their class and their own (parsed, picked per request, checked
+against the shares; docs/dra.md#sharing-chosen-per-claim-sharingconfig).
 
 It runs twice: with the driver's directory on the disk of /tmp (a prepare waits for one fsync of its checkpoint
 record, so the disk's fsync latency, measured alongside, is part of the figure) and on /dev/shm (a tmpfs, where
@@ -62,7 +63,8 @@ def _claim(index: int, gpus: int) -> dict[str, Any]:
 
 
 def _with_sharing_config(body: dict[str, Any]) -> dict[str, Any]:
-    """The claim with a class config and its own (the last applies: 2 % of the GPU's threads, what 1 of 48 shares give)."""
+    """The claim with a class config and its own (the last applies: 2 % of the GPU's threads, what 1 of 48 shares
+    give)."""
 
     def config(percent: int, source: str) -> dict[str, Any]:
         mps = {"strategy": "mps", "mpsConfig": {"defaultActiveThreadPercentage": percent}}

@@ -5,9 +5,9 @@
 Nodes have 8 GPUs of 10 shares with random use; the pod asks for 2 shares (the captured scheduler request).
 Timed in-process (the verbs on decoded JSON; wall time and the thread's CPU time; the first call, which
 builds every node's view, apart) and over real HTTP on loopback to the extender in its own process (JSON
-both ways, one kept-alive connection, as kube-scheduler calls it). Memory: tracemalloc of the cache filled with 5,000 nodes x 8 GPUs.
-Hostile bodies: the extender process's peak RSS while 8 clients at once send the largest body it reads, made of
-empty JSON lists (the costliest to parse), and while 8 send twice that (refused unread); answers by status.
+both ways, one kept-alive connection, as kube-scheduler calls it). Memory: tracemalloc of the cache filled with 5,000
+nodes x 8 GPUs. Hostile bodies: the extender process's peak RSS while 8 clients at once send the largest body it reads,
+made of empty JSON lists (the costliest to parse), and while 8 send twice that (refused unread); answers by status.
 """
 
 from __future__ import annotations

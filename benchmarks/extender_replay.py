@@ -1,7 +1,8 @@
 """The packing simulator driving the scheduler extender's code path: allocation ratio and node-plugin agreement.
 
     python -m benchmarks.extender_replay [--pods default] [--policies binpack,fgdstrand] [--seeds 42-44] [--replicas 10]
-    python -m benchmarks.extender_replay --trace-dir tests/traces --nodes toy_nodes.csv --pods toy --seeds 1-2   # seconds
+    # seconds:
+    python -m benchmarks.extender_replay --trace-dir tests/traces --nodes toy_nodes.csv --pods toy --seeds 1-2
 
 The simulator's protocol (deviceplugin/cluster/simulator.py: the same arrivals, node order and KPI per seed), but
 each GPU pod is placed as kube-scheduler with the extender would place it: kube-scheduler's own filters (CPU,
@@ -268,10 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         replicas=args.replicas,
     )
     print(
-        f"{args.pods}: {len(experiment.nodes)} nodes, {experiment.gpus} GPUs; replicas {args.replicas}; seeds {args.seeds[0]}-{args.seeds[-1]}"
+        f"{args.pods}: {len(experiment.nodes)} nodes, {experiment.gpus} GPUs; replicas {args.replicas}; "
+        f"seeds {args.seeds[0]}-{args.seeds[-1]}"
     )
     print(
-        "| policy | allocation % through the extender | the policy alone | share pods: node plugin took the assumed unit | whole-GPU pods |"
+        "| policy | allocation % through the extender | the policy alone | share pods: node plugin took the "
+        "assumed unit | whole-GPU pods |"
     )
     print("|---|---|---|---|---|")
     for policy in args.policies:

@@ -53,8 +53,8 @@ def _serve(pki_dir: str, nodes: int, pipe) -> None:
 
 
 def _connect(port: int, context: ssl.SSLContext) -> http.client.HTTPConnection:
-    """A kept-alive HTTPS connection checking the extender's certificate for SERVER_NAME; TCP_NODELAY as Go's client sets it
-    (and http.client's own connect), or each call waits out a delayed ACK."""
+    """A kept-alive HTTPS connection checking the extender's certificate for SERVER_NAME; TCP_NODELAY as Go's client
+    sets it (and http.client's own connect), or each call waits out a delayed ACK."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

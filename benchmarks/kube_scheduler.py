@@ -1,6 +1,7 @@
 """A sample of the openb trace through a real kube-apiserver + kube-scheduler, with and without the extender.
 
-    python -m benchmarks.kube_scheduler [--trace default] [--nodes 16] [--seed 42] [--configs all|shipped|KEY,...] [--json FILE]   # ~40 s a configuration on 2 cores
+    python -m benchmarks.kube_scheduler [--trace default] [--nodes 16] [--seed 42] [--configs all|shipped|KEY,...]
+        [--json FILE]   # ~40 s a configuration on 2 cores
 
 Needs the control-plane binaries (`KUBEBUILDER_ASSETS`, as the tests; skipped without). The sample: `--nodes`
 nodes drawn from the trace's GPU node list (their GPUs, CPU and memory), and the trace's pod list shuffled and
@@ -66,7 +67,8 @@ SHIPPED_FILE = Path(__file__).resolve().parents[1] / "daemonset/extender/schedul
 
 def shipped_entry(path: Path = SHIPPED_FILE) -> dict:
     """The extender settings the project ships (the second scheduler's KubeSchedulerConfiguration, which the chart
-    renders alike): each entry's weight (0: absent) and NodeResourcesFit's strategy (LeastAllocated: kube-scheduler's default)."""
+    renders alike): each entry's weight (0: absent) and NodeResourcesFit's strategy (LeastAllocated: kube-scheduler's
+    default)."""
     import yaml
 
     config_map = next(d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "ConfigMap")
@@ -83,7 +85,8 @@ def _entry(share: int, every: int, strategy: str) -> dict:
     return {"share": share, "every": every, "strategy": strategy}
 
 
-# key: (label, path, extender settings or None: the share entry's weight, the every-pod entry's (0: none), NodeResourcesFit's strategy)
+# key: (label, path, extender settings or None: the share entry's weight, the every-pod entry's (0: none),
+# NodeResourcesFit's strategy)
 CONFIGS: dict[str, tuple[str, str, dict | None]] = {
     "dp-none": ("device plugin, no extender", "dp", None),
     "dp-shipped": ("device plugin, as shipped (daemonset/extender/scheduler)", "dp", None),  # filled by shipped_entry()
@@ -142,7 +145,8 @@ class Sample:
 
 
 def sample(trace_dir: str | None, nodes: int, seed: int, trace: str = "default") -> Sample:
-    """`nodes` nodes and the arrivals of the pod list `trace` (a name of the trace directory's openb_pod_list_<name>.csv, or a path)."""
+    """`nodes` nodes and the arrivals of the pod list `trace` (a name of the trace directory's
+    openb_pod_list_<name>.csv, or a path)."""
     rng = random.Random(seed)
     all_nodes = load_nodes(resolve(DEFAULT_NODES, trace_dir, "openb_node_list_{}.csv"))
     chosen = [n for n in rng.sample(list(all_nodes), nodes)]
@@ -418,11 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     data = sample(args.trace_dir, args.nodes, args.seed, args.trace)
     gpus = sum(len(n.gpu_free) for n in data.nodes)
     print(
-        f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods ({sum(1 for p in data.pods if p.num_gpu)} GPU pods); trace {args.trace}, seed {args.seed}; "
+        f"sample: {len(data.nodes)} nodes, {gpus} GPUs, {len(data.pods)} pods "
+        f"({sum(1 for p in data.pods if p.num_gpu)} GPU pods); trace {args.trace}, seed {args.seed}; "
         f"load {os.getloadavg()[0]:.2f}"
     )
     print(
-        f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, {data.simulated['130']:.2f} % at 130 %"
+        f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, "
+        f"{data.simulated['130']:.2f} % at 130 %"
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below: stop what this run started
     cp = ControlPlane.start(bin_dir)
@@ -437,14 +443,16 @@ def main(argv: list[str] | None = None) -> int:
         api = cp.api_client()
         client.ResourceV1Api(api).create_device_class(device_class())
         print(
-            "| configuration | allocation % at 100 % demand | at 130 % | failed admissions | pods/s (first pass) | GPU pods left pending |"
+            "| configuration | allocation % at 100 % demand | at 130 % | failed admissions | pods/s (first pass) "
+            "| GPU pods left pending |"
         )
         print("|---|---|---|---|---|---|")
         for key in keys:
             result = Run(cp, api, url, key, data).run()
             results.append(result)
             print(
-                f"| {result['label']} | {result['allocation_100']:.2f} | {result['allocation_130']:.2f} | {result['failed_admissions']} | "
+                f"| {result['label']} | {result['allocation_100']:.2f} | {result['allocation_130']:.2f} "
+                f"| {result['failed_admissions']} | "
                 f"{result['pods_per_second']} | {result['gpu_pods_pending']} |",
                 flush=True,
             )

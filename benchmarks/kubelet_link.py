@@ -114,7 +114,8 @@ def startup(smoke: bool) -> dict:
         "cpu_until_register_median_ms": round(statistics.median(r[2] * 1000 for r in runs), 1),
         "rss_alone_mib": round(statistics.median(r[1] for r in runs), 1),
         "rss_full_mib": round(full[1], 1),
-        "note": "alone: no API access, no metrics port; full: fake API (labels, annotation, pod list) + metrics port, as the DaemonSet runs",
+        "note": "alone: no API access, no metrics port; full: fake API (labels, annotation, pod list) + metrics "
+        "port, as the DaemonSet runs",
     }
 
 

@@ -92,7 +92,8 @@ def create_node(
 
 
 class StandInPlugins:
-    """The device-plugin path: nodes advertising `example.com/gpu-share`, their kubelets' admission, their annotations."""
+    """The device-plugin path: nodes advertising `example.com/gpu-share`, their kubelets' admission, their
+    annotations."""
 
     def __init__(
         self,
@@ -236,7 +237,10 @@ class StandInPlugins:
             chosen = preferred_allocation(resource, available, [], count)
             units = {resource.devices[d].gpu.index for d in chosen}
             if len(chosen) < count or len(units) != 1:
-                return f"container {container.name}: {count} shares of {SHARE} do not fit on one GPU (free {[self.replicas - u for u in used]})"
+                return (
+                    f"container {container.name}: {count} shares of {SHARE} do not fit on one GPU "
+                    f"(free {[self.replicas - u for u in used]})"
+                )
             (unit,) = units
             used[unit] += count
             taken.append((unit, count))

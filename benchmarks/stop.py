@@ -2,7 +2,8 @@
 
 A DaemonSet rolling update waits for the old pod to exit before the new one registers, so this is node downtime.
 Each round starts the plugin beside the built-in kubelet, waits until it registered, the kubelet's stream has had
-its first list and start-up is over, then sends SIGTERM and times the exit (a pidfd: no polling interval in the figure). Backends:
+its first list and start-up is over, then sends SIGTERM and times the exit (a pidfd: no polling interval in the
+figure). Backends:
 
 - simulated: the node from a file, metrics port on, no API access;
 - simulated_api: the same with the tests' fake Kubernetes API (labels, annotation, pod list), as the DaemonSet runs;
@@ -37,7 +38,12 @@ NVML_LAUNCHER = f"""
 import sys
 sys.path.insert(0, {str(ROOT)!r})
 from tests.support.fake_pynvml import FakeGpu, FakeNvml
-sys.modules["pynvml"] = FakeNvml([FakeGpu(uuid=f"GPU-t4-{{i}}", name="Tesla T4", memory_mib=15360, bus_id=f"00000000:{{0x3B + i:02X}}:00.0") for i in range(8)])
+sys.modules["pynvml"] = FakeNvml(
+    [
+        FakeGpu(uuid=f"GPU-t4-{{i}}", name="Tesla T4", memory_mib=15360, bus_id=f"00000000:{{0x3B + i:02X}}:00.0")
+        for i in range(8)
+    ]
+)
 from deviceplugin.cli.main import main
 sys.exit(main())
 """

@@ -1,4 +1,5 @@
-"""Every default location, port and interval of the `gpu-share` commands, defined once (the settings and the CLI read them)."""
+"""Every default location, port and interval of the `gpu-share` commands, defined once (the settings and the CLI read
+them)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ LABEL_INTERVAL = 5.0  # at most one patch of the node's labels and annotations p
 POD_RESOURCES_BACKOFF_MAX = 80.0  # longest poll interval after RESOURCE_EXHAUSTED
 SHUTDOWN_GRACE = 20.0  # seconds from SIGTERM/SIGINT to a forced exit, inside the pod's default 30 s
 # `gpu-share run --api dra`
-KUBELET_ROOT = "/var/lib/kubelet"  # holds plugins_registry/ (registration sockets) and plugins/<driver>/ (the DRA socket, checkpoint)
+# holds plugins_registry/ (registration sockets) and plugins/<driver>/ (the DRA socket, checkpoint)
+KUBELET_ROOT = "/var/lib/kubelet"
 DRA_CDI_ROOT = "/var/run/cdi"  # where the driver writes one CDI spec per prepared claim
 DRA_HEALTH_INTERVAL = (
     10.0  # seconds between full health lists on an idle stream (below the 30 s timeout each device declares)

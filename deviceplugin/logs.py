@@ -18,7 +18,8 @@ MAX_SHOWN_ID_CHARS = 80
 
 
 def safe_text(text: str, limit: int = MAX_SHOWN_ID_CHARS) -> str:
-    """`text` with control and non-ASCII characters escaped and cut to `limit` characters: a crafted ID cannot forge a log line.
+    """`text` with control and non-ASCII characters escaped and cut to `limit` characters: a crafted ID cannot forge a
+    log line.
 
     Only the first `limit` characters are escaped, so a 4 MiB ID costs as little as a short one.
     """

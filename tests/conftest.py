@@ -147,7 +147,8 @@ def controlplane() -> Iterator[Any]:
     binaries = assets_dir()
     if binaries is None:
         pytest.skip(
-            "needs the control-plane binaries: set KUBEBUILDER_ASSETS to a directory with etcd, kube-apiserver, kube-scheduler"
+            "needs the control-plane binaries: set KUBEBUILDER_ASSETS to a directory with etcd, kube-apiserver, "
+            "kube-scheduler"
         )
     cp = ControlPlane.start(binaries)
     yield cp

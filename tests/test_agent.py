@@ -468,7 +468,8 @@ def _quarantine_rounds(d, rounds: int = 3):
 
 
 def test_processes_without_a_readable_cgroup_never_quarantine(daemon, kubelet):
-    """A tenant's /proc/<pid>/cgroup the plugin cannot read (the host's /proc not at --proc-root): unknown, reported, not residue."""
+    """A tenant's /proc/<pid>/cgroup the plugin cannot read (the host's /proc not at --proc-root): unknown, reported,
+    not residue."""
     d = serving(daemon, kubelet, quarantine=True)
     pod = Pod("tenant", [Container("app", {SHARE: 3})])
     kubelet.admit(pod)
@@ -637,7 +638,8 @@ def killing_agent(kubelet, start_plugin, tmp_path, interval: float, killed: list
 
 
 def test_a_hanging_api_call_never_delays_the_watchdog(kubelet, start_plugin, fake_kube, tmp_path):
-    """The publisher waits seconds on every API request; meanwhile the agent's watchdog acts within an interval or two."""
+    """The publisher waits seconds on every API request; meanwhile the agent's watchdog acts within an interval or
+    two."""
     from deviceplugin.agent.publish import PublishLoop
 
     api, kubeconfig = fake_kube

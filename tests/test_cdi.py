@@ -53,7 +53,8 @@ def test_unreadable_spec_files_are_problems_not_crashes(tmp_path):
     assert names == {f"nvidia.com/gpu={U0}"}
     assert problems == [
         f"{tmp_path / 'gone.yaml'}: cannot be read: file: cannot read: no such file (deleted, or not mounted)",
-        f"{tmp_path / 'huge.json'}: cannot be read: file: is {MAX_SPEC_BYTES + 1} bytes, over the limit of {MAX_SPEC_BYTES} bytes",
+        f"{tmp_path / 'huge.json'}: cannot be read: file: is {MAX_SPEC_BYTES + 1} bytes, over the limit "
+        f"of {MAX_SPEC_BYTES} bytes",
     ]
 
 

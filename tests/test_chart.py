@@ -334,7 +334,10 @@ def admission_params_for(text: str) -> str:
 
 @needs_helm
 def test_kill_policy_and_cdi_follow_the_installed_config():
-    text = "version: v1\ndeviceListStrategy: cdi\nmemoryWatchdog: {policy: kill}\npools: [{name: s, mode: shared, replicas: 4}]\n"
+    text = (
+        "version: v1\ndeviceListStrategy: cdi\nmemoryWatchdog: {policy: kill}\n"
+        "pools: [{name: s, mode: shared, replicas: 4}]\n"
+    )
     documents = render(None, *_with_config(text))
     spec = by_kind(documents)[("DaemonSet", "gpu-share")]["spec"]["template"]["spec"]
     assert spec["hostPID"] is True and spec["containers"][0]["securityContext"]["capabilities"]["add"] == ["KILL"]
@@ -397,7 +400,8 @@ def test_one_mps_daemonset_per_mps_pool_of_the_config_on_the_nodes_of_its_profil
     text = (
         "version: v1\ndefaultProfile: fast\nprofiles:\n"
         "  fast: {pools: [{name: quick, mode: shared, backend: mps, replicas: 4, exclusiveProcess: true}]}\n"
-        "  both: {pools: [{name: quick, mode: shared, backend: mps, replicas: 4, gpus: {indexes: [0]}}, {name: big, mode: shared, backend: mps, replicas: 2, resource: big-share}]}\n"
+        "  both: {pools: [{name: quick, mode: shared, backend: mps, replicas: 4, gpus: {indexes: [0]}}, "
+        "{name: big, mode: shared, backend: mps, replicas: 2, resource: big-share}]}\n"
         "  whole: {pools: [{name: w, mode: exclusive}]}\n"
     )
     objects = by_kind(render({"mps.enabled": "true"}, *_with_config(text)))
@@ -605,10 +609,14 @@ def test_the_dra_driver_never_selects_a_device_plugin_node():
         {"matchExpressions": [{"key": "example.com/gpu-share.api", "operator": "In", "values": ["dra"]}, excluded]}
     ]
     own = {
-        "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key": "pool",
-        "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
-        "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchExpressions[0].key": "zone",
-        "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[1].matchExpressions[0].operator": "Exists",
+        "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].key": "pool",
+        "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0].operator": "Exists",
+        "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[1].matchExpressions[0].key": "zone",
+        "dra.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[1].matchExpressions[0].operator": "Exists",
     }
     dra = by_kind(render({**DRA, **own}))[("DaemonSet", "gpu-share-dra")]["spec"]["template"]["spec"]
     assert terms(dra) == [
@@ -629,7 +637,10 @@ def test_the_dra_driver_never_selects_a_device_plugin_node():
     assert terms(dra) == [
         {"matchExpressions": [excluded]}
     ]  # an affinity without required node terms still gets the exclusion
-    plugin_terms = "plugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0]"
+    plugin_terms = (
+        "plugin.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+        ".nodeSelectorTerms[0].matchExpressions[0]"
+    )
     pool = {f"{plugin_terms}.key": "pool", f"{plugin_terms}.operator": "Exists"}
     assert render(pool)  # without the DRA driver the plugin's affinity is the user's
     proc = helm("template", "gs", str(CHART), *[f"--set={k}={v}" for k, v in {**DRA, **pool}.items()], check=False)
@@ -1101,7 +1112,8 @@ def test_helm_install_under_another_domain_admits_exactly_what_one_gpu_holds(con
         assert (
             proc.returncode != 0
             and (
-                "container server asks for 21 acme.io/gpu-share but no GPU has more than 20: one container's shares come from one GPU. "
+                "container server asks for 21 acme.io/gpu-share but no GPU has more than 20: one container's "
+                "shares come from one GPU. "
                 "Ask for at most 20 acme.io/gpu-share, or for a whole GPU (acme.io/gpu)"
             )
             in proc.stderr
@@ -1318,7 +1330,9 @@ def test_install_md_helm_commands_keep_the_release_values(controlplane, tmp_path
             command = re.sub(r"(namespace|-n) gpu-share\b", rf"\1 {namespace}", command)
             command = command.replace("deploy/helm/gpu-share", str(CHART)).replace("<gpu-node>", node_name)
             if command.startswith("helm test"):
-                continue  # its hook pod needs a kubelet: test_the_admission_policy_refuses_after_install_reenable_and_reinstall runs its check
+                # its hook pod needs a kubelet: test_the_admission_policy_refuses_after_install_reenable_and_reinstall
+                # runs its check
+                continue
             proc = subprocess.run(
                 command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
             )
@@ -1630,7 +1644,8 @@ def test_the_chart_refuses_an_mps_root_the_plugin_refuses(root, says, tmp_path):
 
 @needs_helm
 def test_the_chart_refuses_an_mps_pool_name_the_plugin_refuses(tmp_path):
-    """An MPS pool's name reaches the MPS DaemonSet's name, labels and flags: the chart applies the plugin's POOL_NAME."""
+    """An MPS pool's name reaches the MPS DaemonSet's name, labels and flags: the chart applies the plugin's
+    POOL_NAME."""
     (tmp_path / "config.yaml").write_text(
         'version: v1\npools: [{name: "a\\n  hostPID: true", mode: shared, backend: mps, replicas: 4}]\n'
     )
@@ -1720,7 +1735,8 @@ def _write_pki(objects: dict[tuple[str, str], dict], folder: Path) -> Pki:
 @needs_helm
 def test_the_charts_generated_certificates_let_the_scheduler_and_no_one_else_call_the_extender(tmp_path):
     """The extender started with the chart's Secrets and flags answers the scheduler's certificate (checked for the
-    tlsConfig's serverName), 401 to a client without one; another install's scheduler certificate fails the handshake."""
+    tlsConfig's serverName), 401 to a client without one; another install's scheduler certificate fails the
+    handshake."""
     from deviceplugin.extender.http import ExtenderHTTPServer
     from deviceplugin.extender.tls import ServerTLS, TLSSettings
     from tests.support.extender import SHARE, annotation, args, extender, pod

@@ -1,4 +1,5 @@
-"""`gpu-share config check` as a subprocess: every problem at once, per-profile results on a node, discover round trip."""
+"""`gpu-share config check` as a subprocess: every problem at once, per-profile results on a node, discover round
+trip."""
 
 from __future__ import annotations
 
@@ -85,8 +86,8 @@ def test_profile_flag_checks_that_profile():
     assert proc.returncode == 0, proc.stderr
     assert "example.com/mig-3g.40gb (mig): 3 devices" in proc.stdout
     assert (
-        "  warning: GPU 5 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000005) does not have MIG enabled: pool mig (mig) does not advertise it"
-        in proc.stdout
+        "  warning: GPU 5 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000005) does not have MIG enabled: pool mig (mig) "
+        "does not advertise it" in proc.stdout
     )
     assert (
         "  warning: pool shares has no usable GPU on this node; example.com/gpu-share is not advertised" in proc.stdout
@@ -122,8 +123,8 @@ def test_zero_resources_on_the_node_is_an_error(tmp_path):
     proc = check(str(config), "--node", T4)
     assert proc.returncode == 2
     assert (
-        "warning: GPU 0 (GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000) does not have MIG enabled: pool m (mig) does not advertise it"
-        in proc.stdout
+        "warning: GPU 0 (GPU-8a2f4c1d-3b5e-4f60-a7c8-000000000000) does not have MIG enabled: pool m (mig) does "
+        "not advertise it" in proc.stdout
     )
     assert (
         f"{config}: profile 'default' advertises no resource on node 2xT4 (no pool has a usable GPU there)"
@@ -163,7 +164,8 @@ def test_node_file_with_a_duplicate_key_names_the_line(tmp_path):
     assert proc.returncode == 1
     assert (
         proc.stderr.strip()
-        == f"gpu-share: error: node file {node}: line 3, column 58: duplicate key 'memoryMiB' (first at line 3); YAML would keep only the last"
+        == f"gpu-share: error: node file {node}: line 3, column 58: duplicate key 'memoryMiB' (first at line 3); "
+        "YAML would keep only the last"
     )
 
 
@@ -176,7 +178,8 @@ def test_node_file_with_a_duplicate_key_names_the_line(tmp_path):
         ),
         (
             [{"name": "s", "mode": "shared", "replicas": 1024}],
-            "pool s: a share of GPU 0 (Tesla T4) is 15 MiB (1024 shares), less than a CUDA context needs (about 256 MiB); lower replicas or use memoryPerShare",
+            "pool s: a share of GPU 0 (Tesla T4) is 15 MiB (1024 shares), less than a CUDA context needs (about "
+            "256 MiB); lower replicas or use memoryPerShare",
         ),
     ],
 )

@@ -196,8 +196,8 @@ def test_metrics_port_in_use_is_a_clear_error(plugin_dir):
         )
     assert proc.returncode == 1
     assert (
-        f"gpu-share: error: cannot serve metrics on 0.0.0.0:{port}: Address already in use (choose another --metrics-port or --metrics-bind-address)"
-        in proc.stderr
+        f"gpu-share: error: cannot serve metrics on 0.0.0.0:{port}: Address already in use (choose another "
+        "--metrics-port or --metrics-bind-address)" in proc.stderr
     )
 
 
@@ -239,7 +239,10 @@ LOADED = """
 import sys
 from deviceplugin.cli.main import main
 code = main(sys.argv[1:])
-print(sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'google', 'prometheus_client', 'kubernetes'}), file=sys.stderr)
+print(
+    sorted({m.split('.')[0] for m in sys.modules} & {'grpc', 'google', 'prometheus_client', 'kubernetes'}),
+    file=sys.stderr,
+)
 sys.exit(code)
 """
 

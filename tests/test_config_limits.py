@@ -132,7 +132,10 @@ def test_merge_key_bomb_is_refused_in_constant_memory():
 
 
 def test_anchors_and_merge_keys_still_work():
-    text = "version: v1\ndefaultProfile: a\nprofiles:\n  a:\n    pools: [&p {name: x, mode: shared, replicas: 3}]\n  b:\n    pools: [{<<: *p, replicas: 5}]\n"
+    text = (
+        "version: v1\ndefaultProfile: a\nprofiles:\n  a:\n"
+        "    pools: [&p {name: x, mode: shared, replicas: 3}]\n  b:\n    pools: [{<<: *p, replicas: 5}]\n"
+    )
     config = parse_config_text(text)
     assert [p.replicas for p in config.pools("a") + config.pools("b")] == [3, 5]
 
@@ -219,7 +222,8 @@ def test_huge_replicas_and_tiny_shares_are_refused_in_milliseconds():
 
 
 def test_device_count_is_computed_not_built():
-    """64 GPUs x 1024 shares passes every key bound; the ListAndWatch budget refuses it without building 65,536 devices."""
+    """64 GPUs x 1024 shares passes every key bound; the ListAndWatch budget refuses it without building 65,536
+    devices."""
     big = NodeInfo(
         gpus=tuple(replace(H100.gpus[0], index=i, uuid=f"{H100.gpus[0].uuid[:-3]}{i:03d}") for i in range(64))
     )

@@ -78,7 +78,8 @@ def test_default_demo_shows_every_kind_of_pod():
         "  chat-large  3 shares, using more memory than they allow  example.com/gpu-share: 3",
         "shares 3/10, 24576 MiB, 30% compute",
         "  too-big     more shares (11) than one GPU has",
-        "  too-big (11 shares) is refused at creation: container server asks for 11 example.com/gpu-share",  # the same pod
+        "  too-big (11 shares) is refused at creation: container server asks for 11 "
+        "example.com/gpu-share",  # the same pod
         "span 2 GPUs",
         "example.com/gpu-share GPU 2: 4/10 shares used",
     ):
@@ -119,9 +120,8 @@ def test_demo_runs_mps_pools_with_a_simulated_control_daemon_and_shows_their_lim
     small = next(line for line in lines if line.startswith("  chat-small"))
     if limits == "strict":  # the daemon holds 1/4 of the threads and of each T4's 15360 MiB
         assert (
-            header
-            + "set_default_active_thread_percentage 25; set_default_device_pinned_mem_limit 0 3840M; set_default_device_pinned_mem_limit 1 3840M"
-            in lines
+            header + "set_default_active_thread_percentage 25; set_default_device_pinned_mem_limit 0 3840M; "
+            "set_default_device_pinned_mem_limit 1 3840M" in lines
         )
         assert small.endswith("shares 1/4, 3840 MiB, 25% compute; MPS enforces the daemon-wide limits"), small
         assert "uses MPS with strict limits: one share per container, got 3" in text

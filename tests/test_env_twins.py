@@ -59,7 +59,8 @@ def test_twins_set_defaults_and_the_command_line_wins():
     [
         (
             {"FAIL_ON_INIT_ERROR": "maybe"},
-            "FAIL_ON_INIT_ERROR 'maybe': must be true or false, got 'maybe' (the environment twin of --fail-on-init-error)",
+            "FAIL_ON_INIT_ERROR 'maybe': must be true or false, got 'maybe' (the environment twin of "
+            "--fail-on-init-error)",
         ),
         (
             {"GPU_SHARE_LOG_FORMAT": "xml"},

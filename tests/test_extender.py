@@ -70,7 +70,8 @@ def test_filter_and_prioritize_answer_the_captured_scheduler_requests(serve):
     assert set(result) == {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert result["NodeNames"] == ["smoke-node-b", "smoke-node-c"] and result["Error"] == ""
     assert result["FailedNodes"] == {
-        "smoke-node-a": "gpu-share: container c asks for 2 shares of example.com/gpu-share on one GPU; the most free on one GPU is 1 (free 1+1 on 2 GPUs)"
+        "smoke-node-a": "gpu-share: container c asks for 2 shares of example.com/gpu-share on one GPU; the most "
+        "free on one GPU is 1 (free 1+1 on 2 GPUs)"
     }
     assert result["FailedAndUnresolvableNodes"] == {}
     status, scores = post(url + "/prioritize", (FIXTURES / "extender-prioritize-request.json").read_bytes())
@@ -292,7 +293,8 @@ def test_the_extenders_assumption_is_the_node_plugins_choice():
 
 
 def test_the_simulator_through_the_extender_packs_as_the_policy_alone():
-    """The toy traces replayed through filter + prioritize and GetPreferredAllocation (benchmarks/extender_replay.py)."""
+    """The toy traces replayed through filter + prioritize and GetPreferredAllocation
+    (benchmarks/extender_replay.py)."""
     from benchmarks.extender_replay import replay
     from deviceplugin.cluster.simulator import Experiment
     from deviceplugin.cluster.traces import load_nodes, load_pods

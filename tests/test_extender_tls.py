@@ -214,7 +214,8 @@ def test_bad_tls_files_are_refused_at_start_naming_the_flag(pki, tmp_path):
         ServerTLS(TLSSettings("/nope/tls.crt", pki.path("extender.key")))
     with pytest.raises(
         ValueError,
-        match=r"^--tls-cert-file .*extender.crt: not a PEM certificate whose key is --tls-private-key-file .*scheduler.key",
+        match=r"^--tls-cert-file .*extender.crt: not a PEM certificate whose key is --tls-private-key-file "
+        r".*scheduler.key",
     ):
         ServerTLS(TLSSettings(pki.path("extender.crt"), pki.path("scheduler.key")))
     (tmp_path / "ca.crt").write_text("not a certificate\n")
@@ -245,8 +246,8 @@ def kubeconfig(tmp_path: Path) -> Path:
         (
             ["--address", "0.0.0.0"],
             "gpu-share: error: --address 0.0.0.0: serves /filter to the network without client authentication: any pod "
-            "could reserve every GPU (give --tls-cert-file, --tls-private-key-file and --client-ca-file (docs/security.md), "
-            "or --allow-unauthenticated where a NetworkPolicy alone admits the scheduler)",
+            "could reserve every GPU (give --tls-cert-file, --tls-private-key-file and --client-ca-file "
+            "(docs/security.md), or --allow-unauthenticated where a NetworkPolicy alone admits the scheduler)",
         ),
         (
             ["--client-ca-file", "ca.crt"],
@@ -274,8 +275,8 @@ def test_the_command_refuses_an_unauthenticated_exposure_and_half_set_tls_flags(
 
 
 def test_the_tls_benchmark_scheduler_is_answered_under_each_attack_and_nothing_is_reserved_for_them():
-    """benchmarks/extender_tls.py, smoke size: every scheduler call answered under each flood, the attackers' calls made,
-    and the extender holding only the scheduler pod's reservation after each."""
+    """benchmarks/extender_tls.py, smoke size: every scheduler call answered under each flood, the attackers' calls
+    made, and the extender holding only the scheduler pod's reservation after each."""
     from benchmarks.extender_tls import run
 
     result = run(smoke=True)

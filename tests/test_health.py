@@ -23,7 +23,8 @@ FAST_HEALTH = HealthSettings(recovery_period=0.4, check_interval=0.05)
 
 @pytest.fixture
 def stack(plugin_dir, kubelet):
-    """GPU 2 of the A100 node (two 3g.40gb MIG instances) shared in 5 -> 10 shares; GPU 3 as MIG devices; GPU 5 whole."""
+    """GPU 2 of the A100 node (two 3g.40gb MIG instances) shared in 5 -> 10 shares; GPU 3 as MIG devices; GPU 5
+    whole."""
     inventory = SimulatedInventory.from_file(EXAMPLES / "nodes" / "8xA100-80GB-mig.yaml")
     node = inventory.discover()
     config = parse_config(

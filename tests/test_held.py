@@ -96,7 +96,8 @@ class Node:
             self.daemon = None
 
     def reload(self, pools: list[dict]) -> None:
-        """Write the config and run the reloader's rounds until it is applied (it waits one round for the file to settle)."""
+        """Write the config and run the reloader's rounds until it is applied (it waits one round for the file to
+        settle)."""
         assert self.daemon is not None
         before = self.config.read_text()
         self.write(pools)
@@ -390,7 +391,8 @@ def test_random_sequences_of_profile_label_switches_and_profile_edits_never_over
 
 
 def test_an_init_container_that_pod_resources_omits_still_pins_its_gpu(plugin, kubelet):
-    """Ordinary init containers are in the kubelet's checkpoint, never in pod-resources: the checkpoint's holders count."""
+    """Ordinary init containers are in the kubelet's checkpoint, never in pod-resources: the checkpoint's holders
+    count."""
     pod = Pod("with-init", [Container("c", {})], init_containers=[Container("setup", {GPU: 1})])
     kubelet.admit(pod)
     assert not any(p.name == "with-init" and p.containers[0].devices for p in kubelet.pod_resources())
@@ -432,7 +434,8 @@ def test_a_share_count_that_does_not_parse_keeps_its_gpu_across_a_restart(plugin
 
 
 def test_holds_that_cannot_be_read_serve_nothing_until_a_source_answers(plugin, kubelet):
-    """pod-resources down and the checkpoint truncated: unknown, never empty; nothing is served until the kubelet is back."""
+    """pod-resources down and the checkpoint truncated: unknown, never empty; nothing is served until the kubelet is
+    back."""
     plugin.admit(GPU, 1)
     plugin.stop()
     kubelet.stop()

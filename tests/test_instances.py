@@ -115,7 +115,10 @@ def test_instance_conflict_exit_ends_the_second_instance_with_a_clear_error(kube
         stop(first)
 
 
-HOLD = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)"
+HOLD = (
+    "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+    "print('held', flush=True); time.sleep(600)"
+)
 
 
 def get(url: str) -> tuple[int, str]:

@@ -402,7 +402,8 @@ def test_config_check_command(tmp_path):
     assert "GPU 4 (NVIDIA H100 80GB HBM3): 8 shares of 10194 MiB" in ok.stdout
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "version: v1\npools:\n  - {name: a, mode: shared, replicas: 0, colour: red}\n  - {name: b, mode: mig, resource: x}\n"
+        "version: v1\npools:\n  - {name: a, mode: shared, replicas: 0, colour: red}\n"
+        "  - {name: b, mode: mig, resource: x}\n"
     )
     out = subprocess.run([*GPU_CLI, "config", "check", str(bad)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
@@ -542,7 +543,8 @@ def _pid(paths: MpsPaths) -> int:
 
 
 def test_mps_supervisor_follows_config_reloads(fake_mps, tmp_path):
-    """Added pools start a daemon, removed ones stop theirs, changed limits or mpsRoot restart it; others are untouched."""
+    """Added pools start a daemon, removed ones stop theirs, changed limits or mpsRoot restart it; others are
+    untouched."""
     root, other_root = tmp_path / "mps", tmp_path / "mps2"
     a = {
         "name": "a",
@@ -676,7 +678,8 @@ def test_mps_stale_marker_of_a_killed_pod_is_unhealthy_within_one_poll(fake_mps,
     root = tmp_path / "mps"
     cfg = tmp_path / "mps.yaml"
     cfg.write_text(
-        f"version: v1\nmpsRoot: {root}\npools:\n  - {{name: mps, mode: shared, backend: mps, replicas: 2, gpus: {{indexes: [1]}}}}\n"
+        f"version: v1\nmpsRoot: {root}\npools:\n"
+        f"  - {{name: mps, mode: shared, backend: mps, replicas: 2, gpus: {{indexes: [1]}}}}\n"
     )
     resources = resources_of(yaml.safe_load(cfg.read_text()), T4)
     manager = PluginManager(resources, plugin_dir, FAST, mps=MpsLiveness(str(fake_mps), interval=0.2, timeout=0.5))

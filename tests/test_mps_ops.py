@@ -108,7 +108,8 @@ def test_a_gpu_refusing_the_mode_is_an_error_naming_it_and_the_others_are_restor
 
     with pytest.raises(
         ComputeModeError,
-        match=f"GPU {b}: cannot set compute mode EXCLUSIVE_PROCESS: .*Insufficient Permissions.* \\(needs root and NVML\\)",
+        match=f"GPU {b}: cannot set compute mode EXCLUSIVE_PROCESS: .*Insufficient Permissions.* \\(needs root "
+        "and NVML\\)",
     ):
         ComputeModes(nvml).make_exclusive([a, b])
     assert nvml.modes == {a: DEFAULT, b: DEFAULT} and nvml.sessions == 0  # GPU 0 put back at once

@@ -27,11 +27,13 @@ def preview(tmp_path, config: str, node=T4) -> list[str]:
         (
             "proportional",
             "enforced by MPS from the container's CUDA_MPS_* limits (k shares: k times both)",
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3840M CUDA_MPS_PIPE_DIRECTORY=/run/gpu-share/mps/m/pipe ",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3840M "
+            "CUDA_MPS_PIPE_DIRECTORY=/run/gpu-share/mps/m/pipe ",
         ),
         (
             "strict",
-            "enforced by the MPS daemon for every client (its defaults: active threads 25 %, pinned memory 3840 MiB per GPU); one share per container",
+            "enforced by the MPS daemon for every client (its defaults: active threads 25 %, "
+            "pinned memory 3840 MiB per GPU); one share per container",
             "CUDA_MPS_PIPE_DIRECTORY=/run/gpu-share/mps/m/pipe ",
         ),
     ],
@@ -42,8 +44,8 @@ def test_config_check_shows_what_an_mps_container_receives(tmp_path, limits, rec
     )
     assert lines == [
         f"a container of 1 share of GPU 0 (Tesla T4) receives: memory 3840 MiB, compute 25 %; {receives}",
-        f"env {env}CUDA_VISIBLE_DEVICES={UUID} GPU_SHARE_COMPUTE_PERCENT=25 GPU_SHARE_COUNT=1 GPU_SHARE_MEMORY_LIMIT_MIB=3840 "
-        f"GPU_SHARE_TOTAL=4 NVIDIA_VISIBLE_DEVICES={UUID}",
+        f"env {env}CUDA_VISIBLE_DEVICES={UUID} GPU_SHARE_COMPUTE_PERCENT=25 GPU_SHARE_COUNT=1 "
+        f"GPU_SHARE_MEMORY_LIMIT_MIB=3840 GPU_SHARE_TOTAL=4 NVIDIA_VISIBLE_DEVICES={UUID}",
     ]
 
 
@@ -65,8 +67,8 @@ def test_config_check_shows_whole_gpus_and_mig_instances(tmp_path):
     ]
     lines = preview(tmp_path, "version: v1\npools: [{name: m, mode: mig}]\n", EXAMPLES / "nodes" / "2xH100-mig-1g.yaml")
     assert (
-        lines[0]
-        == "a container of MIG 1g.10gb of GPU 0 receives: memory 9856 MiB, compute 100 %; isolated by the hardware (MIG)"
+        lines[0] == "a container of MIG 1g.10gb of GPU 0 receives: memory 9856 MiB, compute 100 %; isolated by the "
+        "hardware (MIG)"
     )
 
 

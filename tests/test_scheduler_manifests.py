@@ -158,7 +158,8 @@ def test_extender_rbac_only_reads():
 
 
 def policy_variables(domain: str | None = None, limits: dict[str, int] | None = None) -> list[dict]:
-    """The shipped policy's variables, with another `domain` or `limits` (as the domain component or the chart set them)."""
+    """The shipped policy's variables, with another `domain` or `limits` (as the domain component or the chart set
+    them)."""
     (policy,) = documents(ADMISSION / "policy.yaml")
     variables = [dict(v) for v in policy["spec"]["variables"]]
     for variable in variables:
@@ -203,7 +204,8 @@ def test_admission_refuses_more_shares_than_any_gpu_and_says_what_to_ask_for():
     allowed, message = admit(pod({"example.com/gpu-share": "21"}))
     assert not allowed
     assert message == (
-        "container c0 asks for 21 example.com/gpu-share but no GPU has more than 20: one container's shares come from one GPU. "
+        "container c0 asks for 21 example.com/gpu-share but no GPU has more than 20: one container's shares come "
+        "from one GPU. "
         "Ask for at most 20 example.com/gpu-share, or for a whole GPU (example.com/gpu)"
     )
     assert admit(pod({"example.com/gpu-share": "20"}, {}, {"cpu": "2"})) == (True, "")
@@ -283,11 +285,11 @@ def test_demo_step_refuses_too_big_and_skips_the_fragmented_node():
     run_scheduler_step(resources, lines.append, too_big=(shared, 11))
     text = "\n".join(lines)
     assert (
-        "too-big (11 shares) is refused at creation: container server asks for 11 example.com/gpu-share but no GPU has more than 10"
-        in text
+        "too-big (11 shares) is refused at creation: container server asks for 11 example.com/gpu-share but no "
+        "GPU has more than 10" in text
     )
     assert (
-        "node-a: skipped: gpu-share: container server asks for 6 shares of example.com/gpu-share on one GPU; the most free on one GPU is 3 (free 3+3 on 2 GPUs)"
-        in text
+        "node-a: skipped: gpu-share: container server asks for 6 shares of example.com/gpu-share on one GPU; the "
+        "most free on one GPU is 3 (free 3+3 on 2 GPUs)" in text
     )
     assert "node-b: fits (score 10/10): bound there, its 6 shares land on GPU 1" in text

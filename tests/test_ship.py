@@ -95,7 +95,10 @@ def test_kustomization_knobs_render_image_namespace_and_domain(tmp_path):
         text = text.replace('newTag: "0.2.0"', 'newTag: "9.9.9"').replace(
             "- domain=example.com", "- domain=gpu.acme.io"
         )
-        every = "[admission, extender, optional/mps, optional/servicemonitor, optional/kill-policy, optional/nvidia-runtime, optional/cdi, domain]"
+        every = (
+            "[admission, extender, optional/mps, optional/servicemonitor, optional/kill-policy, "
+            "optional/nvidia-runtime, optional/cdi, domain]"
+        )
         return re.sub(r"^components:\n(?:(?:  |#).*\n)*", f"components: {every}\n", text, flags=re.M)
 
     documents = _render(tmp_path, knobs)

@@ -1,4 +1,5 @@
-"""`gpu-share simulate` and the packing benchmark as subprocesses, and the simulator's parallel runs (worker processes)."""
+"""`gpu-share simulate` and the packing benchmark as subprocesses, and the simulator's parallel runs (worker
+processes)."""
 
 from __future__ import annotations
 

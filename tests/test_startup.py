@@ -42,7 +42,8 @@ def test_plugin_dir_that_is_a_file(tmp_path):
 def test_plugin_dir_under_proc():
     assert_one_line(
         run_plugin("--plugin-dir", "/proc/self"),
-        "--plugin-dir /proc/self: is on a kernel pseudo-filesystem (give the kubelet's device-plugins directory, default /var/lib/kubelet/device-plugins)",
+        "--plugin-dir /proc/self: is on a kernel pseudo-filesystem (give the kubelet's device-plugins directory, "
+        "default /var/lib/kubelet/device-plugins)",
     )
 
 
@@ -51,7 +52,8 @@ def test_missing_plugin_dir_is_an_error_with_a_hint(tmp_path):
     proc = run_plugin("--plugin-dir", str(missing))
     assert_one_line(
         proc,
-        f"--plugin-dir {missing}: does not exist (the kubelet creates it when it starts: is the kubelet running, and is the host path mounted here?)",
+        f"--plugin-dir {missing}: does not exist (the kubelet creates it when it starts: is the kubelet running, "
+        "and is the host path mounted here?)",
     )
     assert not missing.exists()
 
@@ -69,7 +71,8 @@ def test_plugin_dir_on_a_read_only_mount(tmp_path):
     proc = run_plugin("--plugin-dir", str(target), prefix=("unshare", "-m", "sh", "-c", script, "sh"))
     assert_one_line(
         proc,
-        f"--plugin-dir {target}: is on a read-only file system (the plugin creates its sockets there: mount it read-write and run as root (see docs/security.md))",
+        f"--plugin-dir {target}: is on a read-only file system (the plugin creates its sockets there: mount it "
+        "read-write and run as root (see docs/security.md))",
     )
 
 
@@ -116,7 +119,8 @@ def test_missing_mps_control_binary(tmp_path):
     missing = tmp_path / "nvidia-cuda-mps-control"
     assert_one_line(
         run("mps", "--node", T4, "--mps-control", str(missing)),
-        f"--mps-control {missing}: is not an executable file (nor one on PATH) (it comes with the NVIDIA driver's user-space tools)",
+        f"--mps-control {missing}: is not an executable file (nor one on PATH) (it comes with the NVIDIA "
+        "driver's user-space tools)",
     )
 
 

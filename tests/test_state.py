@@ -115,7 +115,8 @@ def test_a_failing_subscriber_is_logged_and_neither_the_writer_nor_the_others_br
 
 
 def test_callbacks_run_outside_the_lock_and_may_read_or_write():
-    """A subscriber reading the state (or writing it) does not deadlock; its write is delivered after the current one."""
+    """A subscriber reading the state (or writing it) does not deadlock; its write is delivered after the current
+    one."""
     state = NodeState()
     seen: list[tuple[int, frozenset[str]]] = []
 

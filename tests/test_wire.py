@@ -1,5 +1,5 @@
-"""The model on the wire: the device list (and the budget's size formula) against protobuf itself, grants, codes (a refusal's
-status code included)."""
+"""The model on the wire: the device list (and the budget's size formula) against protobuf itself, grants, codes (a
+refusal's status code included)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ before a GPU changes shape (alloc.pending).
 
 Fail closed: a source that cannot be read is unknown, never empty. A checkpoint that exists but cannot be read or
 parsed whole, or is over a bound, raises `HoldsUnknown` (the caller keeps every GPU as it is and takes no new work
-on a changing one until a source answers); an entry whose share count does not parse holds its devices in an unknown shape (replicas
-None), so a GPU it names keeps its shape.
+on a changing one until a source answers); an entry whose share count does not parse holds its devices in an unknown
+shape (replicas None), so a GPU it names keeps its shape.
 
 The checkpoint (`kubelet_internal_checkpoint` in the device-plugin directory) is the kubelet's internal file: it is
 only ever read, never trusted, and bounded: in bytes, in entries and in bytes per entry, parsed one entry at a time
@@ -160,10 +160,14 @@ def _entry_holds(entry: object, path: Path) -> list[Hold]:
     devices = _device_ids(entry.get("DeviceIDs"))
     if devices is None:
         raise HoldsUnknown(
-            f"the kubelet checkpoint {path} has an entry of {safe_text(entry['ResourceName'], 100)} whose DeviceIDs do not parse: not read"
+            f"the kubelet checkpoint {path} has an entry of {safe_text(entry['ResourceName'], 100)} whose "
+            "DeviceIDs do not parse: not read"
         )
     resource = entry["ResourceName"]
-    holder = f"pod {safe_text(str(entry.get('PodUID', '?')), 40)} container {safe_text(str(entry.get('ContainerName', '?')), 64)}"
+    holder = (
+        f"pod {safe_text(str(entry.get('PodUID', '?')), 40)} "
+        f"container {safe_text(str(entry.get('ContainerName', '?')), 64)}"
+    )
     replicas = _granted_replicas(entry.get("AllocResp"))
     uid = entry["PodUID"] if isinstance(entry.get("PodUID"), str) else ""
     return [

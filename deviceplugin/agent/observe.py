@@ -133,7 +133,8 @@ class Observer:
                 )
         for uuid in unattributed.keys() - previous.unattributed_mib.keys():  # said once per GPU while it lasts
             log.warning(
-                "GPU %s: %d MiB held by processes not attributed to an active container (%s); reported, not quarantined",
+                "GPU %s: %d MiB held by processes not attributed to an active container (%s); reported, not "
+                "quarantined",
                 uuid,
                 unattributed[uuid],
                 "; ".join(sorted(why[uuid]))[:300],

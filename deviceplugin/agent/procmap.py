@@ -13,7 +13,8 @@ from ..model.pods import PodDirectory, PodRef
 
 log = logging.getLogger(__name__)
 
-# kubepods[-burstable|-besteffort]/pod<uid>/<id> (cgroupfs) or kubepods-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope (systemd)
+# kubepods[-burstable|-besteffort]/pod<uid>/<id> (cgroupfs) or
+# kubepods-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope (systemd)
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _CONTAINER_ID = re.compile(r"(?:^|[-/])([0-9a-f]{64})(?:\.scope)?$")
 

@@ -109,7 +109,8 @@ class MemoryWatchdog:
             now_over.add(key)
             what = (
                 f"container {share.namespace}/{share.pod}/{share.container} uses {item.used_mib} MiB of GPU memory on "
-                f"{share.unit_uuid}, over the {share.memory_limit_mib} MiB of its {share.shares} share(s) of {share.resource}"
+                f"{share.unit_uuid}, over the {share.memory_limit_mib} MiB of its {share.shares} share(s) "
+                f"of {share.resource}"
             )
             if self.policy == "kill" and not self.kill_blocked:
                 self._kill_new(share, what, [pid for pid in item.pids if pid not in self._handled])

@@ -66,7 +66,8 @@ def fleet_limits(config: Config, nodes: Iterable[NodeInfo]) -> FleetLimits:
                     continue
                 if pool.memory_per_share_mib is not None:
                     problems.append(
-                        f"{pool.key_path}.memoryPerShare: the share count depends on the GPU's memory: give --node FILE for each GPU model of the fleet"
+                        f"{pool.key_path}.memoryPerShare: the share count depends on the GPU's memory: give "
+                        "--node FILE for each GPU model of the fleet"
                     )
                 else:
                     limits[pool.resource] = max(limits.get(pool.resource, 0), pool.replicas)

@@ -24,7 +24,8 @@ MAX_SPEC_FILES = 256
 
 
 def read_specs(dirs: tuple[str, ...]) -> tuple[frozenset[str], list[str]]:
-    """Every `<kind>=<device name>` defined in the spec files of `dirs`, and one problem per file that cannot be read."""
+    """Every `<kind>=<device name>` defined in the spec files of `dirs`, and one problem per file that cannot be
+    read."""
     names: set[str] = set()
     problems: list[str] = []
     files: list[Path] = []
@@ -71,7 +72,8 @@ def check_specs(resources: list[Resource], kind: str, dirs: tuple[str, ...]) -> 
         missing_by_resource[resource.name] = missing
         if missing:
             log.warning(
-                "%s: %d of %d CDI devices are in no spec under %s: %s (generate one: nvidia-ctk cdi generate --device-name-strategy=uuid)",
+                "%s: %d of %d CDI devices are in no spec under %s: %s (generate one: nvidia-ctk cdi generate "
+                "--device-name-strategy=uuid)",
                 resource.name,
                 len(missing),
                 len(wanted),
@@ -82,7 +84,8 @@ def check_specs(resources: list[Resource], kind: str, dirs: tuple[str, ...]) -> 
 
 
 class CdiCheck:
-    """`missing`: in CDI mode, per resource, its devices that no spec in `dirs` names (logged); follows config reloads."""
+    """`missing`: in CDI mode, per resource, its devices that no spec in `dirs` names (logged); follows config
+    reloads."""
 
     def __init__(self, dirs: tuple[str, ...]) -> None:
         self.dirs = dirs

@@ -33,7 +33,8 @@ def check_profile(config: Config, node: NodeInfo, profile: str) -> ProfileCheck:
 
 
 def profile_resources(config: Config, node: NodeInfo, profile: str) -> list[Resource]:
-    """The resources `profile` yields on `node`; a profile that yields none is an error (the node would advertise nothing)."""
+    """The resources `profile` yields on `node`; a profile that yields none is an error (the node would advertise
+    nothing)."""
     resources = build_resources(config, node, profile)
     if not resources:
         raise ConfigError(

@@ -141,7 +141,8 @@ class Mig(SharingMode):
                     for p, units in sorted(by_profile.items())
                 )
                 raise ValueError(
-                    f"{pool.key_path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; use strategy mixed"
+                    f"{pool.key_path}.strategy: single needs one MIG profile on every GPU of the pool, "
+                    f"found {found}; use strategy mixed"
                 )
             return [(pool.resource, pool.name, [u for units in by_profile.values() for u in units])]
         return [
@@ -176,13 +177,15 @@ class TimeSliced(SharingMode):
         )
         if replicas < 1:
             raise ValueError(
-                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, {unit.memory_mib} MiB)"
+                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger "
+                f"than {what}, {unit.memory_mib} MiB)"
             )
         most = max_replicas(pool.backend)
         if replicas > most:
             raise ValueError(
-                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares of {what}, {unit.memory_mib} MiB), "
-                f"over the limit of {most} shares per GPU or MIG instance{self.limit_reason}; use a larger memoryPerShare"
+                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares "
+                f"of {what}, {unit.memory_mib} MiB), over the limit of {most} shares per GPU or MIG "
+                f"instance{self.limit_reason}; use a larger memoryPerShare"
             )
         return replace(unit, replicas=replicas)
 
@@ -246,7 +249,8 @@ class Mps(TimeSliced):
         if any(g.mig_enabled for g in gpus):
             mig = ", ".join(str(g.index) for g in gpus if g.mig_enabled)
             raise ValueError(
-                f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing or a mig pool"
+                f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing "
+                "or a mig pool"
             )
         return super().resources(pool, gpus)
 
@@ -281,8 +285,9 @@ class Mps(TimeSliced):
     def enforcement(self, pool: PoolConfig, unit: Unit, watchdog_policy: WatchdogPolicy) -> str:
         if pool.mps_limits == "strict":
             return (
-                f"enforced by the MPS daemon for every client (its defaults: active threads {share_compute_percent(unit)} %, pinned memory "
-                f"{share_memory_mib(unit)} MiB per GPU); one share per container"
+                "enforced by the MPS daemon for every client (its defaults: active threads "
+                f"{share_compute_percent(unit)} %, pinned memory {share_memory_mib(unit)} MiB per GPU); "
+                "one share per container"
             )
         return "enforced by MPS from the container's CUDA_MPS_* limits (k shares: k times both)"
 

@@ -42,7 +42,10 @@ class PendingGpu:
             f"keeps {', '.join(self.serving)} (Unhealthy for new containers)" if self.serving else "is not advertised"
         )
         goes = ", ".join(self.wanted) or "no resource"
-        return f"GPU {self.index} ({self.uuid}) is held by {len(holders)} holder(s) ({shown}): it {keeps} until released, then switches to {goes}"
+        return (
+            f"GPU {self.index} ({self.uuid}) is held by {len(holders)} holder(s) ({shown}): it {keeps} until "
+            f"released, then switches to {goes}"
+        )
 
 
 @dataclass(frozen=True)

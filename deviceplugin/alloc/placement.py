@@ -26,7 +26,8 @@ _MAX_COMBINATIONS = 5000
 def preferred_allocation(
     resource: Resource, available: Iterable[str], must_include: Iterable[str], size: int
 ) -> list[str]:
-    """Pick `size` devices from `available`, keeping `must_include`; all shares on one unit (GPU or MIG) when possible."""
+    """Pick `size` devices from `available`, keeping `must_include`; all shares on one unit (GPU or MIG) when
+    possible."""
     known = _dedupe(i for i in available if i in resource.devices)
     must = _dedupe(i for i in must_include if i in resource.devices)
     if size <= len(must):
@@ -89,7 +90,8 @@ def choose_unit(policy: str, free: Sequence[int], totals: Sequence[int], wanted:
 
 
 def largest_first(free: Sequence[int]) -> list[int]:
-    """Unit indexes by free shares, the most first (ties to the lowest index): where shares that fit no single unit go."""
+    """Unit indexes by free shares, the most first (ties to the lowest index): where shares that fit no single unit
+    go."""
     return sorted(range(len(free)), key=lambda i: -free[i])
 
 

@@ -27,8 +27,8 @@ def build_resources(
     caller serves `strategy: dynamic` pools (the DRA driver); otherwise such a pool is refused."""
     pools = config.pools(profile)
     problems: list[str] = [
-        f"{p.key_path}.strategy: dynamic makes MIG instances per claim, which only the DRA driver does (gpu-share run --api dra); "
-        "the device plugin serves strategy mixed or single"
+        f"{p.key_path}.strategy: dynamic makes MIG instances per claim, which only the DRA driver does "
+        "(gpu-share run --api dra); the device plugin serves strategy mixed or single"
         for p in pools
         if p.dynamic_mig and not dynamic_mig
     ]
@@ -53,7 +53,8 @@ def build_resources(
             if gpu.uuid in owner:
                 other = owner[gpu.uuid]
                 problems.append(
-                    f"{pool.key_path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.key_path} ({other.name})"
+                    f"{pool.key_path}.gpus: GPU {gpu.index} ({gpu.uuid}) is already selected by {other.key_path} "
+                    f"({other.name})"
                 )
                 continue
             owner[gpu.uuid] = pool
@@ -83,8 +84,8 @@ def build_resources(
             smallest = min(units, key=share_memory_mib) if pool.shared else None
             if smallest is not None and share_memory_mib(smallest) < MIN_USEFUL_SHARE_MIB:
                 log.warning(
-                    "pool %s: a share of GPU %d (%s) is %d MiB (%d shares), less than a CUDA context needs (about %d MiB); "
-                    "lower replicas or use memoryPerShare",
+                    "pool %s: a share of GPU %d (%s) is %d MiB (%d shares), less than a CUDA context needs "
+                    "(about %d MiB); lower replicas or use memoryPerShare",
                     pool.name,
                     smallest.gpu.index,
                     smallest.gpu.model,
@@ -124,8 +125,9 @@ def _too_fine(policy: str, pool: PoolConfig, units: list[Unit]) -> str | None:
     if policy not in CLUSTER_POLICIES or finest.replicas <= FINEST_SPLIT or len({u.replicas for u in units}) > 1:
         return None
     return (
-        f"allocationPolicy: fgdstrand models a GPU in thousandths, so a GPU or MIG instance can have at most {FINEST_SPLIT} "
-        f"shares under it; {pool.key_path} gives {finest.uuid} {finest.replicas}: lower replicas (or raise memoryPerShare), or use binpack"
+        "allocationPolicy: fgdstrand models a GPU in thousandths, so a GPU or MIG instance can have at "
+        f"most {FINEST_SPLIT} shares under it; {pool.key_path} gives {finest.uuid} {finest.replicas}: lower "
+        "replicas (or raise memoryPerShare), or use binpack"
     )
 
 
@@ -145,17 +147,20 @@ def _over_budget(mode: SharingMode, pool: PoolConfig, units: list[Unit], budget_
         return None
     per_unit, remedy = mode.budget_terms(pool, units)
     return (
-        f"{pool.key_path}: {count} devices ({len(units)} {'MIG instances' if units[0].mig else 'GPUs'}, {per_unit}) would make a ListAndWatch "
-        f"message of up to {size} bytes, over the {budget_bytes} byte budget (the kubelet drops the stream at 4 MiB): at most about "
-        f"{count * budget_bytes // size} devices fit; {remedy}"
+        f"{pool.key_path}: {count} devices "
+        f"({len(units)} {'MIG instances' if units[0].mig else 'GPUs'}, {per_unit}) would make a ListAndWatch "
+        f"message of up to {size} bytes, over the {budget_bytes} byte budget (the kubelet drops the stream "
+        f"at 4 MiB): at most about {count * budget_bytes // size} devices fit; {remedy}"
     )
 
 
 def list_entry_bytes(device_id: str, numa_node: int | None, health: str = UNHEALTHY) -> int:
     """The encoded size of a ListAndWatchResponse holding this one device, from the protobuf wire format:
 
-        ListAndWatchResponse { repeated Device devices = 1 }   Device { string ID = 1; string health = 2; TopologyInfo topology = 3 }
-        TopologyInfo { repeated NUMANode nodes = 1 }            NUMANode { int64 ID = 1 }
+        ListAndWatchResponse { repeated Device devices = 1 }
+        Device { string ID = 1; string health = 2; TopologyInfo topology = 3 }
+        TopologyInfo { repeated NUMANode nodes = 1 }
+        NUMANode { int64 ID = 1 }
 
     Every field number is below 16 (a one-byte tag); a length-delimited field is tag + varint(length) + payload;
     proto3 leaves out an empty string and a zero integer.

@@ -1,5 +1,6 @@
 """`gpu-share config admission-params`: the admission policy's params for a config over the fleet's nodes
-(alloc/admission.py), as the kustomization's params (daemonset/admission/params.yaml) or the chart's `admission` values."""
+(alloc/admission.py), as the kustomization's params (daemonset/admission/params.yaml) or the chart's `admission`
+values."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def add_arguments(command: argparse.ArgumentParser) -> None:
     command.add_argument(
         "--chart-values",
         action="store_true",
-        help="print the Helm chart's `admission` values (limits and the config's digest) instead of the kustomization's params",
+        help="print the Helm chart's `admission` values (limits and the config's digest) instead of the "
+        "kustomization's params",
     )
 
 
@@ -47,7 +49,8 @@ def admission_params(file: str, node_files: list[str], chart_values: bool) -> st
     fleet = fleet_limits(config, nodes)
     seen = ", ".join(n.name for n in nodes) or "no node (replicas pools only)"
     header = [
-        f"# gpu-share config admission-params {file}: the largest shares of one GPU or MIG instance per shared resource,",
+        f"# gpu-share config admission-params {file}: the largest shares of one GPU or MIG instance per shared "
+        "resource,",
         f"# over every profile on: {seen}",
     ] + [f"# left out: {line}" for line in fleet.skipped]
     body: dict[str, object]

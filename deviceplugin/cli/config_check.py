@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
 def check_config(
     file: str, node_file: str | None, profile: str | None, all_profiles: bool, out: Out = print, labels: bool = False
 ) -> int:
-    """0 when the config is valid (on the node, when given); ConfigError otherwise (with --all-profiles, after every profile's report)."""
+    """0 when the config is valid (on the node, when given); ConfigError otherwise (with --all-profiles, after every
+    profile's report)."""
     from ..config.parse import load_config
 
     config = load_config(file)
@@ -54,10 +55,12 @@ def check_config(
         for name in names:
             for pool in config.pools(name):
                 out(
-                    f"  {name}: {pool.key_path} {pool.name}: mode {pool.mode}, resource {pool.resource or '<domain>/mig-<profile>'}"
+                    f"  {name}: {pool.key_path} {pool.name}: mode {pool.mode}, "
+                    f"resource {pool.resource or '<domain>/mig-<profile>'}"
                 )
         out(
-            f"{file}: valid; profiles {', '.join(names)} (default {config.default_profile}); give --node to check one on a node"
+            f"{file}: valid; profiles {', '.join(names)} (default {config.default_profile}); give --node to "
+            "check one on a node"
         )
         return 0
     from ..alloc.check import check_profile
@@ -84,7 +87,8 @@ def check_config(
                     config.domain, node, result.resources, config.shared_product_suffix, config.deprecated_cuda_labels
                 )
                 out(
-                    f"  node labels the plugin would publish ({len(published)}; a label someone else set first is left alone):"
+                    f"  node labels the plugin would publish ({len(published)}; a label someone else set first "
+                    "is left alone):"
                 )
                 for key, value in sorted(published.items()):
                     out(f"    {key}={value}")
@@ -115,6 +119,7 @@ def _show(resources: list[Resource], watchdog_policy: WatchdogPolicy, out: Out) 
                 out(f"    {what}: 1 device, {unit.memory_mib} MiB")
         preview = container_preview(resource, watchdog_policy)
         out(
-            f"    a container of {preview.what} receives: memory {preview.memory_mib} MiB, compute {preview.compute_percent} %; {preview.enforced}"
+            f"    a container of {preview.what} receives: memory {preview.memory_mib} MiB, "
+            f"compute {preview.compute_percent} %; {preview.enforced}"
         )
         out("      env " + " ".join(f"{k}={v}" for k, v in sorted(preview.envs.items())))

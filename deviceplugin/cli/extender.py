@@ -17,7 +17,8 @@ def add_arguments(extender: argparse.ArgumentParser) -> None:
     extender.add_argument(
         "--domain",
         default=DEFAULT_DOMAIN,
-        help=f"resources <domain>/* are managed; reads the <domain>/gpu-share.inventory annotation (default: ${DOMAIN_ENV}, else example.com)",
+        help="resources <domain>/* are managed; reads the <domain>/gpu-share.inventory annotation (default: "
+        f"${DOMAIN_ENV}, else example.com)",
     )
     extender.add_argument(
         "--port",
@@ -59,12 +60,14 @@ def add_arguments(extender: argparse.ArgumentParser) -> None:
     extender.add_argument(
         "--allow-unauthenticated",
         action="store_true",
-        help="serve the verbs beyond loopback without --client-ca-file (only where a NetworkPolicy admits the scheduler alone)",
+        help="serve the verbs beyond loopback without --client-ca-file (only where a NetworkPolicy admits the "
+        "scheduler alone)",
     )
     extender.add_argument(
         "--policy",
         default=defaults.EXTENDER_POLICY,
-        help="cluster placement policy scoring the nodes (default %(default)s): binpack, bestfit, dotproduct, gpupacking, spread, fgd, fgdstrand",
+        help="cluster placement policy scoring the nodes (default %(default)s): binpack, bestfit, dotproduct, "
+        "gpupacking, spread, fgd, fgdstrand",
     )
     extender.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     extender.add_argument(

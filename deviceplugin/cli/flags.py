@@ -21,7 +21,8 @@ def env_twin(option: str) -> str:
 
 def apply_env_twins(command: argparse.ArgumentParser, environ: Mapping[str, str] = os.environ) -> None:
     """Defaults from the environment for every flag of `command` that takes a value: GPU_SHARE_<FLAG>, or NVIDIA's name
-    (NVIDIA_ENV) where it has one; a flag on the command line still wins. A bad value is a FlagError naming the variable."""
+    (NVIDIA_ENV) where it has one; a flag on the command line still wins. A bad value is a FlagError naming the
+    variable."""
     for action in command._actions:
         option = next((o for o in action.option_strings if o.startswith("--")), None)
         if option is None or action.nargs == 0:

@@ -1,4 +1,5 @@
-"""`gpu-share mps`: the MPS control daemons of the node's MPS pools, on the same plan as `run`, following config reloads."""
+"""`gpu-share mps`: the MPS control daemons of the node's MPS pools, on the same plan as `run`, following config
+reloads."""
 
 from __future__ import annotations
 

@@ -74,20 +74,23 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         "--instance-conflict",
         choices=["wait", "exit"],
         default="wait",
-        help="when another instance serves --plugin-dir: stand by and take over once it stops (wait, the default), or exit 1",
+        help="when another instance serves --plugin-dir: stand by and take over once it stops (wait, the "
+        "default), or exit 1",
     )
     run.add_argument(
         "--instance-lock",
         default=None,
         metavar="PATH",
-        help="directory or file whose flock makes one instance per plugin directory (default: --plugin-dir itself); for a filesystem that refuses flock",
+        help="directory or file whose flock makes one instance per plugin directory (default: --plugin-dir "
+        "itself); for a filesystem that refuses flock",
     )
     run.add_argument(
         "--standby-timeout",
         type=seconds,
         default=defaults.STANDBY_TIMEOUT,
         metavar="SECONDS",
-        help="a standing-by instance answers /readyz ready this long, then not ready with the lock holder (default %(default)g)",
+        help="a standing-by instance answers /readyz ready this long, then not ready with the lock holder "
+        "(default %(default)g)",
     )
     run.add_argument(
         "--register-timeout",
@@ -134,7 +137,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         type=flags.xid_list,
         default=DEFAULT_RESET_XIDS,
         metavar="LIST",
-        help=f"XIDs that keep a GPU unhealthy until it is reset (default: {','.join(map(str, sorted(DEFAULT_RESET_XIDS)))})",
+        help="XIDs that keep a GPU unhealthy until it is reset "
+        f"(default: {','.join(map(str, sorted(DEFAULT_RESET_XIDS)))})",
     )
     run.add_argument(
         "--health-recovery",
@@ -215,13 +219,15 @@ def add_dra_arguments(run: argparse.ArgumentParser) -> None:
         "--kubelet-registrar-directory-path",
         default=os.environ.get("KUBELET_REGISTRAR_DIRECTORY_PATH"),
         metavar="DIR",
-        help="where the kubelet looks for registration sockets (default $KUBELET_REGISTRAR_DIRECTORY_PATH, else <kubelet-root>/plugins_registry)",
+        help="where the kubelet looks for registration sockets (default $KUBELET_REGISTRAR_DIRECTORY_PATH, else "
+        "<kubelet-root>/plugins_registry)",
     )
     dra.add_argument(
         "--kubelet-plugins-directory-path",
         default=os.environ.get("KUBELET_PLUGINS_DIRECTORY_PATH"),
         metavar="DIR",
-        help="parent of the driver's directory with its DRA socket and checkpoint (default $KUBELET_PLUGINS_DIRECTORY_PATH, else <kubelet-root>/plugins)",
+        help="parent of the driver's directory with its DRA socket and checkpoint (default "
+        "$KUBELET_PLUGINS_DIRECTORY_PATH, else <kubelet-root>/plugins)",
     )
     dra.add_argument(
         "--cdi-root",
@@ -233,14 +239,16 @@ def add_dra_arguments(run: argparse.ArgumentParser) -> None:
         "--pod-uid",
         default=os.environ.get("POD_UID", ""),
         metavar="UID",
-        help="put this UID in the socket names, so two driver pods can overlap in a rolling update (kubelet 1.33+; default $POD_UID)",
+        help="put this UID in the socket names, so two driver pods can overlap in a rolling update (kubelet "
+        "1.33+; default $POD_UID)",
     )
     dra.add_argument(
         "--claim-cache",
         type=flags.boolean,
         default=True,
         metavar="BOOL",
-        help="serve prepare from a watch of the ResourceClaims allocated on this node (default true); false: one GET per claim",
+        help="serve prepare from a watch of the ResourceClaims allocated on this node (default true); false: one "
+        "GET per claim",
     )
     dra.add_argument(
         "--health-stream-interval",
@@ -301,7 +309,8 @@ def _one_instance(args: argparse.Namespace) -> InstanceLock | None:
     if args.instance_conflict == "exit":
         raise StartupError(f"{conflict}; exiting (--instance-conflict=exit): one instance per plugin directory")
     log.warning(
-        "%s: standing by, serving nothing; this instance takes over within %gs of it stopping (--instance-conflict=wait)",
+        "%s: standing by, serving nothing; this instance takes over within %gs of it stopping "
+        "(--instance-conflict=wait)",
         conflict,
         args.watch_interval,
     )
@@ -328,7 +337,8 @@ def _standby_readiness(lock: InstanceLock, since: float, bound: float) -> tuple[
         return True, f"standby: {conflict_message(lock)}"
     return (
         False,
-        f"not ready: standing by for {waited:.0f}s (over --standby-timeout {bound:g}s), serving nothing: {conflict_message(lock)}",
+        f"not ready: standing by for {waited:.0f}s (over --standby-timeout {bound:g}s), serving "
+        f"nothing: {conflict_message(lock)}",
     )
 
 
@@ -417,7 +427,8 @@ def run_device_plugin(args: argparse.Namespace) -> int:
         inventory.close()
         raise
     try:
-        serving.start()  # a health pass, then serve and register first: the API client, exporter and agent load afterwards
+        # a health pass, then serve and register first: the API client, exporter and agent load afterwards
+        serving.start()
         from ..runtime.daemon import PluginDaemon
 
         daemon = PluginDaemon(serving, connect())

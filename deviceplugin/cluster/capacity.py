@@ -34,11 +34,13 @@ class PodDemand:
             raise ValueError(f"pod {self.name or '?'}: gpu_milli is per GPU, at most {MILLI}, got {self.gpu_milli}")
         if (self.num_gpu == 0) != (self.gpu_milli == 0):
             raise ValueError(
-                f"pod {self.name or '?'}: num_gpu and gpu_milli must both be 0 or both > 0, got {self.num_gpu} and {self.gpu_milli}"
+                f"pod {self.name or '?'}: num_gpu and gpu_milli must both be 0 or both > 0, got {self.num_gpu} "
+                f"and {self.gpu_milli}"
             )
         if self.gpu_milli < MILLI and self.num_gpu > 1:
             raise ValueError(
-                f"pod {self.name or '?'}: a fractional request (gpu_milli {self.gpu_milli}) is for one GPU, got num_gpu {self.num_gpu}"
+                f"pod {self.name or '?'}: a fractional request (gpu_milli {self.gpu_milli}) is for one GPU, got "
+                f"num_gpu {self.num_gpu}"
             )
 
     @property

@@ -103,7 +103,8 @@ class DotProductPolicy:
 
 
 class GpuPackingPolicy:
-    """Partly used GPUs first (the fuller the better), then free GPUs of a used node, then a free node (the smaller the better)."""
+    """Partly used GPUs first (the fuller the better), then free GPUs of a used node, then a free node (the smaller the
+    better)."""
 
     name = "gpupacking"
     deterministic = True
@@ -214,7 +215,8 @@ class FgdStrandPolicy(FgdPolicy):
 
 
 class BinpackPolicy:
-    """The node plugin's binpack across nodes: the node left fullest (GPU, or CPU for CPU-only pods), the fullest GPU that fits."""
+    """The node plugin's binpack across nodes: the node left fullest (GPU, or CPU for CPU-only pods), the fullest GPU
+    that fits."""
 
     name = "binpack"
     deterministic = True

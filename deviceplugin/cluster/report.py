@@ -68,7 +68,8 @@ def positive_int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trace-dir",
-        help="folder with the openb CSVs (default: $GPU_SHARE_TRACE_DIR, else shared/traces/alibaba-gpu-v2023 here or beside the checkout)",
+        help="folder with the openb CSVs (default: $GPU_SHARE_TRACE_DIR, else shared/traces/alibaba-gpu-v2023 "
+        "here or beside the checkout)",
     )
     parser.add_argument(
         "--nodes", default=DEFAULT_NODES, metavar="CSV", help=f"node list (default {DEFAULT_NODES} in the trace folder)"
@@ -149,12 +150,16 @@ def summarize(results: list[RunResult]) -> list[Summary]:
 
 
 def render(summaries: list[Summary], trace: str, published: dict[str, float]) -> str:
-    head = f"{'policy':<12} {'alloc %':>8} {'sd':>5} {'min':>6} {'max':>6} {'paper':>6} {'unalloc GPUs':>12} {'failed pods':>11} {'s/run':>6}"
+    head = (
+        f"{'policy':<12} {'alloc %':>8} {'sd':>5} {'min':>6} {'max':>6} {'paper':>6} "
+        f"{'unalloc GPUs':>12} {'failed pods':>11} {'s/run':>6}"
+    )
     lines = [head]
     for s in summaries:
         paper = f"{published[s.policy]:6.2f}" if s.policy in published else f"{'-':>6}"
         lines.append(
-            f"{s.policy:<12} {s.mean:8.2f} {s.stdev:5.2f} {s.low:6.2f} {s.high:6.2f} {paper} {s.unallocated_gpus:12.1f} {_count(s.failed_pods):>11} {s.seconds:6.2f}"
+            f"{s.policy:<12} {s.mean:8.2f} {s.stdev:5.2f} {s.low:6.2f} {s.high:6.2f} {paper} "
+            f"{s.unallocated_gpus:12.1f} {_count(s.failed_pods):>11} {s.seconds:6.2f}"
         )
     if published:
         lines.append(f"paper: the published mean for trace {trace}.")
@@ -177,7 +182,8 @@ class ProgressBar:
             return
         filled = self.width * self.done // self.total
         self.stream.write(
-            f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} runs, {time.monotonic() - self.started:.0f} s"
+            f"\r[{'#' * filled}{'.' * (self.width - filled)}] {self.done}/{self.total} "
+            f"runs, {time.monotonic() - self.started:.0f} s"
         )
         if self.done == self.total:
             self.stream.write("\n")
@@ -272,7 +278,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         "seeds": args.seeds,
     }
     print(
-        f"{len(nodes)} nodes, {experiment.gpus} GPUs; {len(pods)} pods ({pods_path.name}); demand {100 * args.inflate:.0f} %{rounding}; "
+        f"{len(nodes)} nodes, {experiment.gpus} GPUs; {len(pods)} pods ({pods_path.name}); "
+        f"demand {100 * args.inflate:.0f} %{rounding}; "
         f"seeds {args.seeds[0]}-{args.seeds[-1]} ({len(args.seeds)})",
         flush=True,
     )
@@ -287,7 +294,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             plot(
                 args.plot,
                 results,
-                f"{trace}: {len(nodes)} nodes, {experiment.gpus} GPUs, seeds {args.seeds[0]}-{args.seeds[-1]}{rounding}",
+                f"{trace}: {len(nodes)} nodes, {experiment.gpus} GPUs, "
+                f"seeds {args.seeds[0]}-{args.seeds[-1]}{rounding}",
             )
     except (OSError, TraceError) as err:
         print(f"gpu-share: error: {err}", file=sys.stderr)

@@ -79,7 +79,8 @@ def resolve(name_or_path: str, trace_dir: str | None, template: str) -> Path:
         names = sorted(p.name[len(prefix) : -len(suffix)] for p in folder.glob(template.format("*")))
         if names:  # what the flag takes there
             raise TraceError(
-                f"trace file {path} does not exist; the names {folder} has for {template.format('<name>')}: {', '.join(names)}"
+                f"trace file {path} does not exist; the names {folder} has "
+                f"for {template.format('<name>')}: {', '.join(names)}"
             )
         others = sorted(p.name for p in folder.glob("*.csv"))[:20]
         listed = f" (its CSVs: {', '.join(others)}; give one as a path, e.g. {folder / others[0]})" if others else ""
@@ -141,7 +142,8 @@ def load_nodes(path: Path) -> list[Node]:
 
 
 def load_pods(path: Path) -> list[PodDemand]:
-    """Pods from `name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]`; `gpu_spec` lists accepted models, `|`-separated."""
+    """Pods from `name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec]`; `gpu_spec` lists accepted models,
+    `|`-separated."""
     pods = []
     for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"), "pods"):
         num_gpu = _int(path, line, row, "num_gpu", 0, MAX_GPUS_PER_NODE)

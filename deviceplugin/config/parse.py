@@ -155,7 +155,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
     nvidia = sorted(k for k in _NVIDIA_TOP_KEYS if isinstance(data, dict) and k in data)
     problems.check(
         not nvidia,
-        f"{', '.join(nvidia)}: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys",
+        f"{', '.join(nvidia)}: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's "
+        "pools and keys",
     )
 
     def choice(key: str, default: Choice, allowed: tuple[Choice, ...]) -> Choice:

@@ -53,7 +53,10 @@ def mps_root_problem(path: str) -> str | None:
     problem = path_problem(path)
     if problem:
         return problem
-    why = f"{posixpath.join(path, '<pool>', 'shm')} is mounted into tenant pods; use a directory of its own such as /run/gpu-share/mps"
+    why = (
+        f"{posixpath.join(path, '<pool>', 'shm')} is mounted into tenant pods; use a directory of its own "
+        "such as /run/gpu-share/mps"
+    )
     if path in _SYSTEM_DIRS or path in _SYSTEM_TREES:
         return f"must not be {path}: {why}"
     for tree in _SYSTEM_TREES:

@@ -21,7 +21,8 @@ class SchemaError(ValueError):
 
 
 def join(path: str, key: object) -> str:
-    """`path.key`; a key from the document is escaped and cut short, so a path stays one short line whatever the file holds."""
+    """`path.key`; a key from the document is escaped and cut short, so a path stays one short line whatever the file
+    holds."""
     shown = safe_text(str(key), 64)
     if not shown.strip():  # an empty or blank key is quoted, or the message would name nothing
         shown = repr(shown)

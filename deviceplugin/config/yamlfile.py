@@ -131,7 +131,8 @@ class BoundedLoader(Composer, _Events, SafeConstructor, Resolver):
             try:
                 if key in first_line:
                     self.duplicates.append(
-                        f"{_where(key_node.start_mark)}: duplicate key {safe_text(repr(key), 80)} (first at line {first_line[key]}); YAML would keep only the last"
+                        f"{_where(key_node.start_mark)}: duplicate key {safe_text(repr(key), 80)} (first at "
+                        f"line {first_line[key]}); YAML would keep only the last"
                     )
                 else:
                     first_line[key] = key_node.start_mark.line + 1
@@ -152,7 +153,8 @@ class BoundedLoader(Composer, _Events, SafeConstructor, Resolver):
         if isinstance(event, AliasEvent):
             if event.anchor in self._open:
                 raise YamlProblem(
-                    f"{_where(mark)}: the anchor {safe_text(str(event.anchor), 40)!r} is used inside itself (a recursive alias)"
+                    f"{_where(mark)}: the anchor {safe_text(str(event.anchor), 40)!r} is used inside itself (a "
+                    "recursive alias)"
                 )
             if event.anchor in self.anchors:
                 self._count(self._expanded(self.anchors[event.anchor], mark), mark)  # an alias is the tree it names

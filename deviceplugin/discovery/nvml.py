@@ -282,7 +282,8 @@ class NvmlInventory:
         return links
 
     def _nvlink_peers(self, handle: Any, gpu: Gpu) -> list[str]:
-        """PCI bus ids at the far end of each active NVLink (A100 has 12 links, H100 18: stop at the first unsupported)."""
+        """PCI bus ids at the far end of each active NVLink (A100 has 12 links, H100 18: stop at the first
+        unsupported)."""
         peers: list[str] = []
         if gpu.mig_enabled:
             return peers  # NVLink queries are not supported with MIG enabled

@@ -50,7 +50,8 @@ def render_json(node: NodeInfo, inventory: Inventory) -> str:
 
 def render_table(node: NodeInfo, inventory: Inventory) -> str:
     lines = [
-        f"Node {node.name or '?'}: {len(node.gpus)} GPUs, driver {node.driver_version or '?'}, CUDA {node.cuda_driver_version or '?'}",
+        f"Node {node.name or '?'}: {len(node.gpus)} GPUs, driver {node.driver_version or '?'}, "
+        f"CUDA {node.cuda_driver_version or '?'}",
         "",
     ]
     rows = [("IDX", "UUID", "MODEL", "MEMORY", "MIG", "NUMA", "PCI", "HEALTH")]

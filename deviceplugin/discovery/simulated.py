@@ -17,7 +17,8 @@ File format (every key is documented in docs/configuration.md)::
         mig:                       # optional: MIG enabled, with these instances
           - {uuid: MIG-..., profile: 3g.40gb, memoryMiB: 40192, giId: 1, ciId: 0}
         migCapable: true           # optional: the hardware supports MIG (default: true when mig is given)
-        health: Healthy            # optional (as `discover --json` prints it): anything else fails queries from the start
+        health: Healthy            # optional (as `discover --json` prints it): anything else fails queries from
+                                   # the start
     links:                         # optional: GPU pairs by index
       - {gpus: [0, 1], nvlinks: 12}
       - {gpus: [0, 2], pcie: host-bridge}

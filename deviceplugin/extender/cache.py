@@ -108,7 +108,8 @@ class ClusterCache:
         driver: str = "",
         classes: frozenset[str] = frozenset(),
     ) -> None:
-        """`driver`, `classes`: the gpu-share DRA driver and the DeviceClasses whose claims ask it for shares ("": no DRA)."""
+        """`driver`, `classes`: the gpu-share DRA driver and the DeviceClasses whose claims ask it for shares ("": no
+        DRA)."""
         self.driver = driver
         self.classes = classes
         self.reservation_ttl = reservation_ttl

@@ -120,7 +120,8 @@ def claim_requests(spec: dict, classes: frozenset[str]) -> tuple[tuple[int, int,
 
 
 def shares_of(shares: int, memory: int, share_bytes: int) -> int:
-    """The shares one device gives a request or result naming `shares` and/or `memory` (the driver's rule: the larger)."""
+    """The shares one device gives a request or result naming `shares` and/or `memory` (the driver's rule: the
+    larger)."""
     by_memory = -(-memory // share_bytes) if memory and share_bytes else 0
     return max(shares, by_memory, 1)
 

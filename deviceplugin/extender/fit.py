@@ -1,9 +1,9 @@
 """Does a pod fit a node: every container's shares of each resource on one GPU or MIG instance.
 
 The units are chosen the way the node plugin will choose them (its allocationPolicy: binpack takes the
-fullest unit that fits, spread the emptiest, a cluster policy such as fgdstrand what it scores best), so the extender's assumption for a pod it placed matches the
-node. Pools with allowSpanGPUs may take a container's shares from several units, largest pieces first.
-Pure: works on the free shares of one node (FreeShares) that the cache keeps up to date.
+fullest unit that fits, spread the emptiest, a cluster policy such as fgdstrand what it scores best), so the extender's
+assumption for a pod it placed matches the node. Pools with allowSpanGPUs may take a container's shares from several
+units, largest pieces first. Pure: works on the free shares of one node (FreeShares) that the cache keeps up to date.
 """
 
 from __future__ import annotations
@@ -129,7 +129,8 @@ def _why(info: NodeResource, free: list[int], count: int, container: str) -> Fit
         split = "+".join(str(n) for n in pieces[:8]) + ("+..." if len(pieces) > 8 else "")
         return Fit(
             category=SPLIT,
-            reason=f"{asks} on one {kind}; the most free on one {kind} is {pieces[0]} (free {split} on {len(pieces)} {kind}s)",
+            reason=f"{asks} on one {kind}; the most free on one {kind} is {pieces[0]} (free {split} "
+            f"on {len(pieces)} {kind}s)",
         )
     return Fit(category=INSUFFICIENT, reason=f"{asks}; the node has {sum(free)} free")
 

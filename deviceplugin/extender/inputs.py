@@ -82,7 +82,8 @@ def parse_annotation(node: str, text: str) -> NodeInventory:
         raise InputError("annotation must be a JSON object")
     if data.get("version") != VERSION:
         raise InputError(
-            f"annotation version {data.get('version')!r}: this extender reads version {VERSION} (upgrade the node plugin)"
+            f"annotation version {data.get('version')!r}: this extender reads version {VERSION} (upgrade the "
+            "node plugin)"
         )
     resources = {}
     count = 0

@@ -41,7 +41,8 @@ class ExtenderMetrics:
         self.unauthenticated = Counter(
             "gpushare_extender_unauthenticated",
             "Connections and calls refused for want of a client certificate the client CA signed "
-            "(handshake: a TLS handshake that failed; no-certificate: a POST without one, 401; name: a name not allowed, 403)",
+            "(handshake: a TLS handshake that failed; no-certificate: a POST without one, 401; name: a name not "
+            "allowed, 403)",
             ["reason"],
             registry=registry,
         )

@@ -32,7 +32,8 @@ _generations = itertools.count(1)  # one sequence for every Scorer: a view's mem
 
 
 def ranked(raw: list[int]) -> list[int]:
-    """The policy's 0-100 scores (NO_ROOM: does not fit) as 0-10: the best distinct score 10, the next 9, ... at least 1."""
+    """The policy's 0-100 scores (NO_ROOM: does not fit) as 0-10: the best distinct score 10, the next 9, ... at least
+    1."""
     levels = sorted({s for s in raw if s != NO_ROOM}, reverse=True)
     rank = {s: max(1, MAX_EXTENDER_SCORE - i) for i, s in enumerate(levels)}
     return [rank.get(s, 0) for s in raw]

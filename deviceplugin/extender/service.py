@@ -60,7 +60,8 @@ def check_exposure(options: ExtenderOptions) -> None:
 
 class ExtenderService:
     def __init__(self, api: RestClient, options: ExtenderOptions) -> None:
-        """FlagError (a ValueError) for a bad TLS file or an unauthenticated exposure; OSError when the port is taken."""
+        """FlagError (a ValueError) for a bad TLS file or an unauthenticated exposure; OSError when the port is
+        taken."""
         check_exposure(options)
         tls = ServerTLS(options.tls) if options.tls is not None else None
         prefix = options.domain + "/"

@@ -166,7 +166,8 @@ class ResourceWatch(BackgroundLoop):
 
 class ClusterWatch:
     """The watches that keep the cache current: Nodes (their annotation and allocatable) and Pods (bound or
-    nominated, every pod: all of them take CPU, memory and a pod slot); with DRA (the cache's driver set) also the driver's ResourceSlices, every ResourceClaim and ResourceClaimTemplate."""
+    nominated, every pod: all of them take CPU, memory and a pod slot); with DRA (the cache's driver set) also the
+    driver's ResourceSlices, every ResourceClaim and ResourceClaimTemplate."""
 
     def __init__(
         self,

@@ -274,7 +274,8 @@ class HealthMonitor(BackgroundLoop):
                 del self._reset_waits[uuid]
                 self._last_bad.pop(uuid, None)
                 log.info(
-                    "%s was reset (the driver's recovery action asked for a reset and now reads none): its devices are Healthy again (was: %s)",
+                    "%s was reset (the driver's recovery action asked for a reset and now reads none): its "
+                    "devices are Healthy again (was: %s)",
                     uuid,
                     self._reasons.pop(uuid, "?"),
                 )

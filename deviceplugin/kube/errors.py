@@ -10,7 +10,8 @@ from .rest import ApiError
 
 
 def error_line(err: BaseException) -> str:
-    """`<status> <reason>: <the Status message>` for an API error, else the error's first line; at most ~300 characters."""
+    """`<status> <reason>: <the Status message>` for an API error, else the error's first line; at most ~300
+    characters."""
     if isinstance(err, ApiError):
         return safe_text(str(err), 300)
     status = getattr(err, "status", None)

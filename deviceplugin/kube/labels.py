@@ -244,7 +244,8 @@ class NodePublisher:
             return self._publish(labels, annotation)
 
     def _adopt_config(self) -> bool:
-        """Take the latest config's settings; a new domain retires the old one's keys (False: its keys are unknown yet)."""
+        """Take the latest config's settings; a new domain retires the old one's keys (False: its keys are unknown
+        yet)."""
         with self._wanted_lock:
             domain, self.shared_product_suffix, self.deprecated_cuda_labels = self._wanted
         if domain == self.domain:

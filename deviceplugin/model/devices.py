@@ -1,6 +1,8 @@
-"""The devices a node advertises: units (a whole GPU or one MIG instance), their shares, and the resources that hold them.
+"""The devices a node advertises: units (a whole GPU or one MIG instance), their shares, and the resources that hold
+them.
 
-Plain data, no transport: the plugin's wire module encodes these for the kubelet, the cluster layer reads them as they are.
+Plain data, no transport: the plugin's wire module encodes these for the kubelet, the cluster layer reads them as they
+are.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ class Device:
         return self.unit.gpu
 
     def is_unhealthy(self, unhealthy_uuids: Collection[str], quarantined_devices: Collection[str] = ()) -> bool:
-        """Unhealthy when its unit (MIG instance) or its GPU is among `unhealthy_uuids`, or its own ID among `quarantined_devices`."""
+        """Unhealthy when its unit (MIG instance) or its GPU is among `unhealthy_uuids`, or its own ID among
+        `quarantined_devices`."""
         return self.unit.is_unhealthy(unhealthy_uuids) or self.id in quarantined_devices
 
 

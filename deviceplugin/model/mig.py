@@ -54,5 +54,6 @@ class MigInstance:
 
 
 def full_profile(profiles: tuple[MigProfile, ...]) -> MigProfile | None:
-    """The profile that takes the whole GPU (most memory slices, then most compute slices): its figures are the GPU's."""
+    """The profile that takes the whole GPU (most memory slices, then most compute slices): its figures are the
+    GPU's."""
     return max(profiles, key=lambda p: (p.memory_slices, p.compute_slices), default=None)

@@ -20,6 +20,7 @@ def share_compute_percent(unit: Unit, shares: int = 1) -> int:
 
 
 def share_gpu_fraction(unit: Unit, shares: int) -> float:
-    """How much of a physical GPU `shares` shares of `unit` are: a MIG instance counts as its part of the GPU's memory."""
+    """How much of a physical GPU `shares` shares of `unit` are: a MIG instance counts as its part of the GPU's
+    memory."""
     of_gpu = unit.memory_mib / unit.gpu.memory_mib if unit.mig else 1.0
     return shares / unit.replicas * of_gpu

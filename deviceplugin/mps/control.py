@@ -228,7 +228,8 @@ class MpsDaemon:
         control_pipe = self.paths.pipe / "control"
         if control_pipe.exists() and self._answers():
             raise MpsError(
-                f"another control daemon already answers on {control_pipe} (a second gpu-share mps?): not starting one more"
+                f"another control daemon already answers on {control_pipe} (a second gpu-share mps?): not "
+                "starting one more"
             )
         control_pipe.unlink(missing_ok=True)  # a killed daemon leaves its pipe behind; a client would hang on it
         if (
@@ -259,7 +260,8 @@ class MpsDaemon:
         self._watch()
 
     def _watch(self) -> None:
-        """Until the daemon exits (seen at once), ask it every probe_interval: the marker exists only while it answers."""
+        """Until the daemon exits (seen at once), ask it every probe_interval: the marker exists only while it
+        answers."""
         assert self._process is not None
         while True:
             try:

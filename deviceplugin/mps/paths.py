@@ -1,4 +1,5 @@
-"""Where an MPS pool's control daemon keeps its pipes, logs and shared memory (shared by the plugin and `gpu-share mps`)."""
+"""Where an MPS pool's control daemon keeps its pipes, logs and shared memory (shared by the plugin and `gpu-share
+mps`)."""
 
 from __future__ import annotations
 

@@ -4,9 +4,9 @@ The port is reachable from the whole cluster, so no client may cost the node mor
 serves every connection (asyncio): an idle connection costs a socket and a few KiB, not a thread. At most
 `max_connections` are open; a newcomer beyond that closes, of the client address holding the most connections,
 the one that has waited longest without sending a complete request (so slowloris connections crowd out each
-other, not the scraper), or gets 503 when every connection is busy being answered. A request head must arrive within `read_timeout` seconds in all and fit
-`max_head_bytes`; bodies are refused; a response must be taken within `write_timeout`. What was dropped is
-counted in `gpushare_metrics_connections_dropped_total{reason}`.
+other, not the scraper), or gets 503 when every connection is busy being answered. A request head must arrive within
+`read_timeout` seconds in all and fit `max_head_bytes`; bodies are refused; a response must be taken within
+`write_timeout`. What was dropped is counted in `gpushare_metrics_connections_dropped_total{reason}`.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ class MetricsServer:
         self.last_scrape_seconds = 0.0
         self.dropped = Counter(
             "gpushare_metrics_connections_dropped",
-            "Metrics connections closed by the server: busy (503), evicted (idle while full), timeout, too_large, bad_request.",
+            "Metrics connections closed by the server: busy (503), evicted (idle while full), timeout, "
+            "too_large, bad_request.",
             ["reason"],
             registry=registry,
         )
@@ -289,6 +290,7 @@ def _listen(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         raise MetricsError(
-            f"cannot serve metrics on {host}:{port}: {err.strerror} (choose another --metrics-port or --metrics-bind-address)"
+            f"cannot serve metrics on {host}:{port}: {err.strerror} (choose another --metrics-port or "
+            "--metrics-bind-address)"
         ) from None
     return sock

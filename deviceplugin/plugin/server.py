@@ -74,8 +74,8 @@ def kubelet_identity(path: Path) -> tuple[int, int] | None:
 
 
 def socket_path_for(plugin_dir: Path, resource: Resource, serial: int | None = None) -> Path:
-    """A fresh socket path per serving instance (docs/kubelet.md#re-registration), of the same length for every instance of
-    the resource (the serial is three digits, modulo 1000), so a path that fits once fits always; SocketPathError
+    """A fresh socket path per serving instance (docs/kubelet.md#re-registration), of the same length for every instance
+    of the resource (the serial is three digits, modulo 1000), so a path that fits once fits always; SocketPathError
     when it does not."""
     serial = next(_instance_counter) if serial is None else serial
     path = plugin_dir / f"{SOCKET_PREFIX}{resource.label}-{os.getpid()}-{serial % 1000:03d}.sock"
@@ -138,7 +138,8 @@ class DevicePluginServer:
         self.preferred_waiting = 0  # GetPreferredAllocation calls queued or running
         self.preferred_turn: asyncio.Semaphore | None = None  # one large placement at a time, made on the loop
         self._state = threading.Lock()
-        # (version, allocator): the version grows whenever the resource's health changes; a stream sends a new list only then
+        # (version, allocator): the version grows whenever the resource's health changes; a stream sends a new
+        # list only then
         self._current = (0, ResourceAllocator(resource))
         self._followed = 0  # the NodeState version the health was taken from
         self._unsubscribe: Callable[[], None] | None = None

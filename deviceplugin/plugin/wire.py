@@ -41,7 +41,8 @@ class EncodedDeviceList:
         all_unhealthy: bool = False,
         quarantined_devices: frozenset[str] = frozenset(),
     ) -> pb.ListAndWatchResponse:
-        """The full device list; a device is unhealthy when its unit or GPU is in `unhealthy`, or its ID in `quarantined_devices`."""
+        """The full device list; a device is unhealthy when its unit or GPU is in `unhealthy`, or its ID in
+        `quarantined_devices`."""
         healthy = self._healthy
         if not (unhealthy or all_unhealthy or quarantined_devices):
             return pb.ListAndWatchResponse.FromString(b"".join(healthy))

@@ -131,7 +131,8 @@ def _demo(
             out(f"The plugin refuses this config on node {inventory.discover().name}, as `gpu-share run` would:")
             out("  " + "\n  ".join(err.problems))
             out(
-                f"(`gpu-share config check {config_file or 'CONFIG'} --node {node_file}` shows the same; pick another --node or --config)"
+                f"(`gpu-share config check {config_file or 'CONFIG'} --node {node_file}` shows the same; pick "
+                "another --node or --config)"
             )
             return 2
     node = daemon.node
@@ -156,7 +157,8 @@ def _demo(
     try:
         names = {r.name for r in resources}
         out(
-            f"Node {node.name} ({node_file}): {len(node.gpus)} GPUs; config {config_file or 'the default (every GPU shared in 10, as `gpu-share run` without --config)'}"
+            f"Node {node.name} ({node_file}): {len(node.gpus)} GPUs; "
+            f"config {config_file or 'the default (every GPU shared in 10, as `gpu-share run` without --config)'}"
         )
         for warning in warnings:
             out(f"  warning: {warning}")
@@ -167,12 +169,15 @@ def _demo(
                 return 1
             limits = held.read_text().split("\n")[:-1] if held.exists() else []
             out(
-                f"  MPS pool {mps.resource.pool.name} ({mps.resource.name}, mpsLimits {mps.resource.pool.mps_limits}): a simulated control daemon "
-                f"serves GPUs {', '.join(str(g.index) for g in mps.resource.gpus)}; daemon-wide limits: {'; '.join(limits) or 'none (each client gets its own CUDA_MPS_* limits)'}"
+                f"  MPS pool {mps.resource.pool.name} ({mps.resource.name}, "
+                f"mpsLimits {mps.resource.pool.mps_limits}): a simulated control daemon "
+                f"serves GPUs {', '.join(str(g.index) for g in mps.resource.gpus)}; daemon-wide "
+                f"limits: {'; '.join(limits) or 'none (each client gets its own CUDA_MPS_* limits)'}"
             )
             if mps.resource.pool.exclusive_process:
                 out(
-                    "    exclusiveProcess: gpu-share mps puts these GPUs in EXCLUSIVE_PROCESS while it serves and restores their mode on quit (not simulated)"
+                    "    exclusiveProcess: gpu-share mps puts these GPUs in EXCLUSIVE_PROCESS while it serves "
+                    "and restores their mode on quit (not simulated)"
                 )
         if not resources:
             out("Nothing to show: this config advertises no resource on this node.")
@@ -334,7 +339,8 @@ def _env_summary(envs, resource: Resource) -> str:
     parts = [f"NVIDIA_VISIBLE_DEVICES={envs['NVIDIA_VISIBLE_DEVICES']}"]
     if ENV_SHARE_COUNT in envs:
         parts.append(
-            f"shares {envs[ENV_SHARE_COUNT]}/{envs[ENV_SHARE_TOTAL]}, {envs[ENV_MEMORY_LIMIT]} MiB, {envs[ENV_COMPUTE_PERCENT]}% compute"
+            f"shares {envs[ENV_SHARE_COUNT]}/{envs[ENV_SHARE_TOTAL]}, {envs[ENV_MEMORY_LIMIT]} "
+            f"MiB, {envs[ENV_COMPUTE_PERCENT]}% compute"
         )
         if not resource.pool.mps:
             parts[-1] += " (time-sliced: a fair turn, not enforced)"

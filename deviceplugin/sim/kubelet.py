@@ -221,7 +221,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
         if request.version != API_VERSION:
             context.abort(
                 grpc.StatusCode.UNKNOWN,
-                f'requested API version "{request.version}" is not supported by kubelet. Supported version is ["{API_VERSION}"]',
+                f'requested API version "{request.version}" is not supported by kubelet. Supported version is '
+                f'["{API_VERSION}"]',
             )
         if resource_name_problem(request.resource_name) is not None:
             context.abort(grpc.StatusCode.UNKNOWN, f'the ResourceName "{request.resource_name}" is invalid')
@@ -255,7 +256,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
 
     def _write_checkpoint(self) -> None:
         """The kubelet's checkpoint of allocations, as Go's encoding/json writes it (struct fields in order, map keys
-        sorted, no spaces; no entries is `null`), written whole, then renamed, as the kubelet's checkpoint manager does."""
+        sorted, no spaces; no entries is `null`), written whole, then renamed, as the kubelet's checkpoint manager
+        does."""
         with self._cond:
             entries = [
                 {
@@ -504,7 +506,8 @@ class KubeletSimulator(pb_grpc.RegistrationServicer):
             available = [i for i in status.healthy if i not in in_use]
             if len(available) < needed:
                 raise AdmissionError(
-                    f"requested number of devices unavailable for {resource}. Requested: {needed}, Available: {len(available)}"
+                    f"requested number of devices unavailable for {resource}. Requested: {needed}, "
+                    f"Available: {len(available)}"
                 )
             stub, options = endpoint.stub, endpoint.options
         chosen: list[str] = []

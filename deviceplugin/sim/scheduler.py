@@ -32,7 +32,8 @@ from ..model.usage import ContainerShare, Usage
 def admission_refusal(
     containers: dict[str, dict[str, int]], limits: dict[str, int], domain: str = DEFAULT_DOMAIN
 ) -> str | None:
-    """What the admission policy (daemonset/admission/policy.yaml) answers for a pod's containers ({name: {resource: count}}), None if admitted.
+    """What the admission policy (daemonset/admission/policy.yaml) answers for a pod's containers
+    ({name: {resource: count}}), None if admitted.
 
     The same rule and message as the policy's CEL (tests/test_scheduler_manifests.py checks they agree);
     `limits` maps the resource name after `<domain>/` to the largest shares of one unit (the params' data).
@@ -42,7 +43,8 @@ def admission_refusal(
             count = requests.get(f"{domain}/{key}", 0)
             if count > largest:
                 return (
-                    f"container {name} asks for {count} {domain}/{key} but no GPU has more than {largest}: one container's shares "
+                    f"container {name} asks for {count} {domain}/{key} but no GPU has more than {largest}: one "
+                    "container's shares "
                     f"come from one GPU. Ask for at most {largest} {domain}/{key}, or for a whole GPU ({domain}/gpu)"
                 )
     return None
@@ -60,7 +62,8 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
             out(f"  too-big ({count} shares) is refused at creation: {message}")
         else:
             out(
-                f"  too-big ({count} shares) passes the admission policy ({resource.name} may span GPUs); the node refuses it"
+                f"  too-big ({count} shares) passes the admission policy ({resource.name} may span GPUs); the "
+                "node refuses it"
             )
     domain = resources[0].pool.domain if resources else DEFAULT_DOMAIN  # the demo node's, as the extender's --domain
     share = f"{domain}/gpu-share"
@@ -87,11 +90,13 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
         url = f"http://127.0.0.1:{server.port}"
         result = _post(url + "/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["node-a", "node-b"]})
         out(
-            "  Two other simulated nodes, not the one above: node-a and node-b, each two NVIDIA L4s time-sliced in 6 shares "
+            "  Two other simulated nodes, not the one above: node-a and node-b, each two NVIDIA L4s time-sliced "
+            "in 6 shares "
             "(node-a: 3 + 3 free, node-b: 0 + 6 free)."
         )
         out(
-            "  six-shares (6 shares): kube-scheduler's default check sees 6 free on both nodes; the extender's filter says:"
+            "  six-shares (6 shares): kube-scheduler's default check sees 6 free on both nodes; the extender's "
+            "filter says:"
         )
         for node, reason in sorted(result["FailedNodes"].items()):
             out(f"    {node}: skipped: {reason}")
@@ -102,7 +107,8 @@ def run_scheduler_step(resources: list[Resource], out=print, too_big: tuple[Reso
             (placement,) = place(pod_request(pod, extender.managed), inventory, dict(free)).placements
             gpu = inventory.resources[share].units[placement.unit].gpu
             out(
-                f"    {entry['Host']}: fits (score {entry['Score']}/10): bound there, its 6 shares land on GPU {gpu}, as the node plugin chooses"
+                f"    {entry['Host']}: fits (score {entry['Score']}/10): bound there, its 6 shares land on "
+                f"GPU {gpu}, as the node plugin chooses"
             )
     finally:
         server.stop()

@@ -1,4 +1,5 @@
-"""The extender inside a real kube-scheduler, and the admission policy on a real API server (skipped without the binaries).
+"""The extender inside a real kube-scheduler, and the admission policy on a real API server (skipped without the
+binaries).
 
 Simulated GPU nodes (Node objects, their kubelets' admission and the node plugins' annotations played by
 benchmarks/standin.py), the `gpu-share extender` service in this process, kube-scheduler v1.36 calling it over mutual
@@ -72,7 +73,8 @@ class Extender:
 
 @pytest.fixture(scope="module")
 def extender(controlplane: Any, tmp_path_factory):
-    """The extender as the shipped Deployment runs it: HTTPS, the verbs for the client certificate gpu-share-scheduler."""
+    """The extender as the shipped Deployment runs it: HTTPS, the verbs for the client certificate
+    gpu-share-scheduler."""
 
     from deviceplugin.extender.service import ExtenderOptions, ExtenderService
     from deviceplugin.extender.tls import TLSSettings
@@ -182,7 +184,8 @@ def refused_and_admitted(core: Any, limit: int, name: str, ns: str) -> None:
     message = create("too-big", limit + 1)
     assert (
         f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: container main asks "
-        f"for {limit + 1} example.com/gpu-share but no GPU has more than {limit}: one container's shares come from one GPU. Ask for at most "
+        f"for {limit + 1} example.com/gpu-share but no GPU has more than {limit}: one container's shares come "
+        "from one GPU. Ask for at most "
         f"{limit} example.com/gpu-share, or for a whole GPU (example.com/gpu)"
     ) in message
     assert create("fits", limit) == ""

@@ -1,4 +1,5 @@
-"""Checks against the real driver. Marked `gpu`: skipped where NVML cannot be loaded (run them with tests/gpu/run.sh)."""
+"""Checks against the real driver. Marked `gpu`: skipped where NVML cannot be loaded (run them with
+tests/gpu/run.sh)."""
 
 from __future__ import annotations
 

@@ -235,7 +235,10 @@ def test_a_mig_instance_gets_its_uuid_its_gpu_node_and_its_own_capability_nodes(
 
 
 def test_mps_shares_get_their_limits_the_daemon_pipe_and_the_pools_shm(realnode, core, namespace, kinds):
-    probe = 'if [ -p "$CUDA_MPS_PIPE_DIRECTORY/control" ]; then echo PIPE=fifo; else echo PIPE=none; fi; echo pod > /dev/shm/from-the-pod && echo SHM=written;'
+    probe = (
+        'if [ -p "$CUDA_MPS_PIPE_DIRECTORY/control" ]; then echo PIPE=fifo; else echo PIPE=none; fi; '
+        "echo pod > /dev/shm/from-the-pod && echo SHM=written;"
+    )
     out = run(core, realnode, namespace, "mps", "example.com/mps-share", 2, probe + PROBE)
     assert out["NVIDIA_VISIBLE_DEVICES"] == KINDS[2]
     assert out["CUDA_MPS_PIPE_DIRECTORY"] == str(kinds.mps_root / "mps" / "pipe")

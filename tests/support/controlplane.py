@@ -258,7 +258,8 @@ class ControlPlane:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
 
     def scheduler(self, config: dict[str, Any], name: str = "default") -> subprocess.Popen[bytes]:
-        """Start a kube-scheduler with this KubeSchedulerConfiguration (client connection and leader election filled in)."""
+        """Start a kube-scheduler with this KubeSchedulerConfiguration (client connection and leader election filled
+        in)."""
         config = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration", **config}
         config["clientConnection"] = {"kubeconfig": str(self.scheduler_kubeconfig), "qps": 200, "burst": 400}
         config["leaderElection"] = {"leaderElect": False}

@@ -3,8 +3,8 @@
 `-f`: the control daemon in the foreground. It makes $CUDA_MPS_PIPE_DIRECTORY/control (a FIFO), writes its
 pid to $CUDA_MPS_LOG_DIRECTORY/daemon.pid (and appends it to daemons.log there), appends every command it reads to
 control.log, answers `get_server_list` (no servers: an empty list), stops reading after `hang` (alive but not
-answering, like a wedged daemon), and exits on `quit`, refusing clients that wrote together with it. A SIGKILLed daemon leaves its FIFO behind, as the real one
-leaves its pipe: a client then blocks on it.
+answering, like a wedged daemon), and exits on `quit`, refusing clients that wrote together with it. A SIGKILLed daemon
+leaves its FIFO behind, as the real one leaves its pipe: a client then blocks on it.
 No arguments: the client. It forwards stdin to the FIFO and prints the daemon's answers, or fails like the real
 one when no daemon runs. Test hooks: $FAKE_MPS_FAIL=<command> makes the client fail that command,
 $FAKE_MPS_SLOW=<command> makes it hang on that command.

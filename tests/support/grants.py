@@ -50,6 +50,7 @@ def overcommitted(kubelet: KubeletSimulator, node: NodeInfo) -> list[str]:
     for mig, gpu in parent.items():
         if mig in given and gpu in given:
             problems.append(
-                f"{gpu} held whole by {'; '.join(holders[gpu])} while its MIG instance {mig} is held by {'; '.join(holders[mig])}"
+                f"{gpu} held whole by {'; '.join(holders[gpu])} while its MIG instance {mig} is held "
+                f"by {'; '.join(holders[mig])}"
             )
     return problems

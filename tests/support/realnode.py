@@ -49,7 +49,10 @@ def cannot_run() -> str | None:
     except OSError as err:
         return f"the hostname {socket.gethostname()!r} does not resolve ({err})"
     if not address.startswith("127."):
-        return f"the hostname {socket.gethostname()!r} resolves to {address}, not loopback (kubectl logs/exec reach the kubelet by it)"
+        return (
+            f"the hostname {socket.gethostname()!r} resolves to {address}, not loopback (kubectl logs/exec "
+            "reach the kubelet by it)"
+        )
     if Path("/var/lib/kubelet/pods").exists() and any(Path("/var/lib/kubelet/pods").iterdir()):
         return "a kubelet already runs on this machine (/var/lib/kubelet/pods is not empty)"
     return None
@@ -108,7 +111,8 @@ class RealNode:
         if f"node {self.name} Ready=True" not in done.stdout:  # up.sh waits for Ready, then says what it saw
             log = (self.node_dir / "logs" / "kubelet.log").read_text(errors="replace").splitlines()[-20:]
             raise RuntimeError(f"the node did not become Ready: {done.stdout[-1500:]}\nkubelet.log:\n" + "\n".join(log))
-        # no node-lifecycle controller (kcm.sh is not run): remove the not-ready taint the API server put on the new Node
+        # no node-lifecycle controller (kcm.sh is not run): remove the not-ready taint the API server put on the
+        # new Node
         subprocess.run(
             ["kubectl", "taint", "node", self.name, "node.kubernetes.io/not-ready:NoSchedule-"],
             env=self.env,

@@ -17,8 +17,10 @@ for package in {CORE!r}:
     module = importlib.import_module(package)
     names += [package] + [m.name for m in pkgutil.walk_packages(module.__path__, package + ".")]
 names.append("deviceplugin.cluster.policies")  # placement's fgdstrand choice imports it on first use
-names.append("deviceplugin.dra.devices")  # the DRA device model is core too: the publisher and the kubelet plugin share it
-names += ["deviceplugin.dra." + m for m in ("prepare", "checkpoint", "cdi", "health", "lock")]  # the driver's node logic
+# the DRA device model is core too: the publisher and the kubelet plugin share it
+names.append("deviceplugin.dra.devices")
+# the driver's node logic
+names += ["deviceplugin.dra." + m for m in ("prepare", "checkpoint", "cdi", "health", "lock")]
 for name in names:
     importlib.import_module(name)
 loaded = sorted(m for m in sys.modules if any(m == t or m.startswith(t + ".") for t in {TRANSPORTS!r}))

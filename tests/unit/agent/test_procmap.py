@@ -8,7 +8,8 @@ from deviceplugin.agent.procmap import cgroup_owner
 def test_cgroup_parsing(tmp_path):
     uid, cid = "0f8b4b9e-9d6c-4a7e-8c1a-2b3c4d5e6f70", "a" * 64
     forms = {
-        1: f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid.replace('-', '_')}.slice/cri-containerd-{cid}.scope\n",
+        1: f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid.replace('-', '_')}.slice"
+        f"/cri-containerd-{cid}.scope\n",
         2: f"12:memory:/kubepods/burstable/pod{uid}/{cid}\n11:cpu:/kubepods/burstable/pod{uid}/{cid}\n",
         3: "0::/system.slice/nvidia-persistenced.service\n",
     }

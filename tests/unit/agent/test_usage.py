@@ -1,5 +1,6 @@
 """The usage map from pod-resources as kubelet v1.36 writes it: one entry per device ID, one per NUMA node of a device
-with topology, in any order; whatever the reply's shape, a container holds one record per unit and each ID counts once."""
+with topology, in any order; whatever the reply's shape, a container holds one record per unit and each ID counts
+once."""
 
 from __future__ import annotations
 

@@ -166,7 +166,8 @@ def test_a_dynamic_mig_pool_is_refused_by_the_device_plugin_naming_the_key():
     config = parse_config({"version": "v1", "pools": pools})
     with pytest.raises(
         ConfigError,
-        match=r"pools\[1\]\.strategy: dynamic makes MIG instances per claim, which only the DRA driver does \(gpu-share run --api dra\)",
+        match=r"pools\[1\]\.strategy: dynamic makes MIG instances per claim, which only the DRA driver does "
+        r"\(gpu-share run --api dra\)",
     ):
         build_resources(config, node("8xA100-80GB-mig"))
     served = build_resources(

@@ -152,7 +152,8 @@ def test_unknown_policy_and_missing_shapes_are_clear_errors():
 
 
 def brute_force_fragmentation(node: Node, shapes: TaskShapes) -> float:
-    """The paper's definition: for each shape, all idle milli if it cannot run (or uses no GPU), else the idle milli it cannot use."""
+    """The paper's definition: for each shape, all idle milli if it cannot run (or uses no GPU), else the idle milli it
+    cannot use."""
     idle = sum(node.gpu_free)
     total = 0.0
     for shape, p in shapes.shapes:

@@ -1,5 +1,5 @@
-"""The packing simulator on toy traces: inflation, tie-breaking, the 130 % reading, --replicas (the command and parallel runs:
-tests/test_simulate.py)."""
+"""The packing simulator on toy traces: inflation, tie-breaking, the 130 % reading, --replicas (the command and parallel
+runs: tests/test_simulate.py)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def test_inflation_appends_resampled_pods_until_the_next_per_gpu_request_would_p
             "two",
             "cpu",
         }  # the original list, shuffled, comes first
-        # Stops only when the next pod's per-GPU milli would pass 13000: at most 1000 short, a multi-GPU pod may overshoot by 1000.
+        # Stops only when the next pod's per-GPU milli would pass 13000: at most 1000 short, a multi-GPU pod may
+        # overshoot by 1000.
         assert 13_000 - MILLI < total <= 13_000 + MILLI
 
 
@@ -75,7 +76,8 @@ def test_the_kpi_is_read_when_arrived_demand_reaches_the_target():
     nodes = [Node.empty("only", 64_000, 256_000, 2, "T4")]
     pods = [PodDemand(1000, 1000, 1, MILLI, name="whole")]
     result = Experiment(nodes, pods, inflate=1.3).run("fgd", 7)
-    # 2 GPUs, target 2600: two pods arrive (a third would pass it); demand never reads 130 %, so the last arrival's ratio counts.
+    # 2 GPUs, target 2600: two pods arrive (a third would pass it); demand never reads 130 %, so the last arrival's
+    # ratio counts.
     assert result.allocation == 1.0 and result.failed_pods == result.arrived_pods - 2
     assert result.unallocated_gpus == 0
     assert result.curve[50] == 0.5 and result.curve[100] == 1.0
@@ -164,7 +166,8 @@ def test_trace_errors_name_the_file_line_and_column(tmp_path: Path):
         resolve("nosuch", str(TRACES), "openb_pod_list_{}.csv")
     assert (
         str(err.value)
-        == f"trace file {TRACES / 'openb_pod_list_nosuch.csv'} does not exist; the names {TRACES} has for openb_pod_list_<name>.csv: toy"
+        == f"trace file {TRACES / 'openb_pod_list_nosuch.csv'} does not exist; the names {TRACES} has for "
+        "openb_pod_list_<name>.csv: toy"
     )
     with pytest.raises(TraceError) as err:  # no file of that pattern: its CSVs, and where the trace comes from
         resolve("gpu_node", str(TRACES), "openb_node_list_{}.csv")

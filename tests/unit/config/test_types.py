@@ -1,4 +1,5 @@
-"""The config's types: which settings a resource carries (and so restart its server on reload), GPU selectors, share limits."""
+"""The config's types: which settings a resource carries (and so restart its server on reload), GPU selectors, share
+limits."""
 
 from __future__ import annotations
 

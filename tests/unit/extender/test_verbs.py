@@ -44,7 +44,8 @@ def test_failure_reasons_name_what_blocks_the_pod():
     assert got["passed"] == ["fits"]
     assert (
         got["split"]
-        == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share on one GPU; the most free on one GPU is 2 (free 2+2 on 2 GPUs)"
+        == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share on one GPU; the most free on one "
+        "GPU is 2 (free 2+2 on 2 GPUs)"
     )
     assert (
         got["unhealthy"]
@@ -53,7 +54,8 @@ def test_failure_reasons_name_what_blocks_the_pod():
     assert "GPU 0 would have room but is quarantined (a finished tenant's memory is still on it)" in got["quarantined"]
     assert (
         got["mig"]
-        == "UNRESOLVABLE gpu-share: container c0 asks for 3 shares of example.com/gpu-share; each MIG instance of this node has at most 2"
+        == "UNRESOLVABLE gpu-share: container c0 asks for 3 shares of example.com/gpu-share; each MIG instance "
+        "of this node has at most 2"
     )
     assert got["small"].startswith("UNRESOLVABLE") and "each GPU of this node has at most 2" in got["small"]
     assert got["full"] == "gpu-share: container c0 asks for 3 shares of example.com/gpu-share; the node has 1 free"

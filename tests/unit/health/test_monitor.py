@@ -32,7 +32,8 @@ def t4(i: int) -> FakeGpu:
 
 @pytest.fixture
 def nvml_of(monkeypatch, tmp_path):
-    """`nvml_of(gpus, **options)`: a fake driver with `gpus` T4s and an NvmlInventory over it (closed after the test)."""
+    """`nvml_of(gpus, **options)`: a fake driver with `gpus` T4s and an NvmlInventory over it (closed after the
+    test)."""
     made: list[NvmlInventory] = []
 
     def make(gpus: int = 2, **options) -> tuple[FakeNvml, NvmlInventory]:

@@ -11,7 +11,10 @@ import time
 from deviceplugin.cli.run import _standby_readiness
 from deviceplugin.runtime.instance import MAX_CMDLINE_BYTES, InstanceLock, command_line
 
-HOLD = "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(600)"
+HOLD = (
+    "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); "
+    "print('held', flush=True); time.sleep(600)"
+)
 
 
 def test_the_command_line_is_read_bounded_and_printable():
