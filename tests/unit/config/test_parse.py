@@ -85,7 +85,7 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ),
         (
             pools({"name": "a", "mode": "exclusive", "replicas": 2}),
-            "pools[0].replicas: only applies to mode shared (this pool is exclusive)",
+            "pools[0].replicas: only applies to mode shared, or mode mig with strategy dynamic (this pool is exclusive)",
         ),
         (pools({"name": "a", "mode": "shared", "sharing": 2}), "pools[0].sharing: unknown key"),
         (
@@ -275,7 +275,21 @@ def test_mig_pool_rejects_resource_and_replicas():
         "pools[0].resource: not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>"
         in str(err.value)
     )
-    assert "pools[1].replicas: only applies to mode shared (this pool is mig)" in str(err.value)
+    assert (
+        "pools[1].replicas: only applies to mode shared, or mode mig with strategy dynamic (this pool is mig, "
+        "strategy mixed)" in str(err.value)
+    )
+
+
+def test_a_dynamic_mig_pool_takes_replicas_as_shares_per_instance():
+    (pool,) = parse_config(pools({"name": "d", "mode": "mig", "strategy": "dynamic", "replicas": 4})).pools()
+    assert (pool.dynamic_mig, pool.replicas) == (True, 4)
+    (pool,) = parse_config(pools({"name": "d", "mode": "mig", "strategy": "dynamic"})).pools()
+    assert pool.replicas == 1  # each instance held by one claim, as before the key
+    with pytest.raises(ConfigError) as err:
+        parse_config(pools({"name": "d", "mode": "mig", "strategy": "dynamic", "replicas": 0, "memoryPerShare": "4Gi"}))
+    assert "pools[0].replicas: must be >= 1, got 0" in str(err.value)
+    assert "pools[0].memoryPerShare: only applies to mode shared (this pool is mig)" in str(err.value)
 
 
 def test_two_mig_pools_with_the_same_profile_collide():
