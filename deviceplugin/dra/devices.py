@@ -145,9 +145,10 @@ class DraDevice:
         return device
 
     def _mode(self) -> str:
-        """The sharing mode's name; a GPU with MIG mode off in a dynamic MIG pool is published as an exclusive GPU."""
+        """The sharing mode's name (`time-slicing` for shares of a dynamic MIG instance, as for shares of a static one);
+        a GPU with MIG mode off in a dynamic MIG pool is published as an exclusive GPU."""
         pool = self.resource.pool
-        return "exclusive" if pool.dynamic_mig and not self.partition else mode_of(pool).name
+        return "exclusive" if pool.dynamic_mig and not self.partition else self.sharing_mode.name
 
 
 def _version(raw: str) -> str:

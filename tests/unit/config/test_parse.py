@@ -59,7 +59,9 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         (pools({"name": "a", "mode": "shared"}, version="v2"), "version: unsupported version 'v2' (supported: v1)"),
         (
             pools({"name": "a", "mode": "shared"}, colour="red"),
-            "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deprecatedCudaLabels, deviceListStrategy, deviceRoot, deviceSpecs, domain, memoryWatchdog, mpsRoot, pools, profiles, sharedProductSuffix, version)",
+            "colour: unknown key (known keys: allocationPolicy, cdiKind, defaultProfile, deprecatedCudaLabels, "
+            "deviceListStrategy, deviceRoot, deviceSpecs, domain, memoryWatchdog, mpsRoot, pools, profiles, "
+            "sharedProductSuffix, version)",
         ),
         ({"version": "v1"}, "pools: is required"),
         ({"version": "v1", "pools": []}, "pools: must list at least one pool"),
@@ -85,12 +87,14 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ),
         (
             pools({"name": "a", "mode": "exclusive", "replicas": 2}),
-            "pools[0].replicas: only applies to mode shared, or mode mig with strategy dynamic (this pool is exclusive)",
+            "pools[0].replicas: only applies to mode shared, or mode mig with strategy dynamic "
+            "(this pool is exclusive)",
         ),
         (pools({"name": "a", "mode": "shared", "sharing": 2}), "pools[0].sharing: unknown key"),
         (
             pools({"name": "a", "mode": "shared", "resource": "Example.com/gpu"}),
-            "pools[0].resource: 'Example.com/gpu' is not a valid extended resource name: domain must be a lowercase DNS subdomain",
+            "pools[0].resource: 'Example.com/gpu' is not a valid extended resource name: "
+            "domain must be a lowercase DNS subdomain",
         ),
         (
             pools({"name": "a", "mode": "shared", "resource": "gpu-"}),
@@ -98,7 +102,8 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ),
         (
             pools({"name": "a", "mode": "shared", "resource": "kubernetes.io/gpu"}),
-            "pools[0].resource: 'kubernetes.io/gpu' is not a valid extended resource name: must not use the kubernetes.io domain",
+            "pools[0].resource: 'kubernetes.io/gpu' is not a valid extended resource name: "
+            "must not use the kubernetes.io domain",
         ),
         (
             pools({"name": "a", "mode": "shared", "sharingStrategies": ["timeSlicing"]}),
@@ -258,8 +263,8 @@ def test_mig_profile_plus_becomes_dot_and_exclusive_skips_mig_gpus(caplog):
     resources = build_resources(config, A100_MIG)
     assert [g.index for g in resources[0].gpus] == [5, 6, 7]
     assert (
-        "GPU 0 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000000) has MIG enabled: pool whole (exclusive) does not advertise it whole"
-        in caplog.text
+        "GPU 0 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000000) has MIG enabled: "
+        "pool whole (exclusive) does not advertise it whole" in caplog.text
     )
 
 
@@ -329,15 +334,18 @@ def test_an_nvidia_device_plugin_config_points_to_the_migration_guide():
     with pytest.raises(ConfigError) as err:
         parse_config(nvidia)
     assert (
-        "flags, sharing: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools and keys"
-        in err.value.problems
+        "flags, sharing: NVIDIA's device plugin config keys; "
+        "docs/migration.md maps each onto gpu-share's pools and keys" in err.value.problems
     )
 
 
 def test_problems_in_a_file_name_the_key_and_its_line():
     from deviceplugin.config.parse import parse_config_text
 
-    text = "version: v1\nprofiles:\n  inference:\n    pools:\n      - name: a\n        mode: shared\n        replicas: 0\n      - mode: bogus\n"
+    text = (
+        "version: v1\nprofiles:\n  inference:\n    pools:\n      - name: a\n        mode: shared\n        replicas: 0\n"
+        "      - mode: bogus\n"
+    )
     with pytest.raises(ConfigError) as err:
         parse_config_text(text, "f.yaml")
     assert err.value.problems == [

@@ -59,7 +59,8 @@ def test_a_profile_device_is_published_shareable_beside_its_counters(tmp_path: P
         "value": "4",
         "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "4", "step": "1"}},
     }
-    assert api["capacity"]["memory"]["value"] == str(4 * one) and api["attributes"]["mode"] == {"string": "mig"}
+    assert api["capacity"]["memory"]["value"] == str(4 * one)
+    assert api["attributes"]["mode"] == {"string": "time-slicing"}  # as shares of a static MIG instance
     whole = devices["gpu-1"].to_api(DRIVER, inventory.discover())  # MIG mode off: one exclusive GPU, as before
     assert "allowMultipleAllocations" not in whole and set(whole["capacity"]) == {"memory"}
     assert not devices["gpu-1"].shared and devices["gpu-1"].shares == 1
