@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.alloc.plan import build_resources
+from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.config.parse import parse_config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
@@ -18,7 +19,8 @@ from deviceplugin.dra.checkpoint import Checkpoint, MigRecord
 from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
-from deviceplugin.dra.prepare import Driver
+from deviceplugin.dra.prepare import ClaimRef, Driver
+from deviceplugin.dra.usage import ClaimUsage
 from deviceplugin.model.node import MIB
 from deviceplugin.state import NodeState
 from tests.support.dra import DRIVER, claim, result
@@ -161,3 +163,28 @@ def test_a_failed_prepare_leaves_the_shared_instance_to_its_holders(tmp_path: Pa
     with pytest.raises(ClaimError, match="gpu-0-mig-1g-10gb-0: cannot make MIG instance .* INSUFFICIENT_RESOURCES"):
         driver.prepare(ref, body)  # its first device reused a's instance, its second cannot be made
     assert sorted(i.start for i in inventory.mig_instances(GPU0)) == [0, 6] and ref.uid not in driver.checkpoint
+
+
+def test_the_agent_meters_each_sharer_on_the_instance_and_the_watchdog_judges_it(tmp_path: Path) -> None:
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+    (ref_a, body_a), (ref_b, body_b) = share(1, name="a"), share(2, name="b")
+    made = driver.prepare(ref_a, body_a).devices[0].mig
+    driver.prepare(ref_b, body_b)
+    assert made is not None
+
+    def pod(ref: ClaimRef) -> pr.PodResources:
+        resource = pr.ClaimResource(driver_name=DRIVER, pool_name=POOL, device_name=DEVICE)
+        dynamic = pr.DynamicResource(claim_name=ref.name, claim_namespace=ref.namespace, claim_resources=[resource])
+        return pr.PodResources(
+            name=ref.name,
+            namespace=ref.namespace,
+            containers=[pr.ContainerResources(name="main", dynamic_resources=[dynamic])],
+        )
+
+    listing = pr.ListPodResourcesResponse(pod_resources=[pod(ref_a), pod(ref_b)])
+    shares = ClaimUsage(driver.prepared, lambda: driver.devices, DRIVER, POOL)(listing, []).shares
+    assert sorted((s.pod, s.unit_uuid, s.shares, s.memory_limit_mib, s.time_sliced) for s in shares) == [
+        ("a", made.uuid, 1, 9856 // 4, True),
+        ("b", made.uuid, 2, 9856 // 2, True),
+    ]
