@@ -13,6 +13,7 @@ import pytest
 from deviceplugin.alloc.plan import build_resources
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.config.parse import parse_config
+from deviceplugin.config.types import Config
 from deviceplugin.discovery.simulated import SimulatedInventory
 from deviceplugin.dra.cdi import CdiWriter
 from deviceplugin.dra.checkpoint import Checkpoint, MigRecord
@@ -20,7 +21,9 @@ from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
 from deviceplugin.dra.prepare import ClaimRef, Driver
+from deviceplugin.dra.shapes import HeldShapes
 from deviceplugin.dra.usage import ClaimUsage
+from deviceplugin.model.devices import Resource
 from deviceplugin.model.node import MIB
 from deviceplugin.state import NodeState
 from tests.support.dra import DRIVER, claim, result
@@ -32,13 +35,13 @@ SHARED = parse_config(
 DEVICE = "gpu-0-mig-1g-10gb-6"
 
 
-def start(tmp_path: Path, inventory: SimulatedInventory) -> Driver:
+def start(tmp_path: Path, inventory: SimulatedInventory, state: NodeState | None = None) -> Driver:
     driver = Driver(
         DRIVER,
         POOL,
         Checkpoint(tmp_path / "claims"),
         CdiWriter(tmp_path / "cdi", DRIVER),
-        NodeState(),
+        state or NodeState(),
         SerialLock(tmp_path / "serialize.lock"),
         MigInstances(inventory, inventory.processes),
     )
@@ -188,3 +191,23 @@ def test_the_agent_meters_each_sharer_on_the_instance_and_the_watchdog_judges_it
         ("a", made.uuid, 1, 9856 // 4, True),
         ("b", made.uuid, 2, 9856 // 2, True),
     ]
+
+
+def test_a_reload_changing_the_shares_waits_for_the_instances_holders(tmp_path: Path) -> None:
+    """`replicas` 4 -> 2 while a claim holds shares on GPU 0: its devices keep 4 shares until it is unprepared."""
+    state, inventory = NodeState(), h100s()
+    driver = start(tmp_path, inventory, state)
+
+    def served(replicas: int) -> tuple[Config, list[Resource]]:
+        pool = {"name": "dyn", "mode": "mig", "strategy": "dynamic", "replicas": replicas}
+        config = parse_config({"version": "v1", "pools": [pool]})
+        return config, build_resources(config, inventory.discover(), dynamic_mig=True)
+
+    shapes = HeldShapes(driver, state, [driver], *served(4))
+    ref, body = share(1)
+    driver.prepare(ref, body)
+    shapes.on_config(*served(2))
+    assert {d.shares for d in driver.devices if d.partition} == {4} and list(state.snapshot().pending_gpus) == [GPU0]
+    driver.unprepare(ref)
+    shapes.on_config(*served(2))
+    assert {d.shares for d in driver.devices if d.partition} == {2} and not state.snapshot().pending_gpus
