@@ -325,9 +325,8 @@ class Driver:
             (r.gpu, r.gi_id) for c in self.checkpoint.claims() if c.uid != ref.uid for r in c.mig if r.gi_id is not None
         }
         made: dict[int, MigRecord] = {}
-        seen: dict[
-            tuple[str, int, int], MigInstance
-        ] = {}  # two results of this claim on one shared device: one instance
+        # placement -> its instance: two results of this claim on one shared device get one
+        seen: dict[tuple[str, int, int], MigInstance] = {}
         out = list(holdings)
         try:
             for i, result, share in partitioned:
