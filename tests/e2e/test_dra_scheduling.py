@@ -580,7 +580,7 @@ def test_share_claims_land_on_one_dynamic_mig_device_whose_counters_are_charged_
     totals = m.totals()
     per_device = m.consumed(["s1", "four", "two"])  # the shared device once
     assert per_device["compute-slices"] == totals["compute-slices"] == 7
-    m.ask("more", "1g.10gb", shares="1")  # memory slice 7 is free, but no compute slice is left
+    m.ask("more", "1g.10gb", shares="1")  # no compute slice is left, and the shared 1g's shares are held
     assert m.n.unschedulable("more")
     uuids = {name: m.prepare(name) for name in ("s1", "s2", "four", "two")}
     assert uuids["s1"] == uuids["s2"] and len(set(uuids.values())) == 3 and m.driver.mig.made == 3

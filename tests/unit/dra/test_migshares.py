@@ -22,6 +22,7 @@ from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
 from deviceplugin.dra.prepare import ClaimRef, Driver
 from deviceplugin.dra.shapes import HeldShapes
+from deviceplugin.dra.sharingconfig import api_version
 from deviceplugin.dra.usage import ClaimUsage
 from deviceplugin.model.devices import Resource
 from deviceplugin.model.node import MIB
@@ -211,3 +212,23 @@ def test_a_reload_changing_the_shares_waits_for_the_instances_holders(tmp_path: 
     driver.unprepare(ref)
     shapes.on_config(*served(2))
     assert {d.shares for d in driver.devices if d.partition} == {2} and not state.snapshot().pending_gpus
+
+
+def test_a_sharing_config_may_choose_time_slicing_and_its_grant_keeps_the_shares(tmp_path: Path) -> None:
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+
+    def configured(strategy: str, name: str):
+        ref, body = share(2, name=name)
+        parameters = {"apiVersion": api_version(DRIVER), "kind": "SharingConfig", "sharing": {"strategy": strategy}}
+        body["status"]["allocation"]["devices"]["config"] = [
+            {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": parameters}}
+        ]
+        return ref, body
+
+    with pytest.raises(ClaimError, match=f"sharing.strategy: mps is not offered on device {DEVICE}"):
+        driver.prepare(*configured("mps", "mps"))
+    assert inventory.mig_instances(GPU0) == ()
+    prepared = driver.prepare(*configured("timeSlicing", "ts"))
+    facts = env(prepared.cdi_spec)
+    assert (facts["GPU_SHARE_COUNT"], facts["GPU_SHARE_TOTAL"]) == ("2", "4") and prepared.devices[0].strategy == ""
