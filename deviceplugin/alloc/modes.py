@@ -121,8 +121,10 @@ class Mig(SharingMode):
     placement = "in order"
 
     def resources(self, pool: PoolConfig, gpus: list[Gpu]) -> list[PoolResource]:
-        if pool.dynamic_mig:  # each GPU whole: the DRA driver publishes a MIG-enabled one as its profiles' placements
-            return [(pool.resource, pool.name, [_whole(g) for g in gpus])]
+        if pool.dynamic_mig:  # each GPU whole: the DRA driver publishes a MIG-enabled one as its profiles' placements,
+            # each with the pool's `replicas` shares of the instance made for it; a GPU with MIG mode off is one device
+            units = [replace(_whole(g), replicas=pool.replicas if g.mig_enabled else 1) for g in gpus]
+            return [(pool.resource, pool.name, units)]
         by_profile: dict[str, list[Unit]] = {}
         for gpu in gpus:
             if not gpu.mig_enabled:
@@ -141,8 +143,8 @@ class Mig(SharingMode):
                     for p, units in sorted(by_profile.items())
                 )
                 raise ValueError(
-                    f"{pool.key_path}.strategy: single needs one MIG profile on every GPU of the pool, "
-                    f"found {found}; use strategy mixed"
+                    f"{pool.key_path}.strategy: single needs one MIG profile on every GPU of the pool, found {found}; "
+                    "use strategy mixed"
                 )
             return [(pool.resource, pool.name, [u for units in by_profile.values() for u in units])]
         return [
@@ -151,6 +153,11 @@ class Mig(SharingMode):
         ]
 
     def enforcement(self, pool: PoolConfig, unit: Unit, watchdog_policy: WatchdogPolicy) -> str:
+        if unit.replicas > 1:  # a dynamic pool's instance shared by claims (the DRA driver)
+            return (
+                f"isolated by the hardware (MIG) from other instances; its {unit.replicas} shares take turns in it "
+                f"(not enforced between them: {TIME_SLICED.enforcement(pool, unit, watchdog_policy)})"
+            )
         return "isolated by the hardware (MIG)"
 
 
@@ -177,15 +184,15 @@ class TimeSliced(SharingMode):
         )
         if replicas < 1:
             raise ValueError(
-                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger "
-                f"than {what}, {unit.memory_mib} MiB)"
+                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB is larger than {what}, "
+                f"{unit.memory_mib} MiB)"
             )
         most = max_replicas(pool.backend)
         if replicas > most:
             raise ValueError(
-                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares "
-                f"of {what}, {unit.memory_mib} MiB), over the limit of {most} shares per GPU or MIG "
-                f"instance{self.limit_reason}; use a larger memoryPerShare"
+                f"{pool.key_path}.memoryPerShare: {pool.memory_per_share_mib} MiB makes {replicas} shares of {what}, "
+                f"{unit.memory_mib} MiB), over the limit of {most} shares per GPU or MIG instance{self.limit_reason}; "
+                "use a larger memoryPerShare"
             )
         return replace(unit, replicas=replicas)
 
@@ -249,8 +256,8 @@ class Mps(TimeSliced):
         if any(g.mig_enabled for g in gpus):
             mig = ", ".join(str(g.index) for g in gpus if g.mig_enabled)
             raise ValueError(
-                f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); use timeSlicing "
-                "or a mig pool"
+                f"{pool.key_path}.backend: mps is not supported on MIG-enabled GPUs (GPU {mig}); "
+                "use timeSlicing or a mig pool"
             )
         return super().resources(pool, gpus)
 

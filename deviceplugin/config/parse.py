@@ -61,7 +61,7 @@ _TOP_KEYS = {
 _NVIDIA_TOP_KEYS = ("flags", "resources", "sharing")  # the top of NVIDIA's device plugin config (version v1 too)
 # The pool keys only one mode takes (every other key applies to all modes, or to a backend).
 MODE_KEYS: dict[str, tuple[str, ...]] = {
-    "shared": ("replicas", "memoryPerShare", "backend", "allowSpanGPUs"),
+    "shared": ("memoryPerShare", "backend", "allowSpanGPUs"),
     "mig": ("strategy",),
 }
 _POOL_KEYS = {
@@ -155,8 +155,8 @@ def parse_config(data: Any, source: str = "config") -> Config:
     nvidia = sorted(k for k in _NVIDIA_TOP_KEYS if isinstance(data, dict) and k in data)
     problems.check(
         not nvidia,
-        f"{', '.join(nvidia)}: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's "
-        "pools and keys",
+        f"{', '.join(nvidia)}: NVIDIA's device plugin config keys; "
+        "docs/migration.md maps each onto gpu-share's pools and keys",
     )
 
     def choice(key: str, default: Choice, allowed: tuple[Choice, ...]) -> Choice:
@@ -284,6 +284,13 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     fields.check(
         strategy in MIG_STRATEGIES, "strategy", f"must be one of {', '.join(MIG_STRATEGIES)}, got {strategy!r}"
     )
+    dynamic = mode == "mig" and strategy == "dynamic"  # `replicas`: shares of each MIG instance made for claims
+    fields.check(
+        mode == "shared" or dynamic or not fields.has("replicas"),
+        "replicas",
+        f"only applies to mode shared, or mode mig with strategy dynamic (this pool is {mode}"
+        + (f", strategy {safe_text(str(strategy), 20)})" if mode == "mig" else ")"),
+    )
 
     if mode == "mig" and strategy == "mixed":
         fields.check(
@@ -304,18 +311,18 @@ def _parse_pool(item: Any, path: str, domain: str) -> PoolConfig:
     backend = fields.get("backend", "timeSlicing")
     fields.check(backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
     replicas, memory = 1, None
-    if mode == "shared":
+    if mode == "shared" or dynamic:
         fields.check(
-            not (fields.has("replicas") and fields.has("memoryPerShare")),
+            dynamic or not (fields.has("replicas") and fields.has("memoryPerShare")),
             "memoryPerShare",
             "give replicas or memoryPerShare, not both",
         )
-        replicas = fields.get("replicas", DEFAULT_REPLICAS)
+        replicas = fields.get("replicas", DEFAULT_REPLICAS if mode == "shared" else 1)
         shown = safe_text(str(replicas), 40)
         fields.check(replicas >= 1, "replicas", f"must be >= 1, got {shown}")
         most, why = max_replicas(backend), f" for backend mps ({MPS_LIMIT_REASON})" if backend == "mps" else ""
         fields.check(replicas <= most, "replicas", f"must be <= {most}{why}, got {shown}")
-        if fields.has("memoryPerShare"):
+        if mode == "shared" and fields.has("memoryPerShare"):
             try:
                 memory = quantity_mib(fields.get("memoryPerShare", ""))
             except ValueError as err:

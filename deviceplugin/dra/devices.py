@@ -10,6 +10,9 @@ capacities that stay proportional:
 - `shares`: the unit's N shares; a claim consumes whole shares (default 1, step 1);
 - `memory`: N x the memory of one share; a claim consumes whole shares' worth (default one share, step one share).
 
+A dynamic-MIG device (one MIG profile at one placement, `dra.partitions`) of a pool with `replicas` N > 1 is published
+the same way, with its counters beside: N shares of the instance made for its first claim, taking turns in it.
+
 kube-scheduler checks each capacity on its own, and a capacity a claim does not name is consumed at its default.
 So the driver grants `max(shares, memory / one share)` shares and keeps its own ledger of what prepared claims
 hold on each device: a claim that names only one of the two can never make the node hand out more than N shares
@@ -19,11 +22,11 @@ hold on each device: a claim that names only one of the two can never make the n
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..alloc.allocator import ContainerGrant, unit_grant
-from ..alloc.modes import ClientLimits, SharingMode, mode_of
+from ..alloc.modes import TIME_SLICED, ClientLimits, SharingMode, mode_of
 from ..config.types import Backend
 from ..kube.dranames import CAPACITY_MEMORY, CAPACITY_SHARES
 from ..model.devices import Resource, Unit
@@ -56,8 +59,15 @@ class DraDevice:
 
     @property
     def shared(self) -> bool:
-        """Many claims may hold it at once, each a number of its shares."""
-        return self.resource.pool.shared
+        """Many claims may hold it at once, each a number of its shares: a unit of a shared pool, or a dynamic-MIG
+        device of a pool with `replicas` over 1 (the claims share the one instance made for the first)."""
+        return self.resource.pool.shared or (self.partition is not None and self.shares > 1)
+
+    @property
+    def sharing_mode(self) -> SharingMode:
+        """What its claims run under unless a SharingConfig chose otherwise: the pool's mode; the shares of a dynamic
+        MIG instance take turns in it (gpu-share runs no MPS daemon on MIG)."""
+        return TIME_SLICED if self.partition is not None and self.shared else mode_of(self.resource.pool)
 
     @property
     def shares(self) -> int:
@@ -110,13 +120,11 @@ class DraDevice:
             attributes["numaNode"] = {"int": gpu.numa_node}
         if gpu.pci_bus_id:
             attributes["pciBusID"] = {"string": gpu.pci_bus_id[:64]}
-        memory = unit.memory_mib * MIB
         device: dict[str, Any] = {"name": self.name, "attributes": attributes}
-        if self.partition:
-            device["capacity"] = {CAPACITY_MEMORY: {"value": str(self.partition.profile.memory_mib * MIB)}}
+        if self.partition:  # the unit is its profile's memory (`dra_devices`)
             counters = {k: {"value": str(v)} for k, v in self.partition.consumes().items()}
             device["consumesCounters"] = [{"counterSet": self.partition.counter_set, "counters": counters}]
-        elif self.shared:
+        if self.shared:
             n, one = self.shares, self.share_memory_bytes
             device["allowMultipleAllocations"] = True
             device["capacity"] = {
@@ -133,13 +141,14 @@ class DraDevice:
                 },
             }
         else:
-            device["capacity"] = {CAPACITY_MEMORY: {"value": str(memory)}}
+            device["capacity"] = {CAPACITY_MEMORY: {"value": str(unit.memory_mib * MIB)}}
         return device
 
     def _mode(self) -> str:
-        """The sharing mode's name; a GPU with MIG mode off in a dynamic MIG pool is published as an exclusive GPU."""
+        """The sharing mode's name (`time-slicing` for shares of a dynamic MIG instance, as for shares of a static one);
+        a GPU with MIG mode off in a dynamic MIG pool is published as an exclusive GPU."""
         pool = self.resource.pool
-        return "exclusive" if pool.dynamic_mig and not self.partition else mode_of(pool).name
+        return "exclusive" if pool.dynamic_mig and not self.partition else self.sharing_mode.name
 
 
 def _version(raw: str) -> str:
@@ -163,9 +172,14 @@ def dra_devices(resources: Iterable[Resource]) -> list[DraDevice]:
     devices = []
     for resource in resources:
         for unit in resource.units:
-            if resource.pool.dynamic_mig and unit.gpu.mig_enabled:
+            if resource.pool.dynamic_mig and unit.gpu.mig_enabled:  # the GPU's unit, as big as the profile
                 devices += [
-                    DraDevice(name=partition_name(p), unit=unit, resource=resource, partition=p)
+                    DraDevice(
+                        name=partition_name(p),
+                        unit=replace(unit, memory_mib=p.profile.memory_mib),
+                        resource=resource,
+                        partition=p,
+                    )
                     for p in partitions(unit.gpu)
                 ]
             else:
@@ -193,6 +207,7 @@ class ClaimShare:
         claim (what the claim paid for is what it gets), or lower (`limits`), under `mode` when a claim's
         SharingConfig chose another strategy than the pool's (`dra.sharingconfig` checks both)."""
         holding = [(self.device.unit, self.shares)]
+        mode = mode or self.device.sharing_mode
         return unit_grant(self.device.resource, holding, mps_client_limits=True, mode=mode, limits=limits)
 
     @property
@@ -209,11 +224,13 @@ def request_grant(
     resources = {s.device.resource.name for s in shares}
     if len(resources) > 1 and any(s.device.shared for s in shares):
         raise ClaimError(
-            f"one request holds shared devices of {len(resources)} pools ({', '.join(sorted(resources))}); ask for each in a request of its own"
+            f"one request holds shared devices of {len(resources)} pools ({', '.join(sorted(resources))}); "
+            "ask for each in a request of its own"
         )
     if len(shares) == 1:
         return shares[0].grant(mode, limits)
     holdings = [(s.device.unit, s.shares) for s in shares]
+    mode = mode or shares[0].device.sharing_mode
     return unit_grant(shares[0].device.resource, holdings, mps_client_limits=True, mode=mode, limits=limits)
 
 

@@ -9,10 +9,14 @@ it. Destroying a gone instance counts as done, so both are idempotent across res
 At start-up an instance on a dynamic-MIG GPU that no record names (a crash before the intent was written, a claim
 unprepared while this driver was down, an operator's instance) is destroyed when the GPU runs no process, and
 otherwise kept and reported (log, `gpushare_dra_mig_unclaimed_instances`), and the counters published for its GPU
-count what it takes as taken (`partitions.gpu_counters`), so no claim is allocated over it. While any record is damaged nothing is
-destroyed: its claim's instances cannot be told from the others. After start-up `rescan` re-reads the instances
-periodically: one made behind the driver's back is counted and published as taken the same way until it is gone
-(never destroyed).
+count what it takes as taken (`partitions.gpu_counters`), so no claim is allocated over it. While any record is
+damaged nothing is destroyed: its claim's instances cannot be told from the others. After start-up `rescan` re-reads
+the instances periodically: one made behind the driver's back is counted and published as taken the same way until it
+is gone (never destroyed).
+
+A dynamic-MIG device with shares (`replicas` > 1) is held by several claims at once, all on the instance its first
+claim made: a later claim's record names the same instance (`reuse`), and the driver destroys it only when no other
+record names its placement (`dra.prepare`), so the count of its holders is the checkpoint's and survives a restart.
 """
 
 from __future__ import annotations
@@ -95,6 +99,19 @@ class MigInstances:
             "MIG instance %s made: %s (GPU instance %d, compute instance %s)", where, made.uuid, made.gi_id, made.ci_id
         )
         return made
+
+    def reuse(self, record: MigRecord) -> MigInstance:
+        """The instance another claim's record names (`record`, made), for a claim sharing its device; ClaimError when
+        it is gone (made again, it would be another instance than the one the other claims' containers see)."""
+        control = self._control()
+        where = f"MIG instance {record.uuid or '-'} (GPU instance {record.gi_id}) on GPU {record.gpu}"
+        try:
+            found = self._find(control.mig_instances(record.gpu), record)
+        except MigError as err:
+            raise ClaimError(f"cannot list the MIG instances for {where}: NVML {err.code_name}") from None
+        if found is None or found.ci_id is None or (record.uuid and found.uuid != record.uuid):
+            raise ClaimError(f"{where}, which other claims on this device hold, is gone or changed")
+        return found
 
     def destroy(self, record: MigRecord) -> None:
         """Destroy the record's instance (an intent's: whatever stands at its placement); gone is done. ClaimError
@@ -248,7 +265,8 @@ def instance_device(device: DraDevice, record: MigRecord) -> DraDevice:
     profile = partition.profile
     gi, ci = record.gi_id or 0, record.ci_id or 0
     mig = MigDevice(uuid=record.uuid, profile=profile.name, memory_mib=profile.memory_mib, gi_id=gi, ci_id=ci, index=gi)
-    return replace(device, unit=Unit(uuid=record.uuid, gpu=partition.gpu, memory_mib=profile.memory_mib, mig=mig))
+    unit = Unit(uuid=record.uuid, gpu=partition.gpu, memory_mib=profile.memory_mib, mig=mig, replicas=device.shares)
+    return replace(device, unit=unit)
 
 
 def instance_share(share: ClaimShare, record: MigRecord) -> ClaimShare:

@@ -45,6 +45,7 @@ from ..alloc.allocator import AllocationError, ContainerGrant
 from ..config.types import Config
 from ..logs import brief, safe_text
 from ..model.devices import Resource
+from ..model.mig import MigInstance
 from ..state import NodeState
 from .cdi import CdiWriter, cdi_device_name, cdi_id
 from .checkpoint import Checkpoint, MigRecord, PreparedClaim, PreparedDevice, valid_uid
@@ -130,7 +131,8 @@ class Driver:
         refused = Unconfirmed if not current else ClaimError
         if uid != ref.uid:
             raise refused(
-                f"claim {ref} got replaced: the API has UID {safe_text(uid)}, the kubelet asked for {safe_text(ref.uid)}"
+                f"claim {ref} got replaced: the API has UID {safe_text(uid)}, "
+                f"the kubelet asked for {safe_text(ref.uid)}"
             )
         allocation = _get(claim, "status", "allocation")
         if not allocation:
@@ -165,7 +167,8 @@ class Driver:
             if known is not None:
                 self.reallocated += 1
                 log.warning(
-                    "claim %s was re-allocated (devices %s -> %s): prepared from its new allocation, its record replaced",
+                    "claim %s was re-allocated (devices %s -> %s): prepared from its new allocation, "
+                    "its record replaced",
                     ref,
                     brief(sorted(d.device for d in known.devices), 4),
                     brief(sorted(d.device for d in prepared.devices), 4),
@@ -186,8 +189,9 @@ class Driver:
         for result, share in holdings:
             if share.device.name in fenced and not result.get("adminAccess"):
                 raise ClaimError(
-                    f"claim {ref}: device {share.device.name} is fenced: the checkpoint record of claim {fenced[share.device.name]} is damaged "
-                    "(quarantined) and that claim may still use it, until the kubelet unprepares it or the API shows it gone"
+                    f"claim {ref}: device {share.device.name} is fenced: the checkpoint record of claim "
+                    f"{fenced[share.device.name]} is damaged (quarantined) and that claim may still use it, "
+                    "until the kubelet unprepares it or the API shows it gone"
                 )
         _sharings(
             ref, holdings, configs
@@ -283,13 +287,16 @@ class Driver:
         interrupted: PreparedClaim | None,
     ) -> tuple[list[tuple[Mapping[str, Any], ClaimShare]], dict[int, MigRecord]]:
         """The holdings with each dynamic-MIG device's instance made (its MIG device as the unit), and the records by
-        holding index; the intent is written first. ClaimError when one cannot be made (those made are destroyed)."""
+        holding index; the intent is written first. A shared device's instance is made by its first claim and reused
+        by the others (`_holders`). ClaimError when one cannot be made (those made, and held by no other claim, are
+        destroyed)."""
         partitioned = [(i, result, share) for i, (result, share) in enumerate(holdings) if share.device.partition]
         if not partitioned:
             return holdings, {}
         if any(result.get("adminAccess") for _, result, _ in partitioned):
             raise ClaimError(
-                f"claim {ref}: admin access to a dynamic MIG device is not supported (its instance exists only while a claim holds it)"
+                f"claim {ref}: admin access to a dynamic MIG device is not supported "
+                "(its instance exists only while a claim holds it)"
             )
         intent = PreparedClaim(
             uid=ref.uid,
@@ -318,17 +325,26 @@ class Driver:
             (r.gpu, r.gi_id) for c in self.checkpoint.claims() if c.uid != ref.uid for r in c.mig if r.gi_id is not None
         }
         made: dict[int, MigRecord] = {}
+        # placement -> its instance: two results of this claim on one shared device get one
+        seen: dict[tuple[str, int, int], MigInstance] = {}
         out = list(holdings)
         try:
             for i, result, share in partitioned:
                 wanted, partition = _intent(share), share.device.partition
                 assert partition is not None
+                holders = self._holders(ref.uid, wanted) if share.device.shared else []
+                made_by_other = next((r for r in holders if r.gi_id is not None), None)
                 try:
-                    instance = self.mig.make(
-                        partition, adoptable.get((wanted.gpu, wanted.profile_id, wanted.start)), taken
-                    )
+                    if _placement(wanted) in seen:
+                        instance = seen[_placement(wanted)]
+                    elif made_by_other is not None:
+                        instance = self.mig.reuse(made_by_other)
+                    else:  # an intent of another claim there: what it made, if it did, is this device's instance
+                        adopt = adoptable.get(_placement(wanted)) or (wanted if holders else None)
+                        instance = self.mig.make(partition, adopt, taken)
                 except ClaimError as err:
                     raise ClaimError(f"claim {ref}: device {share.device.name}: {err}") from None
+                seen[_placement(wanted)] = instance
                 made[i] = MigRecord(
                     wanted.gpu, wanted.profile_id, wanted.start, instance.gi_id, instance.ci_id, instance.uuid
                 )
@@ -339,9 +355,13 @@ class Driver:
         return out, made
 
     def _undo_instances(self, ref: ClaimRef, made: Iterable[MigRecord]) -> None:
-        """A prepare that failed after making instances: destroy them and drop the intent (a failure is logged: the
-        start-up sweep finds what is left)."""
+        """A prepare that failed after making instances: destroy those no other claim holds and drop the intent (a
+        failure is logged: the start-up sweep finds what is left)."""
+        done: set[tuple[str, int, int]] = set()
         for record in made:
+            if _placement(record) in done or self._holders(ref.uid, record):
+                continue
+            done.add(_placement(record))
             try:
                 self.mig.destroy(record)
             except ClaimError as err:
@@ -353,11 +373,48 @@ class Driver:
             self.checkpoint.remove(ref.uid)
 
     def _destroy_instances(self, ref: ClaimRef, known: PreparedClaim) -> None:
-        for record in known.mig:
+        """Destroy the claim's instances that no other claim holds: a shared device's instance stays while another
+        record names its placement, or while a damaged record may hold its device (fail closed: it is left to the
+        start-up sweep once nothing can hold it)."""
+        done: set[tuple[str, int, int]] = set()
+        fenced: Mapping[str, str] | None = None
+        for device in known.devices:
+            record = device.mig
+            if record is None or _placement(record) in done:
+                continue
+            done.add(_placement(record))
+            holders = self._holders(ref.uid, record)
+            if holders:
+                log.info(
+                    "claim %s: MIG instance %s of device %s kept: %d other claim record(s) hold it",
+                    ref,
+                    record.uuid or "-",
+                    device.device,
+                    len(holders),
+                )
+                continue
+            if device.share_id is not None and self.checkpoint.damaged:
+                fenced = self._fenced(ref.uid) if fenced is None else fenced
+                if device.device in fenced:
+                    log.warning(
+                        "claim %s: MIG instance %s of device %s kept: the damaged record of claim %s may hold it",
+                        ref,
+                        record.uuid or "-",
+                        device.device,
+                        fenced[device.device],
+                    )
+                    continue
             try:
                 self.mig.destroy(record)
             except ClaimError as err:
                 raise ClaimError(f"claim {ref}: {err}") from None
+
+    def _holders(self, uid: str, record: MigRecord) -> list[MigRecord]:
+        """The records of other claims (made, or intents) at `record`'s placement: they hold its instance (the
+        checkpoint is the count of a shared instance's holders, so it survives a restart)."""
+        return [
+            r for c in self.checkpoint.claims() if c.uid != uid for r in c.mig if _placement(r) == _placement(record)
+        ]
 
     # --- what the metrics read -------------------------------------------------------------------
     def reread(self) -> None:
@@ -396,7 +453,8 @@ class Driver:
         foreign = sorted({str(r.get("pool")) for r in results if r.get("pool") != self.pool})
         if foreign:
             raise ClaimError(
-                f"claim {ref} is allocated on pool {brief(foreign, 3)} of {self.driver}, not on this node's pool {self.pool}"
+                f"claim {ref} is allocated on pool {brief(foreign, 3)} of {self.driver}, "
+                f"not on this node's pool {self.pool}"
             )
         view = self.state.snapshot()
         devices = self._devices
@@ -408,7 +466,8 @@ class Driver:
             device = devices.get(name)
             if device is None:
                 raise ClaimError(
-                    f"claim {ref}: device {safe_text(name, 63)} is not published by this node (did the config change since allocation?)"
+                    f"claim {ref}: device {safe_text(name, 63)} is not published by this node "
+                    "(did the config change since allocation?)"
                 )
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
             verdict = view.verdict(device.unit, device.resource.pool)  # a shape that waits is refused too (dra.shapes)
@@ -425,7 +484,8 @@ class Driver:
                 raise ClaimError(f"claim {ref}: device {name} is already prepared for another claim")
             if device.shared and held + count > device.shares:
                 raise ClaimError(
-                    f"claim {ref}: device {name} has {device.shares} shares; prepared claims hold {held} and this claim needs {count} "
+                    f"claim {ref}: device {name} has {device.shares} shares; prepared claims hold {held} "
+                    f"and this claim needs {count} "
                     "(a claim naming only one of the capacities shares and memory is granted the larger)"
                 )
             held_mib, unit_mib = self._ledger_mib.get(name, 0), device.unit.memory_mib
@@ -433,8 +493,9 @@ class Driver:
                 device.shared and held_mib + wanted_mib[name] > unit_mib
             ):  # shares prepared before a reload are not these shares
                 raise ClaimError(
-                    f"claim {ref}: device {name} has {unit_mib} MiB; prepared claims hold {held_mib} MiB and this claim needs "
-                    f"{wanted_mib[name]} MiB (shares of its shape before a reload count by the memory they were granted)"
+                    f"claim {ref}: device {name} has {unit_mib} MiB; prepared claims hold {held_mib} MiB and this "
+                    f"claim needs {wanted_mib[name]} MiB (shares of its shape before a reload count by the memory "
+                    "they were granted)"
                 )
         return holdings, ours
 
@@ -455,7 +516,8 @@ class Driver:
             device = devices.get(str(result.get("device") or ""))
             if device is None:
                 raise ClaimError(
-                    f"claim {ref} is prepared but its CDI spec is gone and device {safe_text(str(result.get('device')), 63)} is no longer published"
+                    f"claim {ref} is prepared but its CDI spec is gone and device "
+                    f"{safe_text(str(result.get('device')), 63)} is no longer published"
                 )
             share = claim_share(device, result.get("consumedCapacity"), result.get("shareID"))
             record = instances.get(device.name)
@@ -475,7 +537,8 @@ class Driver:
                 self.cdi.remove(str(self.cdi.spec_path(other)))
                 self.checkpoint.release(other)
                 log.warning(
-                    "claim %s (damaged record) is gone from the API: its CDI spec removed, its devices no longer fenced",
+                    "claim %s (damaged record) is gone from the API: its CDI spec removed, "
+                    "its devices no longer fenced",
                     other,
                 )
                 continue
@@ -514,6 +577,10 @@ class Driver:
                     else:
                         counts.pop(device.device, None)
         self._ledger, self._ledger_mib = ledger, ledger_mib
+
+
+def _placement(record: MigRecord) -> tuple[str, int, int]:
+    return record.gpu, record.profile_id, record.start
 
 
 def _intent(share: ClaimShare) -> MigRecord:
@@ -632,7 +699,8 @@ class ClaimSource(Protocol):
         """The claim from memory when the cache is provably current and has it (that UID, allocated); else None."""
 
     def get(self, ref: ClaimRef, timeout: float) -> Mapping[str, Any]:
-        """The claim from the API within `timeout` seconds, retries included; ClaimError naming the claim and the cause."""
+        """The claim from the API within `timeout` seconds, retries included; ClaimError naming the claim and the
+        cause."""
 
 
 @dataclass(frozen=True)

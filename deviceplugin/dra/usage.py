@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 
 from ..agent.usage import container_share
+from ..alloc.modes import TIME_SLICED
 from ..api import podresources_pb2 as pr
 from ..model.devices import Resource
 from ..model.usage import ContainerShare, Usage
@@ -60,7 +61,8 @@ def claim_usage(
                         known = instance_device(known, device.mig)
                     if (key, known.unit.uuid) not in held and len(held) >= MAX_SHARES:
                         log.warning(
-                            "pod-resources lists more than %d DRA container shares; the rest are not watched or metered",
+                            "pod-resources lists more than %d DRA container shares; "
+                            "the rest are not watched or metered",
                             MAX_SHARES,
                         )
                         return _usage(held, active)
@@ -87,7 +89,8 @@ def _usage(
                 list(items),
                 sum(d.shares for d in devices),
                 sum(d.memory_mib for d in devices),
-                time_sliced=any(d.strategy == "timeSlicing" for d in devices),  # a SharingConfig's, on an MPS pool
+                # a SharingConfig's on an MPS pool, or shares of a dynamic MIG instance: the watchdog judges them
+                time_sliced=any(d.strategy == "timeSlicing" for d in devices) or first.sharing_mode is TIME_SLICED,
             )
         )
     return Usage(shares=tuple(shares), active_containers=frozenset(active))

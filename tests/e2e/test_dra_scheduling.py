@@ -312,7 +312,7 @@ def test_claims_schedule_again_after_the_kubelets_wipe(make_node: Any) -> None:
     assert len(n.allocation("after")) == 1
 
 
-# --- dynamic MIG: kube-scheduler allocates through the counters, the driver makes what it allocated ----------------------
+# --- dynamic MIG: kube-scheduler allocates through the counters, the driver makes what it allocated -----------------
 
 DYNAMIC = parse_config({"version": "v1", "pools": [{"name": "dyn", "mode": "mig", "strategy": "dynamic"}]})
 
@@ -321,7 +321,7 @@ class MigNode:
     """One simulated H100 with MIG mode on and no instance, published as dynamic MIG, with the driver that prepares
     the claims the scheduler allocates on it (transport-free: `dra.prepare.Driver` over the simulated NVML)."""
 
-    def __init__(self, make_node: Any, tmp_path: Any) -> None:
+    def __init__(self, make_node: Any, tmp_path: Any, config: Any = DYNAMIC) -> None:
         gpu = Gpu(
             index=0,
             uuid="GPU-c41e9d27-55a0-4b1f-9e3d-0000000000d0",
@@ -333,7 +333,7 @@ class MigNode:
         )
         self.inventory = SimulatedInventory(NodeInfo(gpus=(gpu,), name="h100"))
         self.gpu = gpu.uuid
-        self.n: Node = make_node("1xh100-mig", DYNAMIC, self.inventory.discover())
+        self.n: Node = make_node("1xh100-mig", config, self.inventory.discover())
         self.driver = Driver(
             DRIVER,
             self.n.name,
@@ -343,10 +343,15 @@ class MigNode:
             SerialLock(tmp_path / "serialize.lock"),
             MigInstances(self.inventory, self.inventory.processes),
         )
-        self.driver.on_config(DYNAMIC, self.n.resources)
+        self.driver.on_config(config, self.n.resources)
 
-    def ask(self, name: str, profile: str) -> None:
-        self.n.claim(name, cls="gpu-share-mig", selector=f"device.attributes[device.driver].migProfile == '{profile}'")
+    def ask(self, name: str, profile: str, shares: str | None = None, start: int | None = None) -> None:
+        """A claim for a profile (at one placement: `start`); with `shares`, that many shares of a shared one."""
+        selector = f"device.attributes[device.driver].migProfile == '{profile}'"
+        if start is not None:
+            selector += f" && device.attributes[device.driver].migPlacementStart == {start}"
+        cls, requests = ("gpu-share-shares", {"shares": shares}) if shares else ("gpu-share-mig", None)
+        self.n.claim(name, cls=cls, requests=requests, selector=selector)
         self.n.pod(name, claim=name)
 
     def prepare(self, name: str) -> str:
@@ -423,7 +428,8 @@ def test_dynamic_mig_claims_are_placed_by_the_scheduler_through_the_counters(mak
     )
     m.ask("last", "1g.10gb")
     assert m.n.unschedulable("last")
-    # The API server kept the counter slice and the devices as sent (quantities aside): the publisher never rewrote them.
+    # The API server kept the counter slice and the devices as sent (quantities aside): the publisher never rewrote
+    # them.
     assert m.n.publisher.stats.writes == {"create": 2, "update": 0, "delete": 0} and m.n.publisher.stats.in_sync
 
 
@@ -505,7 +511,8 @@ def test_class_and_claim_sharing_configs_and_the_example_reach_the_claim(make_no
 
 def test_a_claim_selecting_a_strategy_its_pool_lacks_is_refused_by_the_scheduler(make_node: Any) -> None:
     """The pool's sharing strategies as bool attributes (`sharingTimeSlicing`, `sharingMPS`): a claim whose
-    SharingConfig asks for MPS selects `sharingMPS` and is refused at scheduling on a time-sliced pool, not at prepare."""
+    SharingConfig asks for MPS selects `sharingMPS` and is refused at scheduling on a time-sliced pool, not at
+    prepare."""
     mps = "device.attributes[device.driver].sharingMPS"
     sliced = make_node("2xT4", _shared(2))
     sliced.claim("wants-mps", requests={"shares": "1"}, selector=mps)
@@ -540,3 +547,47 @@ def test_an_instance_made_behind_the_drivers_back_withdraws_its_placements_until
     m.n.publisher.republish()
     assert m.n.bound("seven")
     m.prepare("seven")
+
+
+def test_share_claims_land_on_one_dynamic_mig_device_whose_counters_are_charged_once(
+    make_node: Any, tmp_path: Any
+) -> None:
+    """`replicas: 2` on the dynamic pool: each profile device has 2 shares. Two share claims land on one device and get
+    one instance; a third is refused by the scheduler; the device's counters are charged once for both (4g + 2g + the
+    shared 1g take all 7 compute slices only if the 1g counts once), and the instance goes with its last holder."""
+    shared = parse_config(
+        {"version": "v1", "pools": [{"name": "dyn", "mode": "mig", "strategy": "dynamic", "replicas": 2}]}
+    )
+    m = MigNode(make_node, tmp_path, shared)
+    stored = {d["name"]: d for sl in slices(m.n.api, m.n.name) for d in sl["spec"].get("devices", [])}
+    device = stored["gpu-0-mig-1g-10gb-6"]  # the API server kept both: consumable capacity and counters
+    assert (
+        device["allowMultipleAllocations"]
+        and device["consumesCounters"]
+        and "requestPolicy" in device["capacity"]["shares"]
+    )
+    for name in ("s1", "s2"):
+        m.ask(name, "1g.10gb", shares="1", start=6)
+        assert m.n.bound(name), name
+    (r1,), (r2,) = m.n.allocation("s1"), m.n.allocation("s2")
+    assert r1["device"] == r2["device"] == "gpu-0-mig-1g-10gb-6" and r1["shareID"] != r2["shareID"]
+    assert r1["consumedCapacity"]["shares"] == r2["consumedCapacity"]["shares"] == "1"
+    m.ask("s3", "1g.10gb", shares="1", start=6)  # its 2 shares are held: refused by the scheduler, not at prepare
+    assert m.n.unschedulable("s3") and m.n.allocation("s3") == []
+    for name, profile, start in (("four", "4g.40gb", 0), ("two", "2g.20gb", 4)):
+        m.ask(name, profile, shares="1", start=start)
+        assert m.n.bound(name), name  # 1 + 4 + 2 = 7 compute slices: charged per claim, the 1g would take 2
+    totals = m.totals()
+    per_device = m.consumed(["s1", "four", "two"])  # the shared device once
+    assert per_device["compute-slices"] == totals["compute-slices"] == 7
+    m.ask("more", "1g.10gb", shares="1")  # no compute slice is left, and the shared 1g's shares are held
+    assert m.n.unschedulable("more")
+    uuids = {name: m.prepare(name) for name in ("s1", "s2", "four", "two")}
+    assert uuids["s1"] == uuids["s2"] and len(set(uuids.values())) == 3 and m.driver.mig.made == 3
+    assert {i.uuid for i in m.inventory.mig_instances(m.gpu)} == set(uuids.values())
+    m.release("s1")  # s2 still holds the instance
+    assert uuids["s2"] in {i.uuid for i in m.inventory.mig_instances(m.gpu)}
+    m.release("s2")
+    assert uuids["s2"] not in {i.uuid for i in m.inventory.mig_instances(m.gpu)}
+    assert m.n.bound("s3")  # the device's shares are free again: the pending claim lands on it
+    assert m.n.publisher.stats.writes == {"create": 2, "update": 0, "delete": 0}  # kept as sent, never rewritten

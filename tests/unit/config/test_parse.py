@@ -87,13 +87,14 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ),
         (
             pools({"name": "a", "mode": "exclusive", "replicas": 2}),
-            "pools[0].replicas: only applies to mode shared (this pool is exclusive)",
+            "pools[0].replicas: only applies to mode shared, or mode mig with strategy dynamic "
+            "(this pool is exclusive)",
         ),
         (pools({"name": "a", "mode": "shared", "sharing": 2}), "pools[0].sharing: unknown key"),
         (
             pools({"name": "a", "mode": "shared", "resource": "Example.com/gpu"}),
-            "pools[0].resource: 'Example.com/gpu' is not a valid extended resource name: domain must be a "
-            "lowercase DNS subdomain",
+            "pools[0].resource: 'Example.com/gpu' is not a valid extended resource name: "
+            "domain must be a lowercase DNS subdomain",
         ),
         (
             pools({"name": "a", "mode": "shared", "resource": "gpu-"}),
@@ -101,8 +102,8 @@ def test_model_patterns_are_case_insensitive_and_domain_applies():
         ),
         (
             pools({"name": "a", "mode": "shared", "resource": "kubernetes.io/gpu"}),
-            "pools[0].resource: 'kubernetes.io/gpu' is not a valid extended resource name: must not use the "
-            "kubernetes.io domain",
+            "pools[0].resource: 'kubernetes.io/gpu' is not a valid extended resource name: "
+            "must not use the kubernetes.io domain",
         ),
         (
             pools({"name": "a", "mode": "shared", "sharingStrategies": ["timeSlicing"]}),
@@ -262,8 +263,8 @@ def test_mig_profile_plus_becomes_dot_and_exclusive_skips_mig_gpus(caplog):
     resources = build_resources(config, A100_MIG)
     assert [g.index for g in resources[0].gpus] == [5, 6, 7]
     assert (
-        "GPU 0 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000000) has MIG enabled: pool whole (exclusive) does not "
-        "advertise it whole" in caplog.text
+        "GPU 0 (GPU-5d2e8b41-a1f0-4c3e-8d7a-000000000000) has MIG enabled: "
+        "pool whole (exclusive) does not advertise it whole" in caplog.text
     )
 
 
@@ -279,7 +280,21 @@ def test_mig_pool_rejects_resource_and_replicas():
         "pools[0].resource: not used by mode mig with strategy mixed: its resources are <domain>/mig-<profile>"
         in str(err.value)
     )
-    assert "pools[1].replicas: only applies to mode shared (this pool is mig)" in str(err.value)
+    assert (
+        "pools[1].replicas: only applies to mode shared, or mode mig with strategy dynamic (this pool is mig, "
+        "strategy mixed)" in str(err.value)
+    )
+
+
+def test_a_dynamic_mig_pool_takes_replicas_as_shares_per_instance():
+    (pool,) = parse_config(pools({"name": "d", "mode": "mig", "strategy": "dynamic", "replicas": 4})).pools()
+    assert (pool.dynamic_mig, pool.replicas) == (True, 4)
+    (pool,) = parse_config(pools({"name": "d", "mode": "mig", "strategy": "dynamic"})).pools()
+    assert pool.replicas == 1  # each instance held by one claim, as before the key
+    with pytest.raises(ConfigError) as err:
+        parse_config(pools({"name": "d", "mode": "mig", "strategy": "dynamic", "replicas": 0, "memoryPerShare": "4Gi"}))
+    assert "pools[0].replicas: must be >= 1, got 0" in str(err.value)
+    assert "pools[0].memoryPerShare: only applies to mode shared (this pool is mig)" in str(err.value)
 
 
 def test_two_mig_pools_with_the_same_profile_collide():
@@ -319,8 +334,8 @@ def test_an_nvidia_device_plugin_config_points_to_the_migration_guide():
     with pytest.raises(ConfigError) as err:
         parse_config(nvidia)
     assert (
-        "flags, sharing: NVIDIA's device plugin config keys; docs/migration.md maps each onto gpu-share's pools "
-        "and keys" in err.value.problems
+        "flags, sharing: NVIDIA's device plugin config keys; "
+        "docs/migration.md maps each onto gpu-share's pools and keys" in err.value.problems
     )
 
 
@@ -328,8 +343,8 @@ def test_problems_in_a_file_name_the_key_and_its_line():
     from deviceplugin.config.parse import parse_config_text
 
     text = (
-        "version: v1\nprofiles:\n  inference:\n    pools:\n      - name: a\n        mode: shared\n"
-        "        replicas: 0\n      - mode: bogus\n"
+        "version: v1\nprofiles:\n  inference:\n    pools:\n      - name: a\n        mode: shared\n        replicas: 0\n"
+        "      - mode: bogus\n"
     )
     with pytest.raises(ConfigError) as err:
         parse_config_text(text, "f.yaml")
