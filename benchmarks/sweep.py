@@ -1,9 +1,10 @@
 """Scheduler settings across trace families and seeds: benchmarks/kube_scheduler.py on each sample, each against
 `gpu-share simulate` (fgdstrand) on the same sample.
 
-    python -m benchmarks.sweep --quick                      # development: default and gpushare60, seed 44, 16 nodes, 3 configurations
+    python -m benchmarks.sweep --quick   # development: default and gpushare60, seed 44, 16 nodes, 3 configurations
     python -m benchmarks.sweep [--traces default,cpu235,gpushare60,gpuspec25,multigpu40] [--seeds 42,43,44] \
-        [--nodes 32] [--configs dp-none,shipped,dra-shipped,...] [--json FILE]   # ~40 s a configuration and sample on 2 cores
+        [--nodes 32] [--configs dp-none,shipped,dra-shipped,...] [--json FILE]
+        # ~40 s a configuration and sample on 2 cores
 
 Per configuration: the mean and the worst (lowest) allocation % minus simulate's at 100 % and 130 % demand over
 every sample, the fewest points above the plain scheduler (dp-none / dra-none, when run), and failed admissions
@@ -107,16 +108,19 @@ def main(argv: list[str] | None = None) -> int:
                 samples.append(json.loads(out.read_text()))
     summary = summarise(samples)
     print(
-        f"\nsweep: {len(samples)} samples ({', '.join(traces)} x seeds {', '.join(map(str, seeds))}, {nodes} nodes); points against simulate"
+        f"\nsweep: {len(samples)} samples ({', '.join(traces)} x seeds {', '.join(map(str, seeds))}, {nodes} nodes);"
+        " points against simulate"
     )
     print(
-        "| configuration | mean at 100 % | worst at 100 % | mean at 130 % | worst at 130 % | worst over the plain scheduler (130 %) | failed admissions |"
+        "| configuration | mean at 100 % | worst at 100 % | mean at 130 % | worst at 130 % "
+        "| worst over the plain scheduler (130 %) | failed admissions |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in summary:
         plain = "–" if r["over_plain"] is None else f"{r['over_plain']:+.2f}"
         print(
-            f"| {r['label']} | {r['mean100']:+.2f} | {r['worst100']:+.2f} | {r['mean130']:+.2f} | {r['worst130']:+.2f} | {plain} | {r['failed']} |"
+            f"| {r['label']} | {r['mean100']:+.2f} | {r['worst100']:+.2f} | {r['mean130']:+.2f} "
+            f"| {r['worst130']:+.2f} | {plain} | {r['failed']} |"
         )
     if args.json:
         args.json.write_text(json.dumps({"samples": samples, "summary": summary}, indent=2))

@@ -1,4 +1,5 @@
-"""The DRA kubelet plugin over real gRPC on real Unix sockets, driven by the fake kubelet (tests/support/dra_kubelet.py):
+"""The DRA kubelet plugin over real gRPC on real Unix sockets, driven by the fake kubelet
+(tests/support/dra_kubelet.py):
 registration, prepare / repeat / unprepare on v1 and v1beta1, per-claim errors, health, a 1,000-claim batch, a claim's
 SharingConfig in its CDI env."""
 
@@ -167,7 +168,8 @@ def test_a_thousand_claims_in_one_call(started) -> None:
 
 
 def test_a_cached_claim_is_prepared_while_another_pods_claim_read_hangs(root: Path) -> None:
-    """The kubelet prepares each pod on its own: pod A's claim read hangs, pod B's (cached, prepared before) is answered."""
+    """The kubelet prepares each pod on its own: pod A's claim read hangs, pod B's (cached, prepared before) is
+    answered."""
     import threading
 
     from tests.support.dra import MemoryClaims

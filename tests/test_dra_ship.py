@@ -123,7 +123,8 @@ def test_the_daemonset_mounts_the_kubelets_directories_at_their_own_paths_and_ne
         "/var/lib/kubelet/plugins/gpu-share.example.com",
         "/var/run/cdi",
         "/var/lib/kubelet/pod-resources",
-        "/run/gpu-share/mps",  # the MPS readiness check reads each pool's control pipe there (as the device plugin does)
+        # the MPS readiness check reads each pool's control pipe there (as the device plugin does)
+        "/run/gpu-share/mps",
     }
     assert container["securityContext"]["privileged"] is True and "--api=dra" in container["args"]
     env = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}

@@ -181,7 +181,8 @@ def test_keep_alive_head_and_health_endpoints(serve):
     server = serve()
     answer = raw(
         server,
-        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nHEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\nHEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /readyz HTTP/1.1\r\nConnection: close\r\n\r\n",
     )
     parts = answer.split(b"HTTP/1.1 ")[1:]
     assert [p[:3] for p in parts] == [b"200", b"200", b"503"]
@@ -227,7 +228,8 @@ def test_bind_address():
         server.stop()
     with pytest.raises(
         MetricsError,
-        match=r"cannot serve metrics on 192.0.2.1:0: Cannot assign requested address \(choose another --metrics-port or --metrics-bind-address\)",
+        match=r"cannot serve metrics on 192.0.2.1:0: Cannot assign requested address "
+        r"\(choose another --metrics-port or --metrics-bind-address\)",
     ):
         MetricsServer(CollectorRegistry(), lambda: (True, "ok"), lambda: (True, "ok"), port=0, host="192.0.2.1")
     proc = subprocess.run(

@@ -225,7 +225,8 @@ class Checkpoint:
         self._stat = self._dir_stat()
 
     def release(self, uid: str) -> None:
-        """A damaged claim is unprepared or gone: its devices are no longer fenced; the record stays for the operator."""
+        """A damaged claim is unprepared or gone: its devices are no longer fenced; the record stays for the
+        operator."""
         path = self.damaged.pop(uid, None)
         if path is None:
             return
@@ -306,7 +307,8 @@ class Checkpoint:
                 aside = path.with_name(path.name + QUARANTINED)
                 self.quarantined += 1
                 log.error(
-                    "DRA checkpoint record %s cannot be read (%s); quarantined as %s: the devices of claim %s stay fenced until the kubelet "
+                    "DRA checkpoint record %s cannot be read (%s); quarantined as %s: the devices of claim %s stay "
+                    "fenced until the kubelet "
                     "unprepares it or the API shows it gone",
                     path,
                     err,

@@ -267,7 +267,8 @@ class _ClaimWatch(BackgroundLoop):
         for page in self.claims.api.pages(
             CLAIMS, limit=LIST_PAGE, timeout=self.claims.timeout, max_bytes=MAX_PAGE_BYTES
         ):
-            # Only this node's claims are kept, slimmed, page by page: the cluster's claims never sit in memory together.
+            # Only this node's claims are kept, slimmed, page by page: the cluster's claims never sit in memory
+            # together.
             items.extend(
                 _slim(c, self.claims.driver)
                 for c in page.get("items") or ()

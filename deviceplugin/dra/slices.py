@@ -446,7 +446,8 @@ class SlicePublisher(BackgroundLoop):
         else:
             if name not in self._adopted:
                 log.warning(
-                    "the API server changed ResourceSlice %s on write (a DRA feature gate off, e.g. DRAConsumableCapacity or DRADeviceTaints?): "
+                    "the API server changed ResourceSlice %s on write (a DRA feature gate off, e.g. "
+                    "DRAConsumableCapacity or DRADeviceTaints?): "
                     "publishing what it keeps",
                     safe_text(name),
                 )
@@ -562,6 +563,7 @@ class _SliceCollector(Collector):
         )
         yield GaugeMetricFamily(
             "gpushare_dra_slices_superseded",
-            "1 when a newer instance of the driver (a rolling update) publishes the node's slices and this one stopped writing them.",
+            "1 when a newer instance of the driver (a rolling update) publishes the node's slices and this one "
+            "stopped writing them.",
             value=int(bool(stats.superseded_by)),
         )

@@ -63,7 +63,8 @@ class InstanceLock:
             if err.errno in UNSUPPORTED:
                 where = self.path if self.path.is_dir() else self.path.parent
                 raise StartupError(
-                    f"the filesystem of {where} refuses flock ({err.strerror}), so the instance lock {self.path} cannot be taken;"
+                    f"the filesystem of {where} refuses flock ({err.strerror}), so the instance lock {self.path}"
+                    " cannot be taken;"
                     f" choose a lock path on a local filesystem with {LOCK_FLAG} PATH (a directory or a file)"
                 ) from None
             raise

@@ -301,8 +301,8 @@ def test_claims_for_the_shares_class_name_the_clusters_capacity(installed: Any) 
     assert wait_until(lambda: _create_refusal(api, ns, memory) != "", timeout=10)
     said = _create_refusal(api, ns, memory)
     assert (
-        "ResourceClaim twenty-gib: request gpu names capacity memory: 20Gi of DeviceClass gpu-share-shares, but claims in this cluster name shares"
-        in said
+        "ResourceClaim twenty-gib: request gpu names capacity memory: 20Gi of DeviceClass gpu-share-shares, "
+        "but claims in this cluster name shares" in said
     ), said
     assert 'Write capacity: {requests: {shares: "K"}} instead, K = 20Gi / one share\'s memory, rounded up' in said, said
     assert (
@@ -353,8 +353,8 @@ def test_a_memory_convention_refuses_shares_naming_the_memory_to_ask(installed: 
         ), said
         assert "Write capacity: {requests: {memory: M}} instead, M = 3 x one share's memory" in said, said
         assert (
-            "inference/shares: floor(GPU memory / 4096 MiB) shares per GPU of at least 4096 MiB each, so 3 shares are at least 12288Mi"
-            in said
+            "inference/shares: floor(GPU memory / 4096 MiB) shares per GPU of at least 4096 MiB each, "
+            "so 3 shares are at least 12288Mi" in said
         ), said
         assert "mps/mps: 4 shares per GPU of 1/4 of its memory each, so 3/4 of the GPU's memory" in said, said
         assert _create_refusal(api, ns, _claim("ResourceClaim", "twenty", cls, {"memory": "20Gi"})) == ""

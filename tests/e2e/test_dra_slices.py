@@ -1,5 +1,6 @@
 """The slice publisher against the real API server: the pool it publishes, taints from the node state within a
-second, republishing after the kubelet's wipe and after foreign edits, backoff while the Node is missing, a prompt stop."""
+second, republishing after the kubelet's wipe and after foreign edits, backoff while the Node is missing, a prompt
+stop."""
 
 from __future__ import annotations
 

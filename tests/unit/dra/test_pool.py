@@ -137,7 +137,8 @@ def test_the_pool_and_the_taints_load_no_transport() -> None:
 
     probe = (
         "import json, sys; import deviceplugin.dra.pool, deviceplugin.dra.taints; "
-        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'prometheus_client', 'kubernetes') or m.startswith('google.protobuf'))))"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('grpc', 'prometheus_client', 'kubernetes') or m.startswith('google.protobuf'))))"
     )
     loaded = json.loads(
         subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout

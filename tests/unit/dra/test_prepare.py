@@ -81,8 +81,8 @@ def test_the_ledger_refuses_shares_beyond_the_device_and_a_restart_rebuilds_it(t
 
 
 def test_after_a_reload_to_more_replicas_the_ledger_refuses_by_memory_not_share_counts(tmp_path: Path) -> None:
-    """Issue 29's repro: a claim holds 2 of 4 shares (7,680 MiB); a reload to 8 replicas; a claim for 6 of 8 (11,520 MiB)
-    would put 19,200 MiB on a 15,360 MiB T4. It is refused; 4 of 8 (7,680 MiB) fits and is prepared."""
+    """Issue 29's repro: a claim holds 2 of 4 shares (7,680 MiB); a reload to 8 replicas; a claim for 6 of 8
+    (11,520 MiB) would put 19,200 MiB on a 15,360 MiB T4. It is refused; 4 of 8 (7,680 MiB) fits and is prepared."""
     shared = [{"name": "s", "mode": "shared", "replicas": 4}]
     driver = make_driver(tmp_path, pools=shared)
     driver.prepare(*claim([result("gpu-0", shares=2)]))
