@@ -77,7 +77,7 @@ def run(smoke: bool = False) -> dict:
                     query=[("fieldSelector", f"spec.nodeName={name}")],
                 )["items"]
             )
-            while publisher.stats.watches < 1:  # steady state: the watch has had its first look
+            while publisher.watch.streams < 1:  # steady state: the watch has had its first look
                 time.sleep(0.005)
             publisher.wait_published(5)
             gpu = info.gpus[i % len(info.gpus)]

@@ -12,22 +12,19 @@ memory together.
 event or a bookmark (the API server sends one about every minute) within `MAX_SILENCE` seconds. A watch silent for
 longer ends itself (the socket's read timeout) and lists again. The driver still GETs a claim's first prepare
 (`prepare.Unconfirmed`). The watch re-lists after `410 Gone` and backs off exponentially (to `backoff_max`) on
-errors; its loop never dies silently, and `stop()` ends it without a warning.
+errors; its loop (`kube.listwatch`) never dies silently, and `stop()` ends it without a warning.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..kube.errors import error_line
+from ..kube.listwatch import ListWatch
 from ..kube.rest import ApiError, RestClient
-from ..kube.watch import Gone, ResponseTooLarge, Silent, raise_for_error, watch_events
-from ..logs import RepeatLimiter
-from ..loop import BackgroundLoop
+from ..kube.watch import ResponseTooLarge
 from .devices import ClaimError
 from .prepare import GONE, UNKNOWN, ClaimRef
 
@@ -144,7 +141,7 @@ class ApiClaims:
             isinstance(r, dict) and r.get("driver") == self.driver and r.get("pool") == self.pool for r in results
         )
 
-    def _replace(self, claims: list[Mapping[str, Any]]) -> None:
+    def _replace(self, claims: Sequence[Mapping[str, Any]]) -> None:
         fresh: dict[tuple[str, str], Mapping[str, Any]] = {}
         for claim in claims:
             if self._ours(claim) and len(fresh) < self.max_cached:
@@ -197,116 +194,42 @@ def _slim(claim: Mapping[str, Any], driver: str) -> dict[str, Any]:
     }
 
 
-class _ClaimWatch(BackgroundLoop):
+class _ClaimWatch(ListWatch):
+    """Every namespace's claims (`kube.listwatch`), of which the cache keeps this node's, slimmed."""
+
     def __init__(self, claims: ApiClaims, backoff_max: float) -> None:
-        super().__init__("dra-claim-watch")
+        super().__init__(
+            "dra-claim-watch",
+            "ResourceClaim",
+            claims.api,
+            CLAIMS,
+            page=LIST_PAGE,
+            max_page_bytes=MAX_PAGE_BYTES,
+            max_event_bytes=MAX_EVENT_BYTES,
+            request_timeout=claims.timeout,
+            watch_seconds=WATCH_SECONDS,
+            silence=claims.silence,  # a silent socket ends the watch
+            backoff_max=backoff_max,
+        )
         self.claims = claims
-        self.backoff_max = backoff_max
-        self.synced = threading.Event()
-        self.live = threading.Event()  # listed, and the watch has not failed since: the cache may serve prepare
-        self.heard = float("-inf")  # time.monotonic() of the last list, event or bookmark
-        self._failures = RepeatLimiter(log, window=60.0)
-        self._response: Any = None
-        self._response_lock = threading.Lock()
 
-    def start(self) -> None:
-        self._start_thread()
+    def _page(self, items: list[dict[str, Any]], kept: list[dict[str, Any]]) -> None:
+        # Only this node's claims are kept, slimmed, page by page: the cluster's claims never sit in memory together.
+        kept.extend(_slim(c, self.claims.driver) for c in items if self.claims._ours(c))
+        del kept[self.claims.max_cached :]
 
-    def current(self) -> bool:
-        return self.live.is_set() and time.monotonic() - self.heard < self.claims.silence
+    def _listed(self, kept: list[dict[str, Any]]) -> None:
+        self.claims._replace(kept)
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        with self._response_lock:
-            if self._response is not None:
-                self._response.shutdown()  # wakes the blocked read
-        self._stop_thread()
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.claims._apply(kind, _slim(obj, self.claims.driver))
 
-    def _run(self) -> None:
-        delay = 0.5
-        version = ""
-        while not self._stop.is_set():
-            try:
-                if not version:
-                    version = self._list()
-                    self.heard = time.monotonic()
-                    self.synced.set()
-                    self.live.set()
-                version = self._watch(version)
-                delay = 0.5
-            except Gone:
-                self.live.clear()
-                version = ""
-            except Silent:
-                self.live.clear()
-                log.info(
-                    "ResourceClaim watch silent for %.0fs (no event or bookmark); listing again", self.claims.silence
-                )
-                version = ""
-            except Exception as err:  # API errors, bad JSON, a silent watch, a bug: log (one line), back off, go on
-                self.live.clear()
-                if self._stop.is_set():
-                    return
-                self._failures.log(
-                    logging.WARNING,
-                    (type(err), str(err)[:100]),
-                    "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs",
-                    error_line(err),
-                    delay,
-                )
-                self._failures.flush()
-                version = ""
-                self._wake.wait(delay)
-                delay = min(delay * 2, self.backoff_max)
-
-    def _list(self) -> str:
-        assert self.claims.api is not None
-        items: list[Mapping[str, Any]] = []
-        version = ""
-        for page in self.claims.api.pages(
-            CLAIMS, limit=LIST_PAGE, timeout=self.claims.timeout, max_bytes=MAX_PAGE_BYTES
-        ):
-            # Only this node's claims are kept, slimmed, page by page: the cluster's claims never sit in memory
-            # together.
-            items.extend(
-                _slim(c, self.claims.driver)
-                for c in page.get("items") or ()
-                if isinstance(c, dict) and self.claims._ours(c)
-            )
-            page["items"] = None
-            del items[self.claims.max_cached :]
-            version = str((page.get("metadata") or {}).get("resourceVersion") or "")
-        self.claims._replace(items)
-        return version
-
-    def _watch(self, version: str) -> str:
-        assert self.claims.api is not None
-        try:
-            response = self.claims.api.watch(
-                CLAIMS, version, seconds=WATCH_SECONDS, silence=self.claims.silence
-            )  # a silent socket ends the watch
-        except ApiError as err:
-            if err.status == 410:
-                raise Gone() from None
-            raise
-        with self._response_lock:
-            self._response = response
-        if self._stop.is_set():
-            response.shutdown()
-        try:
-            for event in watch_events(response, MAX_EVENT_BYTES):
-                if self._stop.is_set():
-                    break
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    raise_for_error(obj, "ResourceClaims")
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                self.heard = time.monotonic()  # an event or a bookmark: the cache is current up to `version`
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self.claims._apply(str(kind), _slim(obj, self.claims.driver))
-            return version
-        finally:
-            with self._response_lock:
-                self._response = None
-            response.release_conn()
+    def _failed(self, err: Exception, delay: float) -> None:
+        self._errors.log(
+            logging.WARNING,
+            (type(err), str(err)[:100]),
+            "ResourceClaim watch failed (%s); prepare GETs claims meanwhile; retrying in %.1fs",
+            self.last_error,
+            delay,
+        )
+        self._errors.flush()

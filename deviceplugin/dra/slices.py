@@ -5,7 +5,8 @@ it runs when the config's devices change (`on_config`), when the taints change (
 watch sees any change of those slices by someone else (the kubelet wipes a node's slices at its start and 30 s
 after the driver's last connection ends; anyone may edit or delete them), and every `resync_interval` as a safety
 net. It lists the slices (field selector `spec.driver`, `spec.nodeName`) unless it knows them: after a round it
-keeps the slices as its writes left them. The watch thread follows the same slices from a list's resourceVersion:
+keeps the slices as its writes left them. The watch thread (`SliceWatch`, a `kube.listwatch` loop) follows the same
+slices from a list's resourceVersion, listing again after every stream:
 an event showing a slice as the last plan wants it (the echo of our own write, typically) updates what is known,
 a slice deleted that is not wanted needs nothing; any other event forgets what is known and wakes the loop. So a
 taint change is one PUT, a write's echo costs nothing, and a resync round always lists.
@@ -36,8 +37,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..kube.errors import error_line
+from ..kube.listwatch import ListWatch
 from ..kube.rest import ApiError, RestClient
-from ..kube.watch import watch_events
 from ..logs import RepeatLimiter, safe_text
 from ..loop import BackgroundLoop
 from ..model.node import NodeInfo
@@ -112,16 +113,6 @@ class SliceApi:
             if err.status != 404:
                 raise
 
-    def watch(self, resource_version: str, seconds: int) -> Any:
-        """The open watch response (events as JSON lines); the server ends it after `seconds`."""
-        return self._api.watch(
-            RESOURCE_SLICES,
-            resource_version,
-            field_selector=self.selector,
-            seconds=seconds,
-            silence=seconds + self.timeout,
-        )
-
 
 @dataclass
 class PublisherStats:
@@ -131,7 +122,6 @@ class PublisherStats:
     writes: dict[str, int] = field(default_factory=lambda: {"create": 0, "update": 0, "delete": 0})
     conflicts: int = 0  # 409s, each read again
     errors: dict[str, int] = field(default_factory=lambda: {"publish": 0, "watch": 0})
-    watches: int = 0  # watch streams opened
     deferred: int = 0  # rounds whose writes waited for the rate limit
     slices: int = 0  # slices of the pool after the last successful round
     generation: int = 0  # the pool's generation after the last successful round
@@ -176,10 +166,10 @@ class SlicePublisher(BackgroundLoop):
         self.resync_interval = resync_interval
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
-        self.watch_timeout = watch_timeout
         self.max_conflicts = max_conflicts
         self.budget = WriteBudget(write_burst, write_rate)
         self.api = SliceApi(api, node_name, driver, request_timeout)
+        self.watch = SliceWatch(self, api, request_timeout, watch_timeout)
         self.kept_mig: Callable[[], Mapping[str, Sequence[tuple[int, int]]]] = (
             dict  # MIG instances of no claim (dra.migdynamic)
         )
@@ -197,9 +187,6 @@ class SlicePublisher(BackgroundLoop):
         self._retry_at = 0.0  # monotonic time before which a failed loop does not try again
         self._taints_of: tuple[Any, ...] | None = None
         self._unsubscribe: Callable[[], None] | None = None
-        self._watch_thread: threading.Thread | None = None
-        self._watch_response: Any = None
-        self._watch_lock = threading.Lock()
         self._errors = {"publish": RepeatLimiter(log), "watch": RepeatLimiter(log)}  # one per thread
 
     # --- the interface ----------------------------------------------------------------------------
@@ -214,23 +201,14 @@ class SlicePublisher(BackgroundLoop):
         self._unsubscribe = self.state.subscribe(self._state_changed)
         self._taints_of = taint_inputs(self.state.snapshot())
         self._start_thread()
-        self._watch_thread = threading.Thread(target=self._watch_loop, name="dra-slices-watch", daemon=True)
-        self._watch_thread.start()
+        self.watch.start()
 
     def stop(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        self._stop.set()
-        self._wake.set()
-        with self._watch_lock:
-            if self._watch_response is not None:
-                try:
-                    self._watch_response.shutdown()  # wakes the blocked read
-                except OSError:  # the stream has just ended and its socket is closed: nothing is blocked on it
-                    pass
-        if self._watch_thread is not None:
-            self._watch_thread.join()
+        self.request_stop()
+        self.watch.stop()
         self._stop_thread()
         with self._changes:
             self._changes.notify_all()
@@ -454,45 +432,18 @@ class SlicePublisher(BackgroundLoop):
             self._adopted[name] = kept
         return Stored.from_api(stored)
 
-    # --- the watch --------------------------------------------------------------------------------
-    def _watch_loop(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                _, version = self.api.list()
-                self._owner = None  # now and then, read the Node's UID again (a Node deleted and created anew)
-                self._forget()
-                self._changed()  # events between the previous watch and this list are not seen: look again
-                self._follow(version)
-                failures = 0
-            except Exception as err:
-                if self._stop.is_set():
-                    return
-                failures += 1
-                self._failed("watch", err)
-                self._stop.wait(min(self.backoff_max, self.backoff_initial * 2 ** min(failures - 1, 30)))
+    # --- what the watch sees ---------------------------------------------------------------------
+    def _relisted(self) -> None:
+        """The watch listed the slices: events between its previous stream and this list were not seen."""
+        self._owner = None  # now and then, read the Node's UID again (a Node deleted and created anew)
+        self._forget()
+        self._changed()  # look again
 
-    def _follow(self, version: str) -> None:
-        """Wake the publish loop on every event until the stream ends (server timeout, expiry, stop)."""
-        response = self.api.watch(version, self.watch_timeout)
-        with self._watch_lock:
-            if self._stop.is_set():
-                response.release_conn()
-                return
-            self._watch_response = response
-        self.stats.watches += 1
-        try:
-            for event in watch_events(response, MAX_EVENT_BYTES):
-                kind = event.get("type")
-                if kind == "ERROR":  # 410 Gone: the version is too old; list again
-                    return
-                if kind in ("ADDED", "MODIFIED", "DELETED") and not self._as_wanted(kind, event.get("object") or {}):
-                    self._forget()
-                    self._changed()
-        finally:
-            with self._watch_lock:
-                self._watch_response = None
-            response.release_conn()
+    def _watched(self, kind: str, obj: Mapping[str, Any]) -> None:
+        """An event: wake the publish loop unless it leaves the slices as the last plan wants them."""
+        if not self._as_wanted(kind, obj):
+            self._forget()
+            self._changed()
 
     def _as_wanted(self, kind: str, obj: Mapping[str, Any]) -> bool:
         """The event leaves the slices as the last plan wants them: a wanted slice as wanted (recorded as known), or
@@ -509,6 +460,42 @@ class SlicePublisher(BackgroundLoop):
             if self._known is not None:
                 self._known[stored.name] = stored
             return True
+
+
+class SliceWatch(ListWatch):
+    """The node's slices of this driver (`kube.listwatch`), listed again after every stream: the version of one
+    page is all it needs, the publish loop reads the slices itself."""
+
+    def __init__(self, publisher: SlicePublisher, api: RestClient | None, timeout: float, seconds: int) -> None:
+        super().__init__(
+            "dra-slices-watch",
+            "DRA slices",
+            api,
+            RESOURCE_SLICES,
+            field_selector=publisher.api.selector,
+            page=LIST_PAGE,
+            max_page_bytes=MAX_RESPONSE_BYTES,
+            max_event_bytes=MAX_EVENT_BYTES,
+            request_timeout=timeout,
+            watch_seconds=seconds,
+            backoff_initial=publisher.backoff_initial,
+            backoff_max=publisher.backoff_max,
+            resume=False,
+            list_pages=1,
+        )
+        self.publisher = publisher
+
+    def _page(self, items: list[dict[str, Any]], kept: list[dict[str, Any]]) -> None:
+        pass  # the list's version is what is needed
+
+    def _listed(self, kept: list[dict[str, Any]]) -> None:
+        self.publisher._relisted()
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.publisher._watched(kind, obj)
+
+    def _failed(self, err: Exception, delay: float) -> None:
+        self.publisher._failed("watch", err)
 
 
 class _SliceCollector(Collector):

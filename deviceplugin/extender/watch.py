@@ -1,8 +1,7 @@
-"""Nodes and Pods from the API server into the cache: list (paged), then watch from the list's resourceVersion.
-
-A watch that ends (the server's timeout) is resumed from the last resourceVersion seen (bookmarks keep it
-fresh); 410 Gone relists at once; any other error relists after a back-off doubling up to `backoff_max`.
-The cache keeps serving the last state meanwhile. Objects are read as plain JSON (no model classes).
+"""Nodes and Pods (and with DRA the driver's slices, claims and templates) from the API server into the cache, each
+by the one list-then-watch loop (`kube.listwatch`: paged list, watch resumed from the last resourceVersion, 410
+Gone relists at once, any other error after a back-off doubling up to `backoff_max`). The cache keeps serving the
+last state meanwhile. Objects are read as plain JSON (no model classes).
 """
 
 from __future__ import annotations
@@ -12,10 +11,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..kube.errors import error_line
-from ..kube.rest import ApiError, RestClient
-from ..kube.watch import Gone, ResponseTooLarge, raise_for_error, watch_events
-from ..loop import BackgroundLoop
+from ..kube.listwatch import ListWatch
+from ..kube.rest import RestClient
 from .cache import ClusterCache, pod_state
 from .dra import claim_info, claim_requests, slice_info
 from .inputs import InputError, host_capacity, pod_request
@@ -48,8 +45,8 @@ class WatchSettings:
     backoff_max: float = 30.0
 
 
-class ResourceWatch(BackgroundLoop):
-    """One kind (nodes or pods): list into the cache, then apply watch events."""
+class ResourceWatch(ListWatch):
+    """One kind (nodes, pods, ...): list into the cache, then apply watch events (`kube.listwatch`)."""
 
     def __init__(
         self,
@@ -62,106 +59,32 @@ class ResourceWatch(BackgroundLoop):
         on_restart: Callable[[], None] = lambda: None,
         field_selector: str = "",
     ) -> None:
-        super().__init__(f"watch-{kind}")
-        self.kind = kind
-        self.api, self.path = api, path
+        super().__init__(
+            f"watch-{kind}",
+            kind,
+            api,
+            path,
+            field_selector=field_selector,
+            page=PAGE,
+            max_page_bytes=MAX_PAGE_BYTES,
+            max_event_bytes=MAX_LINE_BYTES,
+            request_timeout=settings.request_timeout,
+            watch_seconds=settings.watch_timeout,
+            backoff_initial=settings.backoff_initial,
+            backoff_max=settings.backoff_max,
+        )
         self.apply_list = apply_list
         self.apply_event = apply_event
-        self.settings = settings
         self.on_restart = on_restart
-        self.field_selector = field_selector
-        self.synced = False  # one full list applied
-        self.last_error = ""
-        self._response = None  # the open watch, shut down by stop()
 
-    def start(self) -> None:
-        self._start_thread()
+    def _listed(self, kept: list[dict]) -> None:
+        self.apply_list(kept)
 
-    def stop(self) -> None:
-        self._stop.set()
-        response = self._response
-        if response is not None:
-            response.shutdown()  # unblocks the read in the watch thread
-        self._stop_thread()
+    def _event(self, kind: str, obj: dict) -> None:
+        self.apply_event(kind, obj)
 
-    def _run(self) -> None:
-        delay = self.settings.backoff_initial
-        while not self._stop.is_set():
-            try:
-                version = self._list()
-                self.synced, self.last_error = True, ""
-                delay = self.settings.backoff_initial
-                while not self._stop.is_set():
-                    version = self._watch(version)
-            except Gone:
-                log.info("%s watch: resourceVersion expired, listing again", self.kind)
-                self.on_restart()
-            except Exception as err:  # the loop must never die: log, back off, relist
-                if self._stop.is_set():  # stop() shut the stream: no warning for a clean SIGTERM
-                    return
-                self.last_error = error_line(err)  # one line: an ApiException's str() carries every header
-                log.warning("%s watch failed (%s); listing again in %.1fs", self.kind, self.last_error, delay)
-                self.on_restart()
-                self._stop.wait(delay)
-                delay = min(delay * 2, self.settings.backoff_max)
-
-    def _list(self) -> str:
-        """Every page, each body at most MAX_PAGE_BYTES: a page over it is read again with half the limit (large
-        objects, e.g. another tenant's claims at the API's maxima); one object over it fails the list."""
-        items: list[dict] = []
-        token: str | None = None
-        limit = PAGE
-        while True:
-            try:
-                page = self.api.list(
-                    self.path,
-                    field_selector=self.field_selector or None,
-                    limit=limit,
-                    continue_=token,
-                    timeout=self.settings.request_timeout,
-                    max_bytes=MAX_PAGE_BYTES,
-                )
-            except ResponseTooLarge:
-                if limit == 1:
-                    raise
-                limit = max(1, limit // 2)
-                log.info("%s list: a page over %d bytes; reading %d per page", self.kind, MAX_PAGE_BYTES, limit)
-                continue
-            items += page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                break
-        self.apply_list(items)
-        return str((page.get("metadata") or {}).get("resourceVersion", ""))
-
-    def _watch(self, version: str) -> str:
-        """Apply events until the server ends the watch; returns the last resourceVersion seen."""
-        try:
-            response = self.api.watch(
-                self.path,
-                version,
-                field_selector=self.field_selector or None,
-                seconds=self.settings.watch_timeout,
-                silence=self.settings.watch_timeout + self.settings.request_timeout,
-            )
-        except ApiError as err:
-            if err.status == 410:
-                raise Gone() from None
-            raise
-        self._response = response
-        try:
-            for event in watch_events(response, MAX_LINE_BYTES, self._stop):
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    raise_for_error(obj, self.kind)
-                version = str((obj.get("metadata") or {}).get("resourceVersion", version))
-                if kind in ("ADDED", "MODIFIED", "DELETED"):
-                    self.apply_event(kind, obj)
-        finally:
-            self._response = None
-            response.close()
-            response.release_conn()
-        return version
+    def _restarting(self) -> None:
+        self.on_restart()
 
 
 class ClusterWatch:
@@ -229,7 +152,9 @@ class ClusterWatch:
             watch.stop()
 
     def ready(self) -> tuple[bool, str]:
-        waiting = [w.kind + (f" ({w.last_error})" if w.last_error else "") for w in self.watches if not w.synced]
+        waiting = [
+            w.what + (f" ({w.last_error})" if w.last_error else "") for w in self.watches if not w.synced.is_set()
+        ]
         return (
             not waiting,
             "ready" if not waiting else f"not ready: waiting for the first list of {', '.join(waiting)}",

@@ -1,10 +1,9 @@
 """Kubernetes watch streams, read the one bounded way: newline-delimited JSON events, each at most `max_bytes`
 (`watch_events`); a list's body is bounded by `kube.rest` (ResponseTooLarge).
 
-Every list-then-watch loop reads its events here: the extender's Nodes, Pods, slices, claims and templates
-(`extender/watch.py`), the DRA driver's ResourceClaims (`dra/claims.py`) and its own ResourceSlices
-(`dra/slices.py`). What each loop does between watches (its list, its back-off, its trust in a quiet stream)
-stays its own.
+The one list-then-watch loop (`kube.listwatch`) reads its events here, for the extender's Nodes, Pods, slices,
+claims and templates (`extender/watch.py`), the DRA driver's ResourceClaims (`dra/claims.py`) and its own
+ResourceSlices (`dra/slices.py`).
 """
 
 from __future__ import annotations

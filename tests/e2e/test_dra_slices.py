@@ -137,7 +137,7 @@ def test_more_than_64_devices_are_several_slices_and_no_device_is_one_empty_slic
 def test_an_xid_taints_the_gpu_and_its_mig_instances_within_a_second_and_recovery_removes_it(publish: Any) -> None:
     publisher, state, info, name, api = publish()
     assert publisher.wait_published(10)
-    assert wait_until(lambda: publisher.stats.watches >= 1, timeout=5) and publisher.wait_published(
+    assert wait_until(lambda: publisher.watch.streams >= 1, timeout=5) and publisher.wait_published(
         5
     )  # the watch's first look
     lists, updates = publisher.stats.rounds, publisher.stats.writes["update"]
@@ -205,7 +205,7 @@ def test_a_missing_node_is_retried_with_backoff_counted_and_published_once_it_ex
 def test_stop_ends_both_threads_promptly(publish: Any) -> None:
     publisher, *_ = publish()
     assert publisher.wait_published(10)
-    assert wait_until(lambda: publisher.stats.watches >= 1, timeout=5)
+    assert wait_until(lambda: publisher.watch.streams >= 1, timeout=5)
     started = time.monotonic()
     publisher.stop()
     assert time.monotonic() - started < 1.0

@@ -277,8 +277,9 @@ def test_the_dra_driver_never_imports_the_kubernetes_package(controlplane: Any, 
     assert report.read_text() == "none", f"the driver imported {report.read_text()}"
 
 
-def test_the_extenders_list_pages_are_bounded_by_bytes(controlplane: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A page over the byte bound is read again at half the size; a single object over it fails the list."""
+def test_list_pages_are_bounded_by_bytes(controlplane: Any) -> None:
+    """The list-then-watch loop (`kube.listwatch`, here as the extender's): a page over the byte bound is read again at
+    half the size; a single object over it fails the list."""
     from deviceplugin.extender import watch
 
     admin = RestClient(load_kubeconfig(controlplane.admin_kubeconfig))
@@ -289,10 +290,10 @@ def test_the_extenders_list_pages_are_bounded_by_bytes(controlplane: Any, monkey
     every = watch.ResourceWatch(
         "configmaps", admin, f"/api/v1/namespaces/{ns}/configmaps", listed.extend, lambda kind, obj: None
     )
-    monkeypatch.setattr(watch, "MAX_PAGE_BYTES", 10_000)  # two of these ConfigMaps, not 500
+    every.max_page_bytes = 10_000  # two of these ConfigMaps, not 500
     every._list()
     assert sorted(m["metadata"]["name"] for m in listed) == [f"m{i}" for i in range(6)]
-    monkeypatch.setattr(watch, "MAX_PAGE_BYTES", 3_000)
+    every.max_page_bytes = 3_000
     with pytest.raises(ResponseTooLarge, match="configmaps: response over 3000 bytes"):
         every._list()
     admin.delete(f"/api/v1/namespaces/{ns}")

@@ -163,6 +163,6 @@ def test_stop_is_quiet_when_the_watch_socket_has_just_closed() -> None:
             raise OSError(errno.EBADF, "Bad file descriptor")
 
     publisher = SlicePublisher(None, "n", "gpu-share.example.com", node("2xT4"), NodeState())
-    publisher._watch_response = closed = Closed()
+    publisher.watch._response = closed = Closed()
     publisher.stop()
-    assert closed.shut == 1 and not publisher.running
+    assert closed.shut == 1 and not publisher.running and not publisher.watch.running
