@@ -33,6 +33,7 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +63,8 @@ from .standin import (
 REPLICAS = 10
 QUIET = 4.0  # seconds without change that count as settled
 WAVE_TIMEOUT = 180.0
+BURST_REPUBLISH = (2.0, 5.0)  # the stand-in nodes' republish delay, seconds: an agent round and a debounce
+PACE_TIMEOUT = 30.0  # paced: the longest wait for one pod's decision, its republish and the extender's cache
 SHIPPED_FILE = Path(__file__).resolve().parents[1] / "daemonset/extender/scheduler/second-scheduler.yaml"
 
 
@@ -175,7 +178,16 @@ def _shares(pod: PodDemand) -> int:
 class Run:
     """One configuration on fresh nodes."""
 
-    def __init__(self, cp, api, extender_url: str, key: str, data: Sample) -> None:
+    def __init__(
+        self,
+        cp,
+        api,
+        extender_url: str,
+        key: str,
+        data: Sample,
+        paced: bool = False,
+        republish: tuple[float, float] = BURST_REPUBLISH,
+    ) -> None:
         from kubernetes import client
 
         self.cp, self.api, self.key, self.data = cp, api, key, data
@@ -190,6 +202,8 @@ class Run:
             for i, n in enumerate(data.nodes)
         ]
         self.extender_url = extender_url
+        self.paced, self.republish = paced, republish
+        self.pace_timeouts = 0
         self.plugins: StandInPlugins | None = None
         self.capacity = MILLI * sum(n.gpus for n in self.nodes)
         self.created = 0
@@ -199,7 +213,7 @@ class Run:
         self.core.create_namespaced_service_account(self.ns, {"metadata": {"name": "default"}})
         if self.path == "dp":
             self.plugins = StandInPlugins(
-                self.api, self.nodes, self.labels, REPLICAS, "fgdstrand", republish=(2.0, 5.0), seed=1
+                self.api, self.nodes, self.labels, REPLICAS, "fgdstrand", republish=self.republish, seed=1
             )
             self.plugins.create_nodes()
             self.plugins.start()
@@ -278,6 +292,40 @@ class Run:
         )
         return bound, len(bound) + failed + unschedulable
 
+    def wait_scheduler(self) -> None:
+        """Paced: wait until kube-scheduler serves (its first pod must not wait in a queue it has not listed yet)."""
+        deadline = time.monotonic() + 60
+        probe = share_pod_body("probe", 0, 1, 1, self.scheduler, self.labels)
+        probe["spec"]["nodeSelector"] = {"gpu-share-bench-probe": "none"}  # fits nowhere: only its decision counts
+        self.core.create_namespaced_pod(self.ns, probe)
+        try:
+            while time.monotonic() < deadline and not self._decided(self.core.read_namespaced_pod("probe", self.ns)):
+                time.sleep(0.05)
+        finally:
+            self.core.delete_namespaced_pod("probe", self.ns, grace_period_seconds=0)
+
+    @staticmethod
+    def _decided(pod) -> bool:
+        return bool(pod.spec.node_name) or any(
+            c.type == "PodScheduled" and c.status == "False" for c in pod.status.conditions or []
+        )
+
+    def wait_decided(self, name: str) -> None:
+        """Paced: wait until pod `name` is bound and admitted or marked unschedulable, no node has a republish
+        pending, and the extender's cache holds no reservation and no pod its node's annotation does not list yet:
+        the next pod meets the cluster exactly as this one left it, as in the simulator (PACE_TIMEOUT at most,
+        counted in `pace_timeouts`)."""
+        deadline = time.monotonic() + PACE_TIMEOUT
+        while time.monotonic() < deadline:
+            pod = self.core.read_namespaced_pod(name, self.ns)
+            admitted = not pod.spec.node_name or self.plugins is None or self.plugins.holds(pod.metadata.uid, name)
+            if self._decided(pod) and admitted and not (self.plugins and self.plugins.pending_republish()):
+                cache = extender_cache(self.extender_url)
+                if cache.get("reservations", 1) == 0 and cache.get("assumed_pods", 1) == 0:
+                    return
+            time.sleep(0.02)
+        self.pace_timeouts += 1
+
     def settle(self, started: float, wave: int = 0) -> tuple[set[str], float]:
         """Wait until settled; (bound pods, seconds from `started` until every pod of the `wave` was decided once:
         bound or marked unschedulable, the scheduler's first pass over them)."""
@@ -320,11 +368,17 @@ class Run:
                 break
             demand += pod.gpu_request
             wave1 += 1
-        for i, pod in enumerate(self.data.pods[:wave1]):
-            self.create(i, pod)
+        if not self.paced:
+            for i, pod in enumerate(self.data.pods[:wave1]):
+                self.create(i, pod)
         started = time.monotonic()
         self.cp.scheduler(self.config(), self.scheduler)
         try:
+            if self.paced:
+                self.wait_scheduler()
+                for i, pod in enumerate(self.data.pods[:wave1]):
+                    self.create(i, pod)
+                    self.wait_decided(f"p{i:05d}")
             first: set[str] = set()
             while not first and time.monotonic() - started < 60:  # throughput counts from the first binding
                 first = self.bound()[0]
@@ -333,9 +387,12 @@ class Run:
             bound, seconds = self.settle(t_first, wave1)
             at100 = self.ratio(bound, wave1)
             why100 = self.pending_reasons()
-            throughput = (wave1 - len(first)) / seconds if seconds > 0 else float("nan")
+            paced_or_none = self.paced or seconds <= 0  # paced: the arrivals set the pace, not the scheduler
+            throughput = float("nan") if paced_or_none else (wave1 - len(first)) / seconds
             for i, pod in enumerate(self.data.pods[wave1:], start=wave1):
                 self.create(i, pod)
+                if self.paced:
+                    self.wait_decided(f"p{i:05d}")
             bound, _ = self.settle(time.monotonic())
             at130 = self.ratio(bound, len(self.data.pods))
             gpu_pods = [i for i, p in enumerate(self.data.pods) if p.num_gpu]
@@ -346,6 +403,7 @@ class Run:
             if self.plugins is not None:
                 self.plugins.stop()
         failures = len(self.plugins.failures) if self.plugins is not None else 0
+        order, refusals = self.decisions()
         return {
             "config": self.key,
             "label": self.label,
@@ -358,7 +416,44 @@ class Run:
             "pending_reasons": why,
             "pending_reasons_100": why100,
             "standin_errors": self.plugins.errors[:3] if self.plugins is not None else [],
+            "mode": "paced" if self.paced else "burst",
+            "pace_timeouts": self.pace_timeouts,
+            "bindings": order,
+            "unschedulable_attempts": refusals,
         }
+
+    def decisions(self) -> tuple[list[list], dict[str, int]]:
+        """From kube-scheduler's log (--v=2): the bindings in order, each [pod, node index], and per pod how often
+        it was found unschedulable (pods never refused are left out); what differs between two runs."""
+        path = self.cp.work / "logs" / f"kube-scheduler#{self.scheduler}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        prefix = f'pod="{self.ns}/'
+        order: list[list] = []
+        refusals: dict[str, int] = {}
+        for line in text.splitlines():
+            start = line.find(prefix)
+            if start < 0:
+                continue
+            pod = line[start + len(prefix) :].split('"', 1)[0]
+            if "Successfully bound pod to node" in line:
+                node = line.split(f'node="{self.ns}-', 1)[-1].split('"', 1)[0]
+                order.append([pod, int(node) if node.isdigit() else -1])
+            elif "Unable to schedule pod" in line:
+                refusals[pod] = refusals.get(pod, 0) + 1
+        return order, refusals
+
+
+def extender_cache(url: str) -> dict[str, int]:
+    """The extender's `gpushare_extender_cache` gauges (reservations, assumed_pods, ...) from its /metrics."""
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith('gpushare_extender_cache{kind="'):
+            kind, value = line[len('gpushare_extender_cache{kind="') :].split('"} ')
+            out[kind] = int(float(value))
+    return out
 
 
 def start_extender(cp, port: int) -> subprocess.Popen:
@@ -394,6 +489,19 @@ def wait_ready(url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"extender at {url} not ready after {timeout:g} s")
 
 
+def republish_delay(text: str | None, paced: bool) -> tuple[float, float]:
+    """`--republish LOW,HIGH` (seconds, 0 <= LOW <= HIGH <= 60); default 2,5, or 0,0 when paced."""
+    if text is None:
+        return (0.0, 0.0) if paced else BURST_REPUBLISH
+    try:
+        low, high = (float(v) for v in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--republish: LOW,HIGH seconds, not {text!r}") from None
+    if not 0 <= low <= high <= 60:
+        raise SystemExit(f"--republish: 0 <= LOW <= HIGH <= 60 seconds, not {text!r}")
+    return low, high
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace-dir")
@@ -408,11 +516,25 @@ def main(argv: list[str] | None = None) -> int:
         "--configs", default="all", help=f"comma-separated, of {', '.join([*ALIASES, *CONFIGS])} (default all)"
     )
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument(
+        "--pace",
+        action="store_true",
+        help="paced: each pod arrives once the previous one is decided, republished and in the extender's cache, "
+        "in arrival order, as the simulator places them (default: the first wave at once, then the burst)",
+    )
+    parser.add_argument(
+        "--republish",
+        help="the stand-in nodes' republish delay, LOW,HIGH seconds (default 2,5; paced: 0,0, it is waited for)",
+    )
+    parser.add_argument(
+        "--logs", type=Path, help="copy the control plane's, kube-scheduler's and the extender's logs to this folder"
+    )
     args = parser.parse_args(argv)
     warnings.filterwarnings(
         "ignore", message="Unverified HTTPS request"
     )  # the loopback API server's self-signed certificate
     keys = config_keys(args.configs)
+    republish = republish_delay(args.republish, args.pace)
     from tests.support.controlplane import ControlPlane, _free_port, assets_dir
 
     bin_dir = assets_dir()
@@ -448,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("|---|---|---|---|---|---|")
         for key in keys:
-            result = Run(cp, api, url, key, data).run()
+            result = Run(cp, api, url, key, data, args.pace, republish).run()
             results.append(result)
             print(
                 f"| {result['label']} | {result['allocation_100']:.2f} | {result['allocation_130']:.2f} "
@@ -459,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         extender.terminate()
         extender.wait(10)
+        if args.logs:
+            shutil.copytree(cp.work / "logs", args.logs, dirs_exist_ok=True)
         cp.stop()
     print(f"load after: {os.getloadavg()[0]:.2f}")
     if args.json:

@@ -146,6 +146,13 @@ class StandInPlugins:
         for thread in self._threads:
             thread.join(WATCH_SECONDS + 5)
 
+    def holds(self, uid: str, name: str) -> bool:
+        """Has a node admitted pod `uid` (or failed it at admission, `name` in `failures`)?"""
+        with self._lock:
+            if any(uid in s.pods for s in self.nodes.values()):
+                return True
+        return any(pod.endswith(f"/{name}") for pod, _ in self.failures)
+
     def pending_republish(self) -> bool:
         with self._lock:
             return bool(self._due)

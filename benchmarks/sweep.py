@@ -3,7 +3,7 @@
 
     python -m benchmarks.sweep --quick   # development: default and gpushare60, seed 44, 16 nodes, 3 configurations
     python -m benchmarks.sweep [--traces default,cpu235,gpushare60,gpuspec25,multigpu40] [--seeds 42,43,44] \
-        [--nodes 32] [--configs dp-none,shipped,dra-shipped,...] [--json FILE]
+        [--nodes 32] [--configs dp-none,shipped,dra-shipped,...] [--pace] [--json FILE]
         # ~40 s a configuration and sample on 2 cores
 
 Per configuration: the mean and the worst (lowest) allocation % minus simulate's at 100 % and 130 % demand over
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, help=f"nodes a sample (default {FULL['nodes']})")
     parser.add_argument("--configs", help=f"kube_scheduler configurations (default {FULL['configs']})")
     parser.add_argument("--trace-dir")
+    parser.add_argument("--pace", action="store_true", help="paced arrivals (kube_scheduler --pace): rank by policy")
     parser.add_argument("--json", type=Path, help="write every sample's results and the summary here")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         for trace in traces:
             for seed in seeds:
                 out = Path(work) / f"{len(samples)}.json"
-                extra = ["--trace-dir", args.trace_dir] if args.trace_dir else []
+                extra = (["--trace-dir", args.trace_dir] if args.trace_dir else []) + (["--pace"] if args.pace else [])
                 kube_scheduler.main(
                     [
                         "--trace",

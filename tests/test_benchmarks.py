@@ -129,3 +129,27 @@ def test_the_restart_storm_command_runs_as_documented(tmp_path):
     assert churn.returncode == 0, churn.stderr
     print(churn.stdout)
     assert json.loads(churn.stdout)["plugin"]["channels"] <= json.loads(churn.stdout)["plugin"]["attempts"]
+
+
+def test_the_scheduler_sweep_runs_paced_as_documented(tmp_path):
+    """docs/scheduler.md's sweep and `--pace`, on a 3-node sample of one seed (the real API server and scheduler)."""
+    from .support.controlplane import assets_dir
+
+    if assets_dir() is None:
+        pytest.skip("needs the control-plane binaries (KUBEBUILDER_ASSETS)")
+    out = tmp_path / "sweep.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sweep", "--traces", "default", "--seeds", "44", "--nodes", "3"]
+        + ["--configs", "dp-none,shipped", "--pace", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    print(proc.stdout)
+    data = json.loads(out.read_text())
+    results = data["samples"][0]["results"]
+    assert [r["config"] for r in results] == ["dp-none", "dp-shipped"]
+    assert all(r["mode"] == "paced" and r["pace_timeouts"] == 0 and r["bindings"] for r in results), results
+    assert {r["config"] for r in data["summary"]} == {"dp-none", "dp-shipped"}

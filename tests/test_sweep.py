@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from benchmarks.kube_scheduler import config_keys, sample, settings, shipped_entry
+from benchmarks.kube_scheduler import config_keys, republish_delay, sample, settings, shipped_entry
 from benchmarks.standin import MODEL_LABEL, model_affinity
 from benchmarks.sweep import summarise
 from benchmarks.trace_variants import variant
@@ -104,3 +104,12 @@ def test_gpu_model_constraints_reach_the_scheduler_and_the_simulator(tmp_path):
     assert term["nodeSelectorTerms"] == [
         {"matchExpressions": [{"key": MODEL_LABEL, "operator": "In", "values": ["T4"]}]}
     ]
+
+
+def test_republish_delay_defaults_to_none_when_paced_and_is_bounded():
+    assert republish_delay(None, paced=False) == (2.0, 5.0)
+    assert republish_delay(None, paced=True) == (0.0, 0.0)
+    assert republish_delay("0.5,1", paced=True) == (0.5, 1.0)
+    for bad in ("1", "2,1", "-1,1", "0,61", "a,b"):
+        with pytest.raises(SystemExit, match="--republish"):
+            republish_delay(bad, paced=False)
