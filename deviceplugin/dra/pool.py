@@ -98,8 +98,8 @@ def writer_started(writer: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The writes, in the order they must happen: deletes, updates, creates."""
+class SliceWrites:
+    """The writes of one publish round, in the order they must happen: deletes, updates, creates."""
 
     generation: int
     deletes: tuple[Stored, ...] = ()
@@ -108,7 +108,7 @@ class Plan:
     desired: Mapping[str, dict[str, Any]] = field(default_factory=dict)  # name -> the spec every write aims at
 
     @property
-    def writes(self) -> int:
+    def count(self) -> int:
         return len(self.deletes) + len(self.updates) + len(self.creates)
 
 
@@ -142,7 +142,7 @@ class Pool:
             for i, (key, part) in enumerate(parts)
         }
 
-    def plan(self, stored: Sequence[Stored], adopted: Mapping[str, Any] | None = None) -> Plan:
+    def writes(self, stored: Sequence[Stored], adopted: Mapping[str, Any] | None = None) -> SliceWrites:
         """The writes that make `stored` (the slices listed for this driver and node) this pool.
 
         `adopted`: slice name -> the canonical spec the API server kept for what we last wrote there, when it
@@ -166,7 +166,7 @@ class Pool:
         generation = specs[next(iter(specs))]["pool"]["generation"]
         updates = [self._object(n, specs[n], matched[n]) for n in changed]
         creates = [self._object(n, specs[n], None) for n in missing]
-        return Plan(generation, tuple(deletes), tuple(updates), tuple(creates), specs)
+        return SliceWrites(generation, tuple(deletes), tuple(updates), tuple(creates), specs)
 
     def matches(self, stored: Stored, spec: Mapping[str, Any], adopted: Any = None) -> bool:
         """The stored slice is `spec`, owned by the Node (or what the server kept of it: `adopted`)."""

@@ -7,7 +7,7 @@ after the driver's last connection ends; anyone may edit or delete them), and ev
 net. It lists the slices (field selector `spec.driver`, `spec.nodeName`) unless it knows them: after a round it
 keeps the slices as its writes left them. The watch thread (`SliceWatch`, a `kube.listwatch` loop) follows the same
 slices from a list's resourceVersion, listing again after every stream:
-an event showing a slice as the last plan wants it (the echo of our own write, typically) updates what is known,
+an event showing a slice as the last round wants it (the echo of our own write, typically) updates what is known,
 a slice deleted that is not wanted needs nothing; any other event forgets what is known and wakes the loop. So a
 taint change is one PUT, a write's echo costs nothing, and a resync round always lists.
 
@@ -45,7 +45,7 @@ from ..model.node import NodeInfo
 from ..state import NodeState, NodeView
 from .devices import DraDevice, dra_devices
 from .partitions import counter_sets
-from .pool import Plan, Pool, Stored, canonical, owner_reference, writer_started
+from .pool import Pool, SliceWrites, Stored, canonical, owner_reference, writer_started
 from .taints import device_taints, taint_inputs
 from .writebudget import WriteBudget
 
@@ -177,7 +177,7 @@ class SlicePublisher(BackgroundLoop):
         self._devices: list[DraDevice] | None = None
         self._owner: dict[str, Any] | None = None
         self._known: dict[str, Stored] | None = None  # the slices as the last round left them; None: list them
-        self._plan: tuple[Pool, Mapping[str, Any]] | None = None  # the last plan: its pool and its specs by name
+        self._aim: tuple[Pool, Mapping[str, Any]] | None = None  # the last round's pool and its specs by name
         self._listed_at = float("-inf")  # monotonic time of the last list
         self._adopted: dict[str, Any] = {}  # slice name -> canonical spec the server kept instead of ours
         self._changes = threading.Condition()
@@ -330,15 +330,15 @@ class SlicePublisher(BackgroundLoop):
             stored = self._stored()
             if self._superseded(stored):
                 return 0.0
-            plan = pool.plan(stored, self._adopted)
-            if plan.writes and not conflicts:
+            writes = pool.writes(stored, self._adopted)
+            if writes.count and not conflicts:
                 wait = self.budget.take()
                 if wait:
                     return wait
             with self._changes:
-                self._plan = (pool, plan.desired)
+                self._aim = (pool, writes.desired)
             try:
-                written = self._apply(plan)
+                written = self._apply(writes)
             except ApiError as err:
                 self._forget()
                 if err.status != 409 or conflicts == self.max_conflicts:
@@ -348,10 +348,10 @@ class SlicePublisher(BackgroundLoop):
                 continue
             with self._changes:
                 if self._known is not None:  # None: someone else wrote since the list; the next round lists again
-                    kept = {s.name: s for s in stored if s.name in plan.desired}
+                    kept = {s.name: s for s in stored if s.name in writes.desired}
                     self._known = {**kept, **written}
-            self.stats.slices = len(plan.desired)
-            self.stats.generation = plan.generation
+            self.stats.slices = len(writes.desired)
+            self.stats.generation = writes.generation
             self.stats.tainted = sum(1 for d in rendered if d.get("taints"))
             return 0.0
 
@@ -391,27 +391,27 @@ class SlicePublisher(BackgroundLoop):
         with self._changes:
             self._known = None
 
-    def _apply(self, plan: Plan) -> dict[str, Stored]:
+    def _apply(self, writes: SliceWrites) -> dict[str, Stored]:
         """Make the writes; the slices written, as the server returned them."""
         written = {}
-        for stored in plan.deletes:
+        for stored in writes.deletes:
             self.api.delete(stored)
             self.stats.writes["delete"] += 1
-        for obj in plan.updates:
+        for obj in writes.updates:
             written[obj["metadata"]["name"]] = self._adopt(obj, self.api.replace(obj))
             self.stats.writes["update"] += 1
-        for obj in plan.creates:
+        for obj in writes.creates:
             written[obj["metadata"]["name"]] = self._adopt(obj, self.api.create(obj))
             self.stats.writes["create"] += 1
-        if plan.writes:
+        if writes.count:
             log.info(
                 "DRA slices of node %s: generation %d, %d slices (%d deleted, %d replaced, %d created)",
                 self.node_name,
-                plan.generation,
-                len(plan.desired),
-                len(plan.deletes),
-                len(plan.updates),
-                len(plan.creates),
+                writes.generation,
+                len(writes.desired),
+                len(writes.deletes),
+                len(writes.updates),
+                len(writes.creates),
             )
         return written
 
@@ -440,19 +440,19 @@ class SlicePublisher(BackgroundLoop):
         self._changed()  # look again
 
     def _watched(self, kind: str, obj: Mapping[str, Any]) -> None:
-        """An event: wake the publish loop unless it leaves the slices as the last plan wants them."""
+        """An event: wake the publish loop unless it leaves the slices as the last round wants them."""
         if not self._as_wanted(kind, obj):
             self._forget()
             self._changed()
 
     def _as_wanted(self, kind: str, obj: Mapping[str, Any]) -> bool:
-        """The event leaves the slices as the last plan wants them: a wanted slice as wanted (recorded as known), or
+        """The event leaves the slices as the last round wants them: a wanted slice as wanted (recorded as known), or
         an unwanted one deleted."""
         stored = Stored.from_api(obj)
         with self._changes:
-            if self._plan is None:
+            if self._aim is None:
                 return False
-            pool, specs = self._plan
+            pool, specs = self._aim
             if stored.name not in specs:
                 return kind == "DELETED"
             if kind == "DELETED" or not pool.matches(stored, specs[stored.name], self._adopted.get(stored.name)):

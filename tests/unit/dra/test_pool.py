@@ -30,25 +30,25 @@ def _stored(obj: dict[str, Any], rv: str = "1", owners: tuple = (OWNER,)) -> Sto
 
 
 def _published(pool: Pool) -> list[Stored]:
-    return [_stored(o) for o in pool.plan([]).creates]
+    return [_stored(o) for o in pool.writes([]).creates]
 
 
 def test_devices_are_cut_into_slices_of_64_and_no_device_is_one_empty_slice() -> None:
     assert [len(c) for c in chunks(_devices(130))] == [64, 64, 2]
     assert chunks([]) == [[]]
-    plan = Pool("node-a", "gpu-share.example.com", OWNER, []).plan([])
-    assert len(plan.creates) == 1 and plan.creates[0]["spec"]["devices"] == []
-    assert plan.creates[0]["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
+    writes = Pool("node-a", "gpu-share.example.com", OWNER, []).writes([])
+    assert len(writes.creates) == 1 and writes.creates[0]["spec"]["devices"] == []
+    assert writes.creates[0]["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
 
 
 def test_a_first_publish_creates_every_slice_at_generation_1_owned_by_the_node() -> None:
-    plan = Pool("node-a", "gpu-share.example.com", OWNER, _devices(100)).plan([])
-    assert plan.generation == 1 and not plan.deletes and not plan.updates
-    assert [o["metadata"]["name"] for o in plan.creates] == [
+    writes = Pool("node-a", "gpu-share.example.com", OWNER, _devices(100)).writes([])
+    assert writes.generation == 1 and not writes.deletes and not writes.updates
+    assert [o["metadata"]["name"] for o in writes.creates] == [
         "node-a-gpu-share.example.com-0000",
         "node-a-gpu-share.example.com-0001",
     ]
-    for obj in plan.creates:
+    for obj in writes.creates:
         assert obj["metadata"]["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "uid-1", "controller": True}
         ]
@@ -60,10 +60,10 @@ def test_nothing_changed_is_no_write_even_when_the_server_rewrote_quantities_and
     devices = _devices(3)
     devices[0]["taints"] = [{"key": "gpu-share.example.com/unhealthy", "value": "xid", "effect": "NoSchedule"}]
     pool = Pool("node-a", "gpu-share.example.com", OWNER, devices)
-    stored = pool.plan([]).creates[0]
+    stored = pool.writes([]).creates[0]
     stored["spec"]["devices"][1]["capacity"]["memory"]["value"] = "1Gi"
     stored["spec"]["devices"][0]["taints"][0]["timeAdded"] = "2026-12-01T20:00:00Z"
-    assert pool.plan([_stored(stored)]).writes == 0
+    assert pool.writes([_stored(stored)]).count == 0
 
 
 def test_one_changed_slice_keeps_the_generation_and_keeps_old_taint_times() -> None:
@@ -71,11 +71,10 @@ def test_one_changed_slice_keeps_the_generation_and_keeps_old_taint_times() -> N
     stored = _published(before)
     devices = _devices(100)
     devices[70]["taints"] = [{"key": "d.example.com/unhealthy", "value": "xid", "effect": "NoSchedule"}]
-    plan = Pool("node-a", "d.example.com", OWNER, devices).plan(stored)
-    assert plan.generation == 1 and len(plan.updates) == 1 and not plan.creates
-    assert (
-        plan.updates[0]["metadata"]["name"].endswith("-0001") and plan.updates[0]["metadata"]["resourceVersion"] == "1"
-    )
+    writes = Pool("node-a", "d.example.com", OWNER, devices).writes(stored)
+    assert writes.generation == 1 and len(writes.updates) == 1 and not writes.creates
+    meta = writes.updates[0]["metadata"]
+    assert meta["name"].endswith("-0001") and meta["resourceVersion"] == "1"
 
 
 def test_a_change_of_two_slices_or_a_missing_slice_moves_every_slice_to_the_next_generation() -> None:
@@ -83,42 +82,42 @@ def test_a_change_of_two_slices_or_a_missing_slice_moves_every_slice_to_the_next
     devices = _devices(100)
     for i in (1, 70):
         devices[i]["taints"] = [{"key": "d.example.com/unhealthy", "value": "xid", "effect": "NoSchedule"}]
-    two = Pool("node-a", "d.example.com", OWNER, devices).plan(stored)
+    two = Pool("node-a", "d.example.com", OWNER, devices).writes(stored)
     assert (
         two.generation == 2 and len(two.updates) == 2 and {o["spec"]["pool"]["generation"] for o in two.updates} == {2}
     )
-    wiped = Pool("node-a", "d.example.com", OWNER, _devices(100)).plan(stored[:1])  # one of two deleted
+    wiped = Pool("node-a", "d.example.com", OWNER, _devices(100)).writes(stored[:1])  # one of two deleted
     assert wiped.generation == 2 and len(wiped.updates) == 1 and len(wiped.creates) == 1
 
 
 def test_fewer_devices_delete_the_obsolete_slice_first_and_recount_the_pool() -> None:
     stored = _published(Pool("node-a", "d.example.com", OWNER, _devices(100)))
-    plan = Pool("node-a", "d.example.com", OWNER, _devices(10)).plan(stored)
-    assert [s.name for s in plan.deletes] == [stored[1].name]
-    assert plan.updates[0]["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
+    writes = Pool("node-a", "d.example.com", OWNER, _devices(10)).writes(stored)
+    assert [s.name for s in writes.deletes] == [stored[1].name]
+    assert writes.updates[0]["spec"]["pool"] == {"name": "node-a", "generation": 1, "resourceSliceCount": 1}
 
 
 def test_a_foreign_slice_name_or_pool_is_deleted_and_a_lost_owner_reference_is_rewritten() -> None:
     pool = Pool("node-a", "d.example.com", OWNER, _devices(2))
-    ours = pool.plan([]).creates[0]
+    ours = pool.writes([]).creates[0]
     foreign = {"metadata": {"name": "00000-d.example.com-node-a-x1y2z"}, "spec": ours["spec"]}
     other_pool = {
         "metadata": ours["metadata"],
         "spec": {**ours["spec"], "pool": {"name": "elsewhere", "generation": 1, "resourceSliceCount": 1}},
     }
-    assert [s.name for s in pool.plan([_stored(foreign), _stored(ours)]).deletes] == [foreign["metadata"]["name"]]
-    plan = pool.plan([_stored(other_pool)])
-    assert len(plan.deletes) == 1 and len(plan.creates) == 1
-    assert len(pool.plan([_stored(ours, owners=())]).updates) == 1
+    assert [s.name for s in pool.writes([_stored(foreign), _stored(ours)]).deletes] == [foreign["metadata"]["name"]]
+    writes = pool.writes([_stored(other_pool)])
+    assert len(writes.deletes) == 1 and len(writes.creates) == 1
+    assert len(pool.writes([_stored(ours, owners=())]).updates) == 1
 
 
 def test_what_the_server_kept_instead_counts_as_written() -> None:
     pool = Pool("node-a", "d.example.com", OWNER, _devices(1))
-    ours = pool.plan([]).creates[0]
+    ours = pool.writes([]).creates[0]
     kept = {**ours["spec"], "devices": [{"name": "gpu-0"}]}  # a gate off dropped the capacity
     stored = _stored({"metadata": ours["metadata"], "spec": kept})
-    assert pool.plan([stored]).writes == 1
-    assert pool.plan([stored], {ours["metadata"]["name"]: canonical(kept)}).writes == 0
+    assert pool.writes([stored]).count == 1
+    assert pool.writes([stored], {ours["metadata"]["name"]: canonical(kept)}).count == 0
 
 
 @pytest.mark.parametrize("node", ["n", "a" * 253, "a." * 120 + "b"])
