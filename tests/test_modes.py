@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -480,6 +481,26 @@ def test_mps_strict_limits_supervision_and_clean_quit(fake_mps, tmp_path, kubele
         daemon.stop()
         manager.stop()
     assert _log(daemon.paths).rstrip().endswith("quit") and not daemon.paths.ready.exists()
+
+
+def test_an_mps_pool_whose_daemon_answers_is_served_by_start_itself(fake_mps, tmp_path, kubelet, plugin_dir):
+    """The first check waits for the daemon's answer (both node APIs): no kubelet watch round passes first."""
+    root = tmp_path / "mps"
+    resources = resources_of(mps_config(root, "proportional"), T4)
+    daemon = MpsDaemon(next(r for r in resources if r.pool.mps), str(root), binary=str(fake_mps))
+    daemon.start()
+    slow = dataclasses.replace(FAST, watch_interval=60.0)  # a second round would come only in a minute
+    manager = PluginManager(resources, plugin_dir, slow, mps=MpsLiveness(str(fake_mps), interval=0.1, timeout=1.0))
+    try:
+        assert wait_until(daemon.paths.ready.exists, 5)
+        manager.start()
+        assert {s.resource.name: s.serving for s in manager.servers} == {
+            "example.com/ts-share": True,
+            "example.com/gpu-share": True,
+        }
+    finally:
+        manager.stop()
+        daemon.stop()
 
 
 def test_mps_proportional_limits_per_container(fake_mps, tmp_path, kubelet, plugin_dir):

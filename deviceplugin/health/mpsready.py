@@ -52,6 +52,14 @@ class MpsReadiness(BackgroundLoop):
         """The pool's daemon answered at the last check (a pool that is not MPS is always ready)."""
         return pool not in self.state.snapshot().mps_not_ready
 
+    def first_check(self) -> None:
+        """Ask every MPS pool whose ready marker exists and wait for the answers (each within the liveness timeout):
+        the first prepare or Allocate after start meets the daemon's answer, not "not asked yet"."""
+        for paths in list(self._pools.values()):
+            if paths.ready.exists():
+                self.liveness.probe(paths)
+        self.check()
+
     def start(self) -> None:
         self._start_thread()
 

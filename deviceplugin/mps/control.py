@@ -87,12 +87,11 @@ class MpsLiveness:
             if start:
                 self._probing.add(paths)
         if start:
-            threading.Thread(
-                target=self._probe, args=(paths,), name=f"mps-probe-{paths.root.name}", daemon=True
-            ).start()
+            threading.Thread(target=self.probe, args=(paths,), name=f"mps-probe-{paths.root.name}", daemon=True).start()
         return known is not None and known[0]
 
-    def _probe(self, paths: MpsPaths) -> bool:
+    def probe(self, paths: MpsPaths) -> bool:
+        """Ask the pool's daemon now, on this thread (at most `timeout`), and remember the answer for `ready`."""
         try:
             control(self.binary, paths, ["get_server_list"], self.timeout)
             alive = True

@@ -141,6 +141,7 @@ class PluginManager:
     # --- public, from any thread but the loop ---------------------------------------------------
     def start(self) -> None:
         remove_stale_sockets(self.plugin_dir)
+        self.mps_gate.first_check()
         self._loop.run(self._start())
 
     def stop(self) -> None:

@@ -22,6 +22,11 @@ class MpsGate:
         """Follow the MPS pools of the resources served now (a new pool waits for its daemon)."""
         self.readiness.on_config(None, resources)
 
+    def first_check(self) -> None:
+        """Before the first servers start: each MPS pool's daemon answers or not (`MpsReadiness.first_check`), so
+        a pool whose daemon is up is served at once rather than a kubelet watch round later."""
+        self.readiness.first_check()
+
     def waits(self, server: DevicePluginServer) -> bool:
         """The server's pool is MPS and its control daemon is not ready: it is not to be served yet."""
         pool = server.resource.pool

@@ -180,6 +180,7 @@ class DraDaemon:
         """The core's first health pass, MPS readiness, then the kubelet plugin (serve, register), the claim cache
         and the slices: the first health list and the first slice already mark what is unhealthy."""
         self.core.first_pass()
+        self.mps.first_check()  # before registration: an answering MPS daemon's pool takes the first prepare
         self.mps.start()
         if self.api is not None:  # hooked before the first prepare can come
             from ..dra.claimstatus import ClaimStatusWriter

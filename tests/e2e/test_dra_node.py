@@ -460,6 +460,24 @@ def test_a_killed_driver_restarts_and_unprepares_a_claim_already_gone_from_the_a
     assert "watch failed" not in Path(driver.logs[-1]).read_text()  # a clean SIGTERM warns about no watch
 
 
+def test_registration_means_the_driver_can_prepare(controlplane: Any, dra: Any) -> None:
+    """The start order docs/dra.md promises: everything prepare needs is built before the kubelet plugin registers
+    (the slice publisher after), so the first NodePrepareResources right at registration is answered, not refused."""
+    api = controlplane.api_client()
+    node_name = fresh("dra-order")
+    ready_node(api, node_name)
+    ns = namespace(api, fresh("dra-order"))
+    claim = _allocate(api, _claim(api, ns, "early", "any", 2), node_name, "gpu-0", 2)  # allocated before it starts
+    ref = _ref(claim)
+    driver = dra(node_name)
+    driver.kubelet.wait_registered(DRIVER, timeout=30)
+    (device,) = driver.kubelet.prepare(DRIVER, [ref])[ref[2]]  # no wait for health, slices or the claim watch
+    assert list(device.cdi_device_ids), driver.log()
+    assert _env(driver.cdi / f"{DRIVER}_{ref[2]}.json")["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    driver.kubelet.unprepare(DRIVER, [ref])
+    assert driver.stop() == 0
+
+
 def test_a_prepared_claim_gets_its_status_devices_and_the_node_its_labels_and_inventory(
     controlplane: Any, dra: Any
 ) -> None:
