@@ -427,7 +427,8 @@ class Driver:
         """A re-allocation that failed: the old record stays (its instances destroyed for the new allocation left
         out), counted, so that unprepare still removes its CDI spec; with no device left it is released now."""
         if old.devices:
-            self.checkpoint.put(old)
+            if self.checkpoint.get(old.uid) != old:
+                self.checkpoint.put(old)
             self._add(old, 1)
             return
         self.cdi.remove(old.cdi_spec)

@@ -365,11 +365,24 @@ def test_a_gpu_whose_instances_cannot_be_listed_is_published_all_taken_until_lis
     driver = start(tmp_path, inventory)
     whole = next(p for p in inventory.mig_profiles(GPU0) if p.name == "7g.80gb")
     assert driver.mig.kept() == {GPU0: [(whole.id, 0)]} and driver.mig.unlisted() == [GPU0]
+    from deviceplugin.dra.partitions import gpu_counters
+
+    gpu = next(g for g in inventory.discover().gpus if g.uuid == GPU0)
+    assert set(gpu_counters(gpu, driver.mig.kept()[GPU0]).values()) == {0}  # nothing of it offered
     assert driver.rescan_mig() is False and driver.mig.kept() == {GPU0: [(whole.id, 0)]}  # still unknown
     assert sum("cannot be listed" in r.message for r in caplog.records) == 1  # said once
     failing[0] = False
+    from prometheus_client import CollectorRegistry
+
+    from deviceplugin.obs.drametrics import DraCollector
+
+    registry = CollectorRegistry()
+    registry.register(DraCollector(driver, lambda: True))
+    gauges = ("gpushare_dra_mig_unlisted_gpus", "gpushare_dra_mig_unclaimed_instances")
+    assert [registry.get_sample_value(g) for g in gauges] == [1, 0]
     assert driver.rescan_mig() is True and driver.mig.kept() == {GPU0: [(operator.profile_id, 4)]}
     assert driver.mig.unlisted() == [] and len(listed(GPU0)) == 1  # never swept
+    assert [registry.get_sample_value(g) for g in gauges] == [0, 1]
     failing[0] = True
     assert driver.rescan_mig() is True and driver.mig.kept() == {GPU0: [(whole.id, 0)]}
 
