@@ -90,6 +90,9 @@ class NodeView:
     unhealthy: frozenset[str] = frozenset()  # GPU or MIG UUIDs whose devices are Unhealthy
     reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))  # each of them -> why
     awaiting_reset: frozenset[str] = frozenset()  # GPU or MIG UUIDs Unhealthy until their GPU is reset
+    instance_gpus: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({})
+    )  # MIG UUID -> its GPU's, for the MIG instances among `unhealthy`
     xid_counts: Mapping[str, int] = field(
         default_factory=lambda: MappingProxyType({})
     )  # GPU UUID -> critical XIDs seen
@@ -127,6 +130,13 @@ class NodeView:
             if kind is not None:
                 findings.append(Finding(kind, f"GPU {gpu.index} ({unit.uuid}): {self.reasons[uuid]}"))
                 break
+        if not findings and unit.uuid == gpu.uuid:
+            # the whole GPU's unit (a dynamic-MIG device's) takes the faults of its MIG instances (fail closed)
+            for mig in (m for m, parent in self.instance_gpus.items() if parent == gpu.uuid):
+                kind = self.fault_of(mig)
+                if kind is not None:
+                    findings.append(Finding(kind, f"GPU {gpu.index} (MIG instance {mig}): {self.reasons[mig]}"))
+                    break
         if gpu.uuid in self.quarantined_gpus:
             why = "a finished container's memory is still in use"
             quarantined = f"GPU {gpu.index} ({gpu.uuid}) is quarantined by the residue guard: {why}"
@@ -205,10 +215,12 @@ class NodeState:
         awaiting_reset: frozenset[str] = frozenset(),
         xid_counts: Mapping[str, int] | None = None,
         evidence_errors: int | None = None,
+        instance_gpus: Mapping[str, str] | None = None,
     ) -> None:
         """The health monitor's verdict: unhealthy UUIDs with their reasons, those awaiting a reset, XID counts and
-        the reset evidence file's errors (None: unchanged)."""
+        the reset evidence file's errors (None: unchanged), and the GPU of each unhealthy MIG instance."""
         reasons, awaiting_reset = MappingProxyType(dict(reasons)), frozenset(awaiting_reset)
+        parents = MappingProxyType({m: g for m, g in (instance_gpus or {}).items() if m in reasons})
         counts = None if xid_counts is None else MappingProxyType(dict(xid_counts))
 
         def change(v: NodeView) -> NodeView:
@@ -217,6 +229,7 @@ class NodeState:
                 unhealthy=frozenset(reasons),
                 reasons=reasons,
                 awaiting_reset=awaiting_reset,
+                instance_gpus=parents,
                 xid_counts=v.xid_counts if counts is None else counts,
                 evidence_errors=v.evidence_errors if evidence_errors is None else evidence_errors,
             )

@@ -320,6 +320,25 @@ def test_residue_guard_quarantines_free_devices_until_released(daemon, kubelet):
     assert kubelet.wait_for(lambda st: st[SHARE].allocatable == 4, timeout=2)
 
 
+def test_a_gpu_whose_processes_cannot_be_read_keeps_its_residue_and_quarantine(daemon, kubelet, monkeypatch):
+    """Unknown is not empty: while NVML cannot read a GPU's processes, what was known of its residue stays."""
+    d = serving(daemon, kubelet, quarantine=True)
+    gone = Pod("gone", [Container("app", {SHARE: 1})])
+    kubelet.admit(gone)
+    d.inventory.add_process(202, U0, 2000, cgroup=cgroup(gone, "app"))
+    d.agent.sync()
+    kubelet.delete_pod(gone.uid)
+    d.agent.sync()
+    assert d.agent.sync().quarantined_gpus == {U0}
+    listed = d.inventory.processes
+    monkeypatch.setattr(d.inventory, "processes", lambda uuid: None if uuid == U0 else listed(uuid))
+    snapshot = d.agent.sync()
+    assert snapshot.observation.residue_mib == {U0: 2000} and snapshot.quarantined_gpus == {U0}
+    monkeypatch.setattr(d.inventory, "processes", listed)
+    d.inventory.remove_process(202)
+    assert d.agent.sync().quarantined_gpus == frozenset()
+
+
 def test_node_labels_and_inventory_annotation(daemon, kubelet):
     d = daemon()
     d.manager.start()

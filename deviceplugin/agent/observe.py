@@ -77,12 +77,18 @@ class Observer:
             else:
                 log.warning("pod-resources List failed: %s: %s", err.code().name, err.details())
         stats = {g.uuid: self.inventory.stats(g.uuid) for g in self.node.gpus}
-        processes = [p for g in self.node.gpus for p in self.inventory.processes(g.uuid)]
+        listed = {g.uuid: self.inventory.processes(g.uuid) for g in self.node.gpus}
+        processes = [p for found in listed.values() for p in found or ()]
         found = self._attribute(usage, processes, previous)
         if found is None:  # the pod directory could not be read: judge nothing on stale owners
             containers, leftover, unattributed = previous.containers, previous.residue_mib, previous.unattributed_mib
         else:
             containers, leftover, unattributed = found
+            for uuid in (u for u, got in listed.items() if got is None):  # unknown: what was known stays
+                for now, before in ((leftover, previous.residue_mib), (unattributed, previous.unattributed_mib)):
+                    now.pop(uuid, None)
+                    if uuid in before:
+                        now[uuid] = before[uuid]
         return Observation(
             usage=usage,
             stats=stats,

@@ -34,8 +34,9 @@ class Inventory(Protocol):
         """Memory used, utilisation, temperature and power now (fields None when unknown)."""
         ...
 
-    def processes(self, gpu_uuid: str) -> list[GpuProcess]:
-        """Compute (and MPS client) processes on the GPU with their memory."""
+    def processes(self, gpu_uuid: str) -> list[GpuProcess] | None:
+        """Compute (and MPS client) processes on the GPU with their memory; None when they cannot be read (unknown:
+        callers keep what they knew or treat the GPU as busy)."""
         ...
 
     def close(self) -> None:

@@ -446,12 +446,13 @@ class NvmlInventory:
             power_watts=power / 1000 if power is not None else None,
         )
 
-    def processes(self, gpu_uuid: str) -> list[GpuProcess]:
-        """Compute and MPS-client processes. MIG processes are attributed by their GPU/compute instance ids."""
+    def processes(self, gpu_uuid: str) -> list[GpuProcess] | None:
+        """Compute and MPS-client processes; None when the GPU's handle cannot be had (unknown, not none). MIG
+        processes are attributed by their GPU/compute instance ids."""
         try:
             handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
         except self.nvml.NVMLError:
-            return []
+            return None
         found: dict[int, GpuProcess] = {}
         for call in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses"):
             try:

@@ -4,7 +4,8 @@ Through the discovery backend's `MigControl` (real NVML or the simulated node), 
 writes the claim's record as an intent (`PreparedClaim.pending`, each `MigRecord` without IDs) before any instance
 is made, and the full record once every instance exists: a crash in between leaves the intent, and the next
 prepare of the claim adopts what was made at those placements (or makes what is missing), while unprepare destroys
-it. Destroying a gone instance counts as done, so both are idempotent across restarts.
+it. Destroying a gone instance counts as done, so both are idempotent across restarts. Which live instance a record
+names is one rule (`names`): NVML reuses GPU-instance IDs, so the ID alone would name another claim's instance.
 
 At start-up an instance on a dynamic-MIG GPU that no record names (a crash before the intent was written, a claim
 unprepared while this driver was down, an operator's instance) is destroyed when the GPU runs no process, and
@@ -12,7 +13,8 @@ otherwise kept and reported (log, `gpushare_dra_mig_unclaimed_instances`), and t
 count what it takes as taken (`partitions.gpu_counters`), so no claim is allocated over it. While any record is
 damaged nothing is destroyed: its claim's instances cannot be told from the others. After start-up `rescan` re-reads
 the instances periodically: one made behind the driver's back is counted and published as taken the same way until it
-is gone (never destroyed).
+is gone (never destroyed). A GPU whose instances cannot be listed (sweep or rescan) is unknown, not empty: all of it
+is published taken and nothing on it is swept until a list succeeds; processes that cannot be read count as running.
 
 A dynamic-MIG device with shares (`replicas` > 1) is held by several claims at once, all on the instance its first
 claim made: a later claim's record names the same instance (`reuse`), and the driver destroys it only when no other
@@ -29,7 +31,7 @@ from ..discovery.mig import IN_USE, NOT_FOUND, MigControl, MigError
 from ..logs import safe_text
 from ..loop import BackgroundLoop
 from ..model.devices import Unit
-from ..model.mig import MigInstance
+from ..model.mig import MigInstance, full_profile
 from ..model.node import Gpu, GpuProcess, MigDevice
 from .checkpoint import MigRecord, PreparedClaim
 from .devices import ClaimError, ClaimShare, DraDevice
@@ -37,10 +39,29 @@ from .partitions import Partition
 
 log = logging.getLogger(__name__)
 
+UNLISTED = -1  # Unclaimed.gi_id of a GPU whose MIG instances cannot be listed: all of it is taken
+
+
+def names(record: MigRecord, gpu: str, found: MigInstance) -> bool:
+    """Whether `record` names `found`, an instance on GPU `gpu`: the one identity rule of records and live instances.
+    NVML reuses GPU instance IDs, so a made record is its instance by GPU instance ID, profile and placement start,
+    and by the MIG UUID recorded at creation where both have one (a GPU instance without a compute instance has
+    none); an intent (no IDs yet) names whatever stands at its placement."""
+    if record.gpu != gpu or (found.profile_id, found.start) != (record.profile_id, record.start):
+        return False
+    if record.gi_id is None:
+        return True
+    return found.gi_id == record.gi_id and (not record.uuid or not found.uuid or found.uuid == record.uuid)
+
+
+def _find(instances: Sequence[MigInstance], record: MigRecord) -> MigInstance | None:
+    return next((found for found in instances if names(record, record.gpu, found)), None)
+
 
 @dataclass(frozen=True)
 class Unclaimed:
-    """An instance no claim record names, kept because its GPU runs processes (or records are damaged)."""
+    """An instance no claim record names, kept because its GPU runs processes (or records are damaged); or, with
+    `gi_id` `UNLISTED`, a GPU whose instances cannot be listed (its whole profile: all of it taken)."""
 
     gpu: str
     gi_id: int
@@ -52,7 +73,8 @@ class Unclaimed:
 class MigInstances:
     """See the module docstring. Not thread-safe: the driver calls it under its serial lock."""
 
-    def __init__(self, control: MigControl | None, processes: Callable[[str], Sequence[GpuProcess]]) -> None:
+    def __init__(self, control: MigControl | None, processes: Callable[[str], Sequence[GpuProcess] | None]) -> None:
+        """`processes`: a GPU's processes, None when they cannot be read (its stray instances are then kept)."""
         self.control = control
         self.processes = processes
         self.unclaimed: tuple[Unclaimed, ...] = ()
@@ -64,19 +86,18 @@ class MigInstances:
             raise ClaimError("this node's discovery backend cannot make MIG instances")
         return self.control
 
-    def make(self, partition: Partition, adopt: MigRecord | None, taken: set[tuple[str, int]]) -> MigInstance:
+    def make(self, partition: Partition, adopt: MigRecord | None, taken: Sequence[MigRecord]) -> MigInstance:
         """The instance for `partition`: the one an earlier, interrupted prepare of the same claim made there (`adopt`:
-        its intent) if it exists and no other record (`taken`: (GPU, GI ID)) names it, else a new one. ClaimError
-        with NVML's reason when it cannot be made (INSUFFICIENT_RESOURCES: the placement is taken)."""
+        its intent) if it exists and no other claim's made record (`taken`) names it (`names`), else a new one.
+        ClaimError with NVML's reason when it cannot be made (INSUFFICIENT_RESOURCES: the placement is taken)."""
         control, gpu = self._control(), partition.gpu
         where = f"{partition.profile.name} at memory slice {partition.start} of GPU {gpu.index}"
         try:
             if adopt is not None:
                 for found in control.mig_instances(gpu.uuid):
-                    if (found.profile_id, found.start) == (partition.profile.id, partition.start) and (
-                        gpu.uuid,
-                        found.gi_id,
-                    ) not in taken:
+                    if (found.profile_id, found.start) == (partition.profile.id, partition.start) and not any(
+                        names(r, gpu.uuid, found) for r in taken
+                    ):
                         if found.ci_id is None:
                             found = control.create_compute_instance(gpu.uuid, found.gi_id)
                         log.info("MIG instance %s (%s) adopted from an interrupted prepare", where, found.uuid)
@@ -106,7 +127,7 @@ class MigInstances:
         control = self._control()
         where = f"MIG instance {record.uuid or '-'} (GPU instance {record.gi_id}) on GPU {record.gpu}"
         try:
-            found = self._find(control.mig_instances(record.gpu), record)
+            found = _find(control.mig_instances(record.gpu), record)
         except MigError as err:
             raise ClaimError(f"cannot list the MIG instances for {where}: NVML {err.code_name}") from None
         if found is None or found.ci_id is None or (record.uuid and found.uuid != record.uuid):
@@ -118,7 +139,7 @@ class MigInstances:
         when NVML refuses (IN_USE: processes still run on it; the kubelet retries the unprepare)."""
         control = self._control()
         try:
-            found = self._find(control.mig_instances(record.gpu), record)
+            found = _find(control.mig_instances(record.gpu), record)
             if found is None:
                 return
             gi_id, ci_id = found.gi_id, found.ci_id
@@ -138,27 +159,17 @@ class MigInstances:
         if self.control is None:
             return
         records = [r for c in claims for r in c.mig]
-        named = {(r.gpu, r.gi_id) for r in records if r.gi_id is not None}
-        intents = {(r.gpu, r.profile_id, r.start) for r in records if r.gi_id is None}
         kept: list[Unclaimed] = []
         for gpu in gpus:
             try:
                 instances = self.control.mig_instances(gpu.uuid)
             except MigError as err:
-                log.warning("GPU %d (%s): its MIG instances cannot be listed, none swept: %s", gpu.index, gpu.uuid, err)
+                kept.append(self._unlisted(gpu, err))
                 continue
-            stray = [
-                i
-                for i in instances
-                if (gpu.uuid, i.gi_id) not in named and (gpu.uuid, i.profile_id, i.start) not in intents
-            ]
+            stray = [i for i in instances if not any(names(r, gpu.uuid, i) for r in records)]
             if not stray:
                 continue
-            busy = (
-                "a checkpoint record is damaged"
-                if damaged
-                else ("the GPU runs processes" if self.processes(gpu.uuid) else "")
-            )
+            busy = "a checkpoint record is damaged" if damaged else self._busy(gpu)
             for instance in stray:
                 if busy:
                     kept.append(Unclaimed(gpu.uuid, instance.gi_id, instance.profile_id, instance.start, busy))
@@ -185,26 +196,25 @@ class MigInstances:
     def rescan(self, gpus: Iterable[Gpu], claims: Iterable[PreparedClaim]) -> bool:
         """After start-up, periodically: the instances on these GPUs that no record names (made behind the driver's
         back, e.g. by `nvidia-smi mig -cgi`) become `unclaimed`, published as taken until they are gone; nothing is
-        destroyed. One list call per GPU; a GPU whose list fails keeps what was known. True when `unclaimed`
-        changed (the slices must be published again)."""
+        destroyed. One list call per GPU; a GPU whose list fails is unknown, all of it taken (`UNLISTED`), until a
+        list succeeds. True when `unclaimed` changed (the slices must be published again)."""
         if self.control is None:
             return False
         records = [r for c in claims for r in c.mig]
-        named = {(r.gpu, r.gi_id) for r in records if r.gi_id is not None}
-        intents = {(r.gpu, r.profile_id, r.start) for r in records if r.gi_id is None}
-        before = {(u.gpu, u.gi_id): u for u in self.unclaimed}
+        before = {(u.gpu, u.gi_id, u.profile_id, u.start): u for u in self.unclaimed}
         found: list[Unclaimed] = []
         for gpu in gpus:
             try:
                 instances = self.control.mig_instances(gpu.uuid)
             except MigError as err:
-                log.warning("GPU %d (%s): its MIG instances cannot be listed: %s", gpu.index, gpu.uuid, err)
-                found += [u for u in self.unclaimed if u.gpu == gpu.uuid]
+                found.append(self._unlisted(gpu, err))
                 continue
+            if gpu.uuid in self.unlisted():
+                log.info("GPU %d (%s): its MIG instances are listed again", gpu.index, gpu.uuid)
             for i in instances:
-                if (gpu.uuid, i.gi_id) in named or (gpu.uuid, i.profile_id, i.start) in intents:
+                if any(names(r, gpu.uuid, i) for r in records):
                     continue
-                known = before.get((gpu.uuid, i.gi_id))
+                known = before.get((gpu.uuid, i.gi_id, i.profile_id, i.start))
                 if known is None:
                     log.warning(
                         "GPU %d (%s): MIG instance %s (GPU instance %d) was made outside the driver; its "
@@ -222,20 +232,37 @@ class MigInstances:
         return changed
 
     def kept(self) -> dict[str, list[tuple[int, int]]]:
-        """GPU UUID -> (profile ID, start) of the instances the sweep kept: the slice publisher publishes them taken."""
+        """GPU UUID -> (profile ID, start) of the instances the sweep kept: the slice publisher publishes them taken
+        (an `UNLISTED` GPU as its whole profile)."""
         found: dict[str, list[tuple[int, int]]] = {}
         for u in self.unclaimed:
             found.setdefault(u.gpu, []).append((u.profile_id, u.start))
         return found
 
-    @staticmethod
-    def _find(instances: Sequence[MigInstance], record: MigRecord) -> MigInstance | None:
-        for found in instances:
-            if record.gi_id is not None and found.gi_id == record.gi_id:
-                return found
-            if record.gi_id is None and (found.profile_id, found.start) == (record.profile_id, record.start):
-                return found
-        return None
+    def _unlisted(self, gpu: Gpu, err: MigError) -> Unclaimed:
+        """A GPU whose instances cannot be listed: unknown, so all of it is published taken; logged when it starts."""
+        if not any(u.gpu == gpu.uuid and u.gi_id == UNLISTED for u in self.unclaimed):
+            log.warning(
+                "GPU %d (%s): its MIG instances cannot be listed (%s); all its placements are published taken, "
+                "nothing on it is swept, until a list succeeds",
+                gpu.index,
+                gpu.uuid,
+                err,
+            )
+        whole = full_profile(gpu.mig_profiles)  # what it takes is the whole GPU
+        profile_id, start = (whole.id, min(whole.placements, default=0)) if whole else (UNLISTED, 0)
+        return Unclaimed(gpu.uuid, UNLISTED, profile_id, start, f"its MIG instances cannot be listed: {err.code_name}")
+
+    def unlisted(self) -> list[str]:
+        """The GPUs whose instances could not be listed at the last read (all of each published taken)."""
+        return [u.gpu for u in self.unclaimed if u.gi_id == UNLISTED]
+
+    def _busy(self, gpu: Gpu) -> str:
+        """Why the GPU's stray instances are kept: it runs processes, or they cannot be read (unknown is busy)."""
+        running = self.processes(gpu.uuid)
+        if running is None:
+            return "the GPU's processes cannot be read"
+        return "the GPU runs processes" if running else ""
 
     @staticmethod
     def _destroy_call(call: Callable[[], None]) -> None:

@@ -24,9 +24,12 @@ Prepare and unprepare are idempotent and serialised (`SerialLock`); the ledger i
 Never from an allocation it cannot prove current: a claim's first prepare, and a prepare whose claim shows another
 allocation than the record (re-allocated under the same UID), need the claim as the API serves it now
 (`current=True`, a GET); a cached copy gets `Unconfirmed`, and the caller reads the claim again. A re-allocated
-claim is prepared from its new allocation and its record replaced atomically. A claim whose record is damaged
-(`Checkpoint.damaged`) keeps its devices fenced — the devices the API allocates to that UID (`find_claim`), or every
-device while that cannot be told — until the kubelet unprepares it (its CDI spec is removed) or the API shows it gone.
+claim is prepared from its new allocation and its record replaced atomically; its old dynamic-MIG instances are
+destroyed first (their placements may be the new allocation's), and when the new allocation cannot be prepared the
+old record stays without the devices of those instances, so unprepare still removes everything. A claim whose record
+is damaged (`Checkpoint.damaged`) keeps its devices fenced — the devices the API allocates to that UID
+(`find_claim`), or every device while that cannot be told — until the kubelet unprepares it (its CDI spec is
+removed) or the API shows it gone.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..alloc.allocator import AllocationError, ContainerGrant
@@ -152,8 +155,9 @@ class Driver:
                 )
                 raise Unconfirmed(f"claim {ref}: " + ("first prepare" if known is None else why))
             fenced = self._fenced(ref.uid)
-            if known is not None and known.mig and not known.pending:
-                self._destroy_instances(ref, known)  # re-allocated: its old instances go first
+            old = known if known is not None and not known.pending else None  # re-allocated: the record replaced
+            if old is not None and old.mig:
+                old = self._destroy_instances(ref, old)  # its old instances go first (their placements are needed)
             if known is not None:
                 self._add(known, -1)  # replaced below: the new allocation is checked without the old one's shares
             try:
@@ -161,7 +165,9 @@ class Driver:
                     ref, allocation, digest, fenced, known if known is not None and known.pending else None
                 )
             except BaseException:
-                if known is not None and ref.uid in self.checkpoint:
+                if old is not None:
+                    self._keep(old)
+                elif known is not None and ref.uid in self.checkpoint:
                     self._add(known, 1)
                 raise
             if known is not None:
@@ -321,9 +327,7 @@ class Driver:
         )
         self.checkpoint.put(intent)
         adoptable = {(r.gpu, r.profile_id, r.start): r for r in interrupted.mig} if interrupted else {}
-        taken = {
-            (r.gpu, r.gi_id) for c in self.checkpoint.claims() if c.uid != ref.uid for r in c.mig if r.gi_id is not None
-        }
+        taken = [r for c in self.checkpoint.claims() if c.uid != ref.uid for r in c.mig if r.gi_id is not None]
         made: dict[int, MigRecord] = {}
         # placement -> its instance: two results of this claim on one shared device get one
         seen: dict[tuple[str, int, int], MigInstance] = {}
@@ -372,11 +376,14 @@ class Driver:
         if known is not None and known.pending:
             self.checkpoint.remove(ref.uid)
 
-    def _destroy_instances(self, ref: ClaimRef, known: PreparedClaim) -> None:
+    def _destroy_instances(self, ref: ClaimRef, known: PreparedClaim) -> PreparedClaim:
         """Destroy the claim's instances that no other claim holds: a shared device's instance stays while another
         record names its placement, or while a damaged record may hold its device (fail closed: it is left to the
-        start-up sweep once nothing can hold it)."""
+        start-up sweep once nothing can hold it). Returns the record without the devices whose instance it
+        destroyed; when NVML refuses one after others were destroyed, that record is written before the ClaimError
+        (no record names a dead instance)."""
         done: set[tuple[str, int, int]] = set()
+        destroyed: set[tuple[str, int, int]] = set()
         fenced: Mapping[str, str] | None = None
         for device in known.devices:
             record = device.mig
@@ -407,7 +414,25 @@ class Driver:
             try:
                 self.mig.destroy(record)
             except ClaimError as err:
+                if destroyed:
+                    left = _without(known, destroyed)
+                    self.checkpoint.put(left)
+                    self._add(known, -1)
+                    self._add(left, 1)
                 raise ClaimError(f"claim {ref}: {err}") from None
+            destroyed.add(_placement(record))
+        return _without(known, destroyed)
+
+    def _keep(self, old: PreparedClaim) -> None:
+        """A re-allocation that failed: the old record stays (its instances destroyed for the new allocation left
+        out), counted, so that unprepare still removes its CDI spec; with no device left it is released now."""
+        if old.devices:
+            if self.checkpoint.get(old.uid) != old:
+                self.checkpoint.put(old)
+            self._add(old, 1)
+            return
+        self.cdi.remove(old.cdi_spec)
+        self.checkpoint.remove(old.uid)
 
     def _holders(self, uid: str, record: MigRecord) -> list[MigRecord]:
         """The records of other claims (made, or intents) at `record`'s placement: they hold its instance (the
@@ -581,6 +606,12 @@ class Driver:
 
 def _placement(record: MigRecord) -> tuple[str, int, int]:
     return record.gpu, record.profile_id, record.start
+
+
+def _without(claim: PreparedClaim, destroyed: set[tuple[str, int, int]]) -> PreparedClaim:
+    """The record without its devices on the instances at `destroyed` (placements)."""
+    kept = tuple(d for d in claim.devices if d.mig is None or _placement(d.mig) not in destroyed)
+    return claim if len(kept) == len(claim.devices) else replace(claim, devices=kept)
 
 
 def _intent(share: ClaimShare) -> MigRecord:

@@ -93,6 +93,7 @@ class HealthMonitor(BackgroundLoop):
         self._xid_counts: dict[str, int] = {g.uuid: 0 for g in node.gpus}
         self._last_bad: dict[str, float] = {}  # unhealthy uuid -> when it last misbehaved
         self._reasons: dict[str, str] = {}
+        self._gpu_of: dict[str, str] = {}  # unhealthy MIG UUID -> its GPU's (NodeView.instance_gpus)
         self._reset_waits: dict[str, _ResetWait] = {}  # uuid -> waiting for a GPU reset
         self._ignored = RepeatLimiter(log, clock=clock)  # an XID storm: one line and a summary per minute
         self._next_check = 0.0
@@ -118,7 +119,7 @@ class HealthMonitor(BackgroundLoop):
             )
             for gpu in self.node.gpus:
                 self._reset_waits[gpu.uuid] = _ResetWait(gpu.uuid, "reset evidence unreadable")
-                self._mark(gpu.uuid, "reset evidence unreadable", now)
+                self._mark(gpu.uuid, "reset evidence unreadable", now, gpu.uuid)
             return
         self._saved = dict(loaded.entries)
         here = {g.uuid for g in self.node.gpus} | {m.uuid for g in self.node.gpus for m in g.mig_devices}
@@ -133,7 +134,7 @@ class HealthMonitor(BackgroundLoop):
                 uuid,
                 evidence.reason,
             )
-            self._mark(uuid, evidence.reason, now)
+            self._mark(uuid, evidence.reason, now, evidence.gpu_uuid)
 
     def first_pass(self) -> None:
         """Check every GPU once now (before the servers list any device); the loop's checks follow from start()."""
@@ -187,7 +188,7 @@ class HealthMonitor(BackgroundLoop):
                 target,
                 event.reason,
             )
-        changed = self._mark(target, event.reason, self.clock())
+        changed = self._mark(target, event.reason, self.clock(), event.gpu_uuid)
         self._publish()
         return changed
 
@@ -199,7 +200,10 @@ class HealthMonitor(BackgroundLoop):
 
     def _publish(self) -> None:
         self._persist()
-        self.state.set_health(self._reasons, frozenset(self._reset_waits), self._xid_counts, self._evidence_errors)
+        self._gpu_of = {m: g for m, g in self._gpu_of.items() if m in self._reasons}  # bounded: the unhealthy ones
+        self.state.set_health(
+            self._reasons, frozenset(self._reset_waits), self._xid_counts, self._evidence_errors, self._gpu_of
+        )
 
     def _persist(self) -> None:
         """Write the reset waits to the evidence file when they changed (a failed write is retried next time)."""
@@ -237,7 +241,7 @@ class HealthMonitor(BackgroundLoop):
             if gpu.uuid in problems:
                 failing.add(gpu.uuid)
             for uuid, why in problems.items():  # the GPU, or one MIG instance of it
-                changed |= self._mark(uuid, why, now)
+                changed |= self._mark(uuid, why, now, gpu.uuid)
             try:
                 required[gpu.uuid] = self.inventory.reset_required(gpu.uuid)
             except Exception as err:
@@ -246,7 +250,7 @@ class HealthMonitor(BackgroundLoop):
             if required[gpu.uuid] and gpu.uuid not in self._reset_waits:
                 self._reset_waits[gpu.uuid] = _ResetWait(gpu.uuid, "the driver requires a GPU reset", True)
                 log.warning("GPU %s: the driver requires a GPU reset (NVML GPU recovery action)", gpu.uuid)
-                changed |= self._mark(gpu.uuid, "the driver requires a GPU reset", now)
+                changed |= self._mark(gpu.uuid, "the driver requires a GPU reset", now, gpu.uuid)
         changed |= self._check_resets(failing, required)
         for uuid, last in list(self._last_bad.items()):
             if uuid not in self._reset_waits and now - last >= self.settings.recovery_period:
@@ -282,8 +286,11 @@ class HealthMonitor(BackgroundLoop):
                 changed = True
         return changed
 
-    def _mark(self, uuid: str, reason: str, now: float) -> bool:
+    def _mark(self, uuid: str, reason: str, now: float, gpu: str) -> bool:
+        """`uuid` (the GPU `gpu`, or one MIG instance of it) is unhealthy for `reason`; True when it was not."""
         new = uuid not in self._reasons
+        if uuid != gpu:
+            self._gpu_of[uuid] = gpu
         self._last_bad[uuid] = now
         self._reasons[uuid] = reason
         if new:

@@ -126,6 +126,13 @@ class DraCollector(Collector):
         destroyed = "Dynamic-MIG instances this process destroyed (unprepare, start-up sweep)."
         yield CounterMetricFamily("gpushare_dra_mig_instances_destroyed", destroyed, value=mig.destroyed)
         unclaimed = (
-            "MIG instances on dynamic-MIG GPUs that no claim holds: kept at start-up, or made behind the driver's back."
+            "MIG instances on dynamic-MIG GPUs that no readable claim record names, published taken: kept by the "
+            "start-up sweep (GPU busy or unreadable, a damaged record, a refused destroy) or found by the re-read."
         )
-        yield GaugeMetricFamily("gpushare_dra_mig_unclaimed_instances", unclaimed, value=len(mig.unclaimed))
+        unlisted = len(mig.unlisted())
+        yield GaugeMetricFamily("gpushare_dra_mig_unclaimed_instances", unclaimed, value=len(mig.unclaimed) - unlisted)
+        yield GaugeMetricFamily(
+            "gpushare_dra_mig_unlisted_gpus",
+            "Dynamic-MIG GPUs whose MIG instances could not be listed at the last read: all of each published taken.",
+            value=unlisted,
+        )

@@ -7,6 +7,8 @@ per-GPU metrics. The flow tests of NodeState are in tests/test_state.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from deviceplugin.agent.publish import published_unhealthy
@@ -178,3 +180,19 @@ def test_the_device_plugins_health_of_every_mig_device_is_its_units_verdict(part
             "all": {XID, RESET_REQUIRED, QUARANTINED, SHAPE_PENDING},
         }[parts]
     )
+
+
+def test_a_gpus_own_unit_takes_its_instances_faults_and_a_static_instance_keeps_its_own() -> None:
+    """The whole GPU's unit (a dynamic-MIG device's) has a finding for a fault on any MIG instance of it (fail
+    closed); a static MIG unit of the same GPU keeps only its own and its GPU's, and another GPU's unit none."""
+    state = NodeState()
+    state.set_health({MIGS1[0]: "XID 43"}, instance_gpus={MIGS1[0]: G1, "MIG-gone": G1})
+    view = state.snapshot()
+    assert dict(view.instance_gpus) == {MIGS1[0]: G1}  # only the unhealthy ones
+    pool = MIG[0].pool
+    static = next(u for r in MIG for u in r.units if u.uuid == MIGS1[1])
+    whole = replace(static, uuid=G1, mig=None)
+    (finding,) = view.verdict(whole, pool).findings
+    assert finding.kind == XID and finding.reason == f"GPU 1 (MIG instance {MIGS1[0]}): XID 43"
+    assert view.verdict(static, pool).ok
+    assert view.verdict(replace(whole, uuid=G0, gpu=H100.gpus[0]), pool).ok

@@ -20,7 +20,7 @@ from deviceplugin.dra.claimstatus import device_status
 from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.lock import SerialLock
 from deviceplugin.dra.migdynamic import MigInstances
-from deviceplugin.dra.prepare import Driver, prepare_claims
+from deviceplugin.dra.prepare import ClaimRef, Driver, prepare_claims
 from deviceplugin.dra.sharingconfig import api_version
 from deviceplugin.dra.usage import ClaimUsage
 from deviceplugin.model.node import Gpu, NodeInfo
@@ -304,3 +304,145 @@ def test_an_instance_made_behind_the_drivers_back_is_noticed_and_published_taken
     inventory.destroy_gpu_instance(GPU0, behind.gi_id)
     assert driver.rescan_mig() is True and driver.mig.unclaimed == () and driver.mig.kept() == {}
     assert [i.uuid for i in inventory.mig_instances(GPU0)] == [claimed.devices[0].mig.uuid]  # type: ignore[union-attr]
+
+
+def _behind(inventory: SimulatedInventory, profile: str, start: int):
+    """An instance made behind the driver's back (`nvidia-smi mig -cgi`)."""
+    one = next(p for p in inventory.mig_profiles(GPU0) if p.name == profile)
+    return inventory.create_compute_instance(GPU0, inventory.create_gpu_instance(GPU0, one.id, start))
+
+
+def _destroy_behind(inventory: SimulatedInventory, instance) -> None:
+    inventory.destroy_compute_instance(GPU0, instance.gi_id, instance.ci_id)
+    inventory.destroy_gpu_instance(GPU0, instance.gi_id)
+
+
+def test_a_stale_record_never_names_the_instance_that_reused_its_gpu_instance_id(tmp_path: Path) -> None:
+    """NVML reuses GPU instance IDs: claim A's instance is destroyed outside the driver and claim D's new one, at
+    another placement, gets the same ID. A's record names it not (profile, start, MIG UUID differ): unprepare of A
+    leaves D's instance, and an instance made behind the driver's back with that ID is noticed by the rescan."""
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+    a_ref, a_body = mig("gpu-0-mig-1g-10gb-0")
+    a = driver.prepare(a_ref, a_body).devices[0].mig
+    assert a is not None
+    _destroy_behind(inventory, inventory.mig_instances(GPU0)[0])
+    d = driver.prepare(*mig("gpu-0-mig-1g-10gb-6")).devices[0].mig
+    assert d is not None and (d.gi_id, d.start) == (a.gi_id, 6)  # the ID reused, at another placement
+    assert driver.rescan_mig() is False  # D's instance is D's record's, not A's
+    driver.unprepare(a_ref)
+    assert [i.uuid for i in inventory.mig_instances(GPU0)] == [d.uuid]  # D's instance stands
+    driver.unprepare(ClaimRef("default", "c", driver.prepared()[0].uid))
+    assert inventory.mig_instances(GPU0) == ()
+    # A record whose instance is gone, and an operator's instance with its GPU instance ID elsewhere: not named.
+    b_ref, b_body = mig("gpu-0-mig-1g-10gb-0")
+    b = driver.prepare(b_ref, b_body).devices[0].mig
+    assert b is not None
+    _destroy_behind(inventory, inventory.mig_instances(GPU0)[0])
+    behind = _behind(inventory, "1g.10gb", 3)
+    assert behind.gi_id == b.gi_id
+    assert driver.rescan_mig() is True and driver.mig.kept() == {GPU0: [(b.profile_id, 3)]}
+
+
+def test_a_gpu_whose_instances_cannot_be_listed_is_published_all_taken_until_listed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unknown is not empty: a failed list (sweep or rescan) publishes the whole GPU taken, logged once while it
+    lasts, and nothing on it is swept; a later list brings back what it shows."""
+    from deviceplugin.discovery.mig import MigError
+
+    inventory = h100s()
+    operator = _behind(inventory, "3g.40gb", 4)  # before start-up, the GPU running a process on it
+    inventory.add_process(5, GPU0, 100, mig_uuid=operator.uuid)
+    listed, failing = inventory.mig_instances, [True]
+
+    def flaky(uuid: str):
+        if failing[0]:
+            raise MigError("NVML_ERROR_UNKNOWN", 999)
+        return listed(uuid)
+
+    inventory.mig_instances = flaky  # type: ignore[method-assign]
+    driver = start(tmp_path, inventory)
+    whole = next(p for p in inventory.mig_profiles(GPU0) if p.name == "7g.80gb")
+    assert driver.mig.kept() == {GPU0: [(whole.id, 0)]} and driver.mig.unlisted() == [GPU0]
+    from deviceplugin.dra.partitions import gpu_counters
+
+    gpu = next(g for g in inventory.discover().gpus if g.uuid == GPU0)
+    assert set(gpu_counters(gpu, driver.mig.kept()[GPU0]).values()) == {0}  # nothing of it offered
+    assert driver.rescan_mig() is False and driver.mig.kept() == {GPU0: [(whole.id, 0)]}  # still unknown
+    assert sum("cannot be listed" in r.message for r in caplog.records) == 1  # said once
+    failing[0] = False
+    from prometheus_client import CollectorRegistry
+
+    from deviceplugin.obs.drametrics import DraCollector
+
+    registry = CollectorRegistry()
+    registry.register(DraCollector(driver, lambda: True))
+    gauges = ("gpushare_dra_mig_unlisted_gpus", "gpushare_dra_mig_unclaimed_instances")
+    assert [registry.get_sample_value(g) for g in gauges] == [1, 0]
+    assert driver.rescan_mig() is True and driver.mig.kept() == {GPU0: [(operator.profile_id, 4)]}
+    assert driver.mig.unlisted() == [] and len(listed(GPU0)) == 1  # never swept
+    assert [registry.get_sample_value(g) for g in gauges] == [0, 1]
+    failing[0] = True
+    assert driver.rescan_mig() is True and driver.mig.kept() == {GPU0: [(whole.id, 0)]}
+
+
+def test_a_gpu_whose_processes_cannot_be_read_keeps_its_stray_instances(tmp_path: Path) -> None:
+    """The sweep destroys a stray instance only on a GPU known to run nothing: unreadable processes are busy."""
+    inventory = h100s()
+    stray = _behind(inventory, "1g.10gb", 6)
+    inventory.processes = lambda uuid: None  # type: ignore[method-assign,assignment,return-value]
+    driver = start(tmp_path, inventory)
+    assert [i.uuid for i in inventory.mig_instances(GPU0)] == [stray.uuid]
+    assert [u.why for u in driver.mig.unclaimed] == ["the GPU's processes cannot be read"]
+
+
+def test_a_failed_reallocation_keeps_the_old_record_without_its_destroyed_instances(tmp_path: Path) -> None:
+    """Re-allocated under the same UID to a placement taken behind the driver's back: the old instance was destroyed
+    for the new allocation, the old record stays without it (its whole GPU still counted, its CDI spec still
+    named), and unprepare then removes everything; nothing leaked, nothing miscounted."""
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+    ref, body = claim([result("gpu-1", pool=POOL), result("gpu-0-mig-1g-10gb-0", pool=POOL, request="mig")])
+    old = driver.prepare(ref, body)
+    assert driver.ledger() == {"gpu-1": 1, "gpu-0-mig-1g-10gb-0": 1}
+    _behind(inventory, "1g.10gb", 6)
+    moved = json.loads(json.dumps(body))
+    moved["status"]["allocation"]["devices"]["results"][1]["device"] = "gpu-0-mig-1g-10gb-6"
+    with pytest.raises(ClaimError, match="INSUFFICIENT_RESOURCES"):
+        driver.prepare(ref, moved)
+    kept = driver.checkpoint.get(ref.uid)
+    assert kept is not None and not kept.pending and [d.device for d in kept.devices] == ["gpu-1"]
+    assert kept.cdi_spec == old.cdi_spec and Path(old.cdi_spec).exists() and driver.ledger() == {"gpu-1": 1}
+    assert [i.start for i in inventory.mig_instances(GPU0)] == [6]  # the old one destroyed, none made
+    driver.unprepare(ref)
+    assert not Path(old.cdi_spec).exists() and driver.prepared() == [] and driver.ledger() == {}
+    # With no device left, the old record is released at once.
+    ref, body = mig("gpu-0-mig-1g-10gb-0")
+    old = driver.prepare(ref, body)
+    moved = json.loads(json.dumps(body))
+    moved["status"]["allocation"]["devices"]["results"][0]["device"] = "gpu-0-mig-1g-10gb-6"
+    with pytest.raises(ClaimError, match="INSUFFICIENT_RESOURCES"):
+        driver.prepare(ref, moved)
+    assert ref.uid not in driver.checkpoint and not Path(old.cdi_spec).exists() and driver.ledger() == {}
+    assert [i.start for i in inventory.mig_instances(GPU0)] == [6]
+
+
+def test_a_refused_destroy_after_another_rewrites_the_record_without_the_dead_instance(tmp_path: Path) -> None:
+    inventory = h100s()
+    driver = start(tmp_path, inventory)
+    ref, body = claim(
+        [result("gpu-0-mig-1g-10gb-0", pool=POOL), result("gpu-0-mig-1g-10gb-6", pool=POOL, request="other")]
+    )
+    prepared = driver.prepare(ref, body)
+    busy = prepared.devices[1].mig
+    assert busy is not None
+    inventory.add_process(7, GPU0, 100, mig_uuid=busy.uuid)
+    with pytest.raises(ClaimError, match="IN_USE"):
+        driver.unprepare(ref)
+    kept = driver.checkpoint.get(ref.uid)
+    assert kept is not None and [d.device for d in kept.devices] == ["gpu-0-mig-1g-10gb-6"]
+    assert driver.ledger() == {"gpu-0-mig-1g-10gb-6": 1}
+    inventory.remove_process(7)
+    driver.unprepare(ref)
+    assert inventory.mig_instances(GPU0) == () and driver.prepared() == [] and not Path(prepared.cdi_spec).exists()

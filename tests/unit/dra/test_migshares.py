@@ -232,3 +232,28 @@ def test_a_sharing_config_may_choose_time_slicing_and_its_grant_keeps_the_shares
     prepared = driver.prepare(*configured("timeSlicing", "ts"))
     facts = env(prepared.cdi_spec)
     assert (facts["GPU_SHARE_COUNT"], facts["GPU_SHARE_TOTAL"]) == ("2", "4") and prepared.devices[0].strategy == ""
+
+
+def test_a_fault_on_the_instance_taints_its_gpus_devices_and_refuses_new_claims(tmp_path: Path) -> None:
+    """A fault (XID) NVML attributes to a dynamic instance is its GPU's on the DRA path (fail closed): the devices
+    placed on it, and every other of its GPU, are tainted and refused, until the fault clears."""
+    from deviceplugin.dra.health import unhealthy_reason
+    from deviceplugin.dra.taints import device_taints
+    from deviceplugin.health.monitor import HealthMonitor
+    from deviceplugin.model.node import HealthEvent
+
+    inventory, state = h100s(), NodeState()
+    driver = start(tmp_path, inventory, state)
+    made = driver.prepare(*share(1, name="a")).devices[0].mig
+    assert made is not None
+    monitor = HealthMonitor(inventory, inventory.discover(), state)
+    monitor.handle(HealthEvent(gpu_uuid=GPU0, reason="XID 48", xid=48, mig_uuid=made.uuid))
+    view = state.snapshot()
+    on_it = next(d for d in driver.devices if d.name == DEVICE)
+    assert device_taints(on_it, view, DRIVER) and "XID 48" in (unhealthy_reason(on_it, view) or "")
+    other = next(d for d in driver.devices if d.name == "gpu-0-mig-3g-40gb-0")
+    assert device_taints(other, view, DRIVER)  # the GPU's: which of its devices the fault spoils is unknown
+    with pytest.raises(ClaimError, match=f"device {DEVICE} is Unhealthy: .*MIG instance {made.uuid}.*XID 48"):
+        driver.prepare(*share(1, name="b"))
+    gpu1 = next(d for d in driver.devices if d.unit.gpu.uuid != GPU0)
+    assert not device_taints(gpu1, view, DRIVER)  # another GPU is not touched
