@@ -11,7 +11,7 @@ are kept in memory: the CA is loaded from it, the client certificate and key fro
 as soon as they are loaded (the SSL context keeps them; a reconnect reads no file).
 
 Every call: no retries (urllib3's are off), one `timeout` for the whole call: connect, the wait for the headers and the
-body share one deadline, past which a watchdog thread (one for all calls) shuts the call's socket, so a server that
+body share one deadline, past which a deadline thread (one for all calls) shuts the call's socket, so a server that
 trickles bytes cannot stretch it (ApiTimeout). A body is read up to `max_bytes` (ResponseTooLarge above), and any
 non-2xx answer is an ApiError carrying the status and the Kubernetes Status message. A watch is opened (connect,
 headers) within the timeout and returns the open response, for `kube.watch.watch_events` to read, each read waiting at
@@ -309,7 +309,7 @@ def _shut(sock: socket.socket) -> None:
         pass
 
 
-class _Watchdog:
+class _Deadlines:
     """One thread (started with the first call) expiring every call at its deadline."""
 
     def __init__(self) -> None:
@@ -322,7 +322,7 @@ class _Watchdog:
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
 
-    def watch(self, call: _Call) -> None:
+    def add(self, call: _Call) -> None:
         with self._cond:
             heapq.heappush(self._due, (call.deadline, next(self._order), call))
             if self._thread is None:
@@ -340,8 +340,8 @@ class _Watchdog:
                 self._cond.wait(self._due[0][0] - now if self._due else None)
 
 
-_WATCHDOG = _Watchdog()
-os.register_at_fork(after_in_child=_WATCHDOG.reset)
+_DEADLINES = _Deadlines()
+os.register_at_fork(after_in_child=_DEADLINES.reset)
 _current = threading.local()  # .call: the _Call this thread is making
 
 
@@ -356,7 +356,7 @@ def _deadline(budget: float, what: str) -> Iterator[None]:
     """The block as one call of at most `budget` seconds: past it, its sockets are shut and it raises ApiTimeout,
     whatever the shut socket made it raise (or return)."""
     call = _Call(time.monotonic() + budget)
-    _WATCHDOG.watch(call)
+    _DEADLINES.add(call)
     _current.call = call
     try:
         yield
@@ -371,7 +371,7 @@ def _deadline(budget: float, what: str) -> Iterator[None]:
         raise ApiTimeout(what, budget)
 
 
-class _WatchedConnection(urllib3.connection.HTTPConnection):
+class _DeadlineConnection(urllib3.connection.HTTPConnection):
     """A connection whose socket the current call's deadline shuts: a new one as soon as it is connected (before any
     TLS handshake), one kept alive from an earlier call when a request starts on it."""
 
@@ -386,7 +386,7 @@ class _WatchedConnection(urllib3.connection.HTTPConnection):
         super().request(*args, **kwargs)
 
 
-class _WatchedTLSConnection(_WatchedConnection, urllib3.connection.HTTPSConnection):
+class _DeadlineTLSConnection(_DeadlineConnection, urllib3.connection.HTTPSConnection):
     pass
 
 
@@ -417,7 +417,7 @@ class RestClient:
                     "%s: the server's certificate is not verified (insecure-skip-tls-verify)", connection.server
                 )
         self._pool = urllib3.connection_from_url(f"{split.scheme}://{split.netloc}", **kw)
-        self._pool.ConnectionCls = _WatchedTLSConnection if split.scheme == "https" else _WatchedConnection
+        self._pool.ConnectionCls = _DeadlineTLSConnection if split.scheme == "https" else _DeadlineConnection
 
     def _ssl_context(self) -> ssl.SSLContext:
         """The context every connection uses (urllib3 is given no file names): the `_data` fields from memory, a client
