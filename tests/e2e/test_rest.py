@@ -1,8 +1,8 @@
 """`kube.rest` against the real API server: kubeconfigs with a token, a token file and client certificates (the CA
 verified), every verb, pagination and selectors, a watch, Status errors; and against sockets of its own: a server
 that accepts and never answers (the call's timeout is its whole budget, no retry), one that trickles its answer a
-byte at a time (cut at the deadline all the same) and a body over the bound. The
-DRA driver's start never imports the `kubernetes` package."""
+byte at a time (cut at the deadline all the same) and a body over the bound. The DRA driver's start never imports
+the `kubernetes` package."""
 
 from __future__ import annotations
 
