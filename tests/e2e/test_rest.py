@@ -1,7 +1,8 @@
 """`kube.rest` against the real API server: kubeconfigs with a token, a token file and client certificates (the CA
 verified), every verb, pagination and selectors, a watch, Status errors; and against sockets of its own: a server
-that accepts and never answers (the call's timeout is its whole budget, no retry) and a body over the bound. The
-DRA driver's start never imports the `kubernetes` package."""
+that accepts and never answers (the call's timeout is its whole budget, no retry), one that trickles its answer a
+byte at a time (cut at the deadline all the same) and a body over the bound. The DRA driver's start never imports
+the `kubernetes` package."""
 
 from __future__ import annotations
 
@@ -94,8 +95,12 @@ def test_client_certificates_and_a_verified_ca_from_data_fields(controlplane: An
         {"client-certificate-data": data("admin.crt"), "client-key-data": data("admin.key")},
     )
     connection = load_kubeconfig(path)
-    assert connection.verify and connection.ca_file and connection.cert_file
-    assert RestClient(connection).get("/version")["major"]
+    assert connection.verify and connection.ca_data and connection.cert_data and not connection.cert_file
+    api = RestClient(connection)
+    assert api.get("/version")["major"]
+    assert api._pool.pool is not None
+    api._pool.pool.get(block=False).close()  # its idle connection: the next call connects again, reading no file
+    assert api.get("/version")["major"]
     files = _kubeconfig(
         tmp_path / "files.kubeconfig",
         {"server": controlplane.server, "certificate-authority": str(pki / "ca.crt")},
@@ -161,11 +166,12 @@ def test_unsupported_kubeconfig_fields_are_refused_by_name(tmp_path: Path, user:
 
 
 class _Listener:
-    """A TCP socket that accepts connections and answers each with `reply` (None: never answers); counts them."""
+    """A TCP socket that accepts connections and answers each with `reply` (None: never answers), then with `drip`
+    a space every `drip` seconds for 6 s; counts them."""
 
-    def __init__(self, reply: bytes | None) -> None:
+    def __init__(self, reply: bytes | None, drip: float = 0.0) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
-        self.reply = reply
+        self.reply, self.drip = reply, drip
         self.accepted = 0
         self.held: list[socket.socket] = []
         threading.Thread(target=self._serve, daemon=True).start()
@@ -185,6 +191,16 @@ class _Listener:
             if self.reply is not None:
                 conn.recv(65536)
                 conn.sendall(self.reply)
+            if self.drip:
+                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        try:
+            for _ in range(int(6 / self.drip)):
+                time.sleep(self.drip)
+                conn.sendall(b" ")
+        except OSError:
+            pass  # the client gave up
 
     def close(self) -> None:
         self.sock.close()
@@ -206,14 +222,23 @@ def test_a_server_that_never_answers_costs_one_timeout_and_no_retry() -> None:
         hung.close()
 
 
-def test_a_body_that_trickles_past_the_timeout_is_cut_at_the_deadline() -> None:
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{"
-    slow = _Listener(head)
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nX-Pad: ",  # the headers trickle
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{",  # the body
+    ],
+    ids=["headers", "body"],
+)
+def test_an_answer_that_trickles_past_the_timeout_is_cut_at_the_deadline(head: bytes) -> None:
+    """A byte every 0.2 s for 6 s: each read gets one in time, the call as a whole does not (more trickles, a
+    chunk-size line and a TLS handshake among them: tests/unit/kube/test_rest.py)."""
+    slow = _Listener(head, drip=0.2)
     try:
         started = time.monotonic()
-        with pytest.raises(ApiTimeout):
-            RestClient(Connection(slow.url)).get("/x", timeout=0.5)
-        assert time.monotonic() - started < 2.0 and slow.accepted == 1
+        with pytest.raises(ApiTimeout, match="no answer within 1s"):
+            RestClient(Connection(slow.url)).get("/x", timeout=1.0)
+        assert time.monotonic() - started < 1.5 and slow.accepted == 1
     finally:
         slow.close()
 
