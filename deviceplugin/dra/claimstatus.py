@@ -182,12 +182,12 @@ class ClaimStatusWriter(BackgroundLoop):
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
             "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
-            "status": {"devices": device_status(claim, devices, self.driver.driver)},
+            "status": {"devices": device_status(claim, devices, self.driver.name)},
         }
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}/status"
         try:
             self.client.patch(
-                path, body, "apply", field_manager=self.driver.driver, force=True, timeout=REQUEST_TIMEOUT
+                path, body, "apply", field_manager=self.driver.name, force=True, timeout=REQUEST_TIMEOUT
             )
         except ApiError as err:
             if not err.status:

@@ -83,7 +83,7 @@ class KubeletPlugin:
         self.paths = paths
         self.settings = settings
         self.metrics = metrics
-        self.registration = Registration(driver.driver, paths.dra_socket)
+        self.registration = Registration(driver.name, paths.dra_socket)
         self._loop = loop or shared_loop()
         self._pool = ThreadPoolExecutor(max_workers=WRITE_WORKERS, thread_name_prefix="dra-prepare")
         self._reads = ThreadPoolExecutor(max_workers=READ_WORKERS, thread_name_prefix="dra-claims")
@@ -104,7 +104,7 @@ class KubeletPlugin:
         self.started = True
         log.info(
             "DRA driver %s serving on %s, registration socket %s",
-            self.driver.driver,
+            self.driver.name,
             self.paths.dra_socket,
             self.paths.registration_socket,
         )

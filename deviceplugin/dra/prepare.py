@@ -91,7 +91,7 @@ class Driver:
 
     def __init__(
         self,
-        driver: str,
+        name: str,
         pool: str,
         checkpoint: Checkpoint,
         cdi: CdiWriter,
@@ -100,7 +100,7 @@ class Driver:
         mig: MigInstances | None = None,
     ) -> None:
         """`mig`: makes and destroys the instances of dynamic-MIG devices (without it such a claim is refused)."""
-        self.driver = driver
+        self.name = name  # the DRA driver name (`spec.driver` of its slices and of claims' results)
         self.mig = mig or MigInstances(None, lambda _: [])
         self.pool = pool  # the node's pool: the node name
         self.checkpoint = checkpoint
@@ -140,11 +140,11 @@ class Driver:
         allocation = _get(claim, "status", "allocation")
         if not allocation:
             raise refused(f"claim {ref} is not allocated")
-        digest = allocation_digest(self.driver, allocation)
+        digest = allocation_digest(self.name, allocation)
         with self.lock:
             self._refresh(ref.uid)
             known = self.checkpoint.get(ref.uid)
-            if known is not None and not known.pending and _same_allocation(known, digest, self.driver, allocation):
+            if known is not None and not known.pending and _same_allocation(known, digest, self.name, allocation):
                 self._ensure_spec(known, ref, allocation)
                 return known
             if not current:
@@ -465,20 +465,20 @@ class Driver:
         results = [
             r
             for r in _list(devices_part.get("results"), "results", ref)
-            if isinstance(r, Mapping) and r.get("driver") == self.driver
+            if isinstance(r, Mapping) and r.get("driver") == self.name
         ]
         if len(results) > MAX_RESULTS_PER_CLAIM:
             raise ClaimError(
-                f"claim {ref} has {len(results)} results for {self.driver}, more than {MAX_RESULTS_PER_CLAIM}"
+                f"claim {ref} has {len(results)} results for {self.name}, more than {MAX_RESULTS_PER_CLAIM}"
             )
         configs = _list(devices_part.get("config"), "config", ref)
         if len(configs) > MAX_CONFIGS_PER_CLAIM:
             raise ClaimError(f"claim {ref} has {len(configs)} device configs, more than {MAX_CONFIGS_PER_CLAIM}")
-        ours = _driver_configs(ref, configs, self.driver)
+        ours = _driver_configs(ref, configs, self.name)
         foreign = sorted({str(r.get("pool")) for r in results if r.get("pool") != self.pool})
         if foreign:
             raise ClaimError(
-                f"claim {ref} is allocated on pool {brief(foreign, 3)} of {self.driver}, "
+                f"claim {ref} is allocated on pool {brief(foreign, 3)} of {self.name}, "
                 f"not on this node's pool {self.pool}"
             )
         view = self.state.snapshot()
@@ -532,9 +532,9 @@ class Driver:
         devices = self._devices
         devices_part = allocation.get("devices") or {}
         listed = _list(devices_part.get("results"), "results", ref)
-        results = [r for r in listed if isinstance(r, Mapping) and r.get("driver") == self.driver]
+        results = [r for r in listed if isinstance(r, Mapping) and r.get("driver") == self.name]
         listed_configs = _list(devices_part.get("config"), "config", ref)[:MAX_CONFIGS_PER_CLAIM]
-        configs = _driver_configs(ref, listed_configs, self.driver)
+        configs = _driver_configs(ref, listed_configs, self.name)
         holdings = []
         instances = {d.device: d.mig for d in known.devices if d.mig}  # a dynamic-MIG device: the instance it was given
         for result in results[:MAX_RESULTS_PER_CLAIM]:
@@ -572,7 +572,7 @@ class Driver:
                 names = {
                     str(r.get("device"))
                     for r in results
-                    if isinstance(r, Mapping) and r.get("driver") == self.driver and r.get("pool") == self.pool
+                    if isinstance(r, Mapping) and r.get("driver") == self.name and r.get("pool") == self.pool
                 }
             else:
                 names = set(self._devices)

@@ -171,7 +171,7 @@ def test_twins_never_over_commit_on_ext4_with_one_second_timestamps(tmp_path: Pa
 
 def test_failed_writes_leave_no_temporary_files_and_a_start_removes_those_a_crash_left(tmp_path: Path) -> None:
     driver = make_driver(tmp_path)
-    leftover = [tmp_path / "claims" / ".x.json.tmp", tmp_path / "cdi" / f".{driver.driver}_x.json.tmp"]
+    leftover = [tmp_path / "claims" / ".x.json.tmp", tmp_path / "cdi" / f".{driver.name}_x.json.tmp"]
     for path in leftover:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("cut")
