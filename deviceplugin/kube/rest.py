@@ -263,23 +263,24 @@ def connect(kubeconfig: str | None = None, timeout: float = TIMEOUT) -> RestClie
 # --- the per-call deadline -----------------------------------------------------------------------
 class _Call:
     """One call's deadline and the sockets it uses (its own duplicates of them: shut when the deadline passes, a
-    blocked read or handshake fails at once; closed when the call ends, so a descriptor reused later is not touched)."""
+    blocked read or handshake fails at once; closed when the call ends, or when a connection goes back to the pool
+    (`release`), so a descriptor reused later, or a connection another call took from the pool, is not touched)."""
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.expired = False
         self._done = False
-        self._sockets: list[socket.socket] = []
+        self._sockets: list[tuple[object, socket.socket]] = []  # (the connection, our duplicate of its socket)
         self._lock = threading.Lock()
 
-    def attach(self, sock: socket.socket) -> None:
+    def attach(self, conn: object, sock: socket.socket) -> None:
         try:
             own = socket.fromfd(sock.fileno(), sock.family, sock.type)
         except OSError:
             return  # already closed: nothing to wait on
         with self._lock:
             if not self._done:
-                self._sockets.append(own)
+                self._sockets.append((conn, own))
                 if self.expired:
                     _shut(own)
                 return
@@ -289,15 +290,25 @@ class _Call:
         with self._lock:
             if not self._done:
                 self.expired = True
-                for sock in self._sockets:
+                for _, sock in self._sockets:
                     _shut(sock)
+
+    def release(self, conn: object) -> bool:
+        """`conn` goes back to the pool: this call no longer shuts it; whether the deadline already shut it."""
+        with self._lock:
+            mine = [own for c, own in self._sockets if c is conn]
+            self._sockets = [(c, own) for c, own in self._sockets if c is not conn]
+            shut = bool(mine) and self.expired
+        for own in mine:
+            own.close()
+        return shut
 
     def finish(self) -> bool:
         """The call is over; whether its deadline passed first."""
         with self._lock:
             self._done = True
             sockets, self._sockets = self._sockets, []
-        for sock in sockets:
+        for _, sock in sockets:
             sock.close()
         return self.expired
 
@@ -345,10 +356,10 @@ os.register_at_fork(after_in_child=_DEADLINES.reset)
 _current = threading.local()  # .call: the _Call this thread is making
 
 
-def _attach(sock: socket.socket) -> None:
+def _attach(conn: object, sock: socket.socket) -> None:
     call: _Call | None = getattr(_current, "call", None)
     if call is not None:
-        call.attach(sock)
+        call.attach(conn, sock)
 
 
 @contextmanager
@@ -377,17 +388,35 @@ class _DeadlineConnection(urllib3.connection.HTTPConnection):
 
     def _new_conn(self) -> socket.socket:
         sock = super()._new_conn()
-        _attach(sock)
+        _attach(self, sock)
         return sock
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         if self.sock is not None:
-            _attach(self.sock)
+            _attach(self, self.sock)
         super().request(*args, **kwargs)
 
 
 class _DeadlineTLSConnection(_DeadlineConnection, urllib3.connection.HTTPSConnection):
     pass
+
+
+class _DeadlinePool(urllib3.HTTPConnectionPool):
+    """A pool whose connection, put back (urllib3 does so once a body is read, before the call ends), is first out of
+    the current call's reach: its deadline cannot shut it under the next call to take it; one it already shut is
+    closed, never reused."""
+
+    ConnectionCls = _DeadlineConnection
+
+    def _put_conn(self, conn: Any) -> None:
+        call: _Call | None = getattr(_current, "call", None)
+        if conn is not None and call is not None and call.release(conn):
+            conn.close()
+        super()._put_conn(conn)
+
+
+class _DeadlineTLSPool(_DeadlinePool, urllib3.HTTPSConnectionPool):
+    ConnectionCls = _DeadlineTLSConnection
 
 
 class RestClient:
@@ -416,8 +445,10 @@ class RestClient:
                 log.warning(
                     "%s: the server's certificate is not verified (insecure-skip-tls-verify)", connection.server
                 )
-        self._pool = urllib3.connection_from_url(f"{split.scheme}://{split.netloc}", **kw)
-        self._pool.ConnectionCls = _DeadlineTLSConnection if split.scheme == "https" else _DeadlineConnection
+        url = urllib3.util.parse_url(f"{split.scheme}://{split.netloc}")
+        https = split.scheme == "https"
+        pool = _DeadlineTLSPool if https else _DeadlinePool
+        self._pool: urllib3.HTTPConnectionPool = pool(url.host or "", port=url.port or (443 if https else 80), **kw)
 
     def _ssl_context(self) -> ssl.SSLContext:
         """The context every connection uses (urllib3 is given no file names): the `_data` fields from memory, a client
