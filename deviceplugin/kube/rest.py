@@ -10,9 +10,10 @@ printable ASCII (at most 64 KiB), or credentials for a plain http:// server that
 are kept in memory: the CA is loaded from it, the client certificate and key from files in a private directory removed
 as soon as they are loaded (the SSL context keeps them; a reconnect reads no file).
 
-Every call: no retries (urllib3's are off), one `timeout` for the whole call: connect, the wait for the headers and the
-body share one deadline, past which a deadline thread (one for all calls) shuts the call's socket, so a server that
-trickles bytes cannot stretch it (ApiTimeout). A body is read up to `max_bytes` (ResponseTooLarge above), and any
+Every call: no retries (urllib3's are off), one `timeout` for the whole call: connect (each of the server name's
+addresses with what is left; resolving the name is not bounded), the wait for the headers and the body share one
+deadline, past which a deadline thread (one for all calls) shuts the call's socket, so a server that trickles bytes
+cannot stretch it (ApiTimeout). A body is read up to `max_bytes` (ResponseTooLarge above), and any
 non-2xx answer is an ApiError carrying the status and the Kubernetes Status message. A watch is opened (connect,
 headers) within the timeout and returns the open response, for `kube.watch.watch_events` to read, each read waiting at
 most its `silence`.
@@ -384,12 +385,39 @@ def _deadline(budget: float, what: str) -> Iterator[None]:
 
 class _DeadlineConnection(urllib3.connection.HTTPConnection):
     """A connection whose socket the current call's deadline shuts: a new one as soon as it is connected (before any
-    TLS handshake), one kept alive from an earlier call when a request starts on it."""
+    TLS handshake), one kept alive from an earlier call when a request starts on it. Connecting, each of the
+    server name's addresses is tried with what is left of the call's time (urllib3 gives each the whole timeout, so a
+    name with N addresses that do not answer took N timeouts); the name's resolution is not bounded."""
 
     def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
-        _attach(self, sock)
-        return sock
+        call: _Call | None = getattr(_current, "call", None)
+        if call is None:
+            return super()._new_conn()
+        host, timeout = self._dns_host, self.timeout
+        try:
+            found = socket.getaddrinfo(
+                host.strip("[]"), self.port, urllib3.util.connection.allowed_gai_family(), socket.SOCK_STREAM
+            )
+        except socket.gaierror as err:
+            raise urllib3.exceptions.NameResolutionError(self.host, self, err) from err
+        failed: Exception | None = None
+        try:
+            for *_, address in found:
+                left = call.deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._dns_host = str(address[0])  # one address: urllib3 connects to it alone
+                self.timeout = min(left, timeout) if isinstance(timeout, (int, float)) else left
+                try:
+                    sock = super()._new_conn()
+                except urllib3.exceptions.ConnectTimeoutError as err:  # NewConnectionError too: the next address
+                    failed = err
+                    continue
+                _attach(self, sock)
+                return sock
+        finally:
+            self._dns_host, self.timeout = host, timeout
+        raise failed or urllib3.exceptions.ConnectTimeoutError(self, f"Connection to {self.host} timed out")
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         if self.sock is not None:

@@ -180,6 +180,34 @@ def test_a_deadline_never_shuts_a_connection_the_next_call_took(serve: Any, monk
     assert server.accepted == 1  # B was on A's connection
 
 
+def test_a_server_name_of_many_silent_addresses_costs_the_timeout_in_all(monkeypatch: Any) -> None:
+    """Each address is tried with what is left of the call's time (urllib3 gives each the whole timeout): here a name
+    with 3 addresses, each a listener whose accept queue is full (its SYNs dropped: a connect that is not answered)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(4):  # fill the accept queue; never accepted
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", port))
+        queued.append(sock)
+    time.sleep(0.1)
+    resolve = socket.getaddrinfo
+
+    def three(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "apiserver.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))] * 3
+        return resolve(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", three)
+    api = RestClient(Connection(f"http://apiserver.example:{port}"))
+    try:
+        assert _timed(lambda: api.get("/x", timeout=0.5), 0.5) < 0.5 + SLACK
+    finally:
+        for sock in [*queued, listener]:
+            sock.close()
+
+
 def test_a_trickled_tls_handshake_is_bounded(serve: Any) -> None:
     """The server's half of the handshake, a TLS record header announcing 4 KiB, then a byte every 0.1 s."""
 
