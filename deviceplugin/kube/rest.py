@@ -699,6 +699,8 @@ class RestClient:
                 redirect=False,
                 preload_content=False,
             )
+        except urllib3.exceptions.NewConnectionError as err:  # refused, unresolvable: a urllib3 TimeoutError, not one
+            raise ApiError(0, "ConnectionError", f"{method} {path}: {safe_text(str(err), 200)}") from None
         except (urllib3.exceptions.TimeoutError, TimeoutError):
             raise ApiTimeout(f"{method} {path}", budget) from None
         except urllib3.exceptions.HTTPError as err:

@@ -208,6 +208,15 @@ def test_a_server_name_of_many_silent_addresses_costs_the_timeout_in_all(monkeyp
             sock.close()
 
 
+def test_a_refused_connection_is_a_connection_error_not_a_timeout() -> None:
+    unused = socket.create_server(("127.0.0.1", 0))
+    port = unused.getsockname()[1]
+    unused.close()
+    with pytest.raises(ApiError, match="ConnectionError") as raised:
+        RestClient(Connection(f"http://127.0.0.1:{port}")).get("/x")
+    assert not isinstance(raised.value, ApiTimeout)
+
+
 def test_a_trickled_tls_handshake_is_bounded(serve: Any) -> None:
     """The server's half of the handshake, a TLS record header announcing 4 KiB, then a byte every 0.1 s."""
 
