@@ -404,7 +404,8 @@ class _DeadlineConnection(urllib3.connection.HTTPConnection):
         try:
             for *_, address in found:
                 left = call.deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0:  # the call's time is spent: a timeout, whatever an earlier address said
+                    failed = None
                     break
                 self._dns_host = str(address[0])  # one address: urllib3 connects to it alone
                 self.timeout = min(left, timeout) if isinstance(timeout, (int, float)) else left
