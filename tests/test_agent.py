@@ -339,6 +339,25 @@ def test_a_gpu_whose_processes_cannot_be_read_keeps_its_residue_and_quarantine(d
     assert d.agent.sync().quarantined_gpus == frozenset()
 
 
+def test_a_gpu_whose_processes_cannot_be_read_keeps_its_containers_memory(daemon, kubelet, monkeypatch):
+    """Unknown is not 0 MiB: a round that cannot read a GPU's processes keeps its containers' memory, so the watchdog
+    neither ends an over-limit episode nor reports it again once the processes are read."""
+    d = serving(daemon, kubelet)
+    pod = Pod("greedy", [Container("app", {SHARE: 1})])
+    kubelet.admit(pod)
+    d.inventory.add_process(401, U0, 5000, cgroup=cgroup(pod, "app"))
+    d.agent.sync()
+    listed = d.inventory.processes
+    monkeypatch.setattr(d.inventory, "processes", lambda uuid: None if uuid == U0 else listed(uuid))
+    snapshot = d.agent.sync()
+    assert [(c.share.pod, c.used_mib) for c in snapshot.observation.containers] == [("greedy", 5000)]
+    monkeypatch.setattr(d.inventory, "processes", listed)
+    d.agent.sync()
+    d.events.deliver()
+    assert d.agent.watchdog.violations == 1
+    assert [e["reason"] for e in d.api.events] == ["GPUMemoryOverLimit"]
+
+
 def test_node_labels_and_inventory_annotation(daemon, kubelet):
     d = daemon()
     d.manager.start()

@@ -84,11 +84,19 @@ class Observer:
             containers, leftover, unattributed = previous.containers, previous.residue_mib, previous.unattributed_mib
         else:
             containers, leftover, unattributed = found
-            for uuid in (u for u, got in listed.items() if got is None):  # unknown: what was known stays
+            unknown = {u for u, got in listed.items() if got is None}
+            for uuid in unknown:  # unknown: what was known stays
                 for now, before in ((leftover, previous.residue_mib), (unattributed, previous.unattributed_mib)):
                     now.pop(uuid, None)
                     if uuid in before:
                         now[uuid] = before[uuid]
+            if unknown:  # and so does each container's memory there (not 0: the watchdog would end its episode)
+                units = unknown | {m.uuid for g in self.node.gpus if g.uuid in unknown for m in g.mig_devices}
+                known = {(c.share.key, c.share.unit_uuid): c for c in previous.containers}
+                containers = tuple(
+                    known.get((c.share.key, c.share.unit_uuid), c) if c.share.unit_uuid in units else c
+                    for c in containers
+                )
         return Observation(
             usage=usage,
             stats=stats,

@@ -447,8 +447,9 @@ class NvmlInventory:
         )
 
     def processes(self, gpu_uuid: str) -> list[GpuProcess] | None:
-        """Compute and MPS-client processes; None when the GPU's handle cannot be had (unknown, not none). MIG
-        processes are attributed by their GPU/compute instance ids."""
+        """Compute and MPS-client processes; None when the GPU's handle or its compute processes cannot be had
+        (unknown, not none; the MPS-client list is extra: many drivers lack it). MIG processes are attributed by
+        their GPU/compute instance ids."""
         try:
             handle = self.nvml.nvmlDeviceGetHandleByUUID(gpu_uuid)
         except self.nvml.NVMLError:
@@ -459,6 +460,8 @@ class NvmlInventory:
                 entries = getattr(self.nvml, call)(handle)
             except Exception as err:  # NVMLLibraryMismatchError is a plain Exception, not NVMLError
                 log.debug("%s on GPU %s: %s", call, gpu_uuid, err)
+                if call == "nvmlDeviceGetComputeRunningProcesses":
+                    return None
                 continue
             for entry in entries:
                 used = (entry.usedGpuMemory or 0) // MIB  # None when the driver cannot tell

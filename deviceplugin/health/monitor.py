@@ -122,9 +122,12 @@ class HealthMonitor(BackgroundLoop):
                 self._mark(gpu.uuid, "reset evidence unreadable", now, gpu.uuid)
             return
         self._saved = dict(loaded.entries)
-        here = {g.uuid for g in self.node.gpus} | {m.uuid for g in self.node.gpus for m in g.mig_devices}
+        gpus = {g.uuid for g in self.node.gpus}
+        here = gpus | {m.uuid for g in self.node.gpus for m in g.mig_devices}
         for uuid, evidence in loaded.entries.items():
-            if uuid not in here:
+            # a MIG instance not listed (a dynamic one, or destroyed since) stays its GPU's fault until the GPU is
+            # shown reset (NodeView.instance_gpus); the evidence of a GPU discovery left out is carried
+            if uuid not in here and evidence.gpu_uuid not in gpus:
                 self._carried[uuid] = evidence
                 continue
             self._reset_waits[uuid] = _ResetWait(evidence.gpu_uuid, evidence.reason, evidence.required_seen)

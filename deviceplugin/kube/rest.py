@@ -10,9 +10,10 @@ printable ASCII (at most 64 KiB), or credentials for a plain http:// server that
 are kept in memory: the CA is loaded from it, the client certificate and key from files in a private directory removed
 as soon as they are loaded (the SSL context keeps them; a reconnect reads no file).
 
-Every call: no retries (urllib3's are off), one `timeout` for the whole call: connect, the wait for the headers and the
-body share one deadline, past which a deadline thread (one for all calls) shuts the call's socket, so a server that
-trickles bytes cannot stretch it (ApiTimeout). A body is read up to `max_bytes` (ResponseTooLarge above), and any
+Every call: no retries (urllib3's are off), one `timeout` for the whole call: connect (each of the server name's
+addresses with what is left; resolving the name is not bounded), the wait for the headers and the body share one
+deadline, past which a deadline thread (one for all calls) shuts the call's socket, so a server that trickles bytes
+cannot stretch it (ApiTimeout). A body is read up to `max_bytes` (ResponseTooLarge above), and any
 non-2xx answer is an ApiError carrying the status and the Kubernetes Status message. A watch is opened (connect,
 headers) within the timeout and returns the open response, for `kube.watch.watch_events` to read, each read waiting at
 most its `silence`.
@@ -263,23 +264,24 @@ def connect(kubeconfig: str | None = None, timeout: float = TIMEOUT) -> RestClie
 # --- the per-call deadline -----------------------------------------------------------------------
 class _Call:
     """One call's deadline and the sockets it uses (its own duplicates of them: shut when the deadline passes, a
-    blocked read or handshake fails at once; closed when the call ends, so a descriptor reused later is not touched)."""
+    blocked read or handshake fails at once; closed when the call ends, or when a connection goes back to the pool
+    (`release`), so a descriptor reused later, or a connection another call took from the pool, is not touched)."""
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.expired = False
         self._done = False
-        self._sockets: list[socket.socket] = []
+        self._sockets: list[tuple[object, socket.socket]] = []  # (the connection, our duplicate of its socket)
         self._lock = threading.Lock()
 
-    def attach(self, sock: socket.socket) -> None:
+    def attach(self, conn: object, sock: socket.socket) -> None:
         try:
             own = socket.fromfd(sock.fileno(), sock.family, sock.type)
         except OSError:
             return  # already closed: nothing to wait on
         with self._lock:
             if not self._done:
-                self._sockets.append(own)
+                self._sockets.append((conn, own))
                 if self.expired:
                     _shut(own)
                 return
@@ -289,15 +291,25 @@ class _Call:
         with self._lock:
             if not self._done:
                 self.expired = True
-                for sock in self._sockets:
+                for _, sock in self._sockets:
                     _shut(sock)
+
+    def release(self, conn: object) -> bool:
+        """`conn` goes back to the pool: this call no longer shuts it; whether the deadline already shut it."""
+        with self._lock:
+            mine = [own for c, own in self._sockets if c is conn]
+            self._sockets = [(c, own) for c, own in self._sockets if c is not conn]
+            shut = bool(mine) and self.expired
+        for own in mine:
+            own.close()
+        return shut
 
     def finish(self) -> bool:
         """The call is over; whether its deadline passed first."""
         with self._lock:
             self._done = True
             sockets, self._sockets = self._sockets, []
-        for sock in sockets:
+        for _, sock in sockets:
             sock.close()
         return self.expired
 
@@ -345,10 +357,10 @@ os.register_at_fork(after_in_child=_DEADLINES.reset)
 _current = threading.local()  # .call: the _Call this thread is making
 
 
-def _attach(sock: socket.socket) -> None:
+def _attach(conn: object, sock: socket.socket) -> None:
     call: _Call | None = getattr(_current, "call", None)
     if call is not None:
-        call.attach(sock)
+        call.attach(conn, sock)
 
 
 @contextmanager
@@ -373,21 +385,67 @@ def _deadline(budget: float, what: str) -> Iterator[None]:
 
 class _DeadlineConnection(urllib3.connection.HTTPConnection):
     """A connection whose socket the current call's deadline shuts: a new one as soon as it is connected (before any
-    TLS handshake), one kept alive from an earlier call when a request starts on it."""
+    TLS handshake), one kept alive from an earlier call when a request starts on it. Connecting, each of the
+    server name's addresses is tried with what is left of the call's time (urllib3 gives each the whole timeout, so a
+    name with N addresses that do not answer took N timeouts); the name's resolution is not bounded."""
 
     def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
-        _attach(sock)
-        return sock
+        call: _Call | None = getattr(_current, "call", None)
+        if call is None:
+            return super()._new_conn()
+        host, timeout = self._dns_host, self.timeout
+        try:
+            found = socket.getaddrinfo(
+                host.strip("[]"), self.port, urllib3.util.connection.allowed_gai_family(), socket.SOCK_STREAM
+            )
+        except socket.gaierror as err:
+            raise urllib3.exceptions.NameResolutionError(self.host, self, err) from err
+        failed: Exception | None = None
+        try:
+            for *_, address in found:
+                left = call.deadline - time.monotonic()
+                if left <= 0:  # the call's time is spent: a timeout, whatever an earlier address said
+                    failed = None
+                    break
+                self._dns_host = str(address[0])  # one address: urllib3 connects to it alone
+                self.timeout = min(left, timeout) if isinstance(timeout, (int, float)) else left
+                try:
+                    sock = super()._new_conn()
+                except urllib3.exceptions.ConnectTimeoutError as err:  # NewConnectionError too: the next address
+                    failed = err
+                    continue
+                _attach(self, sock)
+                return sock
+        finally:
+            self._dns_host, self.timeout = host, timeout
+        raise failed or urllib3.exceptions.ConnectTimeoutError(self, f"Connection to {self.host} timed out")
 
     def request(self, *args: Any, **kwargs: Any) -> None:
         if self.sock is not None:
-            _attach(self.sock)
+            _attach(self, self.sock)
         super().request(*args, **kwargs)
 
 
 class _DeadlineTLSConnection(_DeadlineConnection, urllib3.connection.HTTPSConnection):
     pass
+
+
+class _DeadlinePool(urllib3.HTTPConnectionPool):
+    """A pool whose connection, put back (urllib3 does so once a body is read, before the call ends), is first out of
+    the current call's reach: its deadline cannot shut it under the next call to take it; one it already shut is
+    closed, never reused."""
+
+    ConnectionCls = _DeadlineConnection
+
+    def _put_conn(self, conn: Any) -> None:
+        call: _Call | None = getattr(_current, "call", None)
+        if conn is not None and call is not None and call.release(conn):
+            conn.close()
+        super()._put_conn(conn)
+
+
+class _DeadlineTLSPool(_DeadlinePool, urllib3.HTTPSConnectionPool):
+    ConnectionCls = _DeadlineTLSConnection
 
 
 class RestClient:
@@ -416,8 +474,10 @@ class RestClient:
                 log.warning(
                     "%s: the server's certificate is not verified (insecure-skip-tls-verify)", connection.server
                 )
-        self._pool = urllib3.connection_from_url(f"{split.scheme}://{split.netloc}", **kw)
-        self._pool.ConnectionCls = _DeadlineTLSConnection if split.scheme == "https" else _DeadlineConnection
+        url = urllib3.util.parse_url(f"{split.scheme}://{split.netloc}")
+        https = split.scheme == "https"
+        pool = _DeadlineTLSPool if https else _DeadlinePool
+        self._pool: urllib3.HTTPConnectionPool = pool(url.host or "", port=url.port or (443 if https else 80), **kw)
 
     def _ssl_context(self) -> ssl.SSLContext:
         """The context every connection uses (urllib3 is given no file names): the `_data` fields from memory, a client
@@ -640,6 +700,8 @@ class RestClient:
                 redirect=False,
                 preload_content=False,
             )
+        except urllib3.exceptions.NewConnectionError as err:  # refused, unresolvable: a urllib3 TimeoutError, not one
+            raise ApiError(0, "ConnectionError", f"{method} {path}: {safe_text(str(err), 200)}") from None
         except (urllib3.exceptions.TimeoutError, TimeoutError):
             raise ApiTimeout(f"{method} {path}", budget) from None
         except urllib3.exceptions.HTTPError as err:

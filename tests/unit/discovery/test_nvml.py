@@ -206,6 +206,8 @@ def test_stats_and_processes(install):
     assert sorted((p.pid, p.used_mib) for p in inventory.processes("GPU-t4-1")) == [(11, 512), (12, 0)]
     (process,) = inventory.processes("GPU-a100-0")
     assert (process.pid, process.used_mib, process.mig_uuid) == (21, 1024, "MIG-b")
+    fake.fail("nvmlDeviceGetComputeRunningProcesses", 1, real.NVMLError_Unknown)
+    assert inventory.processes("GPU-t4-1") is None  # the list itself failed: unknown, not "no process"
     fake.gpus[1].lost = True
     assert inventory.stats("GPU-t4-1") == type(stats)() and inventory.processes("GPU-t4-1") is None  # unknown
 

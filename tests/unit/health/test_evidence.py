@@ -144,6 +144,23 @@ def test_evidence_of_a_gpu_not_on_the_node_is_carried_not_shown(path):
     assert set(json.loads(path.read_text())["evidence"]) == {"GPU-gone", gpu}  # the next restart still knows both
 
 
+def test_evidence_of_an_instance_not_listed_holds_its_gpu_until_a_reset(path):
+    """A reset-class fault on a MIG instance discovery does not list after the restart (a dynamic instance, or one
+    destroyed since) is still its GPU's: held (NodeView.instance_gpus) until the driver shows the GPU reset."""
+    boot = Boot()
+    inventory = SimulatedInventory.from_file(NODE)
+    gpu = inventory.discover().gpus[0].uuid
+    EvidenceFile(path, boot).save({"MIG-gone": Evidence("MIG-gone", gpu, "XID 95")})
+    restarted = monitor(path, boot, inventory)
+    view = restarted.state.snapshot()
+    assert view.awaiting_reset == {"MIG-gone"} and dict(view.instance_gpus) == {"MIG-gone": gpu}
+    inventory.set_reset_required(gpu, True)
+    restarted.check(0.0)
+    inventory.set_reset_required(gpu, False)
+    restarted.check(0.0)
+    assert restarted.state.snapshot().unhealthy == frozenset() and json.loads(path.read_text())["evidence"] == {}
+
+
 def test_a_failed_write_is_counted_and_retried(path):
     inventory = SimulatedInventory.from_file(NODE)
     gpu = inventory.discover().gpus[0].uuid

@@ -140,6 +140,83 @@ def test_a_kept_alive_connection_is_bounded_too(serve: Any) -> None:
     assert server.accepted == 1  # the second call was on the first call's connection
 
 
+def test_a_deadline_never_shuts_a_connection_the_next_call_took(serve: Any, monkeypatch: Any) -> None:
+    """urllib3 puts a connection back in the pool once its body is read, before the call ends: when the call's
+    deadline passes in between (widened here: a sleep after the put, on thread A), the next call to take that
+    connection (B) is not the one whose socket is shut."""
+
+    def handle(conn: socket.socket) -> None:
+        while True:
+            head = _request(conn)
+            if head.startswith(b"GET /slow"):
+                time.sleep(1.0)
+            conn.sendall(_answer())
+
+    put = rest._DeadlinePool._put_conn
+
+    def late_put(pool: Any, conn: Any) -> None:
+        put(pool, conn)
+        if threading.current_thread().name == "A":
+            time.sleep(0.6)  # A's deadline passes while B uses the connection
+
+    server = serve(handle)
+    api = RestClient(Connection(server.url))
+    assert api.get("/warm") == {}
+    monkeypatch.setattr(rest._DeadlinePool, "_put_conn", late_put)
+    found: dict[str, Any] = {}
+
+    def call(name: str, path: str, timeout: float) -> None:
+        try:
+            found[name] = api.get(path, timeout=timeout)
+        except ApiError as err:
+            found[name] = err
+
+    a = threading.Thread(target=call, args=("A", "/fast", 0.3), name="A")
+    a.start()
+    time.sleep(0.1)  # A has put the connection back
+    call("B", "/slow", 5.0)
+    a.join()
+    assert isinstance(found["A"], ApiTimeout) and found["B"] == {}
+    assert server.accepted == 1  # B was on A's connection
+
+
+def test_a_server_name_of_many_silent_addresses_costs_the_timeout_in_all(monkeypatch: Any) -> None:
+    """Each address is tried with what is left of the call's time (urllib3 gives each the whole timeout): here a name
+    with 3 addresses, each a listener whose accept queue is full (its SYNs dropped: a connect that is not answered)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    queued = []
+    for _ in range(4):  # fill the accept queue; never accepted
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", port))
+        queued.append(sock)
+    time.sleep(0.1)
+    resolve = socket.getaddrinfo
+
+    def three(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "apiserver.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))] * 3
+        return resolve(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", three)
+    api = RestClient(Connection(f"http://apiserver.example:{port}"))
+    try:
+        assert _timed(lambda: api.get("/x", timeout=0.5), 0.5) < 0.5 + SLACK
+    finally:
+        for sock in [*queued, listener]:
+            sock.close()
+
+
+def test_a_refused_connection_is_a_connection_error_not_a_timeout() -> None:
+    unused = socket.create_server(("127.0.0.1", 0))
+    port = unused.getsockname()[1]
+    unused.close()
+    with pytest.raises(ApiError, match="ConnectionError") as raised:
+        RestClient(Connection(f"http://127.0.0.1:{port}")).get("/x")
+    assert not isinstance(raised.value, ApiTimeout)
+
+
 def test_a_trickled_tls_handshake_is_bounded(serve: Any) -> None:
     """The server's half of the handshake, a TLS record header announcing 4 KiB, then a byte every 0.1 s."""
 
