@@ -45,13 +45,14 @@ UNLISTED = -1  # Unclaimed.gi_id of a GPU whose MIG instances cannot be listed: 
 def names(record: MigRecord, gpu: str, found: MigInstance) -> bool:
     """Whether `record` names `found`, an instance on GPU `gpu`: the one identity rule of records and live instances.
     NVML reuses GPU instance IDs, so a made record is its instance by GPU instance ID, profile and placement start,
-    and by the MIG UUID recorded at creation where both have one (a GPU instance without a compute instance has
-    none); an intent (no IDs yet) names whatever stands at its placement."""
+    and by the MIG UUID recorded at creation when it has one: a GPU instance without a compute instance (no UUID) at
+    the same ID may be another claim's, half made, so it is not this record's (left to the start-up sweep); an
+    intent (no IDs yet) names whatever stands at its placement."""
     if record.gpu != gpu or (found.profile_id, found.start) != (record.profile_id, record.start):
         return False
     if record.gi_id is None:
         return True
-    return found.gi_id == record.gi_id and (not record.uuid or not found.uuid or found.uuid == record.uuid)
+    return found.gi_id == record.gi_id and (not record.uuid or found.uuid == record.uuid)
 
 
 def _find(instances: Sequence[MigInstance], record: MigRecord) -> MigInstance | None:

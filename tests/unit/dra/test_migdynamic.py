@@ -19,10 +19,11 @@ from deviceplugin.dra.checkpoint import Checkpoint, MigRecord
 from deviceplugin.dra.claimstatus import device_status
 from deviceplugin.dra.devices import ClaimError
 from deviceplugin.dra.lock import SerialLock
-from deviceplugin.dra.migdynamic import MigInstances
+from deviceplugin.dra.migdynamic import MigInstances, names
 from deviceplugin.dra.prepare import ClaimRef, Driver, prepare_claims
 from deviceplugin.dra.sharingconfig import api_version
 from deviceplugin.dra.usage import ClaimUsage
+from deviceplugin.model.mig import MigInstance
 from deviceplugin.model.node import Gpu, NodeInfo
 from deviceplugin.state import NodeState
 from tests.support.dra import DRIVER, MemoryClaims, claim, result
@@ -446,3 +447,32 @@ def test_a_refused_destroy_after_another_rewrites_the_record_without_the_dead_in
     inventory.remove_process(7)
     driver.unprepare(ref)
     assert inventory.mig_instances(GPU0) == () and driver.prepared() == [] and not Path(prepared.cdi_spec).exists()
+
+
+def test_a_made_record_never_names_a_half_made_instance_at_its_gpu_instance_id() -> None:
+    """A GPU instance without a compute instance (no MIG UUID) at a made record's ID, profile and start may be
+    another claim's mid-prepare, after NVML gave it the freed ID: the record does not name it, so its unprepare
+    destroys nothing (a half-destroyed instance of its own is left to the start-up sweep)."""
+    made = MigRecord(gpu="GPU-0", profile_id=19, start=6, gi_id=1, ci_id=0, uuid="MIG-A")
+    half_made = MigInstance(gi_id=1, profile_id=19, start=6, size=1, ci_id=None, uuid="")
+    assert not names(made, "GPU-0", half_made)
+    assert not names(made, "GPU-0", replace(half_made, ci_id=0, uuid="MIG-B"))
+    assert names(made, "GPU-0", replace(half_made, ci_id=0, uuid="MIG-A"))
+    intent = MigRecord(gpu="GPU-0", profile_id=19, start=6)
+    assert names(intent, "GPU-0", half_made)  # an intent names whatever stands at its placement
+
+    class Control:
+        destroyed: list[tuple] = []
+
+        def mig_instances(self, gpu: str) -> list[MigInstance]:
+            return [half_made]
+
+        def destroy_compute_instance(self, gpu: str, gi: int, ci: int) -> None:
+            self.destroyed.append(("ci", gi, ci))
+
+        def destroy_gpu_instance(self, gpu: str, gi: int) -> None:
+            self.destroyed.append(("gi", gi))
+
+    control = Control()
+    MigInstances(control, lambda _: []).destroy(made)  # type: ignore[arg-type]
+    assert control.destroyed == []
