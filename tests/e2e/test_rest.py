@@ -208,6 +208,19 @@ class _Listener:
             conn.close()
 
 
+def test_the_api_server_keeps_the_connection_alive_after_a_watch_ends(controlplane: Any) -> None:
+    """kube-apiserver ends a watch at its timeoutSeconds with the connection kept alive: the next call reuses it
+    (tests/support/fake_kube.py answers the same; docs/kubelet.md, which facts are verified)."""
+    api = RestClient(load_kubeconfig(controlplane.admin_kubeconfig))
+    version = api.list("/api/v1/namespaces", limit=1)["metadata"]["resourceVersion"]
+    response = api.watch("/api/v1/namespaces", version, seconds=1)
+    assert all(e["type"] in ("BOOKMARK", "ADDED", "MODIFIED") for e in watch_events(response, 1 << 20))  # ends
+    response.release_conn()
+    made = api._pool.num_connections
+    api.list("/api/v1/namespaces", limit=1)
+    assert api._pool.num_connections == made  # reused: the server did not close it
+
+
 def test_a_server_that_never_answers_costs_one_timeout_and_no_retry() -> None:
     hung = _Listener(None)
     try:

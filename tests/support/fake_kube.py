@@ -221,8 +221,7 @@ class FakeCluster:
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                self.close_connection = True
+                self.end_headers()  # kept alive after a clean end, as kube-apiserver (Go's net/http) keeps it
                 if gone:
                     line = {
                         "type": "ERROR",
@@ -243,6 +242,7 @@ class FakeCluster:
                             lambda since=since: fake.generation != generation or fake.version > since, timeout=0.05
                         )
                         if fake.generation != generation:
+                            self.close_connection = True
                             self.connection.shutdown(socket.SHUT_RDWR)  # dropped mid-stream
                             return
                         new = [e for e in fake.events if e[0] > since and e[1] == kind]
