@@ -1,16 +1,13 @@
 """`kube.rest` against the real API server: kubeconfigs with a token, a token file and client certificates (the CA
-verified), every verb, pagination and selectors, a watch, Status errors; and against sockets of its own: a server
-that accepts and never answers (the call's timeout is its whole budget, no retry), one that trickles its answer a
-byte at a time (cut at the deadline all the same) and a body over the bound. The DRA driver's start never imports
-the `kubernetes` package."""
+verified), every verb, pagination and selectors, a watch and the connection kept alive after it, Status errors. The
+DRA driver's start never imports the `kubernetes` package. Against local sockets (hung, trickling, over-bound
+servers): `tests/unit/kube/test_rest.py`."""
 
 from __future__ import annotations
 
 import base64
-import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin.kube.rest import ApiAccessError, ApiError, ApiTimeout, Connection, RestClient, load_kubeconfig
+from deviceplugin.kube.rest import ApiAccessError, ApiError, RestClient, load_kubeconfig
 from deviceplugin.kube.watch import ResponseTooLarge, watch_events
 
 
@@ -165,49 +162,6 @@ def test_unsupported_kubeconfig_fields_are_refused_by_name(tmp_path: Path, user:
         load_kubeconfig(path)
 
 
-class _Listener:
-    """A TCP socket that accepts connections and answers each with `reply` (None: never answers), then with `drip`
-    a space every `drip` seconds for 6 s; counts them."""
-
-    def __init__(self, reply: bytes | None, drip: float = 0.0) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.reply, self.drip = reply, drip
-        self.accepted = 0
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            self.held.append(conn)
-            if self.reply is not None:
-                conn.recv(65536)
-                conn.sendall(self.reply)
-            if self.drip:
-                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
-
-    def _trickle(self, conn: socket.socket) -> None:
-        try:
-            for _ in range(int(6 / self.drip)):
-                time.sleep(self.drip)
-                conn.sendall(b" ")
-        except OSError:
-            pass  # the client gave up
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
-
-
 def test_the_api_server_keeps_the_connection_alive_after_a_watch_ends(controlplane: Any) -> None:
     """kube-apiserver ends a watch at its timeoutSeconds with the connection kept alive: the next call reuses it
     (tests/support/fake_kube.py answers the same; docs/kubelet.md, which facts are verified)."""
@@ -219,58 +173,6 @@ def test_the_api_server_keeps_the_connection_alive_after_a_watch_ends(controlpla
     made = api._pool.num_connections
     api.list("/api/v1/namespaces", limit=1)
     assert api._pool.num_connections == made  # reused: the server did not close it
-
-
-def test_a_server_that_never_answers_costs_one_timeout_and_no_retry() -> None:
-    hung = _Listener(None)
-    try:
-        api = RestClient(Connection(hung.url))
-        started = time.monotonic()
-        with pytest.raises(ApiTimeout, match="no answer within 0.5s"):
-            api.get("/api/v1/nodes/n", timeout=0.5)
-        assert time.monotonic() - started < 2.0
-        time.sleep(0.2)
-        assert hung.accepted == 1
-    finally:
-        hung.close()
-
-
-@pytest.mark.parametrize(
-    "head",
-    [
-        b"HTTP/1.1 200 OK\r\nX-Pad: ",  # the headers trickle
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{",  # the body
-    ],
-    ids=["headers", "body"],
-)
-def test_an_answer_that_trickles_past_the_timeout_is_cut_at_the_deadline(head: bytes) -> None:
-    """A byte every 0.2 s for 6 s: each read gets one in time, the call as a whole does not (more trickles, a
-    chunk-size line and a TLS handshake among them: tests/unit/kube/test_rest.py)."""
-    slow = _Listener(head, drip=0.2)
-    try:
-        started = time.monotonic()
-        with pytest.raises(ApiTimeout, match="no answer within 1s"):
-            RestClient(Connection(slow.url)).get("/x", timeout=1.0)
-        assert time.monotonic() - started < 1.5 and slow.accepted == 1
-    finally:
-        slow.close()
-
-
-def test_a_body_over_the_bound_and_a_non_status_error() -> None:
-    big = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n" + b" " * 5000
-    server = _Listener(big)
-    try:
-        with pytest.raises(ResponseTooLarge, match="over 1000 bytes"):
-            RestClient(Connection(server.url), max_bytes=1000).get("/x")
-    finally:
-        server.close()
-    teapot = _Listener(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
-    try:
-        with pytest.raises(ApiError) as err:
-            RestClient(Connection(teapot.url)).get("/x")
-        assert (err.value.status, err.value.message) == (503, "busy") and teapot.accepted == 1
-    finally:
-        teapot.close()
 
 
 _PROBE = """

@@ -127,6 +127,29 @@ def test_a_trickling_server_costs_the_timeout_in_all(serve: Any, handle: Any) ->
     assert elapsed < 0.5 + SLACK and server.accepted == 1
 
 
+def test_a_server_that_never_answers_costs_one_timeout_and_no_retry(serve: Any) -> None:
+    release = threading.Event()
+    server = serve(lambda conn: (_request(conn), release.wait(5)))
+    try:
+        elapsed = _timed(lambda: RestClient(Connection(server.url)).get("/api/v1/nodes/n", timeout=0.5), 0.5)
+        assert elapsed < 0.5 + SLACK
+        time.sleep(0.2)  # a retry would have connected again by now
+        assert server.accepted == 1
+    finally:
+        release.set()
+
+
+def test_a_body_over_the_bound_and_a_non_status_error(serve: Any) -> None:
+    big = serve(lambda conn: (_request(conn), conn.sendall(_answer(b" " * 5000))))
+    with pytest.raises(ResponseTooLarge, match="over 1000 bytes"):
+        RestClient(Connection(big.url), max_bytes=1000).get("/x")
+    busy = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy"
+    teapot = serve(lambda conn: (_request(conn), conn.sendall(busy)))
+    with pytest.raises(ApiError) as err:
+        RestClient(Connection(teapot.url)).get("/x")
+    assert (err.value.status, err.value.message) == (503, "busy") and teapot.accepted == 1
+
+
 def test_a_kept_alive_connection_is_bounded_too(serve: Any) -> None:
     def handle(conn: socket.socket) -> None:
         _request(conn)
