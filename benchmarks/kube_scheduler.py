@@ -64,6 +64,7 @@ REPLICAS = 10
 QUIET = 4.0  # seconds without change that count as settled
 WAVE_TIMEOUT = 180.0
 BURST_REPUBLISH = (2.0, 5.0)  # the stand-in nodes' republish delay, seconds: an agent round and a debounce
+TIE_ORDERS = 8  # node orders simulate is run with besides the sample's own
 PACE_TIMEOUT = 30.0  # paced: the longest wait for one pod's decision, its republish and the extender's cache
 SHIPPED_FILE = Path(__file__).resolve().parents[1] / "daemonset/extender/scheduler/second-scheduler.yaml"
 
@@ -144,7 +145,8 @@ class Sample:
     nodes: list[Node]
     pods: list[PodDemand]  # in arrival order, rounded to shares
     original: list[PodDemand]  # the same, as the trace asks (the KPI counts these)
-    simulated: dict[str, float]  # fgdstrand in the simulator: allocation at 100 % and 130 %
+    simulated: dict[str, float]  # fgdstrand in the simulator: allocation at 100 % and 130 %, and over tie orders
+    workload: list[PodDemand]  # the trace's pod list rounded to shares: the task shapes simulate learns
 
 
 def sample(trace_dir: str | None, nodes: int, seed: int, trace: str = "default") -> Sample:
@@ -163,12 +165,29 @@ def sample(trace_dir: str | None, nodes: int, seed: int, trace: str = "default")
     arrived = arrivals(experiment.pods, capacity, experiment.inflate, run_rng)
     node_order(len(chosen), run_rng)
     result = experiment.run("fgdstrand", seed)
+    orders = []  # the same arrivals with other node orders: simulate's own spread over its tie-breaks
+    for k in range(TIE_ORDERS):
+        shuffled = list(chosen)
+        random.Random(f"{seed}/{k}").shuffle(shuffled)
+        orders.append(100 * Experiment(shuffled, pods, replicas=REPLICAS).run("fgdstrand", seed).curve[-1])
     simulated = {
         "100": 100 * result.curve[min(100, len(result.curve) - 1)],
         "130": 100 * result.curve[-1],
         "kpi130": 100 * result.allocation,
+        "orders130": sum(orders) / len(orders),
+        "orders130_min": min(orders),
+        "orders130_max": max(orders),
     }
-    return Sample(chosen, [share_rounded(p, REPLICAS) for p in arrived], arrived, simulated)
+    workload = [experiment.scheduled[p] for p in experiment.pods]
+    return Sample(chosen, [share_rounded(p, REPLICAS) for p in arrived], arrived, simulated, workload)
+
+
+def write_workload(pods: list[PodDemand], path: Path) -> Path:
+    """The pod list as `gpu-share extender --workload` reads it."""
+    lines = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli"]
+    lines += [f"w{i},{p.cpu_milli},{p.memory_mib},{p.num_gpu},{p.gpu_milli}" for i, p in enumerate(pods)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def _shares(pod: PodDemand) -> int:
@@ -456,7 +475,8 @@ def extender_cache(url: str) -> dict[str, int]:
     return out
 
 
-def start_extender(cp, port: int) -> subprocess.Popen:
+def start_extender(cp, port: int, workload: Path | None) -> subprocess.Popen:
+    """`workload`: the extender's --workload file (None: it learns the task shapes from the pods bound)."""
     command = [
         sys.executable,
         "-m",
@@ -470,6 +490,7 @@ def start_extender(cp, port: int) -> subprocess.Popen:
         "fgdstrand",
         "--dra-class",
         DRA_CLASS,
+        *(["--workload", str(workload)] if workload is not None else []),
     ]
     log = open(cp.work / "logs" / "extender.log", "wb")
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -527,6 +548,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the stand-in nodes' republish delay, LOW,HIGH seconds (default 2,5; paced: 0,0, it is waited for)",
     )
     parser.add_argument(
+        "--shapes",
+        choices=("trace", "learned"),
+        default="trace",
+        help="where the extender's fgdstrand takes the task shapes from: the trace's pod list as simulate does "
+        "(--workload), or learned from the pods bound (default %(default)s)",
+    )
+    parser.add_argument(
         "--logs", type=Path, help="copy the control plane's, kube-scheduler's and the extender's logs to this folder"
     )
     args = parser.parse_args(argv)
@@ -550,12 +578,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, "
-        f"{data.simulated['130']:.2f} % at 130 %"
+        f"{data.simulated['130']:.2f} % at 130 % ({TIE_ORDERS} other node orders: mean "
+        f"{data.simulated['orders130']:.2f}, {data.simulated['orders130_min']:.2f}-"
+        f"{data.simulated['orders130_max']:.2f});"
+        f" extender task shapes: {args.shapes}"
     )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the clean-up below: stop what this run started
     cp = ControlPlane.start(bin_dir)
     port = _free_port()
-    extender = start_extender(cp, port)
+    workload = write_workload(data.workload, cp.work / "workload.csv") if args.shapes == "trace" else None
+    extender = start_extender(cp, port, workload)
     results = []
     try:
         url = f"http://127.0.0.1:{port}"
@@ -594,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
                     "nodes": len(data.nodes),
                     "gpus": gpus,
                     "simulated": data.simulated,
+                    "shapes": args.shapes,
                     "results": results,
                 },
                 indent=2,

@@ -3,13 +3,15 @@
 
     python -m benchmarks.sweep --quick   # development: default and gpushare60, seed 44, 16 nodes, 3 configurations
     python -m benchmarks.sweep [--traces default,cpu235,gpushare60,gpuspec25,multigpu40] [--seeds 42,43,44] \
-        [--nodes 32] [--configs dp-none,shipped,dra-shipped,...] [--pace] [--json FILE]
+        [--nodes 32] [--configs dp-none,shipped,dra-shipped,...] [--pace] [--shapes trace|learned] [--json FILE]
         # ~40 s a configuration and sample on 2 cores
 
 Per configuration: the mean and the worst (lowest) allocation % minus simulate's at 100 % and 130 % demand over
-every sample, the fewest points above the plain scheduler (dp-none / dra-none, when run), and failed admissions
-summed. A trace is a pod-list name of the trace directory (openb_pod_list_<name>.csv) or a CSV path: an operator
-passes their own pods (name,cpu_milli,memory_mib,num_gpu,gpu_milli) to choose weights for their cluster.
+every sample, the same at 130 % against the mean of simulate over 8 other node orders (simulate breaks ties by its
+node order, and one draw is itself up to ~2 points off that mean), the fewest points above the plain scheduler
+(dp-none / dra-none, when run), and failed admissions summed. A trace is a pod-list name of the trace directory
+(openb_pod_list_<name>.csv) or a CSV path: an operator passes their own pods (name,cpu_milli,memory_mib,num_gpu,
+gpu_milli) to choose weights for their cluster.
 """
 
 from __future__ import annotations
@@ -32,18 +34,28 @@ FULL = {
 
 
 def summarise(samples: list[dict]) -> list[dict]:
-    """Per configuration over the samples: mean and worst gap to simulate at 100 % and 130 %, the worst margin over
-    the plain scheduler of its path at 130 %, failed admissions."""
+    """Per configuration over the samples: mean and worst gap to simulate at 100 % and 130 %, and at 130 % to the
+    mean of simulate over other node orders (its tie-breaks), the worst margin over the plain scheduler of its path
+    at 130 %, failed admissions."""
     rows: dict[str, dict] = {}
     for data in samples:
         by_key = {r["config"]: r for r in data["results"]}
         for r in data["results"]:
             row = rows.setdefault(
                 r["config"],
-                {"config": r["config"], "label": r["label"], "gap100": [], "gap130": [], "over_plain": [], "failed": 0},
+                {
+                    "config": r["config"],
+                    "label": r["label"],
+                    "gap100": [],
+                    "gap130": [],
+                    "gap_orders": [],
+                    "over_plain": [],
+                    "failed": 0,
+                },
             )
             row["gap100"].append(r["allocation_100"] - data["simulated"]["100"])
             row["gap130"].append(r["allocation_130"] - data["simulated"]["130"])
+            row["gap_orders"].append(r["allocation_130"] - data["simulated"]["orders130"])
             plain = by_key.get("dra-none" if r["config"].startswith("dra") else "dp-none")
             if plain is not None:
                 row["over_plain"].append(r["allocation_130"] - plain["allocation_130"])
@@ -59,6 +71,8 @@ def summarise(samples: list[dict]) -> list[dict]:
                 "worst100": min(row["gap100"]),
                 "mean130": sum(row["gap130"]) / len(row["gap130"]),
                 "worst130": min(row["gap130"]),
+                "mean_orders": sum(row["gap_orders"]) / len(row["gap_orders"]),
+                "worst_orders": min(row["gap_orders"]),
                 "over_plain": min(row["over_plain"]) if row["over_plain"] else None,
                 "failed": row["failed"],
             }
@@ -75,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", help=f"kube_scheduler configurations (default {FULL['configs']})")
     parser.add_argument("--trace-dir")
     parser.add_argument("--pace", action="store_true", help="paced arrivals (kube_scheduler --pace): rank by policy")
+    parser.add_argument(
+        "--shapes", choices=("trace", "learned"), default="trace", help="the extender's task shapes (kube_scheduler)"
+    )
+    parser.add_argument("--logs", type=Path, help="each sample's logs (kube_scheduler --logs) in FOLDER/TRACE-SEED")
     parser.add_argument("--json", type=Path, help="write every sample's results and the summary here")
     args = parser.parse_args(argv)
     base = QUICK if args.quick else FULL
@@ -89,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             for seed in seeds:
                 out = Path(work) / f"{len(samples)}.json"
                 extra = (["--trace-dir", args.trace_dir] if args.trace_dir else []) + (["--pace"] if args.pace else [])
+                extra += ["--shapes", args.shapes]
+                extra += ["--logs", str(args.logs / f"{Path(trace).stem}-{seed}")] if args.logs else []
                 kube_scheduler.main(
                     [
                         "--trace",
@@ -109,19 +129,20 @@ def main(argv: list[str] | None = None) -> int:
                 samples.append(json.loads(out.read_text()))
     summary = summarise(samples)
     print(
-        f"\nsweep: {len(samples)} samples ({', '.join(traces)} x seeds {', '.join(map(str, seeds))}, {nodes} nodes);"
-        " points against simulate"
+        f"\nsweep: {len(samples)} samples ({', '.join(traces)} x seeds {', '.join(map(str, seeds))}, {nodes} nodes, "
+        f"extender task shapes: {args.shapes}); points against simulate"
     )
     print(
         "| configuration | mean at 100 % | worst at 100 % | mean at 130 % | worst at 130 % "
-        "| worst over the plain scheduler (130 %) | failed admissions |"
+        "| mean / worst at 130 % against simulate's tie-order mean | worst over the plain scheduler (130 %) "
+        "| failed admissions |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for r in summary:
         plain = "–" if r["over_plain"] is None else f"{r['over_plain']:+.2f}"
         print(
             f"| {r['label']} | {r['mean100']:+.2f} | {r['worst100']:+.2f} | {r['mean130']:+.2f} "
-            f"| {r['worst130']:+.2f} | {plain} | {r['failed']} |"
+            f"| {r['worst130']:+.2f} | {r['mean_orders']:+.2f} / {r['worst_orders']:+.2f} | {plain} | {r['failed']} |"
         )
     if args.json:
         args.json.write_text(json.dumps({"samples": samples, "summary": summary}, indent=2))

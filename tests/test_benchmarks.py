@@ -140,7 +140,7 @@ def test_the_scheduler_sweep_runs_paced_as_documented(tmp_path):
     out = tmp_path / "sweep.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.sweep", "--traces", "default", "--seeds", "44", "--nodes", "3"]
-        + ["--configs", "dp-none,shipped", "--pace", "--json", str(out)],
+        + ["--configs", "dp-none,shipped", "--pace", "--json", str(out), "--logs", str(tmp_path / "logs")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -153,3 +153,9 @@ def test_the_scheduler_sweep_runs_paced_as_documented(tmp_path):
     assert [r["config"] for r in results] == ["dp-none", "dp-shipped"]
     assert all(r["mode"] == "paced" and r["pace_timeouts"] == 0 and r["bindings"] for r in results), results
     assert {r["config"] for r in data["summary"]} == {"dp-none", "dp-shipped"}
+    sample = data["samples"][0]
+    simulated = sample["simulated"]
+    assert sample["shapes"] == "trace" and simulated["orders130_min"] - 1e-9 <= simulated["orders130"]
+    assert (
+        "task shapes: " in (tmp_path / "logs" / "default-44" / "extender.log").read_text()
+    )  # the extender read --workload

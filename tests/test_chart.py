@@ -1842,3 +1842,31 @@ def test_the_charts_network_policy_is_the_kustomizations_and_takes_way_1s_addres
     assert ("NetworkPolicy", "gpu-share-extender") not in by_kind(
         render({"extender.enabled": "true", "extender.networkPolicy.enabled": "false"})
     )
+
+
+@needs_helm
+def test_a_workload_file_reaches_the_extender_as_its_task_shapes(tmp_path):
+    """`--set-file extender.workload=pods.csv`: a ConfigMap, mounted, read by --workload, and a checksum annotation
+    that restarts the extender (it reads the file once); the file parses as the extender parses it."""
+    from deviceplugin.extender.service import workload_shapes
+
+    pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,8000,65536,8,1000\nb,4000,16384,1,300\n"
+    (tmp_path / "pods.csv").write_text(pods)
+    objects = by_kind(render({"extender.enabled": "true"}, "--set-file", f"extender.workload={tmp_path / 'pods.csv'}"))
+    assert objects[("ConfigMap", "gpu-share-extender-workload")]["data"] == {"pods.csv": pods}
+    template = objects[("Deployment", "gpu-share-extender")]["spec"]["template"]
+    container = template["spec"]["containers"][0]
+    assert "--workload=/etc/gpu-share-extender/workload/pods.csv" in container["args"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "workload")
+    volume = next(v for v in template["spec"]["volumes"] if v["name"] == "workload")
+    assert mount["mountPath"] == "/etc/gpu-share-extender/workload" and volume["configMap"]["name"] == (
+        "gpu-share-extender-workload"
+    )
+    assert len(template["metadata"]["annotations"]["gpu-share/workload-sha256"]) == 64
+    written = tmp_path / "mounted.csv"
+    written.write_text(objects[("ConfigMap", "gpu-share-extender-workload")]["data"]["pods.csv"])
+    assert {(s.num_gpu, s.gpu_milli) for s, _ in workload_shapes(str(written)).shapes} == {(8, 1000), (1, 300)}
+    plain = by_kind(render({"extender.enabled": "true"}))
+    assert ("ConfigMap", "gpu-share-extender-workload") not in plain
+    spec = plain[("Deployment", "gpu-share-extender")]["spec"]["template"]
+    assert not any(a.startswith("--workload") for a in spec["spec"]["containers"][0]["args"])

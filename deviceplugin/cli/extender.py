@@ -69,6 +69,13 @@ def add_arguments(extender: argparse.ArgumentParser) -> None:
         help="cluster placement policy scoring the nodes (default %(default)s): binpack, bestfit, dotproduct, "
         "gpupacking, spread, fgd, fgdstrand",
     )
+    extender.add_argument(
+        "--workload",
+        metavar="FILE",
+        help="the task shapes of fgd/fgdstrand from this pod list (CSV: name,cpu_milli,memory_mib,num_gpu,gpu_milli; "
+        "gpu_milli per GPU as the pods ask here: k shares of N = k*1000/N) instead of learning them from the pods "
+        "bound now (docs/scheduler.md)",
+    )
     extender.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, then ~/.kube/config)")
     extender.add_argument(
         "--reservation-ttl",

@@ -186,9 +186,7 @@ class ClaimStatusWriter(BackgroundLoop):
         }
         path = f"/apis/resource.k8s.io/v1/namespaces/{claim.namespace}/resourceclaims/{claim.name}/status"
         try:
-            self.client.patch(
-                path, body, "apply", field_manager=self.driver.name, force=True, timeout=REQUEST_TIMEOUT
-            )
+            self.client.patch(path, body, "apply", field_manager=self.driver.name, force=True, timeout=REQUEST_TIMEOUT)
         except ApiError as err:
             if not err.status:
                 raise  # no answer: retried as a 5xx is

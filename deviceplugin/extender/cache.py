@@ -354,6 +354,10 @@ class ClusterCache:
                     out.append(pod_demand(request, max(info.totals)))
             return out
 
+    def pod_count(self) -> int:
+        """Every pod known (what `workload()` reads), cheaply: the scorer learns again when it has doubled."""
+        return len(self._pods)
+
     def counts(self) -> dict[str, int]:
         with self._lock:
             return {

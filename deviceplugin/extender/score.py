@@ -6,17 +6,26 @@ resource as GPUs with their free fraction, its allocatable CPU, memory and pod s
 in-flight reservations leave free. So fgdstrand sees the CPU and memory that strand GPUs, as in the simulator.
 
 kube-scheduler's extender scale is 0-10, and FGD's 0-100 scores differ by a point or two between good nodes:
-rounded, they tie. So the scores are ranked within each call: the nodes with the policy's best score get 10,
-the next distinct score 9, and so on down to 1 (0: no room). The node the policy would choose is always the
-extender's top node. Policies that need the workload's task shapes (fgd, fgdstrand) learn them from the pods
-bound now, refreshed every `refresh` seconds; until there are any, binpack scores.
+rounded, they tie. So the scores are ranked within each call: the policy's best score gets 10, the next distinct
+score 9, and so on down to 1 (0: no room). Where several nodes share the best score, one keeps 10 and every other
+node goes one lower, so the policy's choice is always the extender's top node alone. The one is the node
+whose name hashes lowest with the pod's UID: a pseudo-random pick among the policy's equals, the same on every
+retry. Left to kube-scheduler, those ties went to NodeResourcesFit's LeastAllocated, which spreads CPU and memory
+over the nodes a large pod needs whole (docs/scheduler.md, "Task shapes and ties").
+
+Policies that need the workload's task shapes (fgd, fgdstrand) take them from the operator's workload file
+(`--workload`), else learn them from the pods bound now: again whenever the cluster's pod count has doubled or
+halved since (a cluster filling up, emptied) and every `refresh` seconds; until there are any, binpack scores.
+Shapes learned from the first pods of an empty cluster miss its rare large shapes: FGD then fills the nodes an
+8-GPU pod needs.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from ..cluster import MILLI, NEEDS_SHAPES, POLICIES, Node, PodDemand, Policy, TaskShapes, make_policy
@@ -31,12 +40,27 @@ NO_ROOM = -1
 _generations = itertools.count(1)  # one sequence for every Scorer: a view's memo never mixes two policies
 
 
-def ranked(raw: list[int]) -> list[int]:
+def ranked(raw: list[int], names: Sequence[str] = (), uid: str = "") -> list[int]:
     """The policy's 0-100 scores (NO_ROOM: does not fit) as 0-10: the best distinct score 10, the next 9, ... at least
-    1."""
+    1. With the nodes' `names`, where several nodes share the best score one of them alone keeps 10 (`tie_winner`)
+    and every other node goes one lower."""
     levels = sorted({s for s in raw if s != NO_ROOM}, reverse=True)
-    rank = {s: max(1, MAX_EXTENDER_SCORE - i) for i, s in enumerate(levels)}
-    return [rank.get(s, 0) for s in raw]
+    if not levels:
+        return [0] * len(raw)
+    best = [i for i, s in enumerate(raw) if s == levels[0]]
+    tied = bool(names) and len(best) > 1
+    first = MAX_EXTENDER_SCORE - 1 if tied else MAX_EXTENDER_SCORE
+    rank = {s: max(1, first - i) for i, s in enumerate(levels)}
+    out = [rank.get(s, 0) for s in raw]
+    if tied:
+        out[tie_winner(best, names, uid)] = MAX_EXTENDER_SCORE
+    return out
+
+
+def tie_winner(best: list[int], names: Sequence[str], uid: str) -> int:
+    """Of the indices `best` (nodes the policy scores alike), the one whose name hashes lowest with the pod's UID."""
+    salt = uid.encode()
+    return min(best, key=lambda i: hashlib.blake2b(names[i].encode(), digest_size=8, key=salt[:64]).digest())
 
 
 def _key(generation: int, resource: str, pod: PodDemand) -> str:
@@ -54,24 +78,41 @@ class Scorer:
         workload: Callable[[], list[PodDemand]] = lambda: [],
         refresh: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        shapes: TaskShapes | None = None,
+        size: Callable[[], int] = lambda: 0,
     ) -> None:
-        """`workload()`: the pods bound now as cluster-model pods, to learn the task shapes from (fgd, fgdstrand)."""
+        """`shapes`: the workload's task shapes, fixed (fgd, fgdstrand); without them they are learned from
+        `workload()`, the pods bound now as cluster-model pods, whenever `size()` (the cluster's pod count) has
+        doubled or halved since and every `refresh` seconds."""
         if policy not in USABLE_POLICIES:
             raise ValueError(f"--policy: {policy!r} is not one of {', '.join(USABLE_POLICIES)}")
+        if shapes is not None and policy not in NEEDS_SHAPES:
+            raise ValueError(f"--workload: the {policy} policy uses no task shapes (only {', '.join(NEEDS_SHAPES)})")
         self.name = policy
         self.workload = workload
         self.refresh = refresh
         self.clock = clock
+        self.size = size
+        self.learning = policy in NEEDS_SHAPES and shapes is None
         self._fallback = make_policy("binpack")
-        self._policy: Policy | None = None if policy in NEEDS_SHAPES else make_policy(policy)
+        self._policy: Policy | None = (
+            make_policy(policy, shapes) if shapes is not None or policy not in NEEDS_SHAPES else None
+        )
         self._next_refresh = float("-inf")
+        self._learned_at_size = 0
         self._generation = next(_generations)  # renewed when the policy is rebuilt: keys the views' memos
         self._score = lru_cache(maxsize=memo)(self._compute)  # policies hash by identity
 
     @property
     def policy(self) -> Policy:
-        """The policy scoring now (fgd: rebuilt from the workload every `refresh` seconds)."""
-        if self.name in NEEDS_SHAPES and self.clock() >= self._next_refresh:
+        """The policy scoring now (learning fgd: rebuilt from the workload, see __init__)."""
+        size = self.size() if self.learning else 0
+        if self.learning and (
+            self.clock() >= self._next_refresh
+            or size >= 2 * max(1, self._learned_at_size)
+            or 2 * size < self._learned_at_size
+        ):
+            self._learned_at_size = size
             pods = self.workload()
             self._policy = make_policy(self.name, TaskShapes.from_pods(pods)) if any(p.num_gpu for p in pods) else None
             self._score.cache_clear()
@@ -135,10 +176,6 @@ class Scorer:
                 view.scores[key] = score
             out.append(score)
         return out
-
-    def scores(self, request: PodRequest, views: list[CandidateNode]) -> list[int]:
-        """0-10 on each node, ranked (see the module doc)."""
-        return ranked(self.raw_scores(request, views))
 
     @staticmethod
     def _compute(

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
 from .. import defaults
+from ..cluster import TaskShapes
 from ..config.types import DEFAULT_DOMAIN
 from ..errors import FlagError
 from ..kube.annotation import ANNOTATION
@@ -23,6 +26,8 @@ from .tls import ServerTLS, TLSSettings
 from .verbs import Extender
 from .watch import ClusterWatch, WatchSettings
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class ExtenderOptions:
@@ -32,6 +37,7 @@ class ExtenderOptions:
         "127.0.0.1"  # anything but loopback needs tls with a client CA, or allow_unauthenticated (check_exposure)
     )
     policy: str = defaults.EXTENDER_POLICY
+    shapes: TaskShapes | None = None  # the workload file's task shapes (fgd, fgdstrand); None: learned
     workers: int = 8
     read_timeout: float = READ_TIMEOUT  # for a request head, and again for its body
     reservation_ttl: float = defaults.RESERVATION_TTL
@@ -80,9 +86,8 @@ class ExtenderService:
             options.watch,
             lambda kind: self.metrics.watch_restarts.labels(kind).inc(),
         )
-        self.extender = Extender(
-            self.cache, Scorer(options.policy, workload=self.cache.workload), managed, self.metrics
-        )
+        scorer = Scorer(options.policy, workload=self.cache.workload, shapes=options.shapes, size=self.cache.pod_count)
+        self.extender = Extender(self.cache, scorer, managed, self.metrics)
         self.server = ExtenderHTTPServer(
             self.extender,
             self.metrics,
@@ -120,6 +125,22 @@ def tls_settings(args) -> TLSSettings | None:
     )
 
 
+def workload_shapes(path: str) -> TaskShapes:
+    """The task shapes of a pod list (traces.load_pods' CSV) for fgd/fgdstrand. Accepted GPU models are dropped: the
+    extender scores a node without its model (kube-scheduler's node affinity filters by it)."""
+    from ..cluster.traces import TraceError, load_pods
+
+    try:
+        pods = load_pods(Path(path))
+    except TraceError as err:
+        raise FlagError(
+            "--workload", path, str(err), "a pod list: name,cpu_milli,memory_mib,num_gpu,gpu_milli"
+        ) from None
+    shapes = TaskShapes.from_pods(replace(p, gpu_models=frozenset()) for p in pods)
+    log.info("task shapes: %d from %d pods of --workload %s", len(shapes.shapes), len(pods), path)
+    return shapes
+
+
 def run_extender(args, wait: Callable[[], None]) -> int:
     """`gpu-share extender`: serve until `wait()` returns (a signal); 2 for a bad option or no API access."""
     from ..kube.rest import ApiAccessError, connect
@@ -137,6 +158,7 @@ def run_extender(args, wait: Callable[[], None]) -> int:
             port=args.port,
             host=host,
             policy=args.policy,
+            shapes=workload_shapes(args.workload) if args.workload else None,
             reservation_ttl=args.reservation_ttl,
             dra_classes=tuple(args.dra_class or ()),
             tls=tls,

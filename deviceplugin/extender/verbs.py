@@ -85,7 +85,8 @@ class Extender:
                 s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM
                 for view, s in zip(views, raw, strict=True)
             ]
-        return [{"Host": view.name, "Score": score} for view, score in zip(views, ranked(raw), strict=True)]
+        scores = ranked(raw, [view.name for view in views], request.uid)
+        return [{"Host": view.name, "Score": score} for view, score in zip(views, scores, strict=True)]
 
     def _args(self, args: dict, every_pod: bool) -> tuple[PodRequest, list[str]]:
         if not isinstance(args, dict):

@@ -146,7 +146,7 @@ def test_fgdstrand_through_the_extender_keeps_cpu_for_the_idle_gpus():
         )
         scores[policy] = {s["Host"]: s["Score"] for s in ext.prioritize(args(heavy, "tight", "roomy"))}
     assert scores["fgdstrand"] == {"roomy": 10, "tight": 9}
-    assert scores["fgd"] == {"roomy": 10, "tight": 10}
+    assert sorted(scores["fgd"].values()) == [9, 10]  # alike to fgd: one alone on top (score.tie_winner)
 
 
 def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
@@ -253,11 +253,8 @@ def test_every_pod_entry_sends_a_cpu_only_pod_where_it_strands_no_gpu():
     plain = host_pod("plain", "16", "8Gi")
     assert ext.filter(args(plain, "gpus", "full", "cpu"), every_pod=True)["NodeNames"] == ["gpus", "full", "cpu"]
     assert cache.counts()["reservations"] == 0  # nothing of ours to reserve
-    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full", "cpu"), every_pod=True)} == {
-        "gpus": 9,
-        "full": 10,
-        "cpu": 10,
-    }
+    scores = {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full", "cpu"), every_pod=True)}
+    assert scores["gpus"] == 8 and sorted([scores["full"], scores["cpu"]]) == [9, 10]  # strands none on either
     assert {s["Host"]: s["Score"] for s in ext.prioritize(args(plain, "gpus", "full"))} == {
         "gpus": 0,
         "full": 0,

@@ -1,0 +1,75 @@
+"""The extender's ranking and where fgd's task shapes come from (deviceplugin/extender/score.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from deviceplugin.cluster import PodDemand, TaskShapes
+from deviceplugin.errors import FlagError
+from deviceplugin.extender.score import NO_ROOM, Scorer, ranked
+from deviceplugin.extender.service import workload_shapes
+
+
+def test_the_policy_best_score_is_ranked_10_the_next_distinct_scores_lower():
+    assert ranked([70, NO_ROOM, 90, 70, 10]) == [9, 0, 10, 9, 8]
+    assert ranked([NO_ROOM, NO_ROOM], ["a", "b"], "uid") == [0, 0]
+
+
+def test_one_node_of_the_best_score_alone_is_on_top_picked_by_the_pod_uid():
+    names = ["a", "b", "c", "d"]
+    winners = set()
+    for k in range(64):
+        out = ranked([80, 80, 50, 80], names, f"uid-{k}")
+        assert out == ranked([80, 80, 50, 80], names, f"uid-{k}")  # the same answer on a retry
+        assert sorted(out[i] for i in (0, 1, 3)) == [9, 9, 10] and out[2] == 8
+        winners.add(out.index(10))
+    assert winners == {0, 1, 3}  # a spread over the equals, not always the first
+    assert ranked([80, 50], names[:2], "uid") == [10, 9]  # a single best: nothing shifts
+
+
+def test_task_shapes_from_a_workload_file_score_at_once_and_are_never_relearned():
+    learned = []
+    shapes = TaskShapes.from_pods([PodDemand(8_000, 64_000, 8, 1000)] * 3 + [PodDemand(2_000, 8_000, 1, 500)])
+    scorer = Scorer("fgdstrand", workload=lambda: learned.append(1) or [], shapes=shapes, size=lambda: 10**6)
+    assert scorer.policy.name == "fgdstrand" and scorer.policy is scorer.policy
+    assert learned == []
+    with pytest.raises(ValueError, match="--workload: the binpack policy uses no task shapes"):
+        Scorer("binpack", shapes=shapes)
+
+
+def test_learned_shapes_are_learned_again_when_the_cluster_has_doubled_or_halved_before_the_refresh():
+    pods = [PodDemand(1_000, 1_000, 1, 500)]
+    size = [1]
+    calls = []
+    scorer = Scorer("fgd", workload=lambda: calls.append(size[0]) or pods, refresh=3600, clock=lambda: 0.0,
+                    size=lambda: size[0])  # fmt: skip
+    first = scorer.policy
+    assert calls == [1] and scorer.policy is first  # not doubled: kept
+    size[0] = 2
+    assert scorer.policy is not first and calls == [1, 2]
+    size[0] = 3
+    assert scorer.policy is not None
+    assert calls == [1, 2]
+    size[0] = 4
+    assert scorer.policy is not None
+    assert calls == [1, 2, 4]
+    size[0] = 1  # emptied: learned again
+    assert scorer.policy is not None
+    assert calls == [1, 2, 4, 1]
+
+
+def test_a_workload_file_is_a_pod_list_its_gpu_models_dropped(tmp_path):
+    good = tmp_path / "pods.csv"
+    good.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\na,8000,65536,8,1000,A100\nb,2000,8192,1,300,\n"
+    )
+    shapes = workload_shapes(str(good))
+    assert {s.gpu_models for s, _ in shapes.shapes} == {frozenset()}
+    assert {(s.num_gpu, s.gpu_milli) for s, _ in shapes.shapes} == {(8, 1000), (1, 300)}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,8000,65536,8,1500\n")
+    with pytest.raises(FlagError, match=r"--workload .*bad.csv:2: column gpu_milli: must be 0-1000, got 1500"):
+        workload_shapes(str(bad))
+    with pytest.raises(FlagError, match="--workload .*missing column"):
+        (tmp_path / "cols.csv").write_text("name,cpu\n")
+        workload_shapes(str(tmp_path / "cols.csv"))
