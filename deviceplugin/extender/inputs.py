@@ -7,7 +7,7 @@ and checked; a bad one raises InputError naming the field and the reason.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import cached_property
 
@@ -20,6 +20,8 @@ MAX_ANNOTATION_BYTES = 256 * 1024  # the API server's limit for all annotations 
 MAX_UNITS = 4096  # per node
 MAX_SHARES = 1_000_000  # per unit or per container request
 MAX_CONTAINERS = 256  # per pod
+MAX_MODELS = 64  # GPU models a pod's node affinity names, in all
+MODEL_LABEL = "gpu.product"  # <domain>/gpu.product: the node's GPU model, as the node plugin labels it
 UNLIMITED = 1 << 62  # a host capacity the Node does not state
 
 
@@ -151,6 +153,7 @@ class PodRequest:
     alone: tuple[ContainerRequest, ...]  # ordinary init containers, one at a time before the others
     cpu_milli: int = 0  # the pod's effective CPU request, as kube-scheduler counts it (host_request)
     memory_mib: int = 0
+    gpu_models: frozenset[str] = frozenset()  # the GPU models it accepts (gpu_models); empty: any
 
     @property
     def empty(self) -> bool:
@@ -176,12 +179,19 @@ def pod_demand(request: PodRequest, total: int) -> PodDemand:
     counts = [n for c in request.together for r, n in c.shares if r == resource]
     unit = max(total, 1)
     if len(counts) > 1 and all(n % unit == 0 for n in counts):
-        return PodDemand(request.cpu_milli, request.memory_mib, num_gpu=sum(counts) // unit, gpu_milli=MILLI)
-    return share_demand(count, total, request.cpu_milli, request.memory_mib)
+        return PodDemand(
+            request.cpu_milli,
+            request.memory_mib,
+            num_gpu=sum(counts) // unit,
+            gpu_milli=MILLI,
+            gpu_models=request.gpu_models,
+        )
+    return replace(share_demand(count, total, request.cpu_milli, request.memory_mib), gpu_models=request.gpu_models)
 
 
-def pod_request(pod: object, managed) -> PodRequest:
-    """A Pod object's requests of the resources `managed(name)` accepts; InputError names the bad field."""
+def pod_request(pod: object, managed, model_label: str = "") -> PodRequest:
+    """A Pod object's requests of the resources `managed(name)` accepts, and the GPU models it accepts by the node
+    label `model_label` ("": not read); InputError names the bad field."""
     if not isinstance(pod, dict):
         raise InputError("Pod: missing or not an object")
     meta = pod.get("metadata") or {}
@@ -209,7 +219,41 @@ def pod_request(pod: object, managed) -> PodRequest:
         tuple(alone),
         cpu,
         memory,
+        gpu_models(spec, model_label) if model_label else frozenset(),
     )
+
+
+def gpu_models(spec: dict, label: str) -> frozenset[str]:
+    """The values of `label` a pod requires of its node: its nodeSelector's, else the union over its required node
+    affinity terms (the terms are ORed) when every term has an `In` on the label; empty (any model) otherwise, and
+    for more than MAX_MODELS values. What kube-scheduler's filters enforce; the extender only scores by it."""
+    selector = spec.get("nodeSelector")
+    if isinstance(selector, dict) and isinstance(selector.get(label), str):
+        return frozenset([selector[label]])
+    affinity = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}) if isinstance(spec.get("affinity"), dict) else {}
+    )
+    required = affinity.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(affinity, dict) else None
+    terms = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    if not isinstance(terms, list) or not terms or len(terms) > MAX_MODELS:
+        return frozenset()
+    models: set[str] = set()
+    for term in terms:
+        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+        values = next(
+            (
+                e.get("values")
+                for e in (expressions if isinstance(expressions, list) else [])[:MAX_MODELS]
+                if isinstance(e, dict) and e.get("key") == label and e.get("operator") == "In"
+            ),
+            None,
+        )
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            return frozenset()  # a term that admits any model
+        models.update(values)
+        if len(models) > MAX_MODELS:
+            return frozenset()
+    return frozenset(models)
 
 
 def _container_request(container, where: str, managed) -> ContainerRequest | None:
@@ -238,15 +282,17 @@ def _quantity(value, where: str) -> int:
 
 @dataclass(frozen=True)
 class HostCapacity:
-    """A Node's allocatable CPU (milli), memory (MiB, rounded down) and pod slots."""
+    """A Node's allocatable CPU (milli), memory (MiB, rounded down) and pod slots, and its GPU model label."""
 
     cpu_milli: int = UNLIMITED
     memory_mib: int = UNLIMITED
     pods: int = UNLIMITED
+    model: str = ""  # the node's model label (MODEL_LABEL), as pods' node affinity names it; "": none
 
 
-def host_capacity(node: dict) -> HostCapacity:
-    """`status.allocatable` of a Node object; a missing or unreadable entry counts as unlimited."""
+def host_capacity(node: dict, model_label: str = "") -> HostCapacity:
+    """`status.allocatable` of a Node object; a missing or unreadable entry counts as unlimited. With `model_label`,
+    the node's value of that label too."""
     allocatable = ((node.get("status") or {}).get("allocatable") or {}) if isinstance(node, dict) else {}
     values = []
     for key, scale, down in (("cpu", 1000, True), ("memory", 1 / MIB, True), ("pods", 1, True)):
@@ -254,7 +300,10 @@ def host_capacity(node: dict) -> HostCapacity:
             values.append(_scaled(allocatable[key], scale, down))
         except (KeyError, InputError):
             values.append(UNLIMITED)
-    return HostCapacity(*values)
+    labels = ((node.get("metadata") or {}).get("labels") or {}) if isinstance(node, dict) and model_label else {}
+    model = labels.get(model_label) if isinstance(labels, dict) else None
+    cpu, memory, pods = values
+    return HostCapacity(cpu, memory, pods, model if isinstance(model, str) else "")
 
 
 def host_request(spec: dict) -> tuple[int, int]:

@@ -64,7 +64,8 @@ def tie_winner(best: list[int], names: Sequence[str], uid: str) -> int:
 
 
 def _key(generation: int, resource: str, pod: PodDemand) -> str:
-    return f"{generation}|{resource}|{pod.cpu_milli}|{pod.memory_mib}|{pod.num_gpu}|{pod.gpu_milli}"
+    models = ",".join(sorted(pod.gpu_models))
+    return f"{generation}|{resource}|{pod.cpu_milli}|{pod.memory_mib}|{pod.num_gpu}|{pod.gpu_milli}|{models}"
 
 
 class Scorer:
@@ -188,7 +189,9 @@ class Scorer:
     ) -> int:
         gpu_free = [min(MILLI, f * MILLI // max(t, 1)) for t, f in zip(totals, free, strict=True)]
         cpu, memory, slots = (max(0, v) for v in host_free)
-        node = Node("", host.cpu_milli, host.memory_mib, "", gpu_free, cpu, memory, host.pods, host.pods - slots)
+        node = Node(
+            "", host.cpu_milli, host.memory_mib, host.model, gpu_free, cpu, memory, host.pods, host.pods - slots
+        )
         if not pod.num_gpu and isinstance(policy, FgdStrandPolicy):
             score = policy.strand_score(pod, node)
             return NO_ROOM if score is None else score

@@ -6,7 +6,7 @@ import ipaddress
 import logging
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -20,6 +20,7 @@ from ..kube.dranames import driver_name
 from ..kube.rest import RestClient
 from .cache import ClusterCache
 from .http import READ_TIMEOUT, ExtenderHTTPServer
+from .inputs import MODEL_LABEL
 from .metrics import ExtenderMetrics
 from .score import Scorer
 from .tls import ServerTLS, TLSSettings
@@ -71,6 +72,7 @@ class ExtenderService:
         check_exposure(options)
         tls = ServerTLS(options.tls) if options.tls is not None else None
         prefix = options.domain + "/"
+        model_label = prefix + MODEL_LABEL
         managed = lambda name: name.startswith(prefix)  # noqa: E731
         driver = driver_name(options.domain) if options.dra_classes else ""
         self.cache = ClusterCache(
@@ -85,9 +87,10 @@ class ExtenderService:
             managed,
             options.watch,
             lambda kind: self.metrics.watch_restarts.labels(kind).inc(),
+            model_label,
         )
         scorer = Scorer(options.policy, workload=self.cache.workload, shapes=options.shapes, size=self.cache.pod_count)
-        self.extender = Extender(self.cache, scorer, managed, self.metrics)
+        self.extender = Extender(self.cache, scorer, managed, self.metrics, model_label)
         self.server = ExtenderHTTPServer(
             self.extender,
             self.metrics,
@@ -126,8 +129,8 @@ def tls_settings(args) -> TLSSettings | None:
 
 
 def workload_shapes(path: str) -> TaskShapes:
-    """The task shapes of a pod list (traces.load_pods' CSV) for fgd/fgdstrand. Accepted GPU models are dropped: the
-    extender scores a node without its model (kube-scheduler's node affinity filters by it)."""
+    """The task shapes of a pod list (traces.load_pods' CSV) for fgd/fgdstrand; its `gpu_spec` models are values of the
+    nodes' <domain>/gpu.product label."""
     from ..cluster.traces import TraceError, load_pods
 
     try:
@@ -136,7 +139,7 @@ def workload_shapes(path: str) -> TaskShapes:
         raise FlagError(
             "--workload", path, str(err), "a pod list: name,cpu_milli,memory_mib,num_gpu,gpu_milli"
         ) from None
-    shapes = TaskShapes.from_pods(replace(p, gpu_models=frozenset()) for p in pods)
+    shapes = TaskShapes.from_pods(pods)
     log.info("task shapes: %d from %d pods of --workload %s", len(shapes.shapes), len(pods), path)
     return shapes
 

@@ -33,11 +33,13 @@ class Extender:
         scorer: Scorer,
         managed: Callable[[str], bool],
         metrics: ExtenderMetrics | None = None,
+        model_label: str = "",
     ) -> None:
         self.cache = cache
         self.scorer = scorer
         self.managed = managed
         self.metrics = metrics
+        self.model_label = model_label  # the node label of the GPU model pods' node affinity names ("": not read)
 
     def filter(self, args: dict, every_pod: bool = False) -> dict:
         try:
@@ -97,7 +99,7 @@ class Extender:
         if not isinstance(names, list) or len(names) > MAX_NODE_NAMES or not all(isinstance(n, str) for n in names):
             raise InputError(f"ExtenderArgs.NodeNames: must be a list of at most {MAX_NODE_NAMES} node names")
         pod = args.get("Pod")
-        request = pod_request(pod, self.managed)
+        request = pod_request(pod, self.managed, self.model_label)
         if not every_pod:
             return request, names
         if not request.empty:

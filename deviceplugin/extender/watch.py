@@ -100,10 +100,13 @@ class ClusterWatch:
         managed: Callable[[str], bool],
         settings: WatchSettings = WatchSettings(),
         on_restart: Callable[[str], None] = lambda kind: None,
+        model_label: str = "",
     ) -> None:
+        """`model_label`: the node label of the GPU model (inputs.MODEL_LABEL under the domain); "": not read."""
         self.cache = cache
         self.annotation_key = annotation_key
         self.managed = managed
+        self.model_label = model_label
         self.nodes = ResourceWatch(
             "nodes", api, "/api/v1/nodes", self._nodes, self._node_event, settings, lambda: on_restart("nodes")
         )
@@ -164,7 +167,9 @@ class ClusterWatch:
         return ((node.get("metadata") or {}).get("annotations") or {}).get(self.annotation_key)
 
     def _nodes(self, items: list[dict]) -> None:
-        self.cache.replace_nodes({n["metadata"]["name"]: (self._annotation(n), host_capacity(n)) for n in items})
+        self.cache.replace_nodes(
+            {n["metadata"]["name"]: (self._annotation(n), host_capacity(n, self.model_label)) for n in items}
+        )
         settle_heap()
 
     def _node_event(self, kind: str, node: dict) -> None:
@@ -172,11 +177,11 @@ class ClusterWatch:
         if kind == "DELETED":
             self.cache.delete_node(name)
         else:
-            self.cache.set_node(name, self._annotation(node), host_capacity(node))
+            self.cache.set_node(name, self._annotation(node), host_capacity(node, self.model_label))
 
     def _state(self, pod: dict):
         try:
-            return pod_state(pod, pod_request(pod, self.managed))
+            return pod_state(pod, pod_request(pod, self.managed, self.model_label))
         except InputError as err:
             log.debug("pod %s ignored: %s", (pod.get("metadata") or {}).get("name"), err)
             return None

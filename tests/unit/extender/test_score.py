@@ -58,13 +58,13 @@ def test_learned_shapes_are_learned_again_when_the_cluster_has_doubled_or_halved
     assert calls == [1, 2, 4, 1]
 
 
-def test_a_workload_file_is_a_pod_list_its_gpu_models_dropped(tmp_path):
+def test_a_workload_file_is_a_pod_list_its_gpu_models_kept(tmp_path):
     good = tmp_path / "pods.csv"
     good.write_text(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\na,8000,65536,8,1000,A100\nb,2000,8192,1,300,\n"
     )
     shapes = workload_shapes(str(good))
-    assert {s.gpu_models for s, _ in shapes.shapes} == {frozenset()}
+    assert {s.gpu_models for s, _ in shapes.shapes} == {frozenset({"A100"}), frozenset()}  # <domain>/gpu.product values
     assert {(s.num_gpu, s.gpu_milli) for s, _ in shapes.shapes} == {(8, 1000), (1, 300)}
     bad = tmp_path / "bad.csv"
     bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,8000,65536,8,1500\n")
@@ -73,3 +73,63 @@ def test_a_workload_file_is_a_pod_list_its_gpu_models_dropped(tmp_path):
     with pytest.raises(FlagError, match="--workload .*missing column"):
         (tmp_path / "cols.csv").write_text("name,cpu\n")
         workload_shapes(str(tmp_path / "cols.csv"))
+
+
+def _affinity(*terms: list[dict]) -> dict:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": t} for t in terms]}}}  # fmt: skip
+
+
+LABEL = "example.com/gpu.product"
+
+
+def test_a_pods_gpu_models_are_what_its_node_selector_or_every_required_affinity_term_admits():
+    from deviceplugin.extender.inputs import MAX_MODELS, gpu_models
+
+    def of(spec: dict) -> frozenset[str]:
+        return gpu_models(spec, LABEL)
+
+    assert of({"nodeSelector": {LABEL: "A100"}}) == {"A100"}
+    a100, zone = (
+        {"key": LABEL, "operator": "In", "values": ["A100"]},
+        {"key": "zone", "operator": "In", "values": ["a"]},
+    )
+    both = _affinity([a100], [zone, {"key": LABEL, "operator": "In", "values": ["H100"]}])
+    assert of({"affinity": both}) == {"A100", "H100"}  # the terms are ORed
+    anywhere = _affinity([a100], [zone])
+    assert of({"affinity": anywhere}) == frozenset()  # one term admits any model
+    assert of({"affinity": _affinity([{"key": LABEL, "operator": "NotIn", "values": ["T4"]}])}) == frozenset()
+    many = _affinity([{"key": LABEL, "operator": "In", "values": [f"m{i}" for i in range(MAX_MODELS + 1)]}])
+    assert of({"affinity": many}) == frozenset()  # over the bound: any model (kube-scheduler still filters)
+    assert of({"affinity": {"nodeAffinity": "junk"}}) == of({"affinity": []}) == of({}) == frozenset()
+    assert gpu_models({"nodeSelector": {LABEL: "A100"}}, "other/gpu.product") == frozenset()
+
+
+def test_the_extender_scores_a_node_by_its_gpu_model_as_the_workload_shapes_name_it():
+    """Half the workload is 8-GPU pods that run only on A100s. A 1-GPU pod that runs anywhere goes to the V100 node:
+    on the A100 node it would leave 7 GPUs no 8-GPU pod can use. Blind to models, the two nodes were alike."""
+    from prometheus_client import CollectorRegistry
+
+    from deviceplugin.extender.cache import ClusterCache
+    from deviceplugin.extender.inputs import HostCapacity, pod_request
+    from deviceplugin.extender.metrics import ExtenderMetrics
+    from deviceplugin.extender.verbs import Extender
+    from tests.support.extender import SHARE, annotation, args, managed, pod
+
+    a100 = frozenset(["A100"])
+    shapes = TaskShapes.from_pods(
+        [PodDemand(8_000, 64_000, 8, 1000, a100)] * 5 + [PodDemand(8_000, 64_000, 1, 1000)] * 5
+    )
+    cache = ClusterCache()
+    for name, model in (("a100-node", "A100"), ("v100-node", "V100")):
+        cache.set_node(name, annotation(*[(10, 0)] * 8), HostCapacity(96_000, 512_000, 110, model))
+    ext = Extender(cache, Scorer("fgd", shapes=shapes), managed, ExtenderMetrics(CollectorRegistry(), cache.counts),
+                   LABEL)  # fmt: skip
+    one = pod("one", {SHARE: 10})
+    views = cache.views(["a100-node", "v100-node"], exclude="uid-one")
+    on_a100, on_v100 = ext.scorer.raw_scores(pod_request(one, managed, LABEL), views)
+    assert on_a100 < on_v100  # not a tie broken by the hash
+    assert {s["Host"]: s["Score"] for s in ext.prioritize(args(one, "a100-node", "v100-node"))} == {
+        "v100-node": 10,
+        "a100-node": 9,
+    }
