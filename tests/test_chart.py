@@ -1870,3 +1870,18 @@ def test_a_workload_file_reaches_the_extender_as_its_task_shapes(tmp_path):
     assert ("ConfigMap", "gpu-share-extender-workload") not in plain
     spec = plain[("Deployment", "gpu-share-extender")]["spec"]["template"]
     assert not any(a.startswith("--workload") for a in spec["spec"]["containers"][0]["args"])
+
+
+@needs_helm
+def test_a_workload_file_the_extender_cannot_use_fails_the_render_naming_the_key(tmp_path):
+    (tmp_path / "pods.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,8000,65536,8,1000\n")
+    (tmp_path / "big.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "éééé,1,1,1,1000\n" * 60_000)
+    for sets, says in (
+        (["--set", "extender.policy=binpack", "--set-file", f"extender.workload={tmp_path / 'pods.csv'}"],
+         "extender.workload: the task shapes are for policy fgd or fgdstrand, extender.policy is binpack"),
+        # 960,044 characters (the schema counts them), 1,200,044 bytes
+        (["--set-file", f"extender.workload={tmp_path / 'big.csv'}"],
+         "a ConfigMap holds at most 1 MiB"),
+    ):  # fmt: skip
+        proc = helm("template", "gs", str(CHART), "--set", "extender.enabled=true", *sets, check=False)
+        assert proc.returncode != 0 and says in proc.stderr, proc.stderr

@@ -172,6 +172,7 @@ class FgdPolicy:
         return best
 
 
+CPU_ONLY_SCALE = 1 << 20  # cpu_only_score: above any node's idle GPU milli
 STRANDING_HEADROOM = 0.8  # count CPU (memory) as short only below 80 % of what the pods ask per milli-GPU
 
 
@@ -212,6 +213,16 @@ class FgdStrandPolicy(FgdPolicy):
         before = self.stranded(node.gpu_free, node.cpu_free, node.memory_free)
         after = self.stranded(node.gpu_free, node.cpu_free - pod.cpu_milli, node.memory_free - pod.memory_mib)
         return max(1, MAX_SCORE - math.ceil(max(0.0, after - before) * MAX_SCORE / MILLI / max(1, len(node.gpu_free))))
+
+    def cpu_only_score(self, pod: PodDemand, node: Node) -> int | None:
+        """A CPU-only pod's score, higher is better, on a scale of its own (ranked, never added to others): first
+        `strand_score`, then fewer idle GPU milli on the node. So the pod takes CPU and memory where they feed the
+        fewest idle GPUs (a node without GPUs or with all in use first), rather than spread over the nodes a large
+        GPU pod will need whole. None where it does not fit."""
+        strand = self.strand_score(pod, node)
+        if strand is None:
+            return None
+        return strand * CPU_ONLY_SCALE - min(node.gpu_free_total, CPU_ONLY_SCALE - 1)
 
 
 class BinpackPolicy:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -102,33 +103,41 @@ class Scorer:
         self._next_refresh = float("-inf")
         self._learned_at_size = 0
         self._generation = next(_generations)  # renewed when the policy is rebuilt: keys the views' memos
+        self._lock = threading.Lock()
         self._score = lru_cache(maxsize=memo)(self._compute)  # policies hash by identity
 
     @property
     def policy(self) -> Policy:
         """The policy scoring now (learning fgd: rebuilt from the workload, see __init__)."""
-        size = self.size() if self.learning else 0
-        if self.learning and (
-            self.clock() >= self._next_refresh
-            or size >= 2 * max(1, self._learned_at_size)
-            or 2 * size < self._learned_at_size
-        ):
-            self._learned_at_size = size
-            pods = self.workload()
-            self._policy = make_policy(self.name, TaskShapes.from_pods(pods)) if any(p.num_gpu for p in pods) else None
-            self._score.cache_clear()
-            self._generation = next(_generations)
-            self._next_refresh = self.clock() + self.refresh
-        return self._policy or self._fallback
+        return self._current()[0]
+
+    def _current(self) -> tuple[Policy, int]:
+        """The policy and its generation, read together (HTTP workers score at once; one of them rebuilds)."""
+        with self._lock:
+            size = self.size() if self.learning else 0
+            if self.learning and (
+                self.clock() >= self._next_refresh
+                or size >= 2 * max(1, self._learned_at_size)
+                or 2 * size < self._learned_at_size
+            ):
+                self._learned_at_size = size
+                pods = self.workload()
+                built = make_policy(self.name, TaskShapes.from_pods(pods)) if any(p.num_gpu for p in pods) else None
+                self._policy = built
+                self._score.cache_clear()
+                self._generation = next(_generations)
+                self._next_refresh = self.clock() + self.refresh
+            return self._policy or self._fallback, self._generation
 
     def raw_scores(self, request: PodRequest, views: list[CandidateNode]) -> list[int]:
-        """The policy's 0-100 score on each node for the pod (by its largest request), NO_ROOM where it does not fit.
+        """The policy's score on each node for the pod (by its largest request), NO_ROOM where it does not fit: 0-100,
+        or cpu_only_score's own scale for a CPU-only pod under fgdstrand (only the order counts: `ranked`).
 
         Memoised on each node's view (replaced when the node changes) and across nodes in the same state.
         """
-        policy = self.policy
+        policy, generation = self._current()
         if request.empty:
-            return self._host_only(policy, request, views)
+            return self._host_only(policy, generation, request, views)
         resource = request.largest[0]
         pods: dict[int, tuple[PodDemand, str]] = {}  # unit total -> the pod in the cluster model, its memo key
         total, pod, key = -1, None, ""
@@ -144,7 +153,7 @@ class Scorer:
                 entry = pods.get(total)
                 if entry is None:
                     made = pod_demand(request, total)
-                    entry = pods[total] = (made, _key(self._generation, resource, made))  # a str caches its hash
+                    entry = pods[total] = (made, _key(generation, resource, made))  # a str caches its hash
                 pod, key = entry
             score = view.scores.get(key)
             if score is None:
@@ -155,13 +164,14 @@ class Scorer:
             out.append(score)
         return out
 
-    def _host_only(self, policy: Policy, request: PodRequest, views: list[CandidateNode]) -> list[int]:
+    def _host_only(self, policy: Policy, generation: int, request: PodRequest, views: list[CandidateNode]) -> list[int]:
         """A pod asking for no share (CPU-only): scored on each node's GPUs (its largest resource's units) and host; a
-        node without a gpu-share inventory as a node without GPUs (nothing to strand there). Under fgdstrand only by
-        the GPUs it would strand (FgdStrandPolicy.strand_score): every node where it strands none scores alike, so
-        kube-scheduler's own scores decide there (issue 34: ranked fragmentation scores steered every CPU-only pod)."""
+        node without a gpu-share inventory as a node without GPUs (nothing to strand there). Under fgdstrand by the
+        GPUs it would strand, then by the node's idle GPUs (FgdStrandPolicy.cpu_only_score): nodes alike there (every
+        node without GPUs, say) score alike, and kube-scheduler's own scores decide among them; no tie winner is
+        picked for a CPU-only pod (`ranked` without names), so the cluster's own preferences keep their say."""
         pod = PodDemand(request.cpu_milli, request.memory_mib)
-        key = _key(self._generation, "", pod)
+        key = _key(generation, "", pod)
         out = []
         for view in views:
             score = view.scores.get(key)
@@ -193,7 +203,7 @@ class Scorer:
             "", host.cpu_milli, host.memory_mib, host.model, gpu_free, cpu, memory, host.pods, host.pods - slots
         )
         if not pod.num_gpu and isinstance(policy, FgdStrandPolicy):
-            score = policy.strand_score(pod, node)
+            score = policy.cpu_only_score(pod, node)
             return NO_ROOM if score is None else score
         choice = policy.score(pod, node)
         return NO_ROOM if choice is None else choice.score

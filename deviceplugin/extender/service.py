@@ -139,6 +139,8 @@ def workload_shapes(path: str) -> TaskShapes:
         raise FlagError(
             "--workload", path, str(err), "a pod list: name,cpu_milli,memory_mib,num_gpu,gpu_milli"
         ) from None
+    if not any(p.num_gpu for p in pods):
+        raise FlagError("--workload", path, "no pod of the list asks for a GPU", "the shapes are GPU pods' shapes")
     shapes = TaskShapes.from_pods(pods)
     log.info("task shapes: %d from %d pods of --workload %s", len(shapes.shapes), len(pods), path)
     return shapes

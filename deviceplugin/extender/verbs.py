@@ -87,7 +87,9 @@ class Extender:
                 s if s != NO_ROOM and _fits(request, view, resource, count) else NO_ROOM
                 for view, s in zip(views, raw, strict=True)
             ]
-        scores = ranked(raw, [view.name for view in views], request.uid)
+        # A tie winner only for a pod asking for GPUs: a CPU-only pod's ties are kube-scheduler's (its own spread,
+        # affinity and taint preferences) wherever the policy sees no difference.
+        scores = ranked(raw, [view.name for view in views] if not request.empty else (), request.uid)
         return [{"Host": view.name, "Score": score} for view, score in zip(views, scores, strict=True)]
 
     def _args(self, args: dict, every_pod: bool) -> tuple[PodRequest, list[str]]:

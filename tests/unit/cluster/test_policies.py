@@ -284,3 +284,7 @@ def test_fgdstrand_scores_a_cpu_only_pod_only_where_it_strands_gpus():
     assert scores["roomy"] == scores["full"] == scores["no-gpus"] == 100
     assert 1 <= scores["eight-idle"] < scores["one-idle"] < 100
     assert policy.strand_score(PodDemand(200_000, 1024), roomy) is None  # does not fit
+    # cpu_only_score: the same order first, then the fewer idle GPUs (no GPUs or all in use alike, ahead of roomy).
+    ranked = {n.name: policy.cpu_only_score(cpu_only, n) for n in (roomy, full, no_gpus, one_idle, eight_idle)}
+    assert ranked["full"] == ranked["no-gpus"] > ranked["roomy"] > ranked["one-idle"] > ranked["eight-idle"] > 0
+    assert policy.cpu_only_score(PodDemand(200_000, 1024), roomy) is None

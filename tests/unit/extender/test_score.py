@@ -70,6 +70,9 @@ def test_a_workload_file_is_a_pod_list_its_gpu_models_kept(tmp_path):
     bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,8000,65536,8,1500\n")
     with pytest.raises(FlagError, match=r"--workload .*bad.csv:2: column gpu_milli: must be 0-1000, got 1500"):
         workload_shapes(str(bad))
+    (tmp_path / "cpu.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,8000,65536,0,0\n")
+    with pytest.raises(FlagError, match="--workload .*cpu.csv: no pod of the list asks for a GPU"):
+        workload_shapes(str(tmp_path / "cpu.csv"))
     with pytest.raises(FlagError, match="--workload .*missing column"):
         (tmp_path / "cols.csv").write_text("name,cpu\n")
         workload_shapes(str(tmp_path / "cols.csv"))
@@ -133,3 +136,34 @@ def test_the_extender_scores_a_node_by_its_gpu_model_as_the_workload_shapes_name
         "v100-node": 10,
         "a100-node": 9,
     }
+
+
+def test_a_scorer_rebuilding_its_policy_makes_the_other_workers_wait_for_the_new_one():
+    """HTTP workers score at once: one that reads the policy while another rebuilds it gets the new policy and its
+    generation together, never the old policy under the new generation (its scores would stay in the memo)."""
+    import threading
+
+    size = [1]
+    entered, gate = threading.Event(), threading.Event()
+
+    def workload() -> list[PodDemand]:
+        if size[0] == 2:
+            entered.set()
+            assert gate.wait(10)
+        return [PodDemand(1_000, 1_000, 1, 500 * size[0])]
+
+    scorer = Scorer("fgd", workload=workload, refresh=3600, clock=lambda: 0.0, size=lambda: size[0])
+    old = scorer._current()
+    size[0] = 2
+    got: dict[str, tuple] = {}
+    rebuilding = threading.Thread(target=lambda: got.setdefault("a", scorer._current()))
+    rebuilding.start()
+    assert entered.wait(10)
+    b_done = threading.Event()
+    reading = threading.Thread(target=lambda: (got.setdefault("b", scorer._current()), b_done.set()))
+    reading.start()
+    assert not b_done.wait(0.2)  # it waits for the rebuild
+    gate.set()
+    rebuilding.join(10)
+    reading.join(10)
+    assert got["a"] != old and got["b"] == got["a"]
