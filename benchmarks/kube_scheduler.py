@@ -1,7 +1,7 @@
 """A sample of the openb trace through a real kube-apiserver + kube-scheduler, with and without the extender.
 
     python -m benchmarks.kube_scheduler [--trace default] [--nodes 16] [--seed 42] [--configs all|shipped|KEY,...]
-        [--json FILE]   # ~40 s a configuration on 2 cores
+        [--pace] [--shapes trace|learned] [--json FILE]   # ~40 s a configuration on 2 cores
 
 Needs the control-plane binaries (`KUBEBUILDER_ASSETS`, as the tests; skipped without). The sample: `--nodes`
 nodes drawn from the trace's GPU node list (their GPUs, CPU and memory), and the trace's pod list shuffled and
@@ -23,7 +23,9 @@ unschedulable once), and `gpu-share simulate`'s fgdstrand on the same sample and
 Device plugin: stand-in node plugins (benchmarks/standin.py) admit bound pods with GetPreferredAllocation and
 republish the inventory annotation 2-5 s later. DRA: each node's ResourceSlice (DraDevice.to_api), one
 ResourceClaim per GPU pod; kube-scheduler allocates the claims itself. The extender runs as its own process
-(`gpu-share extender --policy fgdstrand --dra-class gpu-share-shares`).
+(`gpu-share extender --policy fgdstrand --dra-class gpu-share-shares`), with `--workload` the trace's pod list
+rounded to shares, the task shapes `simulate` uses (`--shapes trace`), or learning them from the pods bound
+(`--shapes learned`). `simulate` also runs on 8 more node orders of the sample: its own spread over tie-breaks.
 """
 
 from __future__ import annotations
