@@ -16,16 +16,16 @@ from .conftest import ROOT
 pytestmark = pytest.mark.benchmark
 
 
-def test_every_benchmark_runs_at_smoke_size(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--smoke", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _run(*args: str, timeout: int) -> str:
+    """`python -m <args>` from the repository root; its stdout, printed (the figures), after it exited 0."""
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
     print(proc.stdout)
+    return proc.stdout
+
+
+def test_every_benchmark_runs_at_smoke_size(tmp_path):
+    stdout = _run("benchmarks.run", "--smoke", "--out", str(tmp_path), timeout=300)
     results = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     assert set(results) == {
         f"{n}-smoke"
@@ -88,18 +88,11 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
         dra["devices"] == 20 and dra["rounds"] == 3 and dra["xid_to_taint_visible"]["max_ms"] > 0
     )
     for name in ("admission", "scale", "recovery", "footprint", "scrape", "extender", "hostile"):
-        assert proc.stdout.count(f"\n{name}\n") + proc.stdout.startswith(f"{name}\n") == 1
+        assert stdout.count(f"\n{name}\n") + stdout.startswith(f"{name}\n") == 1
 
 
 def test_the_stop_benchmark_times_every_backend_and_each_exits_0(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", "--smoke", "--only", "stop", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    _run("benchmarks.run", "--smoke", "--only", "stop", "--out", str(tmp_path), timeout=120)
     stops = json.loads((tmp_path / "stop-smoke.json").read_text())["sigterm_to_exit"]
     assert set(stops) == {"simulated", "simulated_api", "nvml"}
     # The target is 100 ms (docs/operations.md): printed, never asserted (a bound in an assertion fails under load).
@@ -109,26 +102,10 @@ def test_the_stop_benchmark_times_every_backend_and_each_exits_0(tmp_path):
 
 def test_the_restart_storm_command_runs_as_documented(tmp_path):
     """docs/performance.md's `python -m benchmarks.restart_storm` and `--churn`, at a few seconds each."""
-    storm = subprocess.run(
-        [sys.executable, "-m", "benchmarks.restart_storm", "--storms", "1", "--restarts", "3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert storm.returncode == 0, storm.stderr
-    print(storm.stdout)
-    assert json.loads(storm.stdout)["kubelet_starts"] == 3
-    churn = subprocess.run(
-        [sys.executable, "-m", "benchmarks.restart_storm", "--churn", "1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert churn.returncode == 0, churn.stderr
-    print(churn.stdout)
-    assert json.loads(churn.stdout)["plugin"]["channels"] <= json.loads(churn.stdout)["plugin"]["attempts"]
+    storm = json.loads(_run("benchmarks.restart_storm", "--storms", "1", "--restarts", "3", timeout=120))
+    assert storm["kubelet_starts"] == 3
+    churn = json.loads(_run("benchmarks.restart_storm", "--churn", "1", timeout=120))
+    assert churn["plugin"]["channels"] <= churn["plugin"]["attempts"]
 
 
 def test_the_scheduler_sweep_runs_paced_as_documented(tmp_path):
@@ -138,16 +115,8 @@ def test_the_scheduler_sweep_runs_paced_as_documented(tmp_path):
     if assets_dir() is None:
         pytest.skip("needs the control-plane binaries (KUBEBUILDER_ASSETS)")
     out = tmp_path / "sweep.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.sweep", "--traces", "default", "--seeds", "44", "--nodes", "3"]
-        + ["--configs", "dp-none,shipped", "--pace", "--json", str(out), "--logs", str(tmp_path / "logs")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
-    print(proc.stdout)
+    _run("benchmarks.sweep", "--traces", "default", "--seeds", "44", "--nodes", "3", "--configs", "dp-none,shipped",
+         "--pace", "--json", str(out), "--logs", str(tmp_path / "logs"), timeout=600)  # fmt: skip
     data = json.loads(out.read_text())
     results = data["samples"][0]["results"]
     assert [r["config"] for r in results] == ["dp-none", "dp-shipped"]
