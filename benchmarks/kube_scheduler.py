@@ -167,15 +167,18 @@ def sample(trace_dir: str | None, nodes: int, seed: int, trace: str = "default")
     arrived = arrivals(experiment.pods, capacity, experiment.inflate, run_rng)
     node_order(len(chosen), run_rng)
     result = experiment.run("fgdstrand", seed)
-    orders = []  # the same arrivals with other node orders: simulate's own spread over its tie-breaks
+    orders, orders100 = [], []  # the same arrivals with other node orders: simulate's own spread over its tie-breaks
     for k in range(TIE_ORDERS):
         shuffled = list(chosen)
         random.Random(f"{seed}/{k}").shuffle(shuffled)
-        orders.append(100 * Experiment(shuffled, pods, replicas=REPLICAS).run("fgdstrand", seed).curve[-1])
+        curve = Experiment(shuffled, pods, replicas=REPLICAS).run("fgdstrand", seed).curve
+        orders.append(100 * curve[-1])
+        orders100.append(100 * curve[min(100, len(curve) - 1)])
     simulated = {
         "100": 100 * result.curve[min(100, len(result.curve) - 1)],
         "130": 100 * result.curve[-1],
         "kpi130": 100 * result.allocation,
+        "orders100": sum(orders100) / len(orders100),
         "orders130": sum(orders) / len(orders),
         "orders130_min": min(orders),
         "orders130_max": max(orders),
@@ -581,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"gpu-share simulate, fgdstrand, same sample: {data.simulated['100']:.2f} % at 100 %, "
         f"{data.simulated['130']:.2f} % at 130 % ({TIE_ORDERS} other node orders: mean "
-        f"{data.simulated['orders130']:.2f}, {data.simulated['orders130_min']:.2f}-"
+        f"{data.simulated['orders100']:.2f} at 100 %, {data.simulated['orders130']:.2f} at 130 %, "
+        f"{data.simulated['orders130_min']:.2f}-"
         f"{data.simulated['orders130_max']:.2f});"
         f" extender task shapes: {args.shapes}"
     )

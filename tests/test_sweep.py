@@ -41,11 +41,11 @@ def _result(config: str, at100: float, at130: float, failed: int = 0) -> dict:
 def test_summary_reports_mean_and_worst_against_simulate_and_the_plain_scheduler():
     samples = [
         {
-            "simulated": {"100": 90.0, "130": 91.0, "orders130": 92.0},
+            "simulated": {"100": 90.0, "130": 91.0, "orders100": 89.0, "orders130": 92.0},
             "results": [_result("dp-none", 85.0, 86.0, 20), _result("dp-shipped", 90.5, 91.5)],
         },
         {
-            "simulated": {"100": 92.0, "130": 93.0, "orders130": 92.5},
+            "simulated": {"100": 92.0, "130": 93.0, "orders100": 91.5, "orders130": 92.5},
             "results": [_result("dp-none", 89.0, 90.0, 30), _result("dp-shipped", 91.0, 92.0)],
         },
     ]
@@ -53,6 +53,7 @@ def test_summary_reports_mean_and_worst_against_simulate_and_the_plain_scheduler
     shipped = rows["dp-shipped"]
     assert (shipped["mean130"], shipped["worst130"], shipped["worst100"]) == pytest.approx((-0.25, -1.0, -1.0))
     assert (shipped["mean_orders"], shipped["worst_orders"]) == pytest.approx((-0.5, -0.5))  # simulate's tie-order mean
+    assert (shipped["mean_orders100"], shipped["worst_orders100"]) == pytest.approx((0.5, -0.5))
     assert shipped["over_plain"] == pytest.approx(2.0) and shipped["failed"] == 0
     assert rows["dp-none"]["failed"] == 50 and list(rows) == ["dp-shipped", "dp-none"]  # best worst case first
 

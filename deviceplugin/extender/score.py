@@ -9,9 +9,10 @@ kube-scheduler's extender scale is 0-10, and FGD's 0-100 scores differ by a poin
 rounded, they tie. So the scores are ranked within each call: the policy's best score gets 10, the next distinct
 score 9, and so on down to 1 (0: no room). Where several nodes share the best score, one keeps 10 and every other
 node goes one lower, so the policy's choice is always the extender's top node alone. The one is the node
-whose name hashes lowest with the pod's UID: a pseudo-random pick among the policy's equals, the same on every
-retry. Left to kube-scheduler, those ties went to NodeResourcesFit's LeastAllocated, which spreads CPU and memory
-over the nodes a large pod needs whole (docs/scheduler.md, "Task shapes and ties").
+whose name hashes lowest: one fixed pseudo-random order of the nodes, the same for every pod, on every retry and in
+every extender replica, as `simulate` breaks FGD's ties by its node order. Equals then fill one node after another;
+a pick per pod (the hash keyed by its UID) spread them like LeastAllocated, which takes the emptiest node, and both
+spread CPU and memory over the nodes a large pod needs whole (docs/scheduler.md, "Task shapes and ties").
 
 Policies that need the workload's task shapes (fgd, fgdstrand) take them from the operator's workload file
 (`--workload`), else learn them from the pods bound now: again whenever the cluster's pod count has doubled or
@@ -41,7 +42,7 @@ NO_ROOM = -1
 _generations = itertools.count(1)  # one sequence for every Scorer: a view's memo never mixes two policies
 
 
-def ranked(raw: list[int], names: Sequence[str] = (), uid: str = "") -> list[int]:
+def ranked(raw: list[int], names: Sequence[str] = ()) -> list[int]:
     """The policy's 0-100 scores (NO_ROOM: does not fit) as 0-10: the best distinct score 10, the next 9, ... at least
     1. With the nodes' `names`, where several nodes share the best score one of them alone keeps 10 (`tie_winner`)
     and every other node goes one lower."""
@@ -54,14 +55,13 @@ def ranked(raw: list[int], names: Sequence[str] = (), uid: str = "") -> list[int
     rank = {s: max(1, first - i) for i, s in enumerate(levels)}
     out = [rank.get(s, 0) for s in raw]
     if tied:
-        out[tie_winner(best, names, uid)] = MAX_EXTENDER_SCORE
+        out[tie_winner(best, names)] = MAX_EXTENDER_SCORE
     return out
 
 
-def tie_winner(best: list[int], names: Sequence[str], uid: str) -> int:
-    """Of the indices `best` (nodes the policy scores alike), the one whose name hashes lowest with the pod's UID."""
-    salt = uid.encode()
-    return min(best, key=lambda i: hashlib.blake2b(names[i].encode(), digest_size=8, key=salt[:64]).digest())
+def tie_winner(best: list[int], names: Sequence[str]) -> int:
+    """Of the indices `best` (nodes the policy scores alike), the one whose name hashes lowest."""
+    return min(best, key=lambda i: hashlib.blake2b(names[i].encode(), digest_size=8).digest())
 
 
 def _key(generation: int, resource: str, pod: PodDemand) -> str:

@@ -89,7 +89,7 @@ class Extender:
             ]
         # A tie winner only for a pod asking for GPUs: a CPU-only pod's ties are kube-scheduler's (its own spread,
         # affinity and taint preferences) wherever the policy sees no difference.
-        scores = ranked(raw, [view.name for view in views] if not request.empty else (), request.uid)
+        scores = ranked(raw, [view.name for view in views] if not request.empty else ())
         return [{"Host": view.name, "Score": score} for view, score in zip(views, scores, strict=True)]
 
     def _args(self, args: dict, every_pod: bool) -> tuple[PodRequest, list[str]]:

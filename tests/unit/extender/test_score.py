@@ -12,19 +12,27 @@ from deviceplugin.extender.service import workload_shapes
 
 def test_the_policy_best_score_is_ranked_10_the_next_distinct_scores_lower():
     assert ranked([70, NO_ROOM, 90, 70, 10]) == [9, 0, 10, 9, 8]
-    assert ranked([NO_ROOM, NO_ROOM], ["a", "b"], "uid") == [0, 0]
+    assert ranked([NO_ROOM, NO_ROOM], ["a", "b"]) == [0, 0]
 
 
-def test_one_node_of_the_best_score_alone_is_on_top_picked_by_the_pod_uid():
-    names = ["a", "b", "c", "d"]
+def test_one_node_of_the_best_score_alone_is_on_top_in_one_fixed_order_of_the_nodes():
+    names = [f"node-{k}" for k in range(16)]
     winners = set()
-    for k in range(64):
-        out = ranked([80, 80, 50, 80], names, f"uid-{k}")
-        assert out == ranked([80, 80, 50, 80], names, f"uid-{k}")  # the same answer on a retry
-        assert sorted(out[i] for i in (0, 1, 3)) == [9, 9, 10] and out[2] == 8
-        winners.add(out.index(10))
-    assert winners == {0, 1, 3}  # a spread over the equals, not always the first
-    assert ranked([80, 50], names[:2], "uid") == [10, 9]  # a single best: nothing shifts
+    for k in range(15):
+        tied = [k, k + 1]
+        raw = [80 if i in tied else 50 for i in range(16)]
+        out = ranked(raw, names)
+        assert out == ranked(raw, names)  # the same answer on a retry
+        assert sorted(out[i] for i in tied) == [9, 10] and {out[i] for i in range(16) if i not in tied} == {8}
+        winners.add(names[out.index(10)])
+    assert len(winners) > 2  # a pseudo-random order, not always the first or the last name
+    # One order for every pod: of any equals, the winner is the node that wins against each of the others.
+    full = ranked([80] * 16, names)
+    assert full.count(10) == 1
+    assert all(
+        ranked([80, 80], [names[full.index(10)], other]) == [10, 9] for other in names if other != names[full.index(10)]
+    )
+    assert ranked([80, 50], names[:2]) == [10, 9]  # a single best: nothing shifts
 
 
 def test_task_shapes_from_a_workload_file_score_at_once_and_are_never_relearned():
