@@ -8,7 +8,7 @@
 
 Per configuration: the mean and the worst (lowest) allocation % minus simulate's at 100 % and 130 % demand over
 every sample, the same against the mean of simulate over 8 other node orders (simulate breaks ties by its node
-order, and one draw is itself up to ~2 points off that mean at 130 %, up to ~13 at 100 %), the fewest points above
+order, and one draw is itself up to ~2 points off that mean at 130 %, up to ~8 at 100 %), the fewest points above
 the plain scheduler (dp-none / dra-none, when run), and failed admissions summed. A trace is a pod-list name of the
 trace directory (openb_pod_list_<name>.csv) or a CSV path: an operator passes their own pods
 (name,cpu_milli,memory_mib,num_gpu,gpu_milli) to choose weights for their cluster.

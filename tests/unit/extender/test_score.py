@@ -6,7 +6,7 @@ import pytest
 
 from deviceplugin.cluster import PodDemand, TaskShapes
 from deviceplugin.errors import FlagError
-from deviceplugin.extender.score import NO_ROOM, Scorer, ranked
+from deviceplugin.extender.score import NO_ROOM, Scorer, ranked, tie_winner
 from deviceplugin.extender.service import workload_shapes
 
 
@@ -26,6 +26,8 @@ def test_one_node_of_the_best_score_alone_is_on_top_in_one_fixed_order_of_the_no
         assert sorted(out[i] for i in tied) == [9, 10] and {out[i] for i in range(16) if i not in tied} == {8}
         winners.add(names[out.index(10)])
     assert len(winners) > 2  # a pseudo-random order, not always the first or the last name
+    # Unkeyed blake2b of the name: the same winner in every process and extender replica, and not the name order's.
+    assert tie_winner(list(range(16)), names) == 8 and min(names) == "node-0"
     # One order for every pod: of any equals, the winner is the node that wins against each of the others.
     full = ranked([80] * 16, names)
     assert full.count(10) == 1

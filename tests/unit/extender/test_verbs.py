@@ -147,6 +147,13 @@ def test_fgdstrand_through_the_extender_keeps_cpu_for_the_idle_gpus():
         scores[policy] = {s["Host"]: s["Score"] for s in ext.prioritize(args(heavy, "tight", "roomy"))}
     assert scores["fgdstrand"] == {"roomy": 10, "tight": 9}
     assert sorted(scores["fgd"].values()) == [9, 10]  # alike to fgd: one alone on top (score.tie_winner)
+    # The same node for every pod alike (one order of the nodes, not a pick per pod UID).
+    tops = set()
+    for k in range(16):
+        alike = host_pod(f"heavy-{k}", "16", "8Gi", shares=1)
+        ranks = {s["Host"]: s["Score"] for s in ext.prioritize(args(alike, "tight", "roomy"))}
+        tops.add(max(ranks, key=ranks.__getitem__))
+    assert len(tops) == 1
 
 
 def test_dra_claims_are_scored_by_the_policy_on_the_nodes_devices_first_fit():
